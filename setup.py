@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13"]
+
+setup(
+    name="xrun",
+    version="0.1.0",
+    description="A lean multi-node launcher for PyTorch training",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["xrun", "xrun.*"]),
+    install_requires=["psutil>=5.9"],
+    extras_require={
+        "ssh": ["paramiko>=3"],
+        "mpi": ["mpi4py>=3.1"],
+        "elastic": ["torch>=2.1"],
+        "status": ["rich>=13"],
+        "test": TEST,
+        "bench": ["matplotlib>=3.7"],
+        "all": ["paramiko>=3", "mpi4py>=3.1", "torch>=2.1", "rich>=13"] + TEST,
+    },
+    entry_points={"console_scripts": ["xrun=xrun.runner.cli:main"]},
+)

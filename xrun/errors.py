@@ -1,0 +1,81 @@
+"""Errors a user can cause. Each carries the fields that locate the problem and prints as one line.
+
+The command-line entry points catch ``XrunError`` and print ``str(err)`` with exit code ``err.exit_code``
+(2 for bad input), never a traceback.
+"""
+
+from __future__ import annotations
+
+USAGE_EXIT_CODE = 2
+
+
+class XrunError(Exception):
+    """Base class: a one-line message that says what is wrong and what to do next."""
+
+    exit_code = USAGE_EXIT_CODE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(XrunError):
+    """A flag or a combination of flags that cannot work."""
+
+    def __init__(self, flag: str, reason: str) -> None:
+        self.flag = flag
+        self.reason = reason
+        super().__init__(f"{flag}: {reason}")
+
+
+class HostfileError(XrunError):
+    """A hostfile that cannot be read or has a bad line."""
+
+    def __init__(self, path: str, lineno: int | None, line: str | None, reason: str) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.line = line
+        self.reason = reason
+        where = f"{path}:{lineno}" if lineno is not None else path
+        text = f" {line.strip()!r}:" if line is not None else ""
+        super().__init__(f"{where}:{text} {reason}")
+
+
+class SelectionError(XrunError):
+    """An --include/--exclude/--num_nodes/--num_gpus request that does not fit the hosts."""
+
+    def __init__(self, flag: str, spec: str, reason: str) -> None:
+        self.flag = flag
+        self.spec = spec
+        self.reason = reason
+        super().__init__(f"{flag} {spec!r}: {reason}")
+
+
+class WorldInfoError(XrunError):
+    """A --world_info string that is not base64 JSON of {host: [slot, ...]}."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"--world_info: {reason}")
+
+
+class BindingError(XrunError):
+    """Core binding that cannot be done as asked (bad --bind_core_list, KMP_AFFINITY set, too few cores)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"core binding: {reason}")
+
+
+class EnvFileError(XrunError):
+    """A malformed line in an env file (~/.xrun_env, ./.xrun_env)."""
+
+    def __init__(self, path: str, lineno: int, line: str, reason: str) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{path}:{lineno}: {line.strip()!r}: {reason}")

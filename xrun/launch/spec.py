@@ -1,0 +1,245 @@
+"""The wire contract between the runner and a node agent: world info, node spec, rank spec.
+
+``launch`` owns this format because it is the lower layer: the runner imports it to build plans, the agent
+imports it to execute them. Every type here is a frozen dataclass that converts to and from plain JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from xrun.errors import UsageError, WorldInfoError
+
+SPEC_VERSION = 1
+DEFAULT_MASTER_PORT = 29500
+# torch elastic gives workers 30 s between SIGTERM and SIGKILL; matching it keeps checkpoints-on-TERM working.
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+World = Mapping[str, tuple[int, ...]]
+
+
+class PythonMode(enum.Enum):
+    """How the rank command starts the user's program."""
+
+    SCRIPT = "script"  # python -u SCRIPT
+    MODULE = "module"  # python -u -m MODULE
+    NONE = "none"  # SCRIPT is an executable, run as is
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# World info: DeepSpeed's base64 JSON of {host: [slot ids]} in node order, byte-compatible.
+
+
+def encode_world_info(world: World) -> str:
+    """Encode like DeepSpeed: urlsafe base64 of ``json.dumps`` with default separators."""
+    as_lists = {host: list(slots) for host, slots in world.items()}
+    return base64.urlsafe_b64encode(json.dumps(as_lists).encode("utf-8")).decode("ascii")
+
+
+def decode_world_info(text: str) -> dict[str, tuple[int, ...]]:
+    """Decode a world info string (ours or DeepSpeed's); node order is the JSON object order."""
+    try:
+        raw = base64.urlsafe_b64decode(_pad_base64(text.strip()).encode("ascii"))
+        decoded = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeError) as err:
+        raise WorldInfoError(f"not base64-encoded JSON ({err.__class__.__name__}); pass the string xrun printed") from None
+    if not isinstance(decoded, dict) or not decoded:
+        raise WorldInfoError('expected a non-empty JSON object {"host": [slot, ...]}')
+    world: dict[str, tuple[int, ...]] = {}
+    for host, slots in decoded.items():
+        if not isinstance(slots, list) or not slots or not all(_is_slot(s) for s in slots):
+            raise WorldInfoError(f"host {host!r}: slots must be a non-empty list of non-negative integers")
+        world[host] = tuple(slots)
+    return world
+
+
+def _pad_base64(text: str) -> str:
+    return text + "=" * (-len(text) % 4)
+
+
+def _is_slot(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What one node runs.
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How each rank's command line is built from the user's program."""
+
+    python: str = sys.executable
+    mode: PythonMode = PythonMode.SCRIPT
+    local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, PythonMode):
+            object.__setattr__(self, "mode", PythonMode(self.mode))
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """How the node agent supervises, binds and logs its ranks."""
+
+    log_dir: str | None = None
+    prefix: bool = True
+    quiet: bool = False
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    bind_cores: bool = False
+    bind_core_list: str | None = None
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank: the env contract xrun adds on top of the node's environment, and its argv."""
+
+    rank: int
+    local_rank: int
+    env: Mapping[str, str]
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything a node agent needs to run its share of the job."""
+
+    host: str
+    node_rank: int
+    ranks: tuple[RankSpec, ...]
+    options: AgentOptions = field(default_factory=AgentOptions)
+    # Variables the runner exports to this node (remote nodes only); applied before the rank contract.
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    run_id: str = "xrun"
+    version: int = SPEC_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "host": self.host,
+            "node_rank": self.node_rank,
+            "run_id": self.run_id,
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "options": _options_to_json(self.options),
+            "ranks": [
+                {"rank": r.rank, "local_rank": r.local_rank, "env": dict(r.env), "argv": list(r.argv)}
+                for r in self.ranks
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
+        version = data.get("version")
+        if version != SPEC_VERSION:
+            raise UsageError("node spec", f"version {version!r} is not {SPEC_VERSION}; install the same xrun on every node")
+        ranks = tuple(
+            RankSpec(rank=int(r["rank"]), local_rank=int(r["local_rank"]), env=dict(r["env"]), argv=tuple(r["argv"]))
+            for r in data["ranks"]
+        )
+        return cls(
+            host=str(data["host"]),
+            node_rank=int(data["node_rank"]),
+            ranks=ranks,
+            options=AgentOptions(**data["options"]),
+            env=dict(data.get("env", {})),
+            cwd=data.get("cwd"),
+            run_id=str(data.get("run_id", "xrun")),
+        )
+
+
+def _options_to_json(options: AgentOptions) -> dict[str, Any]:
+    return {
+        "log_dir": options.log_dir,
+        "prefix": options.prefix,
+        "quiet": options.quiet,
+        "shutdown_timeout": options.shutdown_timeout,
+        "bind_cores": options.bind_cores,
+        "bind_core_list": options.bind_core_list,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rank plan: one pure function shared by the runner's dry-run/plan and the agent's own CLI.
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    master_addr: str
+    master_port: int
+    run_id: str = "xrun"
+
+
+def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """``python -u [-m] SCRIPT [--local_rank=N] ARGS`` — the user's args untouched, always a list."""
+    if launch.mode is PythonMode.NONE:
+        head: tuple[str, ...] = (script,)
+    elif launch.mode is PythonMode.MODULE:
+        head = (launch.python, "-u", "-m", script)
+    else:
+        head = (launch.python, "-u", script)
+    local = (f"--local_rank={local_rank}",) if launch.local_rank_arg else ()
+    return head + local + tuple(args)
+
+
+def rank_env(world: World, node_rank: int, local_rank: int, rdzv: Rendezvous) -> dict[str, str]:
+    """The union of the torchrun and DeepSpeed per-rank env contracts."""
+    hosts = list(world)
+    slots = world[hosts[node_rank]]
+    first_rank = sum(len(world[h]) for h in hosts[:node_rank])
+    world_size = sum(len(s) for s in world.values())
+    rank = first_rank + local_rank
+    node = str(node_rank)
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(len(slots)),
+        "LOCAL_SIZE": str(len(slots)),
+        "GROUP_RANK": node,
+        "NODE_RANK": node,
+        "CROSS_RANK": node,
+        "GROUP_WORLD_SIZE": str(len(hosts)),
+        "CROSS_SIZE": str(len(hosts)),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": rdzv.master_addr,
+        "MASTER_PORT": str(rdzv.master_port),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
+        "TORCHELASTIC_RUN_ID": rdzv.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def node_ranks(
+    world: World,
+    node_rank: int,
+    rdzv: Rendezvous,
+    launch: LaunchOptions,
+    script: str,
+    args: tuple[str, ...],
+) -> tuple[RankSpec, ...]:
+    """Every rank of one node, in slot order."""
+    hosts = list(world)
+    if not 0 <= node_rank < len(hosts):
+        raise UsageError("--node_rank", f"{node_rank} is outside 0..{len(hosts) - 1} for a {len(hosts)}-node world")
+    slots = world[hosts[node_rank]]
+    return tuple(
+        RankSpec(
+            rank=int(env["RANK"]),
+            local_rank=local_rank,
+            env=env,
+            argv=rank_argv(launch, local_rank, script, args),
+        )
+        for local_rank in range(len(slots))
+        for env in (rank_env(world, node_rank, local_rank, rdzv),)
+    )
