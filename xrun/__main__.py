@@ -1,0 +1,5 @@
+import sys
+
+from xrun.runner.cli import main
+
+sys.exit(main())

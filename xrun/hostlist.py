@@ -1,0 +1,91 @@
+"""Slurm-style host lists: ``node[01-03,07]`` and ``node[01-02],gpu-a[1-2]``.
+
+Shared by the hostfile parser (head node) and Slurm allocation discovery, so it sits beside ``errors`` and
+belongs to neither layer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+_GROUP = re.compile(r"\[([^\[\]]*)\]")
+
+
+class HostlistSyntaxError(ValueError):
+    """A malformed host list; the message says what is wrong."""
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Expand a comma-separated host list whose items may carry bracket ranges, in written order."""
+    hosts: list[str] = []
+    for item in split_hostlist(text):
+        hosts.extend(expand_host_pattern(item))
+    return hosts
+
+
+def split_hostlist(text: str) -> list[str]:
+    """Split on commas that are not inside brackets: ``a[1,2],b`` -> ``['a[1,2]', 'b']``."""
+    items: list[str] = []
+    depth = 0
+    current = ""
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise HostlistSyntaxError(f"unbalanced ']' in {text!r}")
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    if depth != 0:
+        raise HostlistSyntaxError(f"unclosed '[' in {text!r}")
+    items.append(current)
+    if any(not item.strip() for item in items):
+        raise HostlistSyntaxError(f"empty host name in {text!r}")
+    return [item.strip() for item in items]
+
+
+def expand_host_pattern(pattern: str) -> list[str]:
+    """Expand one pattern with zero or more bracket groups (several groups combine like Slurm's)."""
+    literals = _GROUP.split(pattern)
+    # After split: literal, group, literal, group, ..., literal.
+    fixed = literals[0::2]
+    groups = literals[1::2]
+    if any("[" in part or "]" in part for part in fixed):
+        raise HostlistSyntaxError(f"unbalanced brackets in {pattern!r}")
+    choices = [_expand_group(group, pattern) for group in groups]
+    expanded = []
+    for picks in itertools.product(*choices):
+        name = fixed[0]
+        for pick, literal in zip(picks, fixed[1:]):
+            name += pick + literal
+        expanded.append(name)
+    return expanded
+
+
+def _expand_group(group: str, pattern: str) -> list[str]:
+    if not group:
+        raise HostlistSyntaxError(f"empty range '[]' in {pattern!r}")
+    values: list[str] = []
+    for part in group.split(","):
+        values.extend(_expand_range(part.strip(), pattern))
+    return values
+
+
+def _expand_range(part: str, pattern: str) -> list[str]:
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+    if not match:
+        raise HostlistSyntaxError(f"bad range {part!r} in {pattern!r}; expected N or N-M with digits, e.g. node[01-04,07]")
+    low_text, high_text = match.group(1), match.group(2)
+    if high_text is None:
+        return [low_text]
+    low, high = int(low_text), int(high_text)
+    if high < low:
+        raise HostlistSyntaxError(f"range {part!r} in {pattern!r} runs backwards")
+    # Slurm keeps the zero padding of the lower bound: node[08-10] -> node08 node09 node10.
+    width = len(low_text)
+    return [str(n).zfill(width) for n in range(low, high + 1)]

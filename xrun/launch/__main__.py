@@ -1,0 +1,5 @@
+import sys
+
+from xrun.launch.cli import main
+
+sys.exit(main())

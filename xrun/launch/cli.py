@@ -1,0 +1,165 @@
+"""``python -m xrun.launch``: the node agent's command line, DeepSpeed-compatible.
+
+    python -m xrun.launch --world_info=B64 --node_rank=N --master_addr=A --master_port=P [options] SCRIPT ARGS...
+
+``agent_argv`` renders exactly the command line this parser reads, so the runner's dry-run and the agent agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from xrun.argsplit import spellings, split_argv
+from xrun.errors import UsageError, XrunError
+from xrun.launch.spec import (
+    DEFAULT_MASTER_PORT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    AgentOptions,
+    LaunchOptions,
+    NodeSpec,
+    PythonMode,
+    Rendezvous,
+    World,
+    decode_world_info,
+    encode_world_info,
+    node_ranks,
+)
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """Everything on an agent command line, typed."""
+
+    world: World
+    node_rank: int
+    rendezvous: Rendezvous
+    launch: LaunchOptions
+    options: AgentOptions
+    script: str
+    args: tuple[str, ...]
+
+    def node_spec(self) -> NodeSpec:
+        host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
+        ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
+        return NodeSpec(
+            host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id
+        )
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError("xrun.launch", f"{message}; see python -m xrun.launch --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m xrun.launch",
+        usage="python -m xrun.launch --world_info=B64 --node_rank=N [options] SCRIPT [ARGS...]",
+        description="xrun node agent: starts and supervises this node's ranks.",
+    )
+    add = parser.add_argument
+    add(*spellings("--world_info"), required=True, help="base64 JSON {host: [slots]} (DeepSpeed format)")
+    add(*spellings("--node_rank"), type=int, required=True, help="this node's index in the world")
+    add(*spellings("--master_addr"), default="127.0.0.1", help="rank 0's address (default 127.0.0.1)")
+    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port (default 29500)")
+    add(*spellings("--run_id"), default="xrun", help="job id, exported as TORCHELASTIC_RUN_ID")
+    add_rank_command_flags(parser)
+    add_agent_flags(parser)
+    return parser
+
+
+def add_rank_command_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that shape each rank's argv (shared with the runner's command line)."""
+    add = parser.add_argument
+    add(*spellings("--no_local_rank"), action="store_true", help="do not append --local_rank=N to the script's args")
+    add("--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
+    add(*spellings("--no_python"), action="store_true", help="run SCRIPT directly, not through python")
+
+
+def add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that shape supervision, binding and logging (shared with the runner's command line)."""
+    add = parser.add_argument
+    add(*spellings("--log_dir"), *spellings("--enable_each_rank_log"), dest="log_dir", metavar="DIR",
+        help="write per-rank logs under DIR/<host>/rank<N>/{stdout,stderr}.log")
+    add(*spellings("--no_prefix"), action="store_true", help="print ranks' output without the [host:rank] prefix")
+    add("--quiet", action="store_true", help="no console echo of rank output (logs only)")
+    add(*spellings("--shutdown_timeout"), type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
+        help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+    add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
+    add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+
+
+def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> LaunchOptions:
+    if ns.module and ns.no_python:
+        raise UsageError("--module", "cannot be combined with --no_python (a module needs python)")
+    mode = PythonMode.MODULE if ns.module else PythonMode.NONE if ns.no_python else PythonMode.SCRIPT
+    return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank)
+
+
+def agent_options(ns: argparse.Namespace) -> AgentOptions:
+    if ns.shutdown_timeout < 0:
+        raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
+    if ns.bind_core_list is not None and not ns.bind_cores_to_rank:
+        raise UsageError("--bind_core_list", "only applies with --bind_cores_to_rank")
+    return AgentOptions(
+        log_dir=ns.log_dir,
+        prefix=not ns.no_prefix,
+        quiet=ns.quiet,
+        shutdown_timeout=ns.shutdown_timeout,
+        bind_cores=ns.bind_cores_to_rank,
+        bind_core_list=ns.bind_core_list,
+    )
+
+
+def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
+    parser = build_parser()
+    split = split_argv(parser, argv)
+    ns = parser.parse_args(list(split.options))
+    if split.program is None:
+        raise UsageError("xrun.launch", "missing SCRIPT; usage: " + parser.usage)
+    return AgentCommand(
+        world=decode_world_info(ns.world_info),
+        node_rank=ns.node_rank,
+        rendezvous=Rendezvous(ns.master_addr, ns.master_port, ns.run_id),
+        launch=launch_options(ns),
+        options=agent_options(ns),
+        script=split.program,
+        args=split.program_args,
+    )
+
+
+def agent_argv(command: AgentCommand) -> tuple[str, ...]:
+    """The agent command line for ``command``; ``parse_agent_argv(agent_argv(c)[3:])`` gives ``c`` back."""
+    rdzv, launch, options = command.rendezvous, command.launch, command.options
+    argv = [
+        launch.python, "-u", "-m", "xrun.launch",
+        f"--world_info={encode_world_info(command.world)}",
+        f"--node_rank={command.node_rank}",
+        f"--master_addr={rdzv.master_addr}",
+        f"--master_port={rdzv.master_port}",
+        f"--run_id={rdzv.run_id}",
+    ]
+    argv += ["--no_local_rank"] if not launch.local_rank_arg else []
+    argv += ["--module"] if launch.mode is PythonMode.MODULE else []
+    argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
+    argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
+    argv += ["--no_prefix"] if not options.prefix else []
+    argv += ["--quiet"] if options.quiet else []
+    argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"] if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT else []
+    argv += ["--bind_cores_to_rank"] if options.bind_cores else []
+    argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
+    return tuple(argv) + ("--", command.script) + command.args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        command = parse_agent_argv(sys.argv[1:] if argv is None else argv)
+        from xrun.launch.agent import run_node  # after parsing, so --help stays instant
+
+        return run_node(command.node_spec())
+    except XrunError as err:
+        print(f"xrun.launch: {err}", file=sys.stderr)
+        return err.exit_code

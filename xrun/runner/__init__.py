@@ -1,0 +1,1 @@
+"""Head-node layer: command line -> hostfile -> selection -> world -> plan -> backend."""

@@ -1,0 +1,59 @@
+"""Backends start one node agent per node. Found by name through a registry; loaded lazily so that the
+heavy ones (paramiko) cost nothing unless chosen."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from xrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from xrun.runner.plan import Plan
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """The command that starts one node's agent, as an argv list (shell rendering happens in one place)."""
+
+    host: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What a backend will execute for a plan; --dry-run prints exactly this."""
+
+    backend: str
+    commands: tuple[NodeCommand, ...]
+    note: str = ""
+
+
+class Backend(Protocol):
+    name: str
+
+    def render(self, plan: Plan) -> Invocation:
+        """Pure: the commands that will run."""
+
+    def execute(self, plan: Plan, invocation: Invocation) -> int:
+        """Run the invocation; return xrun's exit code."""
+
+
+# name -> "module:attribute" of a zero-argument factory.
+_REGISTRY: dict[str, str] = {
+    "local": "xrun.runner.backends.local:LocalBackend",
+}
+
+
+def known_backends() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise UsageError("--launcher", f"unknown backend {name!r}; known: {', '.join(known_backends())}")
+    module_name, attribute = target.split(":")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    return factory()  # type: ignore[no-any-return]

@@ -1,0 +1,127 @@
+"""``xrun``: the head-node command line. ``main`` is wiring; each step is a function of its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sys
+from typing import Sequence
+
+from xrun import __version__
+from xrun.argsplit import spellings, split_argv
+from xrun.errors import UsageError, XrunError
+from xrun.launch.cli import add_agent_flags, add_rank_command_flags, agent_options, launch_options
+from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.dryrun import print_plan
+from xrun.runner.hostfile import read_hostfile
+from xrun.runner.local import local_pool
+from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
+from xrun.runner.selection import Pool, Selection, select
+
+DRY_RUN_FORMATS = ("text", "json")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError("xrun", f"{message}; see xrun --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="xrun",
+        usage="xrun [-H HOSTFILE] [-i SPEC | -e SPEC] [options] SCRIPT [ARGS...]",
+        description="Launch a PyTorch training script on this machine or on every host of a hostfile.",
+        epilog="Everything after SCRIPT is passed to it untouched. Docs: README.md.",
+    )
+    add = parser.add_argument
+    add("--version", action="version", version=f"xrun {__version__}")
+    add("-H", "--hostfile", metavar="PATH", help="hostfile with lines 'HOST slots=N' (default: this machine only)")
+    add("-i", "--include", metavar="SPEC", help="keep only these hosts/slots: HOST[:SLOT,...][@HOST...]")
+    add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots: HOST[:SLOT,...][@HOST...]")
+    add(*spellings("--num_nodes"), type=int, metavar="N", help="use the first N hosts")
+    add(*spellings("--num_gpus"), *spellings("--num_accelerators"), *spellings("--nproc_per_node"),
+        dest="num_gpus", type=int, metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
+    add(*spellings("--master_addr"), metavar="ADDR", help="rank 0's address (default: first host; 127.0.0.1 locally)")
+    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, metavar="PORT",
+        help=f"rendezvous port (default {DEFAULT_MASTER_PORT}; 0 picks a free port)")
+    add("--launcher", metavar="NAME", help=f"backend that starts the node agents: {', '.join(known_backends())}")
+    add(*spellings("--run_id"), metavar="ID", help="job id (default: random), exported as TORCHELASTIC_RUN_ID")
+    add("--python", metavar="PATH", default=sys.executable, help="interpreter for agents and ranks (default: this one)")
+    add("--dry-run", "--dry_run", dest="dry_run", nargs="?", const="text", metavar="FORMAT",
+        help="print the plan and the exact commands, start nothing; --dry-run=json prints one JSON object")
+    add_rank_command_flags(parser)
+    add_agent_flags(parser)
+    return parser
+
+
+def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
+    parser = build_parser()
+    split = split_argv(parser, argv)
+    ns = parser.parse_args(list(split.options))
+    if split.program is None:
+        raise UsageError("xrun", "missing SCRIPT to run; usage: " + parser.usage)
+    if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
+        raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
+    if not 0 <= ns.master_port <= 65535:
+        raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 picks a free one)")
+    request = JobRequest(
+        script=split.program,
+        args=split.program_args,
+        hostfile=ns.hostfile,
+        selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus),
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        launcher=ns.launcher,
+        launch=launch_options(ns, python=ns.python),
+        options=agent_options(ns),
+        run_id=ns.run_id or f"xrun-{secrets.token_hex(4)}",
+    )
+    return request, ns.dry_run
+
+
+def resource_pool(request: JobRequest) -> Pool:
+    if request.hostfile is not None:
+        return read_hostfile(request.hostfile).pool()
+    found = local_pool(os.environ, request.selection)
+    if found.notice:
+        print(found.notice, file=sys.stderr)
+    return found.pool
+
+
+def choose_backend(request: JobRequest, world: Pool) -> str:
+    local = is_local_world(world, request.hostfile)
+    if request.launcher is not None:
+        if request.launcher == "local" and not local:
+            raise UsageError("--launcher", f"'local' runs on this machine only, but the world has {len(world)} hosts")
+        return request.launcher
+    if local:
+        return "local"
+    return "pdsh" if shutil.which("pdsh") and "pdsh" in known_backends() else "ssh"
+
+
+def plan_job(request: JobRequest) -> Plan:
+    world = select(resource_pool(request), request.selection)
+    backend = choose_backend(request, world)
+    if backend == "local":
+        request = with_free_port(request)
+    return make_plan(request, world, backend)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        request, dry_run = parse_request(sys.argv[1:] if argv is None else argv)
+        plan = plan_job(request)
+        backend = get_backend(plan.backend)
+        invocation = backend.render(plan)
+        if dry_run is not None:
+            print_plan(plan, invocation, dry_run)
+            return 0
+        return backend.execute(plan, invocation)
+    except XrunError as err:
+        print(f"xrun: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,65 @@
+"""--dry-run output: the plan and the exact commands, for humans (text) or for tools (one JSON object)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from xrun.runner.backends import Invocation
+from xrun.runner.plan import Plan
+from xrun.shell import render
+
+
+def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
+    """The documented, stable dry-run schema (keep these names)."""
+    commands = {command.host: list(command.argv) for command in invocation.commands}
+    return {
+        "world_size": plan.world_size,
+        "master_addr": plan.rendezvous.master_addr,
+        "master_port": plan.rendezvous.master_port,
+        "backend": plan.backend,
+        "world_info": plan.world_info,
+        "run_id": plan.rendezvous.run_id,
+        "nodes": [
+            {
+                "host": node.host,
+                "node_rank": node.node_rank,
+                "slots": list(plan.world[node.host]),
+                "command": commands.get(node.host),
+                "ranks": [
+                    {"rank": rank.rank, "local_rank": rank.local_rank, "env": dict(rank.env), "argv": list(rank.argv)}
+                    for rank in node.ranks
+                ],
+            }
+            for node in plan.nodes
+        ],
+    }
+
+
+def plan_text(plan: Plan, invocation: Invocation) -> str:
+    nodes = len(plan.nodes)
+    lines = [
+        f"xrun dry run: {nodes} node{'s' * (nodes != 1)}, {plan.world_size} rank{'s' * (plan.world_size != 1)}, "
+        f"backend {plan.backend}",
+        f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
+        f"world info {plan.world_info}",
+    ]
+    commands = {command.host: command.argv for command in invocation.commands}
+    for node in plan.nodes:
+        slots = ",".join(str(s) for s in plan.world[node.host])
+        first, last = node.ranks[0].rank, node.ranks[-1].rank
+        lines.append(f"node {node.node_rank} {node.host}: slots {slots}, ranks {first}-{last}")
+        if node.host in commands:
+            lines.append(f"  agent: {render(commands[node.host])}")
+        for rank in node.ranks:
+            lines.append(f"  rank {rank.rank} (local {rank.local_rank}): {render(rank.argv)}")
+    if invocation.note:
+        lines.append(f"({invocation.note})")
+    return "\n".join(lines)
+
+
+def print_plan(plan: Plan, invocation: Invocation, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(plan_json(plan, invocation)))
+    else:
+        print(plan_text(plan, invocation))

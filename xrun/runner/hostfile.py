@@ -1,0 +1,100 @@
+"""Hostfiles: ``HOST slots=N`` per line, ``#`` comments, Slurm-style ranges; strict, line-numbered errors."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from xrun.errors import HostfileError
+from xrun.hostlist import HostlistSyntaxError, expand_host_pattern
+
+KNOWN_KEYS = ("slots",)
+# Characters that the include/exclude grammar and the world info use as separators cannot be in a host name.
+_BAD_HOST_CHARS = re.compile(r"[@:,=\s]")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    name: str
+    slots: int
+    lineno: int
+
+
+@dataclass(frozen=True)
+class Hostfile:
+    path: str
+    hosts: tuple[HostEntry, ...]
+
+    def pool(self) -> dict[str, tuple[int, ...]]:
+        """Every host's slot ids (0..slots-1), in file order."""
+        return {entry.name: tuple(range(entry.slots)) for entry in self.hosts}
+
+
+def read_hostfile(path: str) -> Hostfile:
+    """Read and parse a hostfile; any problem is a ``HostfileError`` naming the path and line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise HostfileError(path, None, None, "no such file; pass an existing hostfile with -H/--hostfile") from None
+    except IsADirectoryError:
+        raise HostfileError(path, None, None, "is a directory, not a hostfile") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise HostfileError(path, None, None, f"cannot read: {err.__class__.__name__}: {err}") from None
+    return parse_hostfile(text, path)
+
+
+def parse_hostfile(text: str, path: str = "<hostfile>") -> Hostfile:
+    entries: list[HostEntry] = []
+    first_seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        for entry in _parse_line(line, lineno, path):
+            if entry.name in first_seen:
+                raise HostfileError(
+                    path, lineno, line, f"host {entry.name!r} is already listed on line {first_seen[entry.name]}"
+                )
+            first_seen[entry.name] = lineno
+            entries.append(entry)
+    if not entries:
+        raise HostfileError(path, None, None, "no hosts; add lines like 'worker-1 slots=4'")
+    return Hostfile(path=path, hosts=tuple(entries))
+
+
+def _parse_line(line: str, lineno: int, path: str) -> list[HostEntry]:
+    content = line.split("#", 1)[0].strip()
+    if not content:
+        return []
+    tokens = content.split()
+    pattern, options = tokens[0], tokens[1:]
+    if "=" in pattern:
+        raise HostfileError(path, lineno, line, "line must start with a host name, e.g. 'worker-1 slots=4'")
+    slots = _parse_slots(options, line, lineno, path)
+    try:
+        names = expand_host_pattern(pattern)
+    except HostlistSyntaxError as err:
+        raise HostfileError(path, lineno, line, str(err)) from None
+    for name in names:
+        if not name or _BAD_HOST_CHARS.search(name):
+            raise HostfileError(path, lineno, line, f"bad host name {name!r}: '@', ':', ',' and '=' are not allowed")
+    if len(set(names)) != len(names):
+        raise HostfileError(path, lineno, line, "the range names the same host twice")
+    return [HostEntry(name=name, slots=slots, lineno=lineno) for name in names]
+
+
+def _parse_slots(options: list[str], line: str, lineno: int, path: str) -> int:
+    values: dict[str, str] = {}
+    for token in options:
+        key, sep, value = token.partition("=")
+        if not sep:
+            raise HostfileError(path, lineno, line, f"unexpected {token!r}; expected key=value such as slots=4")
+        if key not in KNOWN_KEYS:
+            raise HostfileError(path, lineno, line, f"unknown key {key!r}; known: {', '.join(KNOWN_KEYS)}")
+        if key in values:
+            raise HostfileError(path, lineno, line, f"{key}= is given twice")
+        values[key] = value
+    if "slots" not in values:
+        raise HostfileError(path, lineno, line, "missing slots=N (the number of devices on this host)")
+    text = values["slots"]
+    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+        raise HostfileError(path, lineno, line, f"slots must be a positive integer, not {text!r}")
+    return int(text)

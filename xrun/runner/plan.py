@@ -1,0 +1,97 @@
+"""The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from xrun.launch.spec import (
+    AgentOptions,
+    LaunchOptions,
+    NodeSpec,
+    Rendezvous,
+    World,
+    encode_world_info,
+    node_ranks,
+)
+from xrun.runner.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.selection import Selection
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the user asked for, typed; built from the command line, consumed by the planner."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    hostfile: str | None = None
+    selection: Selection = field(default_factory=Selection)
+    master_addr: str | None = None
+    master_port: int = 29500
+    launcher: str | None = None
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    options: AgentOptions = field(default_factory=AgentOptions)
+    run_id: str = "xrun"
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: JobRequest
+    world: World
+    rendezvous: Rendezvous
+    backend: str
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def world_info(self) -> str:
+        return encode_world_info(self.world)
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(slots) for slots in self.world.values())
+
+    @property
+    def local_only(self) -> bool:
+        return self.backend == "local"
+
+
+def is_local_world(world: World, hostfile: str | None) -> bool:
+    """Runs without any remote launcher: no hostfile, or a hostfile naming only this machine."""
+    if hostfile is None:
+        return True
+    return len(world) == 1 and next(iter(world)) in _local_names()
+
+
+def _local_names() -> set[str]:
+    return {LOCALHOST, LOCAL_ADDR, socket.gethostname(), socket.getfqdn()}
+
+
+def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
+    """Pure: the world and the request fix every rank's env and argv."""
+    world = dict(world)
+    local = backend == "local"
+    master_addr = request.master_addr or (LOCAL_ADDR if local else next(iter(world)))
+    rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
+    nodes = tuple(
+        NodeSpec(
+            host=host,
+            node_rank=node_rank,
+            ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
+            options=request.options,
+            run_id=request.run_id,
+        )
+        for node_rank, host in enumerate(world)
+    )
+    return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
+
+
+def pick_free_port(addr: str = LOCAL_ADDR) -> int:
+    """Ask the kernel for a free TCP port (``--master_port 0`` on a local run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return int(sock.getsockname()[1])
+
+
+def with_free_port(request: JobRequest) -> JobRequest:
+    return replace(request, master_port=pick_free_port()) if request.master_port == 0 else request
