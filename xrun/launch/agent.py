@@ -1,0 +1,119 @@
+"""The node agent: one NodeSpec in, supervised rank processes, one exit code out.
+
+Pipeline: spec -> per-rank environment -> core binding -> RankGroup (own sessions, event loop) -> report.
+Imports no torch; the elastic path lives in its own module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+from xrun.launch.spec import NodeSpec, RankSpec
+from xrun.launch.supervise import NodeResult, RankGroup, RankOutcome, RankProcess, SuperviseOptions
+
+
+class AgentHooks(Protocol):
+    """What a control channel plugs into the agent (see xrun.launch.connect)."""
+
+    def attach(self, group: RankGroup) -> None:
+        """Register readers on the group's event loop; keep the group to call request_stop()."""
+
+    def on_rank_exit(self, outcome: RankOutcome) -> None:
+        """Called in the event loop as each rank's main process exits."""
+
+    def on_result(self, result: NodeResult) -> None:
+        """Called once with the node's result, after every rank is gone."""
+
+
+@dataclass(frozen=True)
+class BoundRank:
+    """A rank after binding: the argv may gain a numactl prefix, or the cpus travel as an affinity mask."""
+
+    argv: tuple[str, ...]
+    cpus: frozenset[int] | None
+    extra_env: Mapping[str, str]
+
+
+def rank_environment(base: Mapping[str, str], spec: NodeSpec, rank: RankSpec) -> dict[str, str]:
+    """The user's environment, then the runner's exports, then the rank contract (which always wins)."""
+    env = dict(base)
+    env.update(spec.env)
+    env.update(rank.env)
+    return env
+
+
+def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
+    """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
+    if not spec.options.bind_cores:
+        return tuple(BoundRank(argv=r.argv, cpus=None, extra_env={}) for r in spec.ranks)
+    from xrun.launch import binding
+
+    binding.check_binding_env(env)
+    bindings = binding.plan_binding(
+        binding.read_topology(), len(spec.ranks), frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list
+    )
+    numactl = binding.find_numactl()
+    if numactl is None:
+        print(
+            "xrun: numactl not found; binding CPUs by affinity only, memory is not bound (apt-get install numactl)",
+            file=sys.stderr,
+        )
+    return tuple(
+        BoundRank(
+            argv=binding.numactl_argv(b, r.argv, numactl) if numactl else r.argv,
+            cpus=None if numactl else frozenset(b.cpus),
+            extra_env=binding.binding_env(b, env),
+        )
+        for r, b in zip(spec.ranks, bindings)
+    )
+
+
+def rank_processes(spec: NodeSpec, base_env: Mapping[str, str]) -> tuple[RankProcess, ...]:
+    envs = [rank_environment(base_env, spec, rank) for rank in spec.ranks]
+    bound = bind_ranks(spec, envs[0] if envs else base_env)
+    return tuple(
+        RankProcess(
+            rank=rank.rank,
+            local_rank=rank.local_rank,
+            argv=b.argv,
+            env={**env, **b.extra_env},
+            cpus=b.cpus,
+            cwd=spec.cwd,
+        )
+        for rank, env, b in zip(spec.ranks, envs, bound)
+    )
+
+
+def supervise_options(spec: NodeSpec) -> SuperviseOptions:
+    options = spec.options
+    return SuperviseOptions(
+        host=spec.host,
+        prefix=options.prefix,
+        quiet=options.quiet,
+        log_dir=options.log_dir,
+        shutdown_timeout=options.shutdown_timeout,
+    )
+
+
+def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
+    """Run this node's ranks to the end; print the failure report; return the node's exit code."""
+    from xrun.launch.report import format_failure_report, write_failure_json
+
+    group = RankGroup(
+        rank_processes(spec, os.environ),
+        supervise_options(spec),
+        on_rank_exit=hooks.on_rank_exit if hooks else None,
+    )
+    if hooks:
+        hooks.attach(group)
+    result = group.run()
+    if result.root_cause is not None or result.interrupted_by is not None:
+        sys.stderr.write(format_failure_report(result) + "\n")
+        if spec.options.log_dir is not None:
+            write_failure_json(os.path.join(spec.options.log_dir, spec.host, "failure.json"), result)
+    if hooks:
+        hooks.on_result(result)
+    return result.exit_code
