@@ -51,7 +51,7 @@ class AgentCommand:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError("xrun.launch", f"{message}; see python -m xrun.launch --help")
+        raise XrunError(f"{message}; see python -m xrun.launch --help")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +119,7 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
     split = split_argv(parser, argv)
     ns = parser.parse_args(list(split.options))
     if split.program is None:
-        raise UsageError("xrun.launch", "missing SCRIPT; usage: " + parser.usage)
+        raise XrunError(f"missing SCRIPT; usage: {parser.usage}")
     return AgentCommand(
         world=decode_world_info(ns.world_info),
         node_rank=ns.node_rank,

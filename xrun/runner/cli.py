@@ -26,7 +26,7 @@ DRY_RUN_FORMATS = ("text", "json")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError("xrun", f"{message}; see xrun --help")
+        raise XrunError(f"{message}; see xrun --help")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     split = split_argv(parser, argv)
     ns = parser.parse_args(list(split.options))
     if split.program is None:
-        raise UsageError("xrun", "missing SCRIPT to run; usage: " + parser.usage)
+        raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
     if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
         raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
     if not 0 <= ns.master_port <= 65535:

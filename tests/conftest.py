@@ -1,0 +1,58 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Arguments a user may pass to a training script; each must reach the script byte-exact.
+WEIRD_ARGS = (
+    "plain",
+    "with space",
+    "it's",
+    'say "hi"',
+    "$(touch /tmp/xrun-pwned)",
+    "`id`",
+    "$HOME",
+    "a;b",
+    "a && b",
+    "a | b",
+    "line1\nline2",
+    "tab\there",
+    "back\\slash",
+    "ünïcødé ✓ 日本",
+    "",
+    "--help",
+    "-H",
+    "--num_gpus=8",
+    "--",
+    "*",
+    "~",
+    "#not a comment",
+    "a=b",
+    "'",
+    '"',
+)
+
+
+@pytest.fixture
+def weird_args():
+    return WEIRD_ARGS
+
+
+def run_xrun(*args, env=None, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL):
+    """Run the real xrun entry point in a subprocess, as a user would."""
+    full_env = dict(os.environ)
+    full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "xrun", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
+        stdin=stdin,
+    )

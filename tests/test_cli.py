@@ -1,0 +1,148 @@
+"""The xrun command line as a user runs it: a real subprocess, exit codes, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT, run_xrun
+from xrun.runner.cli import main
+
+HOSTFILE = os.path.join(ROOT, "hostfiles", "two-workers")
+
+
+def dry_json(*args, env=None):
+    result = run_xrun("--dry-run=json", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_local_dry_run_json():
+    data = dry_json("--num_gpus", "2", "train.py", "--lr", "3e-4")
+    assert data["backend"] == "local" and data["world_size"] == 2 and data["master_addr"] == "127.0.0.1"
+    (node,) = data["nodes"]
+    assert node["host"] == "localhost" and node["slots"] == [0, 1]
+    assert [r["env"]["LOCAL_RANK"] for r in node["ranks"]] == ["0", "1"]
+    assert node["ranks"][1]["argv"][1:] == ["-u", "train.py", "--local_rank=1", "--lr", "3e-4"]
+
+
+def test_local_default_is_one_cpu_rank():
+    assert dry_json("train.py")["world_size"] == 1
+
+
+def test_cuda_visible_devices_become_local_slots():
+    data = dry_json("train.py", env={"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert data["nodes"][0]["slots"] == [1, 3]
+    assert data["nodes"][0]["ranks"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "1,3"
+
+
+def test_cuda_visible_devices_ignored_with_filter_flag():
+    result = run_xrun("--dry-run=json", "--num_gpus", "1", "t.py", env={"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert result.returncode == 0
+    assert "ignoring CUDA_VISIBLE_DEVICES=1,3" in result.stderr
+
+
+def test_hostfile_with_only_localhost_runs_locally(tmp_path):
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("localhost slots=2\nworker-9 slots=2\n")
+    data = dry_json("-H", str(hostfile), "-i", "localhost:1", "t.py")
+    assert data["backend"] == "local" and data["nodes"][0]["slots"] == [1]
+
+
+def test_weird_args_round_trip_through_dry_run(weird_args):
+    data = dry_json("--no_local_rank", "train.py", *weird_args)
+    assert data["nodes"][0]["ranks"][0]["argv"][3:] == list(weird_args)
+
+
+def test_double_dash_separates_script():
+    data = dry_json("--no_local_rank", "--", "--weird-script-name", "x")
+    assert data["nodes"][0]["ranks"][0]["argv"][2:] == ["--weird-script-name", "x"]
+
+
+@pytest.mark.parametrize(
+    "flag", [["--num-gpus", "2"], ["--num_accelerators", "2"], ["--nproc_per_node", "2"], ["--nproc-per-node", "2"]]
+)
+def test_flag_spellings(flag):
+    assert dry_json(*flag, "t.py")["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-H", "/nonexistent/hosts", "t.py"], "xrun: /nonexistent/hosts: no such file"),
+        (["-H", HOSTFILE, "-i", "w:", "t.py"], "xrun: --include 'w:': 'w:' has ':' but no slots; expected HOST"),
+        (["-H", HOSTFILE, "-i", "worker-0", "-e", "worker-1", "t.py"], "xrun: --include 'worker-0': cannot be combined with --exclude"),
+        (["-H", HOSTFILE, "-i", "worker-0:9", "t.py"], "xrun: --include 'worker-0:9': host 'worker-0' has no slot 9; its slots are 0,1,2,3"),
+        (["-H", HOSTFILE, "--num_nodes", "3", "t.py"], "xrun: --num_nodes '3': only 2 host(s) available"),
+        (["--num_gpus", "x", "t.py"], "xrun: argument --num_gpus/--num-gpus"),
+        (["--module", "--no_python", "t.py"], "xrun: --module: cannot be combined with --no_python"),
+        (["--master_port", "70000", "t.py"], "xrun: --master_port: 70000 is not a TCP port"),
+        (["--dry-run=yaml", "t.py"], "xrun: --dry-run: unknown format 'yaml'"),
+        (["--launcher", "pdhs", "t.py"], "xrun: --launcher: unknown backend 'pdhs'; known: local"),
+        (["--bogus-flag", "t.py"], "xrun: unrecognized arguments: --bogus-flag"),
+        ([], "xrun: missing SCRIPT"),
+        (["--bind_core_list", "0-1", "t.py"], "xrun: --bind_core_list: only applies with --bind_cores_to_rank"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message):
+    result = run_xrun(*args)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(message), result.stderr
+
+
+def test_bad_hostfile_line_named(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=1\nb slots=four\n")
+    result = run_xrun("-H", str(hostfile), "t.py")
+    assert result.returncode == 2
+    assert result.stderr == f"xrun: {hostfile}:2: 'b slots=four': slots must be a positive integer, not 'four'\n"
+
+
+def test_help_and_version():
+    assert "--include" in run_xrun("--help").stdout
+    assert run_xrun("--version").stdout.startswith("xrun ")
+
+
+def test_user_help_goes_to_the_script():
+    data = dry_json("--no_local_rank", "t.py", "--help")
+    assert data["nodes"][0]["ranks"][0]["argv"][-1] == "--help"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--dry-run", "t.py"], ["--dry-run=json", "--num_gpus", "2", "t.py"]])
+def test_no_torch_on_the_launch_path(args):
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xrun", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
+    heavy = {"torch", "numpy", "paramiko", "rich", "deepspeed", "mpi4py"} & imported
+    assert not heavy, heavy
+
+
+def test_console_script_installed():
+    result = subprocess.run(["xrun", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("xrun ")
+
+
+ARG = st.text(alphabet="-=:@,Hie0123abx./ ", max_size=12)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ARG, max_size=6))
+def test_random_command_lines_never_traceback(capsys, argv):
+    """In-process fuzz of everything a user can type before the script (dry-run, so nothing starts)."""
+    try:
+        code = main(["--dry-run=json", "-H", HOSTFILE, *argv, "t.py"])
+    except SystemExit as exit_:  # argparse's --help/--version
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert code in (0, 2), (argv, err)
+    if code == 2:
+        assert err.count("\n") == 1

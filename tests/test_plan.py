@@ -1,0 +1,98 @@
+import shlex
+
+import pytest
+
+from xrun.errors import UsageError
+from xrun.launch.cli import AgentCommand, agent_argv, parse_agent_argv
+from xrun.launch.spec import AgentOptions, LaunchOptions, PythonMode, Rendezvous
+from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.dryrun import plan_json, plan_text
+from xrun.runner.plan import JobRequest, is_local_world, make_plan
+from xrun.runner.selection import Selection
+from xrun.shell import render
+
+WORLD = {"worker-0": (1, 3), "worker-1": (0,)}
+
+
+def test_plan_ranks_are_consecutive_in_node_then_slot_order():
+    plan = make_plan(JobRequest(script="t.py", run_id="r"), WORLD, "ssh")
+    assert [(n.host, [r.rank for r in n.ranks]) for n in plan.nodes] == [("worker-0", [0, 1]), ("worker-1", [2])]
+    assert plan.world_size == 3
+    assert plan.rendezvous == Rendezvous("worker-0", 29500, "r")  # default master: the first node
+    assert plan.nodes[0].ranks[1].env["CUDA_VISIBLE_DEVICES"] == "1,3"
+
+
+def test_local_plan_uses_loopback_master():
+    plan = make_plan(JobRequest(script="t.py"), {"localhost": (0,)}, "local")
+    assert plan.rendezvous.master_addr == "127.0.0.1"
+
+
+def test_explicit_master_addr_wins():
+    plan = make_plan(JobRequest(script="t.py", master_addr="10.1.1.1", master_port=1234), WORLD, "ssh")
+    assert plan.nodes[1].ranks[0].env["MASTER_ADDR"] == "10.1.1.1"
+    assert plan.nodes[1].ranks[0].env["MASTER_PORT"] == "1234"
+
+
+@pytest.mark.parametrize(
+    "world, hostfile, expected",
+    [({"localhost": (0,)}, None, True), ({"localhost": (0,)}, "hf", True), ({"worker-0": (0,)}, "hf", False),
+     ({"localhost": (0,), "b": (0,)}, "hf", False)],
+)
+def test_is_local_world(world, hostfile, expected):
+    assert is_local_world(world, hostfile) is expected
+
+
+def test_plan_json_schema():
+    plan = make_plan(JobRequest(script="t.py", args=("--lr", "1"), run_id="r"), WORLD, "ssh")
+    invocation = Invocation("ssh", (NodeCommand("worker-0", ("a", "b c")),))
+    data = plan_json(plan, invocation)
+    assert data["world_size"] == 3 and data["backend"] == "ssh" and data["master_port"] == 29500
+    assert data["world_info"] == plan.world_info
+    assert data["nodes"][0]["slots"] == [1, 3] and data["nodes"][0]["command"] == ["a", "b c"]
+    rank = data["nodes"][1]["ranks"][0]
+    assert set(rank) == {"rank", "local_rank", "env", "argv"}
+    assert rank["rank"] == 2 and rank["argv"][-3:] == ["--local_rank=0", "--lr", "1"]
+    assert "rank 2 (local 0)" in plan_text(plan, invocation)
+
+
+def test_render_round_trips(weird_args):
+    assert shlex.split(render(weird_args)) == list(weird_args)
+
+
+def test_agent_argv_round_trip(weird_args):
+    command = AgentCommand(
+        world=WORLD,
+        node_rank=1,
+        rendezvous=Rendezvous("10.0.0.1", 1234, "job"),
+        launch=LaunchOptions(python="/usr/bin/python3", mode=PythonMode.MODULE, local_rank_arg=False),
+        options=AgentOptions(log_dir="/tmp/l d", prefix=False, quiet=True, shutdown_timeout=2.5, bind_cores=True,
+                             bind_core_list="0-3"),
+        script="pkg.train",
+        args=weird_args,
+    )
+    argv = agent_argv(command)
+    assert argv[:4] == ("/usr/bin/python3", "-u", "-m", "xrun.launch")
+    parsed = parse_agent_argv(argv[4:])
+    assert parsed == AgentCommand(**{**command.__dict__, "launch": LaunchOptions(
+        python=parsed.launch.python, mode=PythonMode.MODULE, local_rank_arg=False)})
+    assert parsed.args == weird_args
+
+
+def test_agent_accepts_deepspeed_style_argv():
+    parsed = parse_agent_argv(
+        ["--world_info=eyJsb2NhbGhvc3QiOiBbMCwgMV19", "--node_rank=0", "--master_addr=127.0.0.1",
+         "--master_port=29500", "train.py", "--deepspeed", "--lr", "1"]
+    )
+    spec = parsed.node_spec()
+    assert [r.env["RANK"] for r in spec.ranks] == ["0", "1"]
+    assert spec.ranks[0].argv[-4:] == ("--local_rank=0", "--deepspeed", "--lr", "1")
+
+
+def test_module_with_no_python_is_an_error():
+    with pytest.raises(UsageError, match="--module: cannot be combined with --no_python"):
+        parse_agent_argv(["--world_info=eyJhIjogWzBdfQ==", "--node_rank=0", "--module", "--no_python", "t"])
+
+
+def test_selection_is_part_of_the_request():
+    request = JobRequest(script="t", selection=Selection(include="a"))
+    assert request.selection.filters
