@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
+from xrun.launch import binding
+from xrun.launch.binding import RankBinding
 from xrun.launch.spec import NodeSpec, RankSpec
 from xrun.launch.supervise import NodeResult, RankGroup, RankOutcome, RankProcess, SuperviseOptions
 
@@ -45,20 +47,28 @@ def rank_environment(base: Mapping[str, str], spec: NodeSpec, rank: RankSpec) ->
     return env
 
 
+def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
+    """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
+    if not spec.options.bind_cores:
+        return None
+    binding.check_binding_env(env)
+    allowed = frozenset(os.sched_getaffinity(0))
+    return binding.plan_binding(binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list)
+
+
 def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
     """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
-    if not spec.options.bind_cores:
+    bindings = plan_bindings(spec, env)
+    if bindings is None:
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env={}) for r in spec.ranks)
-    from xrun.launch import binding
-
-    binding.check_binding_env(env)
-    bindings = binding.plan_binding(
-        binding.read_topology(), len(spec.ranks), frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list
-    )
+    note = binding.binding_note(bindings, binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list))
+    if note:
+        print(f"xrun: {spec.host}: {note}", file=sys.stderr)
     numactl = binding.find_numactl()
     if numactl is None:
         print(
-            "xrun: numactl not found; binding CPUs by affinity only, memory is not bound (apt-get install numactl)",
+            f"xrun: {spec.host}: numactl not found; binding CPUs by affinity only, memory is not bound "
+            "(apt-get install numactl)",
             file=sys.stderr,
         )
     return tuple(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
 from xrun.shell import render
@@ -26,14 +27,18 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
                 "node_rank": node.node_rank,
                 "slots": list(plan.world[node.host]),
                 "command": commands.get(node.host),
-                "ranks": [
-                    {"rank": rank.rank, "local_rank": rank.local_rank, "env": dict(rank.env), "argv": list(rank.argv)}
-                    for rank in node.ranks
-                ],
+                "ranks": [_rank_json(rank, invocation) for rank in node.ranks],
             }
             for node in plan.nodes
         ],
     }
+
+
+def _rank_json(rank: RankSpec, invocation: Invocation) -> dict[str, Any]:
+    data: dict[str, Any] = {"rank": rank.rank, "local_rank": rank.local_rank, "env": dict(rank.env), "argv": list(rank.argv)}
+    if rank.rank in invocation.cpus:
+        data["cpus"] = invocation.cpus[rank.rank]
+    return data
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
@@ -52,7 +57,8 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         if node.host in commands:
             lines.append(f"  agent: {render(commands[node.host])}")
         for rank in node.ranks:
-            lines.append(f"  rank {rank.rank} (local {rank.local_rank}): {render(rank.argv)}")
+            cpus = f" [cpus {invocation.cpus[rank.rank]}]" if rank.rank in invocation.cpus else ""
+            lines.append(f"  rank {rank.rank} (local {rank.local_rank}){cpus}: {render(rank.argv)}")
     if invocation.note:
         lines.append(f"({invocation.note})")
     return "\n".join(lines)

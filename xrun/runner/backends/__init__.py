@@ -4,8 +4,8 @@ heavy ones (paramiko) cost nothing unless chosen."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from xrun.errors import UsageError
 
@@ -28,6 +28,8 @@ class Invocation:
     backend: str
     commands: tuple[NodeCommand, ...]
     note: str = ""
+    # rank -> CPU list ("0-3,8-11") where the binding is known at plan time (this machine's own ranks).
+    cpus: Mapping[int, str] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
+from xrun.launch.agent import plan_bindings
+from xrun.launch.binding import format_cpus
 from xrun.launch.cli import AgentCommand, agent_argv
+from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
+
+
+def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
+    """Each rank's CPU set under --bind_cores_to_rank, computed exactly as the agent will (reads /sys only)."""
+    bindings = plan_bindings(node, os.environ)
+    if bindings is None:
+        return {}
+    return {rank.rank: format_cpus(b.cpus) for rank, b in zip(node.ranks, bindings)}
 
 
 class LocalBackend:
@@ -26,9 +39,10 @@ class LocalBackend:
             backend=self.name,
             commands=(NodeCommand(host=node.host, argv=agent_argv(command)),),
             note="agent runs inside the xrun process",
+            cpus=local_cpu_sets(node),
         )
 
     def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.launch.agent import run_node
+        from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
         return run_node(plan.nodes[0])
