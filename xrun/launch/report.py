@@ -1,0 +1,145 @@
+"""A node's result as a failure report: a few lines for a human on stderr, the same data as JSON for tools.
+
+The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
+consequences, so the line to read at 3 a.m. is the first one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from typing import Any
+
+from xrun.launch.supervise import NodeResult, RankOutcome
+
+_SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_status(outcome: RankOutcome) -> str:
+    """``exit code 7``, ``signal SIGSEGV (11)``, ``not started`` or ``status unknown``."""
+    if outcome.signal is not None:
+        return f"signal {signal_name(outcome.signal)} ({outcome.signal})"
+    if outcome.returncode is not None:
+        return f"exit code {outcome.returncode}"
+    return "not started" if outcome.pid == 0 else "status unknown"
+
+
+def format_failure_report(result: NodeResult) -> str:
+    """The report for stderr: what happened on this node, the root cause first, then its stderr tail."""
+    root = result.root_cause
+    lines = [f"xrun: node {result.host}: {_headline(result)} (exit code {result.exit_code})"]
+    ordered = ([root] if root else []) + [o for o in result.outcomes if o is not root and _notable(o)]
+    shown = ordered[: _SHOWN_CONSEQUENCES + 1]
+    for outcome in shown:
+        lines.append(_rank_line(outcome, outcome is root))
+    if len(ordered) > len(shown):
+        lines.append(f"  ... and {len(ordered) - len(shown)} more ranks")
+    ok = sum(1 for o in result.outcomes if not _notable(o))
+    if ok:
+        lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
+    if root is not None:
+        lines.extend(_tail_lines(root))
+    return "\n".join(lines)
+
+
+def failure_json(result: NodeResult) -> dict[str, Any]:
+    """The same facts as the report, as JSON-able data (one entry per rank, in rank order)."""
+    root = result.root_cause
+    return {
+        "host": result.host,
+        "exit_code": result.exit_code,
+        "interrupted_by": _signal_json(result.interrupted_by),
+        "root_cause": root.rank if root is not None else None,
+        "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
+    }
+
+
+def write_failure_json(path: str, result: NodeResult) -> None:
+    """Write ``failure_json(result)`` to ``path`` atomically (a reader never sees half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".failure.", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(failure_json(result), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _headline(result: NodeResult) -> str:
+    root = result.root_cause
+    if root is not None:
+        return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s"
+    if result.interrupted_by is not None:
+        return f"stopped by {signal_name(result.interrupted_by)}"
+    failed = sum(1 for o in result.outcomes if o.failed)
+    if failed:
+        return f"{failed} rank{'s' if failed != 1 else ''} failed"
+    leftovers = sum(len(o.leftovers) for o in result.outcomes)
+    if leftovers:
+        return f"all ranks exited with code 0; {leftovers} leftover process(es) had to be stopped"
+    return "all ranks exited with code 0"
+
+
+def _notable(outcome: RankOutcome) -> bool:
+    return outcome.failed or bool(outcome.leftovers)
+
+
+def _rank_line(outcome: RankOutcome, is_root: bool) -> str:
+    mark = "root cause" if is_root else ("stopped" if outcome.stopped_by_xrun else "failed" if outcome.failed else "")
+    pid = f"pid {outcome.pid}" if outcome.pid else "pid -"
+    text = (
+        f"  {mark:<10}  rank {outcome.rank} (local {outcome.local_rank}, {pid})  "
+        f"{describe_status(outcome)}  {outcome.runtime_s:.2f} s"
+    )
+    if outcome.leftovers:
+        text += f"  leftovers stopped: {', '.join(str(p) for p in outcome.leftovers)}"
+    return text
+
+
+def _tail_lines(outcome: RankOutcome) -> list[str]:
+    if not outcome.stderr_tail:
+        return [f"  rank {outcome.rank} wrote nothing to stderr"]
+    lines = [f"  last {len(outcome.stderr_tail)} line(s) of rank {outcome.rank}'s stderr:"]
+    lines.extend(f"    | {line}" for line in outcome.stderr_tail)
+    return lines
+
+
+def _signal_json(signum: int | None) -> dict[str, Any] | None:
+    return None if signum is None else {"number": signum, "name": signal_name(signum)}
+
+
+def _outcome_json(outcome: RankOutcome, is_root: bool) -> dict[str, Any]:
+    return {
+        "host": outcome.host,
+        "rank": outcome.rank,
+        "local_rank": outcome.local_rank,
+        "pid": outcome.pid,
+        "exit_code": outcome.returncode,
+        "signal": _signal_json(outcome.signal),
+        "status": describe_status(outcome),
+        "failed": outcome.failed,
+        "root_cause": is_root,
+        "stopped_by_xrun": outcome.stopped_by_xrun,
+        "runtime_s": round(outcome.runtime_s, 6),
+        "leftovers": list(outcome.leftovers),
+        "stderr_tail": list(outcome.stderr_tail),
+    }
