@@ -154,9 +154,19 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     return tuple(argv) + ("--", command.script) + command.args
 
 
+def is_connect_mode(argv: Sequence[str]) -> bool:
+    """``--connect=HEAD:PORT`` (first, as the backends render it): the agent of a multi-node run."""
+    return bool(argv) and argv[0].split("=", 1)[0] == "--connect"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if is_connect_mode(args):
+        from xrun.launch.connect import main as connect_main
+
+        return connect_main(args)
     try:
-        command = parse_agent_argv(sys.argv[1:] if argv is None else argv)
+        command = parse_agent_argv(args)
         from xrun.launch.agent import run_node  # after parsing, so --help stays instant
 
         return run_node(command.node_spec())

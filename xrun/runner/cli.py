@@ -19,6 +19,7 @@ from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
+from xrun.runner.remote import add_remote_flags, remote_options, with_exports
 from xrun.runner.selection import Pool, Selection, select
 
 DRY_RUN_FORMATS = ("text", "json")
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the plan and the exact commands, start nothing; --dry-run=json prints one JSON object")
     add_rank_command_flags(parser)
     add_agent_flags(parser)
+    add_remote_flags(parser)
     return parser
 
 
@@ -78,6 +80,8 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         launch=launch_options(ns, python=ns.python),
         options=agent_options(ns),
         run_id=ns.run_id or f"xrun-{secrets.token_hex(4)}",
+        remote=remote_options(ns),
+        cwd=os.getcwd(),
     )
     return request, ns.dry_run
 
@@ -92,6 +96,8 @@ def resource_pool(request: JobRequest) -> Pool:
 
 
 def choose_backend(request: JobRequest, world: Pool) -> str:
+    if request.remote.no_ssh:
+        return "no_ssh"
     local = is_local_world(world, request.hostfile)
     if request.launcher is not None:
         if request.launcher == "local" and not local:
@@ -107,12 +113,19 @@ def plan_job(request: JobRequest) -> Plan:
     backend = choose_backend(request, world)
     if backend == "local":
         request = with_free_port(request)
+    else:
+        request = with_exports(request)
     return make_plan(request, world, backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "check":
+        from xrun.runner.check import main as check_main
+
+        return check_main(args[1:])
     try:
-        request, dry_run = parse_request(sys.argv[1:] if argv is None else argv)
+        request, dry_run = parse_request(args)
         plan = plan_job(request)
         backend = get_backend(plan.backend)
         invocation = backend.render(plan)

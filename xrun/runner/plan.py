@@ -16,6 +16,7 @@ from xrun.launch.spec import (
     node_ranks,
 )
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.remote import CHANNEL_BACKENDS, RemoteOptions, master_placeholder
 from xrun.runner.selection import Selection
 
 
@@ -33,6 +34,9 @@ class JobRequest:
     launch: LaunchOptions = field(default_factory=LaunchOptions)
     options: AgentOptions = field(default_factory=AgentOptions)
     run_id: str = "xrun"
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
+    env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
+    cwd: str | None = None  # remote agents chdir here
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,10 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     """Pure: the world and the request fix every rank's env and argv."""
     world = dict(world)
     local = backend == "local"
-    master_addr = request.master_addr or (LOCAL_ADDR if local else next(iter(world)))
+    first = next(iter(world))
+    # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
+    auto = master_placeholder(first) if backend in CHANNEL_BACKENDS else first
+    master_addr = request.master_addr or (LOCAL_ADDR if local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
     nodes = tuple(
         NodeSpec(
@@ -79,6 +86,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
             options=request.options,
+            env={} if local else dict(request.env),
+            cwd=None if local else request.cwd,
             run_id=request.run_id,
         )
         for node_rank, host in enumerate(world)

@@ -45,6 +45,9 @@ class Backend(Protocol):
 # name -> "module:attribute" of a zero-argument factory.
 _REGISTRY: dict[str, str] = {
     "local": "xrun.runner.backends.local:LocalBackend",
+    "no_ssh": "xrun.runner.backends.no_ssh:NoSshBackend",
+    "pdsh": "xrun.runner.backends.pdsh:PdshBackend",
+    "ssh": "xrun.runner.backends.ssh:SshBackend",
 }
 
 

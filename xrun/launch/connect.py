@@ -1,0 +1,287 @@
+"""``python -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-``: the agent of a multi-node run.
+
+The backend (ssh, pdsh, ...) starts this tiny command on every node. The agent connects back to the runner's
+control server, proves it belongs to the run with the one-time token, and receives its node spec (ranks,
+argv, environment, working directory) over the channel, so neither the user's arguments nor any environment
+value ever appear on a command line. Then:
+
+    hello -> spec -> ready -> (barrier) start -> run_node(spec, hooks=ChannelHooks) -> rank_exited... -> done
+
+``ChannelHooks`` is the ``AgentHooks`` of ``xrun.launch.agent``: a reader thread owns the socket (it answers
+pings even while the event loop is busy and notices a silent runner after ``DEAD_AFTER`` s) and wakes the
+rank group's event loop through a pipe; ``stop`` and connection loss both become ``group.request_stop``.
+Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down.
+
+The token: ``--token=-`` reads it from the first line of stdin (the ssh backend sends it there, so it is in
+no argv); ``--token=HEX`` takes it from the command line (pdsh has no stdin; the runner accepts each node
+rank once, so a token read from ``ps`` after the node connected is worthless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from xrun import __version__
+from xrun.errors import UsageError, XrunError
+from xrun.launch import channel
+from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
+
+CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
+SPEC_TIMEOUT = 30.0
+EXIT_NO_RUNNER = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError("xrun.launch --connect", message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m xrun.launch --connect", add_help=True)
+    parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
+    parser.add_argument("--node_rank", "--node-rank", required=True, type=int, help="this node's index")
+    parser.add_argument("--token", default="-", help="one-time run token; '-' reads it from stdin's first line")
+    return parser
+
+
+def split_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6ADDR]:PORT``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise UsageError("--connect", f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def read_token(value: str) -> str:
+    if value != "-":
+        return value
+    line = sys.stdin.buffer.readline()
+    if not line.endswith(b"\n"):
+        raise UsageError("--token", "expected the run token on stdin (the runner sends it); got none")
+    return line.strip().decode("ascii", "replace")
+
+
+def open_channel(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
+    """Connect, retrying briefly on refusal (a listener that is still coming up) until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
+        except OSError as err:
+            if time.monotonic() >= deadline or not isinstance(err, ConnectionRefusedError):
+                raise ChannelError(f"cannot reach the runner at {host}:{port}: {err.strerror or err}") from None
+            time.sleep(0.2)
+            continue
+        sock.settimeout(None)
+        channel.tune_socket(sock)
+        return sock
+
+
+def hello(token: str, node_rank: int, sock: socket.socket) -> dict[str, Any]:
+    return message(
+        Kind.HELLO,
+        token=token,
+        node_rank=node_rank,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        addr=sock.getsockname()[0],  # this node's address on the route to the head: what peers can use
+        versions={"xrun": __version__, "spec": SPEC_VERSION, "python": sys.version.split()[0],
+                  "executable": sys.executable},
+    )
+
+
+def pick_port(addr: str) -> int:
+    """A free TCP port for rank 0's store (``--master_port 0``): bound on every address, then released."""
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int) -> NodeSpec:
+    """Fill in what was decided at the barrier (the runner's plan carries placeholders for both)."""
+    ranks = tuple(
+        RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
+                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+        for r in spec.ranks
+    )
+    return replace(spec, ranks=ranks)
+
+
+class ChannelHooks:
+    """AgentHooks over the control channel (see the module doc)."""
+
+    def __init__(self, sock: socket.socket, reader: channel.FrameReader) -> None:
+        self._sock = sock
+        self._reader = reader
+        self._send_lock = threading.Lock()
+        self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._group: Any = None
+        self._connected = True
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    # -- AgentHooks -----------------------------------------------------------------------------------------
+
+    def attach(self, group: Any) -> None:
+        self._group = group
+        group.add_reader(self._wake_r, self._on_wake)
+        self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
+        self._thread.start()
+        self.send(message(Kind.STARTED))
+
+    def on_rank_exit(self, outcome: Any) -> None:
+        self.send(message(
+            Kind.RANK_EXITED,
+            rank=outcome.rank,
+            local_rank=outcome.local_rank,
+            code=outcome.returncode,
+            signal=outcome.signal,
+            stopped=outcome.stopped_by_xrun,
+            runtime_s=round(outcome.runtime_s, 3),
+            tail=list(outcome.stderr_tail),
+        ))
+
+    def on_result(self, result: Any) -> None:
+        self.send(message(
+            Kind.DONE,
+            exit_code=result.exit_code,
+            root_cause=result.root_cause.rank if result.root_cause is not None else None,
+            interrupted_by=result.interrupted_by,
+        ))
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if not self._connected:
+            return
+        try:
+            with self._send_lock:
+                channel.send(self._sock, msg)
+        except OSError:
+            self._connected = False  # the reader thread reports the loss
+
+    def close(self) -> None:
+        """After the result went out: end the reader thread first, then release the fds it uses."""
+        self._closing = True
+        self._connected = False
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # the thread's recv returns at once
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self._sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _read_forever(self) -> None:
+        while True:
+            try:
+                msg = channel.recv(self._sock, self._reader, timeout=channel.DEAD_AFTER)
+            except ChannelError as err:
+                if self._closing:
+                    return
+                reason = err.reason if "no message" not in err.reason else f"runner silent for {channel.DEAD_AFTER:g} s"
+                self._post("lost", reason)
+                return
+            kind = msg.get("type")
+            if kind == Kind.PING.value:
+                self.send(message(Kind.PONG))
+            elif kind == Kind.STOP.value:
+                self._post("stop", msg)
+
+    def _post(self, what: str, payload: Any) -> None:
+        self._events.put((what, payload))
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass
+
+    def _on_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+        while True:
+            try:
+                what, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if what == "stop":
+                signum = int(payload.get("signal") or signal.SIGTERM)
+                self._group.request_stop(signum, str(payload.get("reason") or "the runner asked to stop"))
+            else:
+                self._connected = False
+                self._group.request_stop(signal.SIGTERM, f"lost the control channel to the runner: {payload}")
+
+
+def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str, Any] | None:
+    """Block at the barrier; answer pings. Returns the start message, or None when told to stop."""
+    while True:
+        msg = channel.recv(sock, reader, timeout=channel.DEAD_AFTER)
+        kind = msg.get("type")
+        if kind == Kind.START.value:
+            return msg
+        if kind == Kind.PING.value:
+            channel.send(sock, message(Kind.PONG))
+        elif kind == Kind.STOP.value:
+            return None
+
+
+def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
+    sock = open_channel(host, port)
+    reader = channel.FrameReader()
+    channel.send(sock, hello(token, node_rank, sock))
+    try:
+        first = channel.recv(sock, reader, timeout=SPEC_TIMEOUT)
+    except ChannelError as err:
+        raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
+    if first.get("type") != Kind.SPEC.value:
+        raise ChannelError(f"expected the node spec, got {first.get('type')!r}")
+    try:
+        spec = NodeSpec.from_json(first["spec"])
+        if spec.cwd:
+            os.chdir(spec.cwd)
+    except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
+        channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
+        raise
+    port_pick = pick_port(sock.getsockname()[0]) if first.get("pick_master_port") else None
+    channel.send(sock, message(Kind.READY, master_port=port_pick))
+    start = wait_for_start(sock, reader)
+    if start is None:
+        return 128 + signal.SIGTERM
+    spec = with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]))
+    from xrun.launch.agent import run_node
+
+    hooks = ChannelHooks(sock, reader)
+    try:
+        return run_node(spec, hooks=hooks)
+    finally:
+        hooks.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        ns = build_parser().parse_args(list(argv))
+        host, port = split_endpoint(ns.connect)
+        return run_connected(host, port, ns.node_rank, read_token(ns.token))
+    except XrunError as err:
+        print(f"xrun.launch: {err}", file=sys.stderr)
+        return err.exit_code
+    except ChannelError as err:
+        print(f"xrun.launch[{socket.gethostname()}]: {err.reason}", file=sys.stderr)
+        return EXIT_NO_RUNNER
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT

@@ -1,0 +1,56 @@
+"""``--no_ssh --node_rank K``: the user (or Kubernetes, or a batch system) starts xrun on every node by hand.
+
+There is no fan-out and no control channel: each xrun runs its own node's agent in-process, with the same
+env contract as the remote backends (``--export`` and ``.xrun_env`` apply, ``PYTHONPATH`` gets the working
+directory). Rendezvous is torch's: node 0 hosts the store, so every node must be given the same hostfile,
+selection and ``--master_port``, and ``MASTER_ADDR`` is ``--master_addr`` or else the first host's name as
+written in the hostfile (it must resolve to node 0 on every node, e.g. a headless Service's DNS name).
+``--master_port 0`` is refused: nodes that cannot talk to each other cannot agree on a random port.
+Cross-node teardown is torch's too (a failed peer breaks the collective); each node's agent stops its own
+ranks on failure and on signals.
+"""
+
+from __future__ import annotations
+
+from xrun.errors import UsageError
+from xrun.launch.cli import AgentCommand, agent_argv
+from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.plan import Plan
+
+
+def this_node(plan: Plan) -> int:
+    rank = plan.request.remote.node_rank
+    if rank is None:
+        raise UsageError("--no_ssh", "needs --node_rank K (this node's index in the hostfile's order)")
+    if not 0 <= rank < len(plan.nodes):
+        raise UsageError("--node_rank", f"{rank} is outside 0..{len(plan.nodes) - 1} for a {len(plan.nodes)}-node world")
+    if plan.rendezvous.master_port == 0:
+        raise UsageError("--master_port", "0 (a random port) cannot work with --no_ssh: every node needs the same port")
+    return rank
+
+
+class NoSshBackend:
+    name = "no_ssh"
+
+    def render(self, plan: Plan) -> Invocation:
+        node = plan.nodes[this_node(plan)]
+        command = AgentCommand(
+            world=plan.world,
+            node_rank=node.node_rank,
+            rendezvous=plan.rendezvous,
+            launch=plan.request.launch,
+            options=plan.request.options,
+            script=plan.request.script,
+            args=plan.request.args,
+        )
+        return Invocation(
+            backend=self.name,
+            commands=(NodeCommand(host=node.host, argv=agent_argv(command)),),
+            note=f"--no_ssh: only node {node.node_rank} ({node.host}) runs here, inside the xrun process; "
+            "start xrun with the matching --node_rank on every other node",
+        )
+
+    def execute(self, plan: Plan, invocation: Invocation) -> int:
+        from xrun.launch.agent import run_node
+
+        return run_node(plan.nodes[this_node(plan)])

@@ -1,0 +1,157 @@
+"""``--launcher pdsh``: ``pdsh -S -R ssh -f FANOUT -N -w HOSTS 'PYTHON -u -m xrun.launch --connect=...
+--node_rank=%n --token=...'``.
+
+pdsh replaces ``%n`` with each host's index in the ``-w`` list, which is given in world order (pdsh keeps the
+order it is given; it does not sort). ``-S`` makes pdsh exit with the largest remote exit code, ``-N`` drops
+its ``host: `` prefix (the agent prefixes ``[host:rank]`` itself). pdsh has no stdin for remote commands,
+so the run token is on the command line; the runner accepts each node rank once, so a token read from
+``ps`` after the nodes connected is worthless. ``--ssh_port``, ``--ssh_config`` and
+``--ssh_accept_new_hosts`` reach OpenSSH through ``PDSH_SSH_ARGS_APPEND``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+from typing import Any
+
+from xrun.errors import UsageError
+from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.plan import Plan
+from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
+from xrun.shell import render
+
+TERMINATE_WAIT = 2.0
+
+
+def remote_argv(plan: Plan, endpoint: Endpoint | None, node_rank: str = "%n") -> tuple[str, ...]:
+    return agent_connect_argv(plan.request.launch.python, endpoint, node_rank, token_on_stdin=False)
+
+
+def pdsh_argv(plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
+    """Pure: the one local command that starts every agent."""
+    hosts = ",".join(node.host for node in plan.nodes)
+    fanout = str(plan.request.remote.fanout)
+    # pdsh joins its trailing words into the remote shell command: hand it one ready-quoted string.
+    return ("pdsh", "-S", "-R", "ssh", "-f", fanout, "-N", "-w", hosts, render(remote_argv(plan, endpoint)))
+
+
+def ssh_args_append(remote: RemoteOptions) -> str:
+    """Extra OpenSSH arguments for pdsh's ssh module (PDSH_SSH_ARGS_APPEND)."""
+    args: list[str] = []
+    if remote.ssh_port is not None:
+        args += ["-p", str(remote.ssh_port)]
+    if remote.ssh_config is not None:
+        args += ["-F", remote.ssh_config]
+    if remote.accept_new_hosts:
+        args += ["-o", "StrictHostKeyChecking=accept-new"]
+    args += ["-o", "BatchMode=yes"]  # never prompt: a password prompt per host would hang the fan-out
+    return render(args)
+
+
+class PdshBackend:
+    name = "pdsh"
+
+    def render(self, plan: Plan) -> Invocation:
+        commands = tuple(
+            NodeCommand(host=node.host, argv=remote_argv(plan, None, str(node.node_rank))) for node in plan.nodes
+        )
+        note = f"started as: PDSH_SSH_ARGS_APPEND={ssh_args_append(plan.request.remote)!r} {render(pdsh_argv(plan))}"
+        return Invocation(backend=self.name, commands=commands, note=note)
+
+    def execute(self, plan: Plan, invocation: Invocation) -> int:
+        from xrun.runner.control import ControlServer
+
+        pdsh = shutil.which("pdsh")
+        if pdsh is None:
+            raise UsageError("--launcher", "pdsh is not installed: apt-get install pdsh, or use --launcher ssh")
+        remote = plan.request.remote
+        addr = remote.control_addr or control_address([node.host for node in plan.nodes], remote)
+        token = secrets.token_hex(32)
+        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
+        port = server.listen([addr])
+        argv = (pdsh,) + pdsh_argv(plan, Endpoint(addr, port, token))[1:]
+        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(remote))
+        try:
+            # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as err:
+            server.close()
+            raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
+        return server.run(PdshSession(proc))
+
+
+def control_address(hosts: list[str], remote: RemoteOptions) -> str:
+    """The head's address on the route to the nodes; pdsh gives every node the same command, so one only."""
+    from xrun.runner.remote import route_source
+
+    sources: dict[str, list[str]] = {}
+    for host in hosts:
+        sources.setdefault(route_source(_peer_address(host, remote)), []).append(host)
+    if len(sources) > 1:
+        detail = "; ".join(f"{addr} for {', '.join(h)}" for addr, h in sources.items())
+        raise UsageError("--control_addr", f"the nodes reach this machine on different addresses ({detail}); "
+                         "pass --control_addr ADDR that every node can reach, or use --launcher ssh")
+    return next(iter(sources))
+
+
+def _peer_address(host: str, remote: RemoteOptions) -> str:
+    """Resolve like ssh would: DNS / /etc/hosts first, else OpenSSH's own view (``ssh -G``: HostName aliases)."""
+    try:
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except socket.gaierror:
+        pass
+    ssh = shutil.which("ssh")
+    if ssh is not None:
+        config = ["-F", remote.ssh_config] if remote.ssh_config else []
+        out = subprocess.run([ssh, *config, "-G", host], capture_output=True, text=True, timeout=10, check=False)
+        for line in out.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value:
+                try:
+                    return str(socket.getaddrinfo(value, None, type=socket.SOCK_STREAM)[0][4][0])
+                except socket.gaierror:
+                    break
+    raise UsageError("--control_addr", f"cannot resolve {host!r} to choose the address nodes connect back to; "
+                     "pass --control_addr ADDR")
+
+
+class PdshSession:
+    """One pdsh process for every node; its output goes straight to our stdout/stderr."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pidfd: int | None = None
+
+    def register(self, loop: Any) -> None:
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        loop.add_reader(self.pidfd, lambda: self._exited(loop))
+
+    def _exited(self, loop: Any) -> None:
+        assert self.pidfd is not None
+        loop.remove_reader(self.pidfd)
+        code = self.proc.wait()
+        loop.session_ended(None, code, f"pdsh exited with code {code}")
+
+    def finished(self, lost: set[str]) -> bool:
+        # One process for all nodes: with a node cut off it waits for ssh's own timeout, so the server's
+        # short linger decides instead, and terminate() ends it.
+        return self.proc.poll() is not None
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's session, started above
+                self.proc.wait(TERMINATE_WAIT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None

@@ -1,0 +1,132 @@
+"""``--launcher ssh``: native SSH (paramiko), one connection per host opened in parallel.
+
+Each node runs ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-`` and reads the run
+token from the session's stdin, so the token is in no argv on any machine. Everything else travels over the
+control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.sshconn``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping
+
+from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.plan import Plan
+from xrun.runner.remote import Endpoint, agent_connect_argv
+from xrun.shell import render
+
+
+def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) -> tuple[NodeCommand, ...]:
+    """Pure: the remote command of every node (placeholders for the endpoint when it is not open yet)."""
+    python = plan.request.launch.python
+    return tuple(
+        NodeCommand(
+            host=node.host,
+            argv=agent_connect_argv(
+                python, endpoints[node.host] if endpoints else None, str(node.node_rank), token_on_stdin=True
+            ),
+        )
+        for node in plan.nodes
+    )
+
+
+class SshBackend:
+    name = "ssh"
+
+    def render(self, plan: Plan) -> Invocation:
+        return Invocation(
+            backend=self.name,
+            commands=ssh_commands(plan),
+            note="native ssh (paramiko): one connection per host, in parallel; the run token goes to the "
+            "agent's stdin; spec, env and args travel over the control channel",
+        )
+
+    def execute(self, plan: Plan, invocation: Invocation) -> int:
+        from xrun.runner.control import ControlServer
+        from xrun.runner.remote import route_source
+        from xrun.runner.sshconn import Connected, HostConnectError, SshSettings, close_all, connect_all
+
+        remote = plan.request.remote
+        settings = SshSettings(port=remote.ssh_port, config_path=remote.ssh_config, accept_new_hosts=remote.accept_new_hosts)
+        results = connect_all([node.host for node in plan.nodes], settings)
+        try:
+            connected = [r for r in results if isinstance(r, Connected)]
+            if len(connected) != len(results):
+                raise HostConnectError([r for r in results if not isinstance(r, Connected)])
+            addrs = {
+                c.host: remote.control_addr or c.local_address or route_source(c.address) for c in connected
+            }
+            token = secrets.token_hex(32)
+            server = ControlServer(plan, token, join_timeout=remote.join_timeout)
+            port = server.listen(addrs.values())
+            endpoints = {host: Endpoint(addr, port, token) for host, addr in addrs.items()}
+            commands = ssh_commands(plan, endpoints)
+            sessions = SshSessions(connected, commands, token)
+            try:
+                sessions.start()
+            except Exception:
+                server.close()
+                raise
+            return server.run(sessions)
+        finally:
+            close_all(results)
+
+
+class SshSessions:
+    """The exec channels that carry the agents; their output is relayed byte for byte."""
+
+    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], token: str) -> None:
+        self.clients = {c.host: c for c in connected}
+        self.commands = commands
+        self.token = token
+        self.channels: dict[str, Any] = {}
+        self.ended: set[str] = set()
+
+    def start(self) -> None:
+        with ThreadPoolExecutor(max_workers=min(64, len(self.commands)), thread_name_prefix="xrun-exec") as pool:
+            opened = list(pool.map(self._exec, self.commands))
+        self.channels = dict(zip((c.host for c in self.commands), opened))
+
+    def _exec(self, command: NodeCommand) -> Any:
+        chan = self.clients[command.host].transport.open_session()
+        chan.exec_command(render(command.argv))
+        chan.sendall((self.token + "\n").encode("ascii"))
+        chan.shutdown_write()
+        return chan
+
+    def register(self, loop: Any) -> None:
+        for host, chan in self.channels.items():
+            loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
+
+    def _relay(self, loop: Any, host: str, chan: Any) -> None:
+        while chan.recv_ready():
+            _write_all(1, chan.recv(65536))
+        while chan.recv_stderr_ready():
+            _write_all(2, chan.recv_stderr(65536))
+        if chan.exit_status_ready() or chan.closed or not chan.get_transport().is_active():
+            if chan.recv_ready() or chan.recv_stderr_ready():
+                return
+            loop.remove_reader(chan)
+            self.ended.add(host)
+            code = chan.recv_exit_status() if chan.exit_status_ready() else None
+            loop.session_ended(host, code if code != -1 else None, "" if code is not None else "ssh connection lost")
+
+    def finished(self, lost: set[str]) -> bool:
+        return all(host in self.ended or host in lost for host in self.channels)
+
+    def terminate(self) -> None:
+        for chan in self.channels.values():
+            chan.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue
+        except OSError:
+            return  # our reader went away (| head): keep running, stop echoing
