@@ -19,6 +19,7 @@ and a forked watchdog stops every rank session if the agent itself is killed wit
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import selectors
 import signal
@@ -192,6 +193,8 @@ class RankGroup:
         if options.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {options.shutdown_timeout}")
         self._options = options
+        self._quiet = options.quiet
+        self._prefix = options.prefix
         self._ranks = [_Rank(p) for p in procs]
         self._on_rank_exit = on_rank_exit
         self._readers: list[tuple[object, Callable[[], None]]] = []
@@ -207,6 +210,7 @@ class RankGroup:
         # After every main process is gone: members of the sessions still alive.
         self._sweeping = False
         self._done = False
+        self._progress = False  # something besides output happened: _check_progress() has work
         self._leftovers: dict[int, list[int]] = {}  # sid -> pids
         self._sent: dict[int, int] = {}  # leftover pid -> the strongest signal its group got
         self._leftover_fds: dict[int, int] = {}  # pidfd -> pid
@@ -344,7 +348,7 @@ class RankGroup:
             os.set_blocking(fd, False)
             stream = _Stream(fd, console, prefix, log, keep_tail)
             rank.streams.append(stream)
-            self._sel.register(fd, selectors.EVENT_READ, lambda s=stream: self._read(s))  # type: ignore[union-attr]
+            self._sel.register(fd, selectors.EVENT_READ, functools.partial(self._read, stream))  # type: ignore[union-attr]
         if self._have_pidfd:
             try:
                 rank.pidfd = os.pidfd_open(popen.pid)
@@ -359,16 +363,19 @@ class RankGroup:
 
     def _loop(self) -> None:
         assert self._sel is not None
-        self._check_progress()
+        select = self._sel.select
         registered = self._sel.get_map()
+        self._check_progress()
         while not self._done:
-            for key, _ in self._sel.select(self._timeout()):
+            # Output is the hot path: a batch of reads alone needs neither the clock nor the bookkeeping.
+            for key, _ in select(None if self._deadline is None else self._timeout()):
                 # An earlier callback of this batch may have closed this fd (and its number been reused).
                 if registered.get(key.fd) is key:
                     key.data()
             while self._signals:
                 self._handle_signal(self._signals.popleft())
-            self._check_progress()
+            if self._progress or self._deadline is not None:
+                self._check_progress()
 
     def _timeout(self) -> float | None:
         now = time.monotonic()
@@ -383,7 +390,8 @@ class RankGroup:
         return None if timeout is None else max(0.0, timeout)
 
     def _check_progress(self) -> None:
-        """After each batch of events: enforce the deadlines; once every main process is gone, sweep."""
+        """Enforce the deadlines; once every main process is gone, sweep."""
+        self._progress = False
         now = time.monotonic()
         if self._kill_deadline is not None and now >= self._kill_deadline:
             self._give_up()
@@ -399,6 +407,7 @@ class RankGroup:
         self._signals.append(signum)
 
     def _handle_signal(self, signum: int) -> None:
+        self._progress = True
         if signum == signal.SIGCHLD:
             self._collect_exits()
             self._reap_orphans()
@@ -446,6 +455,7 @@ class RankGroup:
 
     def _finish(self, rank: _Rank, *, stopped: bool) -> None:
         """Record one rank's outcome, stop the others if it is the first failure, tell the caller."""
+        self._progress = True
         rank.ended = time.monotonic()
         if rank.pidfd is not None:
             self._unregister(rank.pidfd)
@@ -565,6 +575,7 @@ class RankGroup:
                 self._sel.register(fd, selectors.EVENT_READ, lambda fd=fd: self._leftover_gone(fd))  # type: ignore[union-attr]
 
     def _leftover_gone(self, fd: int) -> None:
+        self._progress = True
         self._unregister(fd)
         os.close(fd)
         del self._leftover_fds[fd]
@@ -646,9 +657,9 @@ class RankGroup:
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
-        if self._options.quiet or not self._console_ok[stream.console]:
+        if self._quiet or not self._console_ok[stream.console]:
             return
-        if not self._options.prefix:
+        if not self._prefix:
             self._emit(stream.console, chunk)
             return
         out, stream.pending = prefix_lines(stream.prefix, stream.pending, chunk)
@@ -741,7 +752,7 @@ class RankGroup:
 def _write_all(fd: int, data: bytes) -> bool:
     """Write everything (a terminal may take less per call); False when the reader is gone."""
     view = memoryview(data)
-    while view:
+    while True:
         try:
             written = os.write(fd, view)
         except BlockingIOError:  # someone made the fd non-blocking: wait until it can take more
@@ -751,8 +762,9 @@ def _write_all(fd: int, data: bytes) -> bool:
             continue
         except OSError:
             return False
+        if written == len(view):
+            return True
         view = view[written:]
-    return True
 
 
 def _drain(fd: int) -> None:
