@@ -518,3 +518,35 @@ def test_agent_memory_stays_small(tmp_path, marker):
     agent = Agent(tmp_path, marker, [["exit", "0"]] * 4)
     assert agent.wait() == 0
     assert agent.result()["max_rss_kib"] < 32 * 1024
+
+
+def test_a_killed_watchdog_does_not_disturb_the_run(marker, ready, tmp_path, capfd):
+    go = str(tmp_path / "go")
+    group = RankGroup(
+        [rank(0, "ready", ready, "wait-file", go, "exit", "0", marker=marker)], SuperviseOptions(host="h")
+    )
+    read_fd, write_fd = os.pipe()
+
+    def kill_watchdog() -> None:
+        os.read(read_fd, 10)
+        assert group._watchdog is not None
+        os.kill(group._watchdog.pid, signal.SIGKILL)
+        open(go, "w").close()
+
+    group.add_reader(read_fd, kill_watchdog)
+    helper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os,time\nwhile not os.listdir({ready!r}): time.sleep(0.005)\nos.write({write_fd}, b'x')",
+        ],
+        pass_fds=(write_fd,),
+    )
+    try:
+        result = group.run()
+    finally:
+        helper.wait()
+        os.close(read_fd)
+        os.close(write_fd)
+    assert result.exit_code == 0
+    assert _watchdog.read_proc(group._watchdog.pid) is None  # reaped, not a zombie

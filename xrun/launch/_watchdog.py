@@ -39,33 +39,49 @@ class ProcInfo:
 
 def read_proc(pid: int) -> ProcInfo | None:
     """One process's ids and state from ``/proc/PID/stat``; None when it is gone."""
+    data = _read_stat(str(pid))
+    return _parse_stat(pid, data) if data else None
+
+
+def _read_stat(name: str, dir_fd: int | None = None) -> bytes:
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"{name}/stat" if dir_fd is not None else f"/proc/{name}/stat", os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
-        return None
+        return b""
     try:
-        data = os.read(fd, 1024)
+        return os.read(fd, 512)
     except OSError:
-        return None
+        return b""
     finally:
         os.close(fd)
+
+
+def _parse_stat(pid: int, data: bytes) -> ProcInfo | None:
     # proc(5): "pid (comm) state ppid pgrp session ..."; comm may contain spaces and parentheses.
     fields = data[data.rfind(b")") + 2 :].split(b" ", 4)
-    if len(fields) < 4:
+    if len(fields) < 5:
         return None
     return ProcInfo(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace"))
 
 
 def session_members(sids: Collection[int]) -> list[ProcInfo]:
-    """Every process (zombies included) whose session is one of ``sids``."""
+    """Every process (zombies included) whose session is one of ``sids``: one pass over ``/proc``."""
     if not sids:
         return []
     found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            info = read_proc(int(name))
-            if info is not None and info.sid in sids:
-                found.append(info)
+    proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(proc_fd):
+            if name.isdigit():
+                data = _read_stat(name, proc_fd)
+                if not data:  # gone meanwhile
+                    continue
+                fields = data[data.rfind(b")") + 2 :].split(b" ", 4)  # state ppid pgrp session rest
+                sid = int(fields[3])
+                if sid in sids:
+                    found.append(ProcInfo(int(name), int(fields[1]), int(fields[2]), sid, fields[0].decode()))
+    finally:
+        os.close(proc_fd)
     return found
 
 
@@ -124,6 +140,7 @@ class Watchdog:
     def __init__(self, pid: int, fd: int) -> None:
         self.pid = pid
         self._fd: int | None = fd
+        self._reaped = False
 
     @classmethod
     def start(cls, grace: float) -> Watchdog:
@@ -149,23 +166,36 @@ class Watchdog:
         """Release the watchdog: ``done`` if every session is gone; otherwise EOF alone makes it clean up."""
         if clean:
             self._send(b"done\n")
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        try:
-            # After "done" it exits at once; after a bare EOF it may still be sweeping, so do not block then.
-            os.waitpid(self.pid, 0 if clean else os.WNOHANG)
-        except ChildProcessError:
-            pass
+        self._close()
+        # After "done" it exits at once; after a bare EOF it may still be sweeping, so do not block then.
+        self._reap(blocking=clean)
+
+    def lost(self) -> None:
+        """The watchdog exited before its time (somebody killed it): reap it, carry on without it."""
+        self._reap(blocking=False)
+        self._close()
 
     def _send(self, message: bytes) -> None:
         if self._fd is None:
             return
         try:
             os.write(self._fd, message)  # a few bytes: atomic on a pipe
-        except BrokenPipeError:  # the watchdog was killed; the agent carries on without it
+        except BrokenPipeError:  # it was killed; the agent carries on without it
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _reap(self, *, blocking: bool) -> None:
+        if self._reaped:
+            return
+        try:
+            pid, _ = os.waitpid(self.pid, 0 if blocking else os.WNOHANG)
+        except ChildProcessError:
+            pid = self.pid
+        self._reaped = pid == self.pid
 
 
 def _watchdog_main(read_fd: int, grace: float) -> int:

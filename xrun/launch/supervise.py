@@ -25,6 +25,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading  # already imported by subprocess; only to check we are on the main thread
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -241,6 +242,8 @@ class RankGroup:
         """Start every rank and supervise until each one and its session are gone."""
         if self._ran:
             raise RuntimeError("a RankGroup runs once")
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("RankGroup.run() must be called from the main thread: it handles the signals")
         self._ran = True
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -485,19 +488,33 @@ class RankGroup:
             self._begin_stop(signal.SIGTERM, f"rank {spec.rank} {_describe(outcome)}")
         if self._on_rank_exit is not None:
             self._on_rank_exit(outcome)
-        if rank.pid and self._watchdog is not None and not _watchdog.live_members((rank.pid,)):
-            self._watchdog.forget(rank.pid)  # its session is empty: the number may be reused
+        if rank.pid and self._watchdog is not None and not _group_exists(rank.pid):
+            self._watchdog.forget(rank.pid)  # its group is empty: the number may be reused
 
     def _reap_orphans(self) -> None:
-        """As subreaper we inherit the ranks' orphans: reap those that exited (only from our sessions)."""
+        """As subreaper we inherit the ranks' orphans: reap those that exited (only from our sessions).
+
+        Called after the ranks' own exits are collected, so a waitable child is normally an orphan; one
+        ``waitid(WNOWAIT)`` tells whether there is any, without scanning /proc.
+        """
         sids = {r.pid for r in self._ranks if r.pid}
-        me = os.getpid()
-        for proc in _watchdog.session_members(sids):
-            if proc.ppid == me and not proc.alive and proc.pid not in sids:
-                try:
-                    os.waitpid(proc.pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            if self._watchdog is not None and info.si_pid == self._watchdog.pid:
+                self._watchdog.lost()  # somebody killed it: carry on without the safety net
+                continue
+            proc = _watchdog.read_proc(info.si_pid)
+            if proc is None or proc.sid not in sids or proc.pid in sids:
+                return  # not one of ours (a child of the caller's): leave it to its owner
+            try:
+                os.waitpid(proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
 
     # -- stopping -------------------------------------------------------------------------------------------
 
@@ -773,6 +790,16 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _get_affinity() -> frozenset[int] | None:
