@@ -310,7 +310,6 @@ def test_duplicate_ranks_are_refused(marker):
 # Stopping from outside: signals to the agent, the control channel, kill -9.
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_agent_signal_stops_all_ranks_gracefully(tmp_path, marker, ready, signum):
     agent = Agent(tmp_path, marker, [["ready", ready, "sleep", "60"]] * 2)
@@ -326,7 +325,6 @@ def test_agent_signal_stops_all_ranks_gracefully(tmp_path, marker, ready, signum
     assert f"stopped by {signal.Signals(signum).name}" in agent.stderr()
 
 
-@pytest.mark.slow
 def test_second_sigint_escalates_to_sigkill_at_once(tmp_path, marker, ready):
     agent = Agent(tmp_path, marker, [["ignore-term", "-", "ready", ready, "sleep", "120"]] * 2, shutdown_timeout=120)
     wait_for(lambda: n_ready(ready, 2), "ranks to start")
