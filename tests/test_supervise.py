@@ -471,6 +471,15 @@ def test_stderr_tail_keeps_the_last_twenty_lines(marker, capfd):
     assert "| line 29" in report and "| line 9\n" not in report
 
 
+def test_stderr_tail_shows_what_a_terminal_would(marker, capfd):
+    # A progress bar rewrites its line with "\r"; a runaway line is cut.
+    data = b"10%\r50%\r100%\ndone\r\n" + b"y" * 5000 + b"\n"
+    result = run_group([rank(0, "err", hx(data), "exit", "1", marker=marker)])
+    first, second, third = result.outcomes[0].stderr_tail
+    assert (first, second) == ("100%", "done")
+    assert len(third) == 1000 and third.endswith("...")
+
+
 def test_big_output_on_both_pipes_does_not_deadlock(marker, tmp_path, capfd):
     # 2 MB on stderr before anything on stdout: a reader that only drained one pipe would block forever.
     script = "import os\nos.write(2, b'e' * 2_000_000 + b'\\n')\nos.write(1, b'o' * 2_000_000 + b'\\n')\n"

@@ -36,6 +36,7 @@ from xrun.launch import _watchdog
 _CHUNK = 65536  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
 _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
+_TAIL_WIDTH = 1000  # characters per tail line
 _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
 _KILL_WAIT = 5.0  # after SIGKILL, how long to wait for the kernel before reporting what would not die
 _POLL = 0.02  # only without pidfd (Linux < 5.3): how often leftovers are rechecked
@@ -144,7 +145,9 @@ class _Stream:
             lines = lines[1:]  # the first one was cut
         if lines and lines[-1] == "":
             lines.pop()
-        return tuple(line.rstrip("\r") for line in lines[-_TAIL_LINES:])
+        # What a terminal would show: a progress bar's "\r" rewrites its line; a runaway line is cut.
+        shown = (line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-_TAIL_LINES:])
+        return tuple(line if len(line) <= _TAIL_WIDTH else line[: _TAIL_WIDTH - 3] + "..." for line in shown)
 
 
 class _Rank:
