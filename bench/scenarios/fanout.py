@@ -1,0 +1,90 @@
+"""Scenario 7: fan-out on the namespace cluster. 4, 16, 32 nodes, one no-op rank per node.
+
+xrun (ssh and pdsh backends) runs the no-op rank on every node: launch to every rank running (the last rank's
+own start timestamp; the nodes share the filesystem and the clock) and to a clean exit. The baselines only
+connect: ``pdsh -S -f 32 -w node1,... true`` and a shell doing ``ssh nodeI true`` one node after another.
+Target: xrun's launch→exit ≤ 1.5× pdsh's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bench import cluster, harness, procs
+from bench.scenarios.base import Context, finish, median, section, target, unavailable
+
+NAME = "fanout"
+TITLE = "7. Fan-out on the namespace cluster: N nodes, one no-op rank each"
+VARIANTS = ("pdsh", "ssh:seq", "xrun:ssh", "xrun:pdsh")
+TABLE = {
+    "metrics": [["wall_s", "launch→exit", "s"], ["last_rank_s", "all ranks running", "s"]],
+    "ratio": "wall_s",
+    "references": ["pdsh", "xrun:ssh"],
+}
+PDSH_ENV = {"PDSH_RCMD_TYPE": "ssh"}  # pdsh's default rcmd module may be rsh
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    sizes = ctx.option("nodes", (4,), (4, 16, 32))
+    rounds = ctx.rounds(1, 3)
+    backends = cluster.xrun_backends()
+    variants = [v for v in VARIANTS if not v.startswith("xrun:") or v.split(":")[1] in backends]
+    skipped = {v: "xrun has no such --launcher backend yet" for v in VARIANTS if v not in variants}
+    if ctx.launchers is not None and "xrun" not in ctx.launchers:
+        variants = [v for v in variants if not v.startswith("xrun")]
+    if not any(v.startswith("xrun:") for v in variants):
+        return unavailable(NAME, TITLE, f"xrun has no ssh/pdsh backend yet (--launcher knows: {sorted(backends)})")
+    sec = section(NAME, TITLE, params={"nodes": list(sizes), "rounds": rounds}, skipped=skipped, table=TABLE,
+                  groups=[], targets=[])  # fmt: skip
+    try:
+        with cluster.cluster(max(sizes), busy_timeout_s=ctx.option("busy_timeout_s", 20.0, 300.0),
+                             state=ctx.options.get("cluster_state")) as c:  # fmt: skip
+            for k in sizes:
+                hosts = cluster.node_names(k)
+                with harness.RunDir() as files:
+                    hostfile = str(c.hostfile(os.path.join(files.path, "hostfile"), slots=1, nodes=hosts))
+
+                    def trial(variant: str, hosts: list[str] = hosts, hostfile: str = hostfile) -> harness.Trial:
+                        return fanout_trial(variant, hosts, hostfile)
+
+                    results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=f"{NAME} {k} nodes")
+                group = harness.summarize_group(results, references=TABLE["references"])
+                sec["groups"].append({"label": f"{k} nodes", "params": {"nodes": k}, **group})
+                for backend in ("ssh", "pdsh"):
+                    value = median(sec["groups"][-1], f"xrun:{backend}", "wall_s", "pdsh")
+                    sec["targets"].append(target(f"xrun ({backend}) / pdsh, {k} nodes", value, 1.5, "×"))
+    except cluster.Unavailable as why:
+        return unavailable(NAME, TITLE, str(why))
+    return finish(sec)
+
+
+def fanout_trial(variant: str, hosts: list[str], hostfile: str) -> harness.Trial:
+    launcher, _, flavour = variant.partition(":")
+    with harness.RunDir() as run:
+        tag = procs.new_tag()
+        if launcher == "xrun":
+            args = harness.rank_args(tag, run, ())
+            argv = cluster.xrun_cluster_argv(
+                flavour, hostfile, harness.free_port(), harness.rank_script("noop.py"), args
+            )
+        elif launcher == "pdsh":
+            argv = cluster.pdsh_argv(hosts, ["true", tag])
+        else:
+            argv = cluster.sequential_ssh_argv(hosts, ["true", tag])
+        got = harness.run_command(argv, tag, run, deadline_s=120.0, env_extra=PDSH_ENV)
+        tail = run.tail(300)
+    trial = harness.Trial(
+        metrics={"wall_s": got.wall_s, "leftovers": float(len(got.leftovers))},
+        exit_code=got.exit_code,
+        notes={"leftovers": got.leftovers} if got.leftovers else {},
+    )
+    if launcher == "xrun":
+        trial.metrics["last_rank_s"] = got.last_rank_s
+    problems = []
+    if got.exit_code != 0:
+        problems.append(f"exit {got.exit_code} | console: {tail!r}")
+    if launcher == "xrun" and got.ranks_started != len(hosts):
+        problems.append(f"{got.ranks_started} of {len(hosts)} ranks started")
+    trial.error = "; ".join(problems) or None
+    return trial
