@@ -14,7 +14,12 @@ Losing the runner (``kill -9``, network cut) therefore tears this node's ranks d
 
 The token: ``--token=-`` reads it from the first line of stdin (the ssh backend sends it there, so it is in
 no argv); ``--token=HEX`` takes it from the command line (pdsh has no stdin; the runner accepts each node
-rank once, so a token read from ``ps`` after the node connected is worthless).
+rank once, so a token read from ``ps`` after the node connected is worthless); ``--token=env:NAME`` takes it
+from the variable NAME and removes it from the environment (MPI and Slurm export it by name: ``mpirun -x``,
+hydra ``-genvlist``, ``srun --export``), so it is in no argv and no rank inherits it.
+
+The node rank: ``--node_rank=K``, or ``--node_rank_from=VAR[,VAR...]`` where the engine numbers its processes
+itself (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``): the first of those variables that is set.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from xrun import __version__
 from xrun.errors import UsageError, XrunError
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
@@ -49,8 +55,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m xrun.launch --connect", add_help=True)
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
-    parser.add_argument("--node_rank", "--node-rank", required=True, type=int, help="this node's index")
-    parser.add_argument("--token", default="-", help="one-time run token; '-' reads it from stdin's first line")
+    rank = parser.add_mutually_exclusive_group(required=True)
+    rank.add_argument("--node_rank", "--node-rank", type=int, help="this node's index")
+    rank.add_argument("--node_rank_from", "--node-rank-from", metavar="VAR[,VAR...]",
+                      help="read this node's index from the first of these variables that is set (MPI, Slurm)")
+    parser.add_argument("--token", default="-",
+                        help="one-time run token; '-' reads it from stdin's first line, 'env:NAME' from variable NAME")
     return parser
 
 
@@ -62,7 +72,25 @@ def split_endpoint(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def node_rank_from(names: str, environ: Mapping[str, str]) -> int:
+    """The node rank an engine gave this process: the first of ``names`` (comma-separated) that is set."""
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    for name in wanted:
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit():
+                raise UsageError("--node_rank_from", f"{name}={value!r} is not a node index")
+            return int(value)
+    raise UsageError("--node_rank_from", f"none of {', '.join(wanted)} is set: was this agent started by the engine?")
+
+
 def read_token(value: str) -> str:
+    if value.startswith("env:"):
+        name = value[len("env:") :]
+        token = os.environ.pop(name, "")  # gone before any rank starts: no rank inherits it
+        if not token:
+            raise UsageError("--token", f"{name} is not set; the launcher exports it to every node by name")
+        return token
     if value != "-":
         return value
     line = sys.stdin.buffer.readline()
@@ -276,7 +304,11 @@ def main(argv: Sequence[str]) -> int:
     try:
         ns = build_parser().parse_args(list(argv))
         host, port = split_endpoint(ns.connect)
-        return run_connected(host, port, ns.node_rank, read_token(ns.token))
+        node_rank = ns.node_rank
+        if ns.node_rank_from is not None:  # started by mpirun/mpiexec/srun: ranks must not look like its processes
+            node_rank = node_rank_from(ns.node_rank_from, os.environ)
+            drop_engine_identity(os.environ)
+        return run_connected(host, port, node_rank, read_token(ns.token))
     except XrunError as err:
         print(f"xrun.launch: {err}", file=sys.stderr)
         return err.exit_code

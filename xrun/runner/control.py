@@ -109,6 +109,9 @@ class ControlServer:
         self.signals: list[int] = []
         self.sigints = 0
         self.strays = 0
+        # --elastic: torch's rendezvous is the barrier (xrun starts each agent as soon as it is ready), and a
+        # node that leaves is torch's to handle while at least --min_nodes remain (issue 6).
+        self.elastic = plan.nodes[0].elastic if plan.nodes else None
 
     # -- set-up ---------------------------------------------------------------------------------------------
 
@@ -230,7 +233,7 @@ class ControlServer:
                     self._send(node, message(Kind.PING))
         if self.started_at is None and not self.stopping:
             if now - self.t0 >= self.join_timeout:
-                missing = [n.host for n in self.nodes if n.state not in ("ready",)]
+                missing = [n.host for n in self.nodes if n.state not in ("ready", "running")]
                 self._fail(Failure(", ".join(missing), f"not ready within --join_timeout {self.join_timeout:g} s: "
                                    f"{', '.join(missing)}", NODE_FAILURE_EXIT))
             elif now >= self.next_status:
@@ -322,7 +325,9 @@ class ControlServer:
             node.state = "ready"
             node.master_port = msg.get("master_port")
             self.status.joined(node.host, self._ready_count(), len(self.nodes))
-            if self._ready_count() == len(self.nodes) and not self.stopping:
+            if self.elastic is not None and not self.stopping:
+                self._start_elastic(node)
+            elif self._ready_count() == len(self.nodes) and not self.stopping:
                 self._start_all()
         elif kind == Kind.RANK_EXITED.value:
             self._rank_exited(node, msg)
@@ -381,11 +386,31 @@ class ControlServer:
             node.state = "running"
             self._send(node, message(Kind.START, master_addr=master_addr, master_port=master_port))
 
+    def _start_elastic(self, node: _Node) -> None:
+        """--elastic: no barrier; the endpoint is the plan's (every node must know it before node 0 is up)."""
+        assert self.elastic is not None
+        rdzv = self.plan.rendezvous
+        node.state = "running"
+        self._send(node, message(Kind.START, master_addr=rdzv.master_addr, master_port=rdzv.master_port))
+        started = sum(1 for n in self.nodes if n.state == "running")
+        if self.started_at is None and started >= (self.elastic.min_nodes or 1):
+            self.started_at = time.monotonic()
+        self.status.line(f"{node.host} up after {time.monotonic() - self.t0:.1f} s: its elastic agent joins the "
+                         f"rendezvous ({started}/{len(self.nodes)} nodes up, --min_nodes {self.elastic.min_nodes})")
+
+    def _elastic_survivable(self) -> bool:
+        """--elastic: enough nodes are still running or may still join for torch to carry on."""
+        return (
+            self.elastic is not None
+            and not self.stopping
+            and sum(1 for n in self.nodes if not n.over) >= (self.elastic.min_nodes or 1)
+        )
+
     def _ready_count(self) -> int:
-        return sum(1 for n in self.nodes if n.state == "ready")
+        return sum(1 for n in self.nodes if n.state in ("ready", "running"))  # running: elastic, started at once
 
     def _missing(self) -> list[str]:
-        return [n.host for n in self.nodes if n.state != "ready"]
+        return [n.host for n in self.nodes if n.state not in ("ready", "running")]
 
     def _fail(self, failure: Failure) -> None:
         if self.failure is None and self.interrupted_by is None:
@@ -395,6 +420,10 @@ class ControlServer:
 
     def _lose(self, node: _Node, reason: str) -> None:
         self._mark_lost(node, reason)
+        if self._elastic_survivable():
+            left = sum(1 for n in self.nodes if not n.over)
+            self.status.line(f"lost node {node.host}: {reason}; {left} node(s) left, they re-rendezvous without it")
+            return
         if not self.stopping or self.failure is None:
             self._fail(Failure(node.host, f"lost node {node.host}: {reason}", NODE_FAILURE_EXIT))
 
@@ -416,6 +445,11 @@ class ControlServer:
             if node.conn is None and not self.stopping:
                 what = f"exited with code {code}" if code is not None else "ended"
                 hint = f" ({detail})" if detail else " (see its output above)"
+                node.state = "lost"
+                if self._elastic_survivable():
+                    self.status.line(f"the session to {node.host} {what} before its agent connected{hint}; "
+                                     "the elastic job goes on without it")
+                    continue
                 self._fail(Failure(node.host, f"the session to {node.host} {what} before its agent connected{hint}",
                                    code if code else NODE_FAILURE_EXIT))
             if node.conn is None:
@@ -438,6 +472,8 @@ class ControlServer:
             return 128 + self.interrupted_by
         if self.failure is not None:
             return self.failure.exit_code or NODE_FAILURE_EXIT
+        if self.elastic is not None and any(n.state == "done" for n in self.nodes):
+            return max((n.exit_code or 0 for n in self.nodes if n.state == "done"), default=0)  # lost: torch's
         if any(n.state == "lost" for n in self.nodes):
             return NODE_FAILURE_EXIT
         return max((n.exit_code or 0 for n in self.nodes), default=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import socket
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_FANOUT = 1024  # pdsh -f: DeepSpeed's value; pdsh's own default (32) would serialise big clusters
 DEFAULT_JOIN_TIMEOUT = 1800.0  # 30 min: nodes may pull images or mount filesystems before the agent runs
-CHANNEL_BACKENDS = frozenset({"ssh", "pdsh"})
+CHANNEL_BACKENDS = frozenset({"ssh", "pdsh", "openmpi", "mpich", "impi", "mvapich", "slurm"})
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RemoteOptions:
     exports: tuple[str, ...] = ()
     no_ssh: bool = False
     node_rank: int | None = None  # --no_ssh: this node's rank, given by hand
+    launcher_args: tuple[str, ...] = ()  # --launcher_args, shell-split: extra arguments for mpirun/srun
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,8 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
     add(*spellings("--no_ssh"), action="store_true",
         help="do not fan out: run this node's share only (start xrun on every node yourself, with --node_rank)")
     add(*spellings("--node_rank"), type=int, metavar="K", help="with --no_ssh: this node's index in the hostfile")
+    add(*spellings("--launcher_args"), default="", metavar="ARGS",
+        help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")
 
 
 def remote_options(ns: argparse.Namespace) -> RemoteOptions:
@@ -136,7 +140,12 @@ def remote_options(ns: argparse.Namespace) -> RemoteOptions:
         raise UsageError("--node_rank", "only applies with --no_ssh (the launchers number the nodes themselves)")
     if ns.no_ssh and ns.launcher is not None:
         raise UsageError("--no_ssh", "cannot be combined with --launcher")
+    try:
+        launcher_args = tuple(shlex.split(ns.launcher_args))
+    except ValueError as err:
+        raise UsageError("--launcher_args", f"{ns.launcher_args!r}: {err} (it is split like a shell would)") from None
     return RemoteOptions(
+        launcher_args=launcher_args,
         ssh_port=ns.ssh_port,
         ssh_config=ns.ssh_config,
         accept_new_hosts=ns.ssh_accept_new_hosts,

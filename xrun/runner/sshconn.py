@@ -178,7 +178,7 @@ def _proxy_socket(
 def describe(err: BaseException, host: str, hostname: str, port: int) -> str:
     """One line: what failed and what to do."""
     paramiko = import_paramiko()
-    where = f"{hostname}:{port}" if hostname != host or port != 22 else f"port {port}"
+    where = f"{hostname}:{port}"
     if isinstance(err, paramiko.BadHostKeyException):
         return f"HOST KEY MISMATCH for {where}: known_hosts has a different key (possible attack); check it before connecting"
     if isinstance(err, paramiko.SSHException) and "not found in known_hosts" in str(err):

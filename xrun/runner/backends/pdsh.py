@@ -143,15 +143,33 @@ class PdshSession:
         return self.proc.poll() is not None
 
     def terminate(self) -> None:
+        """End pdsh and the ssh clients it forked (a node that is cut off keeps its ssh waiting for TCP)."""
         if self.proc.poll() is None:
+            import psutil
+
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's session, started above
+                family = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                family = []
+            # Our own child and its children, by pid (psutil guards against reuse): never by pattern.
+            self.proc.send_signal(signal.SIGTERM)
+            _signal_all(family, signal.SIGTERM)
+            try:
                 self.proc.wait(TERMINATE_WAIT)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
-            except ProcessLookupError:
-                pass
+            _signal_all(family, signal.SIGKILL)
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def _signal_all(processes: list[Any], signum: int) -> None:
+    import psutil
+
+    for process in processes:
+        try:
+            process.send_signal(signum)  # psutil checks the pid still names the same process
+        except psutil.Error:
+            pass

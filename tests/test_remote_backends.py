@@ -1,0 +1,171 @@
+"""Golden tests: the exact commands the ssh and pdsh backends run for a fixed plan (whole strings)."""
+
+import shlex
+
+import pytest
+
+from xrun.launch.spec import LaunchOptions
+from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends.pdsh import pdsh_argv, ssh_args_append
+from xrun.runner.backends.ssh import ssh_commands
+from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
+from xrun.shell import render
+
+PY = "/opt/py/bin/python3"
+WORLD = {"node1": (0, 1), "node2": (0, 1), "node3": (0,)}
+ENDPOINT = Endpoint("10.77.0.1", 40123, "f00d")
+
+
+def plan_for(backend, **request):
+    request.setdefault("launch", LaunchOptions(python=PY))
+    return make_plan(JobRequest(script="train.py", args=("--lr", "3e-4"), run_id="r1", **request), WORLD, backend)
+
+
+def test_registry_knows_remote_backends():
+    assert {"local", "no_ssh", "pdsh", "ssh"} <= set(known_backends())
+
+
+def test_pdsh_command_golden():
+    argv = pdsh_argv(plan_for("pdsh"), ENDPOINT)
+    assert render(argv) == (
+        "pdsh -S -R ssh -f 1024 -N -w node1,node2,node3 "
+        "'/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --node_rank=%n --token=f00d'"
+    )
+
+
+def test_pdsh_fanout_and_ssh_args():
+    remote = RemoteOptions(fanout=8, ssh_port=2222, ssh_config="/etc/my ssh", accept_new_hosts=True)
+    argv = pdsh_argv(plan_for("pdsh", remote=remote), ENDPOINT)
+    assert argv[:6] == ("pdsh", "-S", "-R", "ssh", "-f", "8")
+    assert ssh_args_append(remote) == (
+        "-p 2222 -F '/etc/my ssh' -o StrictHostKeyChecking=accept-new -o BatchMode=yes"
+    )
+
+
+def test_ssh_commands_golden():
+    endpoints = {h: ENDPOINT for h in WORLD}
+    rendered = [(c.host, render(c.argv)) for c in ssh_commands(plan_for("ssh"), endpoints)]
+    assert rendered == [
+        (f"node{i}", f"/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --node_rank={i - 1} --token=-")
+        for i in (1, 2, 3)
+    ]
+
+
+def test_ipv6_endpoint_is_bracketed():
+    argv = agent_connect_argv(PY, Endpoint("fd00::1", 5, "t"), "0", token_on_stdin=True)
+    assert argv[4] == "--connect=[fd00::1]:5"
+
+
+def test_dry_run_placeholders_and_notes():
+    plan = plan_for("pdsh")
+    invocation = get_backend("pdsh").render(plan)
+    assert [render(c.argv) for c in invocation.commands][1] == (
+        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=1 --token=TOKEN"
+    )
+    assert invocation.note == (
+        "started as: PDSH_SSH_ARGS_APPEND='-o BatchMode=yes' pdsh -S -R ssh -f 1024 -N -w node1,node2,node3 "
+        "'/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=%n --token=TOKEN'"
+    )
+    ssh = get_backend("ssh").render(plan_for("ssh"))
+    assert render(ssh.commands[2].argv) == (
+        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=2 --token=-"
+    )
+
+
+def test_channel_backends_plan_a_node0_placeholder_master():
+    plan = plan_for("ssh")
+    assert plan.nodes[2].ranks[0].env["MASTER_ADDR"] == "<node1 address>"
+    assert plan_for("ssh", master_addr="10.1.2.3").nodes[2].ranks[0].env["MASTER_ADDR"] == "10.1.2.3"
+    assert plan_for("no_ssh").rendezvous.master_addr == "node1"
+
+
+def test_remote_specs_carry_env_and_cwd_but_no_argv_secret():
+    plan = plan_for("ssh", env={"SECRET": "v$a'l\nue"}, cwd="/work dir")
+    node = plan.nodes[1]
+    assert node.env == {"SECRET": "v$a'l\nue"} and node.cwd == "/work dir"
+    invocation = get_backend("ssh").render(plan)
+    assert all("v$a" not in word for c in invocation.commands for word in c.argv)
+
+
+@pytest.mark.parametrize("python", ["/opt/my python/bin/python3", "/p/it's", "/p/$(id)/py", "/p/ünï\ncødé"])
+def test_weird_interpreter_paths_round_trip(python):
+    plan = plan_for("pdsh", launch=LaunchOptions(python=python))
+    remote = shlex.split(pdsh_argv(plan, ENDPOINT)[-1])
+    assert remote[0] == python and remote[-2] == "--node_rank=%n"
+    for command in ssh_commands(plan, {h: ENDPOINT for h in WORLD}):
+        assert shlex.split(render(command.argv)) == list(command.argv)
+
+
+def test_render_round_trips_weird(weird_args):
+    assert shlex.split(render(weird_args)) == list(weird_args)
+
+
+def test_dry_run_of_example_hostfile_needs_no_network():
+    from tests.conftest import run_xrun
+
+    result = run_xrun("--dry-run=json", "-H", "hostfiles/two-workers", "-i", "worker-1:0", "train.py")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    data = json.loads(result.stdout)
+    assert data["backend"] in ("pdsh", "ssh") and data["master_addr"] == "<worker-1 address>"
+    assert data["nodes"][0]["command"][3:] == ["xrun.launch", "--connect=HEAD_ADDR:PORT", "--node_rank=0",
+                                               "--token=TOKEN" if data["backend"] == "pdsh" else "--token=-"]
+
+
+def test_missing_pdsh_is_one_line_with_the_fix(monkeypatch):
+    import xrun.runner.backends.pdsh as pdsh_module
+    from xrun.errors import UsageError
+
+    monkeypatch.setattr(pdsh_module.shutil, "which", lambda name: None)
+    plan = plan_for("pdsh")
+    with pytest.raises(UsageError, match="apt-get install pdsh, or use --launcher ssh"):
+        get_backend("pdsh").execute(plan, get_backend("pdsh").render(plan))
+
+
+def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):
+    import builtins
+
+    from xrun.errors import UsageError
+    from xrun.runner import sshconn
+
+    real_import = builtins.__import__
+
+    def no_paramiko(name, *args, **kwargs):
+        if name == "paramiko":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_paramiko)
+    with pytest.raises(UsageError, match=r"pip install 'xrun\[ssh\]'"):
+        sshconn.import_paramiko()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--node_rank", "1", "t.py"], "--node_rank: only applies with --no_ssh"),
+        (["--no_ssh", "--launcher", "ssh", "t.py"], "--no_ssh: cannot be combined with --launcher"),
+        (["-H", "hostfiles/two-workers", "--no_ssh", "t.py"], "--no_ssh: needs --node_rank K"),
+        (["-H", "hostfiles/two-workers", "--no_ssh", "--node_rank", "1", "--master_port", "0", "t.py"],
+         "--master_port: 0 (a random port) cannot work with --no_ssh"),
+        (["-H", "hostfiles/two-workers", "--export", "HOME=/x", "t.py"], "--export: HOME never travels"),
+        (["-H", "hostfiles/two-workers", "--export", "NOT_SET_ANYWHERE_X", "t.py"], "--export: NOT_SET_ANYWHERE_X is not set"),
+    ],
+)
+def test_remote_flag_errors_are_one_line(args, message):
+    from tests.conftest import run_xrun
+
+    result = run_xrun("--dry-run", *args)
+    assert result.returncode == 2 and result.stderr == f"xrun: {message}" + result.stderr[len(message) + 6 :]
+    assert result.stderr.count("\n") == 1
+
+
+def test_no_ssh_dry_run_shows_this_nodes_agent():
+    from tests.conftest import run_xrun
+
+    result = run_xrun("--dry-run", "-H", "hostfiles/two-workers", "--no_ssh", "--node_rank", "1", "t.py")
+    assert result.returncode == 0, result.stderr
+    assert "backend no_ssh" in result.stdout and "master worker-0:29500" in result.stdout
+    assert "--node_rank=1" in result.stdout

@@ -1,0 +1,222 @@
+"""``xrun check -H HOSTFILE [filters]``: preflight every host in parallel before a long job.
+
+For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
+version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does
+not hold the others up), accelerators found vs slots asked, and on the master (node 0) whether
+``--master_port`` is free. Exit 0 only when everything is reachable and consistent (same Python and torch
+everywhere, the runner's xrun version everywhere, enough accelerators, a free master port), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from xrun import __version__
+from xrun.argsplit import spellings
+from xrun.errors import UsageError, XrunError
+from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.runner.hostfile import read_hostfile
+from xrun.runner.remote import add_remote_flags
+from xrun.runner.selection import Selection, select
+from xrun.shell import render
+
+PROBE_TIMEOUT = 30.0
+
+# Runs on every node with the job's interpreter; stdlib only, prints one JSON object.
+PROBE = r"""
+import json, os, socket, subprocess, sys
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+def accelerators():
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    except Exception:
+        return 0
+def port_free(port):
+    if port <= 0:
+        return None
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
+    "version": sys.version.split()[0], "xrun": version("xrun"), "torch": version("torch"),
+    "accelerators": accelerators(), "port_free": port_free(int(sys.argv[1]))}))
+"""
+
+
+@dataclass
+class HostReport:
+    host: str
+    slots: tuple[int, ...]
+    reachable: bool = False
+    error: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError("xrun check", f"{message}; see xrun check --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="xrun check", description="Preflight: reach every host and compare what it has.")
+    add = parser.add_argument
+    add("-H", "--hostfile", metavar="PATH", required=True, help="hostfile with lines 'HOST slots=N'")
+    add("-i", "--include", metavar="SPEC", help="keep only these hosts/slots")
+    add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots")
+    add(*spellings("--num_nodes"), type=int, metavar="N", help="use the first N hosts")
+    add(*spellings("--num_gpus"), dest="num_gpus", type=int, metavar="N", help="use slots 0..N-1 of every host")
+    add("--python", metavar="PATH", default=sys.executable, help="interpreter the job will use (default: this one)")
+    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, metavar="PORT",
+        help="check that this port is free on node 0 (0: skip)")
+    add_remote_flags(parser, job=False)
+    return parser
+
+
+def probe_command(python: str, master_port: int) -> str:
+    return render([python, "-c", PROBE, str(master_port)])
+
+
+def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
+    """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
+    commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0) for i, h in enumerate(hosts)}
+    try:
+        import paramiko  # noqa: F401
+    except ImportError:
+        return _probe_openssh(commands, ns)
+    return _probe_paramiko(commands, ns)
+
+
+def _probe_paramiko(commands: dict[str, str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
+    from xrun.runner.sshconn import Connected, SshSettings, close_all, connect_all
+
+    settings = SshSettings(port=ns.ssh_port, config_path=ns.ssh_config, accept_new_hosts=ns.ssh_accept_new_hosts)
+    results = connect_all(list(commands), settings)
+    try:
+        def one(result: Any) -> tuple[str, tuple[bool, str, str]]:
+            if not isinstance(result, Connected):
+                return result.host, (False, "", result.reason)
+            try:
+                _, out, err = result.client.exec_command(commands[result.host], timeout=PROBE_TIMEOUT)
+                stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+            except Exception as exc:  # noqa: BLE001 - becomes a row of the table
+                return result.host, (True, "", f"probe failed: {exc}")
+            return result.host, (True, stdout, stderr.strip().splitlines()[-1] if stderr.strip() else "")
+
+        with ThreadPoolExecutor(max_workers=min(64, len(results) or 1)) as pool:
+            return dict(pool.map(one, results))
+    finally:
+        close_all(results)
+
+
+def _probe_openssh(commands: dict[str, str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client")
+    base = [ssh, "-o", "BatchMode=yes"]
+    base += ["-p", str(ns.ssh_port)] if ns.ssh_port else []
+    base += ["-F", ns.ssh_config] if ns.ssh_config else []
+    base += ["-o", "StrictHostKeyChecking=accept-new"] if ns.ssh_accept_new_hosts else []
+
+    def one(host: str) -> tuple[str, tuple[bool, str, str]]:
+        try:
+            done = subprocess.run([*base, "--", host, commands[host]], capture_output=True, text=True,
+                                  timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return host, (False, "", f"no answer within {PROBE_TIMEOUT:g} s")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        return host, (done.returncode != 255, done.stdout, last)
+
+    with ThreadPoolExecutor(max_workers=min(64, len(commands) or 1)) as pool:
+        return dict(pool.map(one, commands))
+
+
+def assess(world: dict[str, tuple[int, ...]], probes: dict[str, tuple[bool, str, str]], master_port: int) -> list[HostReport]:
+    """Pure: one report per host, with the problems that make the cluster inconsistent."""
+    reports = []
+    for host, slots in world.items():
+        report = HostReport(host, slots)
+        reachable, stdout, error = probes[host]
+        report.reachable = reachable
+        try:
+            report.facts = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+        except ValueError:
+            report.facts = {}
+        if not reachable:
+            report.problems.append(f"unreachable: {error}")
+        elif not report.facts:
+            report.problems.append(f"the probe did not run: {error or 'no output'}")
+        reports.append(report)
+    ok = [r for r in reports if r.facts]
+    for key, what in (("version", "Python"), ("torch", "torch")):
+        values = {r.facts.get(key) for r in ok}
+        if len(values) > 1:
+            for r in ok:
+                r.problems.append(f"{what} {r.facts.get(key)} differs from other hosts")
+    for r in ok:
+        if r.facts.get("xrun") != __version__:
+            r.problems.append(f"xrun {r.facts.get('xrun')} here, {__version__} on the head: install the same everywhere")
+        count = int(r.facts.get("accelerators") or 0)
+        if count and max(r.slots) >= count:
+            r.problems.append(f"slots {','.join(map(str, r.slots))} but only {count} accelerator(s)")
+    if reports and reports[0].facts and master_port and reports[0].facts.get("port_free") is False:
+        reports[0].problems.append(f"master port {master_port} is in use on {reports[0].host}")
+    return reports
+
+
+def format_table(reports: list[HostReport], master_port: int) -> str:
+    header = ("host", "reachable", "python", "version", "xrun", "torch", "accel/slots", "problems")
+    rows = [header]
+    for r in reports:
+        f = r.facts
+        count = f.get("accelerators")
+        accel = f"{count}/{len(r.slots)}" + (" (cpu)" if count == 0 else "") if f else "-"
+        rows.append((r.host, "yes" if r.reachable else "NO", f.get("python", "-"), f.get("version", "-"),
+                     str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel, "; ".join(r.problems) or "ok"))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows]
+    if reports and master_port:
+        free = reports[0].facts.get("port_free")
+        state = "free" if free else "IN USE" if free is False else "unknown"
+        lines.append(f"master {reports[0].host}: port {master_port} {state}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        ns = build_parser().parse_args(list(argv))
+        pool = read_hostfile(ns.hostfile).pool()
+        world = dict(select(pool, Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes,
+                                             num_gpus=ns.num_gpus)))
+        probes = run_probes(list(world), ns)
+    except XrunError as err:
+        print(f"xrun check: {err}", file=sys.stderr)
+        return err.exit_code
+    reports = assess(world, probes, ns.master_port)
+    print(format_table(reports, ns.master_port))
+    bad = [r.host for r in reports if r.problems]
+    if bad:
+        print(f"xrun check: {len(bad)} of {len(reports)} host(s) need attention: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    print(f"xrun check: {len(reports)} host(s) reachable and consistent")
+    return 0
