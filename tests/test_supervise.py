@@ -7,6 +7,7 @@ Every rank carries a unique XRUN_TEST_MARK in its environment; "nothing survived
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -403,6 +404,27 @@ def test_request_stop_before_run_starts_nothing(marker, capfd):
     result = group.run()
     assert result.exit_code == 128 + signal.SIGTERM
     assert result.outcomes[0].pid == 0 and result.outcomes[0].stopped_by_xrun
+
+
+def test_run_leaves_no_file_descriptor_behind_nor_closes_others_later(marker, ready, tmp_path, capfd):
+    before = sorted(os.listdir("/proc/self/fd"))
+    procs = [
+        rank(0, "fork", "term", "ready", ready, "then", "-", "wait-ready", f"1@{ready}", "out", "78", marker=marker),
+        rank(1, "wait-ready", f"1@{ready}", "err", hx(b"y"), "exit", "2", marker=marker),
+    ]
+    group = RankGroup(procs, SuperviseOptions(host="h", log_dir=str(tmp_path)))
+    group.run()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    # New fds get the numbers the rank pipes had; freeing the group must not close them behind our back.
+    mine = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]
+    del group
+    gc.collect()
+    try:
+        for fd in mine:
+            os.fstat(fd)
+    finally:
+        for fd in mine:
+            os.close(fd)
 
 
 def test_run_restores_handlers_subreaper_and_releases_the_watchdog(marker, capfd):

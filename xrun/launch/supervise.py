@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import BinaryIO
 
 from xrun.launch import _watchdog
 
@@ -126,10 +127,11 @@ def exit_code_of(outcome: RankOutcome) -> int:
 class _Stream:
     """One of a rank's output pipes."""
 
-    __slots__ = ("fd", "console", "prefix", "pending", "log", "tail", "total")
+    __slots__ = ("pipe", "fd", "console", "prefix", "pending", "log", "tail", "total")
 
-    def __init__(self, fd: int, console: int, prefix: bytes, log: int | None, keep_tail: bool) -> None:
-        self.fd: int | None = fd
+    def __init__(self, pipe: BinaryIO, console: int, prefix: bytes, log: int | None, keep_tail: bool) -> None:
+        self.pipe = pipe  # owns the fd: closing it any other way would let its finalizer close a reused number
+        self.fd: int | None = pipe.fileno()
         self.console = console  # 1 or 2
         self.prefix = prefix
         self.pending = b""
@@ -350,11 +352,10 @@ class RankGroup:
             (popen.stdout, 1, logs[0] if logs else None, False),
             (popen.stderr, 2, logs[1] if logs else None, True),
         ):
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            stream = _Stream(fd, console, prefix, log, keep_tail)
+            stream = _Stream(pipe, console, prefix, log, keep_tail)
+            os.set_blocking(pipe.fileno(), False)
             rank.streams.append(stream)
-            self._sel.register(fd, selectors.EVENT_READ, functools.partial(self._read, stream))  # type: ignore[union-attr]
+            self._sel.register(stream.fd, selectors.EVENT_READ, functools.partial(self._read, stream))  # type: ignore[union-attr]
         if self._have_pidfd:
             try:
                 rank.pidfd = os.pidfd_open(popen.pid)
@@ -693,7 +694,7 @@ class RankGroup:
         if stream.fd is None:
             return
         self._unregister(stream.fd)
-        os.close(stream.fd)
+        stream.pipe.close()
         stream.fd = None
         if stream.pending:  # the last line had no newline: give it one so the next line starts clean
             self._emit(stream.console, stream.prefix + stream.pending + b"\n")
@@ -750,7 +751,7 @@ class RankGroup:
             for stream in rank.streams:
                 if stream.fd is not None:
                     self._unregister(stream.fd)
-                    os.close(stream.fd)
+                    stream.pipe.close()
                     stream.fd = None
                 if stream.log is not None:
                     os.close(stream.log)
