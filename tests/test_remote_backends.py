@@ -151,7 +151,8 @@ def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):
         (["-H", "hostfiles/two-workers", "--no_ssh", "--node_rank", "1", "--master_port", "0", "t.py"],
          "--master_port: 0 (a random port) cannot work with --no_ssh"),
         (["-H", "hostfiles/two-workers", "--export", "HOME=/x", "t.py"], "--export: HOME never travels"),
-        (["-H", "hostfiles/two-workers", "--export", "NOT_SET_ANYWHERE_X", "t.py"], "--export: NOT_SET_ANYWHERE_X is not set"),
+        (["-H", "hostfiles/two-workers", "--export", "NOT_SET_ANYWHERE_X", "t.py"],
+         "--export: NOT_SET_ANYWHERE_X is not set"),
     ],
 )
 def test_remote_flag_errors_are_one_line(args, message):

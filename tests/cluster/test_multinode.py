@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -94,9 +95,7 @@ def job(cluster, tmp_path):
                 raise AssertionError(f"left behind: ranks {ranks}, node processes {others}: {described}")
             time.sleep(0.05)
 
-    job = type("Job", (), {})()
-    job.start, job.run, job.assert_clean, job.tmp, job.mark, job.cluster = start, run, assert_clean, tmp_path, mark, cluster
-    return job
+    return SimpleNamespace(start=start, run=run, assert_clean=assert_clean, tmp=tmp_path, mark=mark, cluster=cluster)
 
 
 def _comm(pid):

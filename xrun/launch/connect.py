@@ -32,8 +32,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from xrun import __version__
 from xrun.errors import UsageError, XrunError

@@ -14,9 +14,10 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from xrun import __version__
 from xrun.argsplit import spellings
@@ -151,7 +152,10 @@ def _probe_openssh(commands: dict[str, str], ns: argparse.Namespace) -> dict[str
         return dict(pool.map(one, commands))
 
 
-def assess(world: dict[str, tuple[int, ...]], probes: dict[str, tuple[bool, str, str]], master_port: int) -> list[HostReport]:
+Probes = dict[str, tuple[bool, str, str]]  # host -> (reachable, probe stdout, error)
+
+
+def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) -> list[HostReport]:
     """Pure: one report per host, with the problems that make the cluster inconsistent."""
     reports = []
     for host, slots in world.items():
@@ -175,7 +179,8 @@ def assess(world: dict[str, tuple[int, ...]], probes: dict[str, tuple[bool, str,
                 r.problems.append(f"{what} {r.facts.get(key)} differs from other hosts")
     for r in ok:
         if r.facts.get("xrun") != __version__:
-            r.problems.append(f"xrun {r.facts.get('xrun')} here, {__version__} on the head: install the same everywhere")
+            here = r.facts.get("xrun")
+            r.problems.append(f"xrun {here} here, {__version__} on the head: install the same everywhere")
         count = int(r.facts.get("accelerators") or 0)
         if count and max(r.slots) >= count:
             r.problems.append(f"slots {','.join(map(str, r.slots))} but only {count} accelerator(s)")

@@ -19,8 +19,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
 from xrun import __version__
 from xrun.launch import channel
@@ -335,7 +336,8 @@ class ControlServer:
             node.exit_code = int(msg.get("exit_code") or 0)
             node.state = "done"
             if node.exit_code != 0 and not self.stopping:
-                self._fail(Failure(node.host, f"agent on {node.host} exited with code {node.exit_code}", node.exit_code))
+                reason = f"agent on {node.host} exited with code {node.exit_code}"
+                self._fail(Failure(node.host, reason, node.exit_code))
         elif kind == Kind.ERROR.value:
             self._fail(Failure(node.host, f"agent on {node.host}: {msg.get('message')}", NODE_FAILURE_EXIT))
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Callable
 
 from xrun.errors import EnvFileError, UsageError
 

@@ -57,7 +57,7 @@ class Endpoint:
 
 # What --dry-run shows: the server is opened only when the job really starts.
 PLACEHOLDER_CONNECT = "HEAD_ADDR:PORT"
-PLACEHOLDER_TOKEN = "TOKEN"
+PLACEHOLDER_TOKEN = "TOKEN"  # noqa: S105 - a placeholder shown by --dry-run
 
 
 def master_placeholder(first_host: str) -> str:
@@ -71,7 +71,7 @@ def agent_connect_argv(
     """The whole remote agent command. ``node_rank`` is a number, or pdsh's ``%n``."""
     connect = endpoint.connect if endpoint is not None else PLACEHOLDER_CONNECT
     if token_on_stdin:
-        token = "-"
+        token = "-"  # noqa: S105 - "read it from stdin"
     else:
         token = endpoint.token if endpoint is not None else PLACEHOLDER_TOKEN
     return (python, "-u", "-m", "xrun.launch", f"--connect={connect}", f"--node_rank={node_rank}", f"--token={token}")
@@ -90,7 +90,8 @@ def resolve(host: str) -> str:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
-        raise UsageError("--control_addr", f"cannot resolve {host!r} ({err.strerror}); pass --control_addr ADDR") from None
+        reason = f"cannot resolve {host!r} ({err.strerror}); pass --control_addr ADDR"
+        raise UsageError("--control_addr", reason) from None
     return str(infos[0][4][0])
 
 

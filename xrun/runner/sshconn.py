@@ -16,9 +16,10 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from xrun.errors import UsageError, XrunError
 
@@ -69,7 +70,8 @@ def import_paramiko() -> Any:
         import paramiko
     except ImportError:
         raise UsageError(
-            "--launcher ssh", "needs paramiko: pip install 'xrun[ssh]' (or apt-get install pdsh and use --launcher pdsh)"
+            "--launcher ssh",
+            "needs paramiko: pip install 'xrun[ssh]' (or apt-get install pdsh and use --launcher pdsh)",
         ) from None
     return paramiko
 
@@ -180,7 +182,8 @@ def describe(err: BaseException, host: str, hostname: str, port: int) -> str:
     paramiko = import_paramiko()
     where = f"{hostname}:{port}"
     if isinstance(err, paramiko.BadHostKeyException):
-        return f"HOST KEY MISMATCH for {where}: known_hosts has a different key (possible attack); check it before connecting"
+        return (f"HOST KEY MISMATCH for {where}: known_hosts has a different key (possible attack); "
+                "check it before connecting")
     if isinstance(err, paramiko.SSHException) and "not found in known_hosts" in str(err):
         return (f"host key of {where} is not in known_hosts (~/.ssh/known_hosts, {SYSTEM_KNOWN_HOSTS}); "
                 "verify it with 'ssh HOST' once, or pass --ssh_accept_new_hosts")

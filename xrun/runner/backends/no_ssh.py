@@ -23,7 +23,8 @@ def this_node(plan: Plan) -> int:
     if rank is None:
         raise UsageError("--no_ssh", "needs --node_rank K (this node's index in the hostfile's order)")
     if not 0 <= rank < len(plan.nodes):
-        raise UsageError("--node_rank", f"{rank} is outside 0..{len(plan.nodes) - 1} for a {len(plan.nodes)}-node world")
+        count = len(plan.nodes)
+        raise UsageError("--node_rank", f"{rank} is outside 0..{count - 1} for a {count}-node world")
     if plan.rendezvous.master_port == 0:
         raise UsageError("--master_port", "0 (a random port) cannot work with --no_ssh: every node needs the same port")
     return rank

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
@@ -49,7 +50,9 @@ class SshBackend:
         from xrun.runner.sshconn import Connected, HostConnectError, SshSettings, close_all, connect_all
 
         remote = plan.request.remote
-        settings = SshSettings(port=remote.ssh_port, config_path=remote.ssh_config, accept_new_hosts=remote.accept_new_hosts)
+        settings = SshSettings(
+            port=remote.ssh_port, config_path=remote.ssh_config, accept_new_hosts=remote.accept_new_hosts
+        )
         results = connect_all([node.host for node in plan.nodes], settings)
         try:
             connected = [r for r in results if isinstance(r, Connected)]
