@@ -379,11 +379,26 @@ def _tagged_links() -> list[str]:
     return sorted(n for n in os.listdir("/sys/class/net") if n.startswith(VETH_PREFIX) or n == BRIDGE)
 
 
+def _ancestors() -> set[int]:
+    """This process and its parents: `harness down --state /run/xrun-cluster-.../x.json` must not kill itself."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
+
+
 def _tagged_processes() -> list[int]:
     """Running processes started from a work dir (sshd keeps its argv in its title) or inside a node."""
     needle = str(RUN_ROOT / WORKDIR_PREFIX).encode()
     pids = []
+    mine = _ancestors()
     for pid in _all_pids():
+        if pid in mine:
+            continue
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -392,7 +407,7 @@ def _tagged_processes() -> list[int]:
             pids.append(pid)
     for netns in _tagged_netns():
         pids.extend(netns_pids(netns))
-    return sorted(set(pids))
+    return sorted(set(pids) - mine)
 
 
 def _hosts_lines(selector: str) -> list[str]:

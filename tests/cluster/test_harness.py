@@ -115,6 +115,8 @@ def test_nodes_reach_each_other_by_name(cluster):
         client = "import socket; print(socket.create_connection(('node1', 47001), timeout=5).recv(100).decode())"
         result = cluster.ssh("node2", [cluster.python, "-c", client])  # absolute interpreter: system PATH remotely
         assert (result.returncode, result.stdout) == (0, "node1 saw 10.77.0.12\n"), result.stderr
+        # A node is a head node too: ssh from inside node1 uses the same drop-in and known_hosts.
+        assert cluster.run_on("node1", ["ssh", "node2", "hostname"]).stdout == "node2\n"
     finally:
         server.kill()
         server.wait()
