@@ -214,6 +214,7 @@ class JobRun:
     ranks_started: int
     leftovers: list[str]
     peak_kib: dict[str, int]  # "launcher" and each other non-rank process ("agent <pid>: cmdline") -> VmHWM
+    started_at: float = 0.0  # time.time() just before the launcher started
     peak_pss_kib: int | None = None  # largest sampled sum of PSS over the launcher and its non-rank processes
 
 
@@ -225,11 +226,14 @@ def run_local_job(
     deadline_s: float,
     console: str | int | None = None,
     sample_memory: bool = False,
+    env_extra: dict[str, str] | None = None,
 ) -> JobRun:
     """Run one local job to completion (or the deadline), then collect leftovers and kill them."""
     tag = procs.new_tag()
     argv = launcher.argv(replace(job, args=rank_args(tag, run, job.args)))
-    return run_command(argv, tag, run, deadline_s=deadline_s, console=console, sample_memory=sample_memory)
+    return run_command(
+        argv, tag, run, deadline_s=deadline_s, console=console, sample_memory=sample_memory, env_extra=env_extra
+    )
 
 
 def rank_args(tag: str, run: RunDir, args: tuple[str, ...]) -> tuple[str, ...]:
@@ -299,6 +303,7 @@ def run_command(
         leftovers=leftovers,
         peak_kib=_roles(peaks, launcher_pid=proc.pid, rank_pids=set(ranks)),
         peak_pss_kib=pss_peak or None,
+        started_at=t_wall0,
     )
 
 

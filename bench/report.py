@@ -170,12 +170,15 @@ def _agent_notes(entry: dict[str, Any]) -> list[str]:
 _AGENT_PID = re.compile(r"^agent \d+: ")
 _NOISE = re.compile(r"xbench[0-9a-f]{16}|/tmp/xbench-\w+")  # per-trial tags and run directories
 _PYTHON = re.compile(r"(?:\S*/)?python3?[\d.]*(?=\s|$)")  # /root/.pyenv/versions/3.11.7/bin/python3.11 -> python
+_BIN = re.compile(r"\S*/bin/(?=\S)")  # /root/.pyenv/versions/3.11.7/bin/xrun -> xrun
 _BENCH_DIR = re.compile(r"\S*/bench/ranks/")
 
 
 def _short(text: str, limit: int = 300) -> str:
     text = _NOISE.sub("…", text)
-    text = _BENCH_DIR.sub("bench/ranks/", _PYTHON.sub("python", text)).replace("\n", " ").replace("|", "\\|")
+    text = (
+        _BIN.sub("", _BENCH_DIR.sub("bench/ranks/", _PYTHON.sub("python", text))).replace("\n", " ").replace("|", "\\|")
+    )
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

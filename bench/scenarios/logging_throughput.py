@@ -18,7 +18,16 @@ from bench.scenarios.base import Context, finish, section
 
 NAME = "logging"
 TITLE = "6. Logging throughput: one rank writes 100-byte lines to stdout (20 MB in a full run)"
-VARIANTS = ("floor", "floor:devnull", "xrun", "xrun:plain", "torchrun", "torchrun:logdir", "deepspeed")
+VARIANTS = (
+    "floor",
+    "floor:devnull",
+    "floor:unbuffered",
+    "xrun",
+    "xrun:plain",
+    "torchrun",
+    "torchrun:logdir",
+    "deepspeed",
+)
 TABLE = {
     "metrics": [["wall_s", "launch→exit", "s"], ["mb_per_s", "MB/s from rank start", "MB/s"]],
     "ratio": "wall_s",
@@ -53,7 +62,9 @@ def run(ctx: Context) -> dict[str, Any]:
                 prefix=flavour != "plain",
             )
             console = subprocess.DEVNULL if flavour == "devnull" else None
-            got = harness.run_local_job(LAUNCHERS[launcher], job, run, deadline_s=300.0, console=console)
+            # floor:unbuffered = the rank as `python -u` (what xrun and deepspeed run), straight to the file
+            env = {"PYTHONUNBUFFERED": "1"} if flavour == "unbuffered" else None
+            got = harness.run_local_job(LAUNCHERS[launcher], job, run, deadline_s=300.0, console=console, env_extra=env)
             lines = None if console is not None else _count(run.console)
             tail = run.tail(300) if got.exit_code else ""
         total = size * n

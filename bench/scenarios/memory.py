@@ -60,6 +60,7 @@ def run(ctx: Context) -> dict[str, Any]:
             metrics={
                 "launcher_mib": got.peak_kib["launcher"] / 1024 if "launcher" in got.peak_kib else None,
                 "agents": float(len(agents)),
+                "leftovers": float(len(got.leftovers)),
                 "total_pss_mib": got.peak_pss_kib / 1024 if got.peak_pss_kib else None,
                 **({"agent_mib": max(agents.values()) / 1024} if agents else {}),
             },
