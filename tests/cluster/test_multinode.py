@@ -158,7 +158,7 @@ def test_env_args_and_rank_contract_arrive_exact(job, backend, weird_args):
     scanner.start()
     try:
         code, out, err = job.run(
-            backend, "--no_local_rank",
+            backend, "--no_local_rank", "--log_dir", "logs",
             env={"WEIRD": WEIRD_ENV, "NCCL_FAKE_SETTING": "7", "SLEEP": "0.5"}, script_args=weird_args,
         )
     finally:
@@ -179,6 +179,9 @@ def test_env_args_and_rank_contract_arrive_exact(job, backend, weird_args):
         assert rec["cwd"] == str(job.tmp) and rec["PYTHONPATH"].split(":")[0] == str(job.tmp)
     assert not secret_seen_in_cmdline
     assert not os.path.exists("/tmp/xrun-pwned")
+    for key, rec in recs.items():  # --log_dir, relative to the working directory, on every node
+        host, rank = key[1:-1].split(":")
+        assert json.loads((job.tmp / "logs" / host / f"rank{rank}" / "stdout.log").read_text()) == rec
     job.assert_clean()
 
 
