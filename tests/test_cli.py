@@ -82,7 +82,7 @@ def test_flag_spellings(flag):
         (["--module", "--no_python", "t.py"], "xrun: --module: cannot be combined with --no_python"),
         (["--master_port", "70000", "t.py"], "xrun: --master_port: 70000 is not a TCP port"),
         (["--dry-run=yaml", "t.py"], "xrun: --dry-run: unknown format 'yaml'"),
-        (["--launcher", "pdhs", "t.py"], "xrun: --launcher: unknown backend 'pdhs'; known: local, no_ssh, pdsh, ssh"),
+        (["--launcher", "pdhs", "t.py"], "xrun: --launcher: unknown backend 'pdhs'; known: impi, local, mpich, mvapich, no_ssh, openmpi, pdsh, slurm, ssh"),
         (["--bogus-flag", "t.py"], "xrun: unrecognized arguments: --bogus-flag"),
         ([], "xrun: missing SCRIPT"),
         (["--bind_core_list", "0-1", "t.py"], "xrun: --bind_core_list: only applies with --bind_cores_to_rank"),

@@ -4,6 +4,21 @@ The package has two layers: ``xrun.runner`` (head node: decides what runs where)
 node: turns one node spec into supervised rank processes). ``launch`` never imports ``runner``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xrun.discovery import Discovered
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "discover"]
+
+
+def discover(**kwargs: Any) -> Discovered:
+    """RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for a script started by mpirun/srun directly
+    (see ``xrun.discovery``); imported lazily so that ``import xrun`` stays free."""
+    from xrun.discovery import discover as _discover  # noqa: PLC0415
+
+    return _discover(**kwargs)

@@ -44,7 +44,13 @@ def split_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SplitArg
         options.append(token)
         name = token.split("=", 1)[0]
         if "=" not in token and takes_value.get(name, False) and index + 1 < len(argv):
-            options.append(argv[index + 1])
+            value = argv[index + 1]
+            if value.startswith("-"):
+                # argparse takes a separate value that looks like an option for a missing one
+                # (--launcher_args '--mca x y'): glue it to its option instead.
+                options[-1] = f"{token}={value}" if token.startswith("--") else token + value
+            else:
+                options.append(value)
             index += 1
         index += 1
     if index >= len(argv):

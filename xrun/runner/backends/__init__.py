@@ -45,8 +45,13 @@ class Backend(Protocol):
 # name -> "module:attribute" of a zero-argument factory.
 _REGISTRY: dict[str, str] = {
     "local": "xrun.runner.backends.local:LocalBackend",
+    "impi": "xrun.runner.backends.impi:IntelMpiBackend",
+    "mpich": "xrun.runner.backends.mpich:MpichBackend",
+    "mvapich": "xrun.runner.backends.mvapich:MvapichBackend",
+    "openmpi": "xrun.runner.backends.openmpi:OpenMpiBackend",
     "no_ssh": "xrun.runner.backends.no_ssh:NoSshBackend",
     "pdsh": "xrun.runner.backends.pdsh:PdshBackend",
+    "slurm": "xrun.runner.backends.slurm:SlurmBackend",
     "ssh": "xrun.runner.backends.ssh:SshBackend",
 }
 

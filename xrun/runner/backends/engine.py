@@ -1,0 +1,160 @@
+"""What the MPI and Slurm backends share: the engine starts one agent per node, xrun does the rest.
+
+An engine backend renders one local command, e.g. ``mpirun -np 3 --host a,b,c --map-by ppr:1:node ...
+PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank_from=OMPI_COMM_WORLD_RANK --token=env:XRUN_TOKEN``:
+
+* the engine numbers its processes in the order of the host list we give it, so its own rank variable is the
+  node rank (``--node_rank_from``); nothing per node is on the command line;
+* the run token travels in the engine's environment and is exported *by name* (``-x XRUN_TOKEN``,
+  ``-genvlist XRUN_TOKEN``, ``--export=ALL``): its value is in no argv on any machine, and the agent removes
+  it from its environment before any rank starts;
+* ranks, argv, env (``--export``, ``.xrun_env``, the travelling prefixes) and cwd reach each agent over the
+  control channel (``xrun.runner.control``), byte-exact, as with ssh and pdsh; so do filters, per-rank logs,
+  core binding and supervision, which are the agent's;
+* teardown: the first failure stops every node over the channel; the engine's own abort (``mpirun`` on a
+  non-zero exit, ``srun --kill-on-bad-exit=1``) is the second line; Ctrl-C reaches xrun only (the engine runs
+  in its own session) and xrun stops the nodes, then the engine exits.
+
+Subclasses override data (program names, rank variables) and one pure ``engine_args`` method.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+from typing import Any, Callable, Sequence
+
+from xrun.errors import UsageError
+from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.plan import Plan
+from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
+from xrun.shell import render
+
+TOKEN_ENV = "XRUN_TOKEN"
+ENGINE_BACKENDS = frozenset({"openmpi", "mpich", "impi", "mvapich", "slurm"})
+TERMINATE_WAIT = 5.0  # srun and mpirun tear their step down on SIGTERM; give them a moment before SIGKILL
+
+Which = Callable[[str], "str | None"]
+
+
+def agent_argv(python: str, endpoint: Endpoint | None, rank_variables: Sequence[str]) -> tuple[str, ...]:
+    """The agent command every engine process runs (identical on every node)."""
+    connect = endpoint.connect if endpoint is not None else PLACEHOLDER_CONNECT
+    return (
+        python, "-u", "-m", "xrun.launch",
+        f"--connect={connect}",
+        f"--node_rank_from={','.join(rank_variables)}",
+        f"--token=env:{TOKEN_ENV}",
+    )
+
+
+class EngineBackend:
+    """Base class: one engine command for every node; see the module doc."""
+
+    name = "engine"
+    programs: tuple[str, ...] = ()  # candidates, first found on PATH wins (the first is shown when none is)
+    rank_variables: tuple[str, ...] = ()  # the engine's per-process rank, in order of preference
+    install_hint = ""
+
+    def __init__(self, *, which: Which = shutil.which, environ: Any = None) -> None:
+        self._which = which
+        self._environ = os.environ if environ is None else environ
+
+    # -- pure ------------------------------------------------------------------------------------------------
+
+    def program(self) -> str:
+        """The engine's executable as it will be run (a bare name: PATH decides, as in the user's shell)."""
+        for name in self.programs:
+            if self._which(name) is not None:
+                return name
+        return self.programs[0]
+
+    def engine_args(self, plan: Plan) -> tuple[str, ...]:
+        """The engine's own arguments (between the program and the agent command)."""
+        raise NotImplementedError
+
+    def engine_argv(self, plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
+        return (
+            (self.program(),)
+            + self.engine_args(plan)
+            + plan.request.remote.launcher_args
+            + agent_argv(plan.request.launch.python, endpoint, self.rank_variables)
+        )
+
+    def render(self, plan: Plan) -> Invocation:
+        agent = agent_argv(plan.request.launch.python, None, self.rank_variables)
+        return Invocation(
+            backend=self.name,
+            commands=tuple(NodeCommand(host=node.host, argv=agent) for node in plan.nodes),
+            note=f"started as: {TOKEN_ENV}=<token> {render(self.engine_argv(plan))}",
+        )
+
+    # -- execution -------------------------------------------------------------------------------------------
+
+    def execute(self, plan: Plan, invocation: Invocation) -> int:
+        from xrun.runner.backends.pdsh import control_address
+        from xrun.runner.control import ControlServer
+
+        program = self.program()
+        if self._which(program) is None:
+            raise UsageError("--launcher", f"{self.name}: {program} not found on PATH; {self.install_hint}")
+        remote = plan.request.remote
+        addr = remote.control_addr or control_address([node.host for node in plan.nodes], remote)
+        token = secrets.token_hex(32)
+        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
+        port = server.listen([addr])
+        argv = self.engine_argv(plan, Endpoint(addr, port, token))
+        # The token goes first: MPICH 4.0's hydra never exports the last variable of its environment by name
+        # (-genvlist), measured on Debian 12.
+        env = {TOKEN_ENV: token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
+        try:
+            # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as err:
+            server.close()
+            raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
+        return server.run(EngineSession(proc, program))
+
+
+class EngineSession:
+    """The one engine process that carries every node's agent; its output goes straight to ours."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], program: str) -> None:
+        self.proc = proc
+        self.program = program
+        self.pidfd: int | None = None
+
+    def register(self, loop: Any) -> None:
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        loop.add_reader(self.pidfd, lambda: self._exited(loop))
+
+    def _exited(self, loop: Any) -> None:
+        assert self.pidfd is not None
+        loop.remove_reader(self.pidfd)
+        code = self.proc.wait()
+        loop.session_ended(None, code, f"{self.program} exited with code {code}")
+
+    def finished(self, lost: set[str]) -> bool:
+        return self.proc.poll() is not None
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's session, started above
+                self.proc.wait(TERMINATE_WAIT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def host_list(plan: Plan) -> str:
+    """The world's hosts in node-rank order: the engines number their processes in this order."""
+    return ",".join(node.host for node in plan.nodes)
