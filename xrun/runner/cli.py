@@ -15,12 +15,14 @@ from xrun.errors import UsageError, XrunError
 from xrun.launch.cli import add_agent_flags, add_rank_command_flags, agent_options, launch_options
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends.engine import ENGINE_BACKENDS
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
 from xrun.runner.remote import add_remote_flags, remote_options, with_exports
 from xrun.runner.selection import Pool, Selection, select
+from xrun.runner.slurm_alloc import discover_allocation, in_allocation
 
 DRY_RUN_FORMATS = ("text", "json")
 
@@ -86,9 +88,23 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     return request, ns.dry_run
 
 
+def uses_slurm_allocation(request: JobRequest) -> bool:
+    """No hostfile inside salloc/sbatch: the allocation is the hostfile (``--launcher local`` opts out)."""
+    return (
+        request.hostfile is None
+        and request.launcher != "local"
+        and not request.remote.no_ssh
+        and in_allocation(os.environ)
+    )
+
+
 def resource_pool(request: JobRequest) -> Pool:
     if request.hostfile is not None:
         return read_hostfile(request.hostfile).pool()
+    if uses_slurm_allocation(request):
+        allocation = discover_allocation(os.environ)
+        print(allocation.describe(), file=sys.stderr)
+        return allocation.pool()
     found = local_pool(os.environ, request.selection)
     if found.notice:
         print(found.notice, file=sys.stderr)
@@ -103,6 +119,8 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
         if request.launcher == "local" and not local:
             raise UsageError("--launcher", f"'local' runs on this machine only, but the world has {len(world)} hosts")
         return request.launcher
+    if uses_slurm_allocation(request):
+        return "slurm"
     if local:
         return "local"
     return "pdsh" if shutil.which("pdsh") and "pdsh" in known_backends() else "ssh"
@@ -111,6 +129,8 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
 def plan_job(request: JobRequest) -> Plan:
     world = select(resource_pool(request), request.selection)
     backend = choose_backend(request, world)
+    if request.remote.launcher_args and backend not in ENGINE_BACKENDS:
+        raise UsageError("--launcher_args", f"applies to {', '.join(sorted(ENGINE_BACKENDS))}, not to {backend!r}")
     if backend == "local":
         request = with_free_port(request)
     else:
