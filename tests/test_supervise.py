@@ -579,3 +579,19 @@ def test_a_killed_watchdog_does_not_disturb_the_run(marker, ready, tmp_path, cap
         os.close(write_fd)
     assert result.exit_code == 0
     assert _watchdog.read_proc(group._watchdog.pid) is None  # reaped, not a zombie
+
+
+def test_without_pidfd_sigchld_and_a_short_poll_do_the_job(marker, ready, capfd):
+    # Linux < 5.3 (RHEL 7 clusters) has no pidfd_open: exits come from SIGCHLD, leftovers from a 20 ms recheck.
+    procs = [
+        rank(0, "ready", ready, "sleep", "60", marker=marker),
+        rank(1, "fork", "term", "ready", ready, "then", "-", "wait-ready", f"2@{ready}", "exit", "4", marker=marker),
+    ]
+    group = RankGroup(procs, SuperviseOptions(host="h"))
+    group._have_pidfd = False
+    result = group.run()
+    (child,) = ready_pids(ready, "child")
+    assert result.exit_code == 4
+    assert result.outcomes[0].signal == signal.SIGTERM and result.outcomes[0].stopped_by_xrun
+    assert result.outcomes[1].leftovers == (child,)
+    assert marked(marker) == []

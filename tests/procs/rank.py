@@ -13,8 +13,8 @@ Steps (each takes at most one argument):
                    "group" ignores it and moves to a new process group of the same session). The child runs the
                    steps after "fork MODE" up to "then -" and then sleeps forever; the parent runs the steps
                    after "then -"
-  wait-file PATH   wait until PATH exists
-  wait-ready N@DIR wait until DIR holds N ready files
+  wait-file PATH   wait until PATH exists (exit 99 after 120 s)
+  wait-ready N@DIR wait until DIR holds N ready files (exit 99 after 120 s)
   affinity -       print this process's CPU affinity as "affinity=0,1"
 """
 
@@ -26,6 +26,16 @@ import time
 
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 role = "main"
+
+
+def wait(condition, limit=120.0):
+    """Poll for a test's condition; a test that waits for something that never comes fails, not hangs."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            sys.stderr.write("rank.py: gave up waiting\n")
+            os._exit(99)
+        time.sleep(0.005)
 
 
 def main(argv):
@@ -72,12 +82,10 @@ def main(argv):
                 main(rest[rest.index("then") + 2 :])
             return
         elif step == "wait-file":
-            while not os.path.exists(arg):
-                time.sleep(0.005)
+            wait(lambda: os.path.exists(arg))
         elif step == "wait-ready":
             count, directory = arg.split("@", 1)
-            while len(os.listdir(directory)) < int(count):
-                time.sleep(0.005)
+            wait(lambda: len(os.listdir(directory)) >= int(count))
         elif step == "affinity":
             print("affinity=" + ",".join(str(c) for c in sorted(os.sched_getaffinity(0))), flush=True)
         else:
