@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 # The tests run real DDP jobs: torch 2.13.0 is pinned so a fresh CI machine takes the CPU wheel on disk
 # instead of the newest CUDA build (several GB).
-TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0"]
+TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4"]
 
 setup(
     name="xrun",
@@ -15,7 +15,7 @@ setup(
     install_requires=["psutil>=5.9"],
     extras_require={
         "ssh": ["paramiko>=3"],
-        "mpi": ["mpi4py>=3.1"],
+        "mpi": ["mpi4py>=4"],
         "elastic": ["torch>=2.1"],
         "status": ["rich>=13"],
         "test": TEST,

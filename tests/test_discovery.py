@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from xrun.discovery import (
-    DiscoverError,
     Discovered,
+    DiscoverError,
     EngineRanks,
     choose_master_addr,
     discover,

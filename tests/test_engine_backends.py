@@ -169,7 +169,8 @@ def test_launcher_args_rejected_for_ssh(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a slots=1\nb slots=1\n")
     request, _ = parse_request(["-H", str(hostfile), "--launcher", "ssh", "--launcher_args", "-x", "train.py"])
-    with pytest.raises(UsageError, match="--launcher_args: applies to impi, mpich, mvapich, openmpi, slurm, not to 'ssh'"):
+    expected = "--launcher_args: applies to impi, mpich, mvapich, openmpi, slurm, not to 'ssh'"
+    with pytest.raises(UsageError, match=expected):
         plan_job(request)
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from typing import Any, Callable
 
 from xrun.errors import XrunError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
@@ -155,7 +156,9 @@ def local_rank_among(hosts: Sequence[str], rank: int) -> tuple[int, int]:
     return same.index(rank), len(same)
 
 
-def choose_master_addr(hosts: Sequence[str], resolve: Callable[[str], str | None], route: Callable[[str], str | None]) -> str:
+def choose_master_addr(
+    hosts: Sequence[str], resolve: Callable[[str], str | None], route: Callable[[str], str | None]
+) -> str:
     """Rank 0's address as the others can use it: loopback when everything is on one host; rank 0's host name
     when it resolves to a real address; else the source address of rank 0's route to another rank's host."""
     own = hosts[0]
@@ -224,7 +227,8 @@ def import_mpi(abi: str | None, environ: MutableMapping[str, str]) -> Any:
         hint = mpich_shim_hint() if MPICH_ABI_NAME in text else (
             f"check MPI4PY_MPIABI={environ.get('MPI4PY_MPIABI')!r} matches the MPI that started this process"
         )
-        raise DiscoverError(f"mpi4py cannot load the MPI library ({text.splitlines()[0] if text else err!r}); {hint}") from None
+        first = text.splitlines()[0] if text else repr(err)
+        raise DiscoverError(f"mpi4py cannot load the MPI library ({first}); {hint}") from None
     return MPI
 
 
@@ -298,9 +302,13 @@ def _discover_mpi(ranks: EngineRanks, env: MutableMapping[str, str]) -> Discover
 # python -m xrun.discovery [--mpich-shim DIR | SCRIPT ARGS...]
 
 
-def make_mpich_shim(directory: str, search: Sequence[str] = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")) -> str:
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+def make_mpich_shim(directory: str, search: Sequence[str] = LIBRARY_DIRS) -> str:
     """A directory with ``libmpi.so.12 -> libmpich.so.12`` for mpi4py's MPICH ABI; returns the link's path."""
-    found = next((os.path.join(d, MPICH_LIBRARY) for d in search if os.path.exists(os.path.join(d, MPICH_LIBRARY))), None)
+    candidates = (os.path.join(d, MPICH_LIBRARY) for d in search)
+    found = next((path for path in candidates if os.path.exists(path)), None)
     if found is None:
         raise DiscoverError(f"{MPICH_LIBRARY} not found in {', '.join(search)}; is MPICH installed?")
     os.makedirs(directory, exist_ok=True)

@@ -258,6 +258,31 @@ def test_ctrl_c_ends_it_everywhere(job, engine):
     job.assert_clean()
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_kill_9_of_xrun_leaves_nothing(job, engine):
+    # The agents lose the channel and stop their ranks; the engine (srun, mpirun: marked too, it inherits
+    # xrun's environment) gets its parent-death signal.
+    proc = job.start(engine, env={"SLEEP": "60"})
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + 45
+    while sum(1 for line in lines if '"RANK"' in line) < 6:
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines) + proc.stderr.read()
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    job.assert_clean(timeout=8)
+
+
+def test_kill_9_before_the_agents_connect_ends_srun(job):
+    # srun may still wait for its allocation: without the parent-death signal it would stay queued.
+    proc = job.start("slurm", env={"SLEEP": "60"})
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait()
+    job.assert_clean(timeout=8)
+
+
 def test_filters_logs_and_binding_on_an_engine(job, tmp_path):
     need_engine("openmpi")
     logs = tmp_path / "logs"
@@ -269,7 +294,7 @@ def test_filters_logs_and_binding_on_an_engine(job, tmp_path):
     assert recs["[node3:0]"]["cpus"] != recs["[node3:1]"]["cpus"]  # one core each on the 2-core node
     assert recs["[node1:2]"]["LOCAL_WORLD_SIZE"] == "1"
     for host, rank in (("node3", 0), ("node3", 1), ("node1", 2)):
-        assert '"RANK": "%d"' % rank in (logs / host / f"rank{rank}" / "stdout.log").read_text()
+        assert f'"RANK": "{rank}"' in (logs / host / f"rank{rank}" / "stdout.log").read_text()
     job.assert_clean()
 
 

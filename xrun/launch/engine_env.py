@@ -11,7 +11,7 @@ Kept: everything describing the job or allocation (``SLURM_JOB_ID``, ``SLURM_JOB
 
 from __future__ import annotations
 
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 IDENTITY_PREFIXES = (
     "OMPI_",  # OpenMPI: OMPI_COMM_WORLD_*, OMPI_MCA_orte_* (the daemon's URI), OMPI_FILE_LOCATION, ...

@@ -18,8 +18,8 @@ Inside a job step (``srun xrun ...``) every task would start a whole job of its 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from xrun.errors import XrunError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist

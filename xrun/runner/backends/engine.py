@@ -20,12 +20,15 @@ Subclasses override data (program names, rank variables) and one pure ``engine_a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import secrets
 import shutil
 import signal
 import subprocess
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand
@@ -33,7 +36,7 @@ from xrun.runner.plan import Plan
 from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
 from xrun.shell import render
 
-TOKEN_ENV = "XRUN_TOKEN"
+TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENGINE_BACKENDS = frozenset({"openmpi", "mpich", "impi", "mvapich", "slurm"})
 TERMINATE_WAIT = 5.0  # srun and mpirun tear their step down on SIGTERM; give them a moment before SIGKILL
 
@@ -112,11 +115,34 @@ class EngineBackend:
         env = {TOKEN_ENV: token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
+            # wait in the queue and start agents with no runner to talk to).
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                    preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             server.close()
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
         return server.run(EngineSession(proc, program))
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # xrun died between fork and prctl
+            os.kill(os.getpid(), signum)
+
+    return preexec
 
 
 class EngineSession:
