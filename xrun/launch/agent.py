@@ -110,6 +110,10 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
 
 def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     """Run this node's ranks to the end; print the failure report; return the node's exit code."""
+    if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
+        from xrun.launch.elastic import run_elastic
+
+        return run_elastic(spec, hooks=hooks)
     from xrun.launch.report import format_failure_report, write_failure_json
 
     group = RankGroup(

@@ -14,10 +14,14 @@ from typing import Sequence
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
+from xrun.launch import rdzv
 from xrun.launch.spec import (
+    DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT,
+    RDZV_BACKENDS,
     AgentOptions,
+    ElasticOptions,
     LaunchOptions,
     NodeSpec,
     PythonMode,
@@ -40,12 +44,14 @@ class AgentCommand:
     options: AgentOptions
     script: str
     args: tuple[str, ...]
+    elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
         return NodeSpec(
-            host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id
+            host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id,
+            elastic=rdzv.resolve_elastic(self.elastic, self.world, self.rendezvous),
         )
 
 
@@ -68,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(*spellings("--run_id"), default="xrun", help="job id, exported as TORCHELASTIC_RUN_ID")
     add_rank_command_flags(parser)
     add_agent_flags(parser)
+    add_elastic_flags(parser, join_timeout=True)
     return parser
 
 
@@ -90,6 +97,73 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+
+
+def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
+    """``--elastic`` and torchrun's elastic flags (shared with the runner, which has its own --join_timeout)."""
+    group = parser.add_argument_group("elastic (torch's elastic agent; needs torch on every node)")
+    add = group.add_argument
+    add("--elastic", action="store_true",
+        help="run each node's ranks under torch's elastic agent: restarts, nodes leaving and joining")
+    add("--nnodes", metavar="MIN[:MAX]", help="with --elastic: node count or range (torchrun's spelling)")
+    add(*spellings("--min_nodes"), type=int, metavar="N", help="with --elastic: fewest nodes to run (default: max)")
+    add(*spellings("--max_nodes"), type=int, metavar="N", help="with --elastic: most nodes (default: hosts selected)")
+    add(*spellings("--max_restarts"), type=int, metavar="N", help="with --elastic: worker group restarts (default 0)")
+    add(*spellings("--rdzv_backend"), metavar="NAME",
+        help=f"with --elastic: {', '.join(RDZV_BACKENDS)} (default c10d)")
+    add(*spellings("--rdzv_endpoint"), metavar="HOST:PORT",
+        help="with --elastic: the rendezvous store (default: master address and port)")
+    add(*spellings("--rdzv_id"), metavar="ID", help="with --elastic: rendezvous id (default: the run id)")
+    add(*spellings("--rdzv_conf"), action="append", metavar="K=V[,K=V]",
+        help="with --elastic: extra rendezvous settings; keys the backend would ignore are an error")
+    add(*spellings("--monitor_interval"), type=float, metavar="SECONDS",
+        help="with --elastic: how often torch's agent checks the workers (default 0.1)")
+    if join_timeout:
+        add(*spellings("--join_timeout"), type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+            help=f"with --elastic: how long to wait for the last node (default {DEFAULT_JOIN_TIMEOUT:g})")
+
+
+_ELASTIC_ONLY = ("nnodes", "min_nodes", "max_nodes", "max_restarts", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                 "rdzv_conf", "monitor_interval")  # fmt: skip
+
+
+def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
+    """The elastic request (node counts may stay open until the world is known); None without --elastic."""
+    given = [name for name in _ELASTIC_ONLY if getattr(ns, name) is not None]
+    if not ns.elastic:
+        if given:
+            raise UsageError(f"--{given[0]}", "only applies with --elastic")
+        return None
+    lo, hi = ns.min_nodes, ns.max_nodes
+    if ns.nnodes is not None:
+        if lo is not None or hi is not None:
+            raise UsageError("--nnodes", "give either --nnodes MIN:MAX or --min_nodes/--max_nodes, not both")
+        lo, hi = parse_nnodes(ns.nnodes)
+    backend = ns.rdzv_backend or "c10d"
+    conf = rdzv.parse_rdzv_conf(ns.rdzv_conf or ())
+    rdzv.check_rdzv_conf(backend, conf)
+    return ElasticOptions(
+        min_nodes=lo,
+        max_nodes=hi,
+        max_restarts=ns.max_restarts if ns.max_restarts is not None else 0,
+        rdzv_backend=backend,
+        rdzv_endpoint=ns.rdzv_endpoint,
+        rdzv_id=ns.rdzv_id,
+        rdzv_conf=conf,
+        join_timeout=ns.join_timeout,
+        monitor_interval=ns.monitor_interval if ns.monitor_interval is not None else 0.1,
+    )
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (torchrun's ``--nnodes``)."""
+    lo_text, sep, hi_text = text.partition(":")
+    try:
+        lo = int(lo_text)
+        hi = int(hi_text) if sep else lo
+    except ValueError:
+        raise UsageError("--nnodes", f"{text!r} is not N or MIN:MAX") from None
+    return lo, hi
 
 
 def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> LaunchOptions:
@@ -128,6 +202,7 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
         options=agent_options(ns),
         script=split.program,
         args=split.program_args,
+        elastic=elastic_options(ns),
     )
 
 
@@ -151,7 +226,24 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"] if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT else []
     argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
+    argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args
+
+
+def elastic_argv(elastic: ElasticOptions | None) -> list[str]:
+    if elastic is None:
+        return []
+    argv = ["--elastic"]
+    argv += [f"--min_nodes={elastic.min_nodes}"] if elastic.min_nodes is not None else []
+    argv += [f"--max_nodes={elastic.max_nodes}"] if elastic.max_nodes is not None else []
+    argv += [f"--max_restarts={elastic.max_restarts}"] if elastic.max_restarts else []
+    argv += [f"--rdzv_backend={elastic.rdzv_backend}"] if elastic.rdzv_backend != "c10d" else []
+    argv += [f"--rdzv_endpoint={elastic.rdzv_endpoint}"] if elastic.rdzv_endpoint else []
+    argv += [f"--rdzv_id={elastic.rdzv_id}"] if elastic.rdzv_id else []
+    argv += [f"--rdzv_conf={k}={v}" for k, v in elastic.rdzv_conf.items()]
+    argv += [f"--monitor_interval={elastic.monitor_interval:g}"] if elastic.monitor_interval != 0.1 else []
+    argv += [f"--join_timeout={elastic.join_timeout:g}"] if elastic.join_timeout != DEFAULT_JOIN_TIMEOUT else []
+    return argv
 
 
 def is_connect_mode(argv: Sequence[str]) -> bool:

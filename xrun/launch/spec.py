@@ -20,6 +20,9 @@ SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
 # torch elastic gives workers 30 s between SIGTERM and SIGKILL; matching it keeps checkpoints-on-TERM working.
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+# --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
+DEFAULT_JOIN_TIMEOUT = 1800.0
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 
 World = Mapping[str, tuple[int, ...]]
 
@@ -97,6 +100,42 @@ class AgentOptions:
 
 
 @dataclass(frozen=True)
+class ElasticOptions:
+    """``--elastic``: torch's elastic agent runs the node's ranks (restarts, nodes leaving and joining).
+
+    ``min_nodes``/``max_nodes`` are None only in a request (the planner fills them from the world);
+    ``rdzv_conf`` holds the user's ``--rdzv_conf`` keys, already checked against ``xrun.launch.rdzv``.
+    """
+
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    max_restarts: int = 0
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str | None = None  # HOST:PORT; default: the master address and port
+    rdzv_id: str | None = None  # default: the run id
+    rdzv_conf: Mapping[str, str] = field(default_factory=dict)
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    monitor_interval: float = 0.1  # torch >= 2.4's default: a failure is seen within 0.1 s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "min_nodes": self.min_nodes,
+            "max_nodes": self.max_nodes,
+            "max_restarts": self.max_restarts,
+            "rdzv_backend": self.rdzv_backend,
+            "rdzv_endpoint": self.rdzv_endpoint,
+            "rdzv_id": self.rdzv_id,
+            "rdzv_conf": dict(self.rdzv_conf),
+            "join_timeout": self.join_timeout,
+            "monitor_interval": self.monitor_interval,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ElasticOptions:
+        return cls(**{**data, "rdzv_conf": dict(data.get("rdzv_conf") or {})})
+
+
+@dataclass(frozen=True)
 class RankSpec:
     """One rank: the env contract xrun adds on top of the node's environment, and its argv."""
 
@@ -118,10 +157,11 @@ class NodeSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     run_id: str = "xrun"
+    elastic: ElasticOptions | None = None  # None: xrun supervises the ranks itself (static job)
     version: int = SPEC_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "version": self.version,
             "host": self.host,
             "node_rank": self.node_rank,
@@ -134,6 +174,9 @@ class NodeSpec:
                 for r in self.ranks
             ],
         }
+        if self.elastic is not None:
+            data["elastic"] = self.elastic.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
@@ -152,6 +195,7 @@ class NodeSpec:
             env=dict(data.get("env", {})),
             cwd=data.get("cwd"),
             run_id=str(data.get("run_id", "xrun")),
+            elastic=ElasticOptions.from_json(data["elastic"]) if data.get("elastic") else None,
         )
 
 

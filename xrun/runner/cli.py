@@ -12,7 +12,14 @@ from typing import Sequence
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
-from xrun.launch.cli import add_agent_flags, add_rank_command_flags, agent_options, launch_options
+from xrun.launch.cli import (
+    add_agent_flags,
+    add_elastic_flags,
+    add_rank_command_flags,
+    agent_options,
+    elastic_options,
+    launch_options,
+)
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.backends import get_backend, known_backends
 from xrun.runner.backends.engine import ENGINE_BACKENDS
@@ -58,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_rank_command_flags(parser)
     add_agent_flags(parser)
     add_remote_flags(parser)
+    add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
     return parser
 
 
@@ -84,6 +92,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         run_id=ns.run_id or f"xrun-{secrets.token_hex(4)}",
         remote=remote_options(ns),
         cwd=os.getcwd(),
+        elastic=elastic_options(ns),
     )
     return request, ns.dry_run
 

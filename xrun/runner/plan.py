@@ -6,8 +6,11 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from xrun.errors import UsageError
+from xrun.launch.rdzv import resolve_elastic
 from xrun.launch.spec import (
     AgentOptions,
+    ElasticOptions,
     LaunchOptions,
     NodeSpec,
     Rendezvous,
@@ -37,6 +40,7 @@ class JobRequest:
     remote: RemoteOptions = field(default_factory=RemoteOptions)
     env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
     cwd: str | None = None  # remote agents chdir here
+    elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,13 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     local = backend == "local"
     first = next(iter(world))
     # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
-    auto = master_placeholder(first) if backend in CHANNEL_BACKENDS else first
+    # Elastic nodes start without a barrier, so the rendezvous endpoint must be known up front: the first host.
+    auto = master_placeholder(first) if backend in CHANNEL_BACKENDS and request.elastic is None else first
     master_addr = request.master_addr or (LOCAL_ADDR if local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
+    elastic = resolve_elastic(request.elastic, world, rdzv)
+    if elastic is not None and rdzv.master_port == 0:
+        raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     nodes = tuple(
         NodeSpec(
             host=host,
@@ -89,6 +97,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             env={} if local else dict(request.env),
             cwd=None if local else request.cwd,
             run_id=request.run_id,
+            elastic=elastic,
         )
         for node_rank, host in enumerate(world)
     )
