@@ -78,9 +78,13 @@ def sequential_ssh_argv(hosts: list[str], command: list[str]) -> list[str]:
     return ["bash", "-c", loop]
 
 
-def xrun_cluster_argv(backend: str, hostfile: str, port: int, script: str, args: tuple[str, ...]) -> list[str]:
-    return ["xrun", "-H", hostfile, "--launcher", backend, "--master_addr", "node1", "--master_port", str(port),
-            script, *args]  # fmt: skip
+def xrun_cluster_argv(
+    backend: str, hostfile: str, port: int, script: str, args: tuple[str, ...], *, ssh_config: str
+) -> list[str]:
+    argv = ["xrun", "-H", hostfile, "--launcher", backend, "--master_addr", "node1", "--master_port", str(port)]
+    if backend == "ssh":  # paramiko reads no ssh_config.d drop-in: give it the cluster's config (known_hosts)
+        argv += ["--ssh_config", ssh_config]
+    return [*argv, script, *args]
 
 
 def deepspeed_cluster_argv(hostfile: str, port: int, script: str, args: tuple[str, ...]) -> list[str]:

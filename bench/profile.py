@@ -4,7 +4,10 @@ Prints (and saves under bench/results/raw/) three things, all median of a few ru
   1. what any Python process costs here: ``python -c pass``, with and without ``site`` (``-S``);
   2. what importing xrun's CLI costs on top (``python -c 'import xrun.runner.cli'``), with the top modules from
      ``-X importtime``;
-  3. a pyinstrument profile of ``xrun --num_gpus N noop.py`` (when pyinstrument is installed).
+  3. the exit path after a rank fails: when xrun's ``main`` returns, when its atexit hooks are done, when the
+     process is gone, and when it would be gone with ``os._exit`` after the hooks (interpreter finalization
+     skipped);
+  4. a pyinstrument profile of ``xrun --num_gpus N noop.py`` (when pyinstrument is installed).
 Needs nothing but xrun; pyinstrument (``pip install pyinstrument``) adds part 3.
 """
 
@@ -51,6 +54,76 @@ def import_top(module: str, env: dict[str, str], top: int = 12) -> list[str]:
     return [f"{us / 1000:7.1f} ms cumulative  {name}" for us, name in rows[:top]]
 
 
+# Runs xrun's CLI in-process and stamps the moments after the failing rank's exit; atexit hooks run last-in
+# first-out, so one registered before importing xrun runs after all of xrun's.
+_EXIT_WRAPPER = """\
+import atexit, os, sys, time
+marks = {}
+def _last():
+    marks["atexit_done"] = time.time()
+    with open(os.path.join(os.environ["XB_DIR"], "marks"), "w") as f:
+        f.write(repr(marks))
+    if os.environ.get("XB_HARD_EXIT"):
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(7)
+atexit.register(_last)
+from xrun.runner.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+marks["main_returned"] = time.time()
+"""
+
+
+def exit_path(env: dict[str, str], n: int, runs: int = 5) -> list[str]:
+    """Median seconds from the failing rank's exit to each stamp, with and without os._exit after atexit."""
+    rows = []
+    for hard in (False, True):
+        got: dict[str, list[float]] = {}
+        for _ in range(runs):
+            with harness.RunDir() as run:
+                wrapper = os.path.join(run.path, "wrapper.py")
+                with open(wrapper, "w") as f:
+                    f.write(_EXIT_WRAPPER)
+                argv = [
+                    sys.executable,
+                    wrapper,
+                    "--num_gpus",
+                    str(n),
+                    harness.rank_script("sleeper.py"),
+                    f"dir={run.path}",
+                    f"fail_rank={n - 1}",
+                    "fail_after=1",
+                    "code=7",
+                    "sleep=30",
+                ]
+                extra = {"XB_DIR": run.path, **({"XB_HARD_EXIT": "1"} if hard else {})}
+                proc = subprocess.Popen(
+                    argv,
+                    env={**env, **extra},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                while proc.poll() is None:
+                    time.sleep(0.0005)
+                gone = time.time()
+                try:
+                    with open(os.path.join(run.path, "fail_ts")) as f:
+                        fail = float(f.read())
+                    with open(os.path.join(run.path, "marks")) as f:
+                        marks = eval(f.read())  # noqa: S307 - our own repr of a dict of floats
+                except (OSError, ValueError, SyntaxError):
+                    continue
+                for key, value in [*marks.items(), ("process_gone", gone)]:
+                    got.setdefault(key, []).append(value - fail)
+        label = "with os._exit after atexit" if hard else "as is"
+        shown = ", ".join(f"{k} {statistics.median(v) * 1000:.1f} ms" for k, v in got.items())
+        rows.append(f"  {label:<28} {shown}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     n = int(args[0]) if args else 4
@@ -72,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         *import_top("sys", env, top=6),
         "",
     ]
+    lines += [f"exit path, {n} ranks, rank {n - 1} exits 7 (median ms after its exit):", *exit_path(env, n), ""]
     xrun = shutil.which("xrun")
     if xrun and shutil.which("pyinstrument"):
         with harness.RunDir() as run:

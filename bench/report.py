@@ -258,7 +258,8 @@ def plot(doc: dict[str, Any], path: str) -> bool:
             _plot_lines(ax, sec)
         else:
             _plot_bars(ax, sec)
-        ax.set_title(sec["title"], fontsize=9)
+        title = sec["title"] if len(sec["title"]) <= 70 else sec["title"][:69] + "…"
+        ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     for ax in list(axes.flat)[len(secs) :]:
         ax.axis("off")
@@ -266,7 +267,7 @@ def plot(doc: dict[str, Any], path: str) -> bool:
     fig.suptitle(
         f"xrun benchmarks · {mach['cores']} cores · {doc['meta']['date'][:10]} · median, bars = min–max", fontsize=10
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
@@ -294,7 +295,8 @@ def _plot_lines(ax: Any, sec: dict[str, Any]) -> None:
 
 
 def _plot_bars(ax: Any, sec: dict[str, Any]) -> None:
-    metrics = [m for m in sec["table"]["metrics"] if m[2] in ("s", "MiB", "MB/s")][:2]
+    first_unit = sec["table"]["metrics"][0][2]
+    metrics = [m for m in sec["table"]["metrics"] if m[2] == first_unit][:2]  # one axis, one unit
     labels, bars = [], {m[0]: ([], [], []) for m in metrics}  # metric -> (medians, lo, hi)
     censored_any = False
     for g in sec["groups"]:

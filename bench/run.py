@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
 
 from bench import harness, launchers, report  # noqa: E402
 from bench.launchers import LAUNCHERS, LocalJob  # noqa: E402
-from bench.scenarios import SCENARIOS, resolve  # noqa: E402
+from bench.scenarios import LOCAL, SCENARIOS, resolve  # noqa: E402
 from bench.scenarios.base import Context  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         rng=random.Random(args.seed),
         options=dict(kv.split("=", 1) for kv in args.set),
     )
-    if not (args.quick or args.no_warmup):
+    if not (args.quick or args.no_warmup) and set(names) & set(LOCAL):
         warm_up()
     doc = {"meta": meta(args), "scenarios": {}}
     for name in names:

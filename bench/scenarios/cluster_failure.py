@@ -55,7 +55,10 @@ def run(ctx: Context) -> dict[str, Any]:
                     def make(rank_args: tuple[str, ...]) -> list[str]:
                         port = harness.free_port()
                         if launcher == "xrun":
-                            return cluster.xrun_cluster_argv(backend, hostfile, port, script, rank_args)
+                            config = str(c.ssh_config)
+                            return cluster.xrun_cluster_argv(
+                                backend, hostfile, port, script, rank_args, ssh_config=config
+                            )
                         return cluster.deepspeed_cluster_argv(hostfile, port, script, rank_args)
 
                     return teardown_trial(make, k, args, cap_s=cap, trigger=None, start_timeout_s=120.0)

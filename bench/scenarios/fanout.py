@@ -3,12 +3,15 @@
 xrun (ssh and pdsh backends) runs the no-op rank on every node: launch to every rank running (the last rank's
 own start timestamp; the nodes share the filesystem and the clock) and to a clean exit. The baselines only
 connect: ``pdsh -S -f 32 -w node1,... true`` and a shell doing ``ssh nodeI true`` one node after another.
-Target: xrun's launch→exit ≤ 1.5× pdsh's.
+Target: xrun's launch→exit ≤ 1.5× pdsh's. A third baseline, ``pdsh:ranks``, has pdsh start the no-op rank
+itself (``python noop.py`` on every node, no agent): the multi-node floor, what any launcher that starts a
+Python rank on every node must at least pay.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from bench import cluster, harness, procs
@@ -16,7 +19,7 @@ from bench.scenarios.base import Context, finish, median, section, target, unava
 
 NAME = "fanout"
 TITLE = "7. Fan-out on the namespace cluster: N nodes, one no-op rank each"
-VARIANTS = ("pdsh", "ssh:seq", "xrun:ssh", "xrun:pdsh")
+VARIANTS = ("pdsh", "pdsh:ranks", "ssh:seq", "xrun:ssh", "xrun:pdsh")
 TABLE = {
     "metrics": [["wall_s", "launch→exit", "s"], ["last_rank_s", "all ranks running", "s"]],
     "ratio": "wall_s",
@@ -46,7 +49,7 @@ def run(ctx: Context) -> dict[str, Any]:
                     hostfile = str(c.hostfile(os.path.join(files.path, "hostfile"), slots=1, nodes=hosts))
 
                     def trial(variant: str, hosts: list[str] = hosts, hostfile: str = hostfile) -> harness.Trial:
-                        return fanout_trial(variant, hosts, hostfile)
+                        return fanout_trial(variant, hosts, hostfile, ssh_config=str(c.ssh_config))
 
                     results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=f"{NAME} {k} nodes")
                 group = harness.summarize_group(results, references=TABLE["references"])
@@ -59,14 +62,18 @@ def run(ctx: Context) -> dict[str, Any]:
     return finish(sec)
 
 
-def fanout_trial(variant: str, hosts: list[str], hostfile: str) -> harness.Trial:
+def fanout_trial(variant: str, hosts: list[str], hostfile: str, *, ssh_config: str) -> harness.Trial:
     launcher, _, flavour = variant.partition(":")
     with harness.RunDir() as run:
         tag = procs.new_tag()
         if launcher == "xrun":
             args = harness.rank_args(tag, run, ())
-            argv = cluster.xrun_cluster_argv(
-                flavour, hostfile, harness.free_port(), harness.rank_script("noop.py"), args
+            script = harness.rank_script("noop.py")
+            port = harness.free_port()
+            argv = cluster.xrun_cluster_argv(flavour, hostfile, port, script, args, ssh_config=ssh_config)
+        elif flavour == "ranks":  # the multi-node floor: pdsh starts the rank itself, no agent in between
+            argv = cluster.pdsh_argv(
+                hosts, [sys.executable, harness.rank_script("noop.py"), *harness.rank_args(tag, run, ())]
             )
         elif launcher == "pdsh":
             argv = cluster.pdsh_argv(hosts, ["true", tag])
@@ -79,12 +86,12 @@ def fanout_trial(variant: str, hosts: list[str], hostfile: str) -> harness.Trial
         exit_code=got.exit_code,
         notes={"leftovers": got.leftovers} if got.leftovers else {},
     )
-    if launcher == "xrun":
+    if launcher == "xrun" or flavour == "ranks":
         trial.metrics["last_rank_s"] = got.last_rank_s
     problems = []
     if got.exit_code != 0:
         problems.append(f"exit {got.exit_code} | console: {tail!r}")
-    if launcher == "xrun" and got.ranks_started != len(hosts):
+    if (launcher == "xrun" or flavour == "ranks") and got.ranks_started != len(hosts):
         problems.append(f"{got.ranks_started} of {len(hosts)} ranks started")
     trial.error = "; ".join(problems) or None
     return trial
