@@ -7,7 +7,6 @@ control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.ss
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ from typing import Any
 
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
+from xrun.runner.relay import LineRelay
 from xrun.runner.remote import Endpoint, agent_connect_argv
 from xrun.shell import render
 
@@ -86,6 +86,7 @@ class SshSessions:
         self.token = token
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
+        self.relays: dict[str, tuple[LineRelay, LineRelay]] = {}
 
     def start(self) -> None:
         with ThreadPoolExecutor(max_workers=min(64, len(self.commands)), thread_name_prefix="xrun-exec") as pool:
@@ -104,13 +105,16 @@ class SshSessions:
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
+        out, err = self.relays.setdefault(host, (LineRelay(1), LineRelay(2)))
         while chan.recv_ready():
-            _write_all(1, chan.recv(65536))
+            out.feed(chan.recv(65536))
         while chan.recv_stderr_ready():
-            _write_all(2, chan.recv_stderr(65536))
+            err.feed(chan.recv_stderr(65536))
         if chan.exit_status_ready() or chan.closed or not chan.get_transport().is_active():
             if chan.recv_ready() or chan.recv_stderr_ready():
                 return
+            out.flush()
+            err.flush()
             loop.remove_reader(chan)
             self.ended.add(host)
             code = chan.recv_exit_status() if chan.exit_status_ready() else None
@@ -122,14 +126,3 @@ class SshSessions:
     def terminate(self) -> None:
         for chan in self.channels.values():
             chan.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
-        except OSError:
-            return  # our reader went away (| head): keep running, stop echoing
