@@ -146,3 +146,39 @@ def test_random_command_lines_never_traceback(capsys, argv):
     assert code in (0, 2), (argv, err)
     if code == 2:
         assert err.count("\n") == 1
+
+
+RANGES = os.path.join(ROOT, "hostfiles", "ranges")
+
+
+@pytest.mark.parametrize(
+    "hostfile, flags, world",
+    [
+        (HOSTFILE, [], {"worker-0": [0, 1, 2, 3], "worker-1": [0, 1, 2, 3]}),
+        (HOSTFILE, ["-i", "worker-1"], {"worker-1": [0, 1, 2, 3]}),
+        (HOSTFILE, ["-i", "worker-0:0,2@worker-1"], {"worker-0": [0, 2], "worker-1": [0, 1, 2, 3]}),
+        (HOSTFILE, ["--include", "worker-1:3,1,1@worker-0:2"], {"worker-0": [2], "worker-1": [1, 3]}),
+        (HOSTFILE, ["-e", "worker-0"], {"worker-1": [0, 1, 2, 3]}),
+        (HOSTFILE, ["--exclude", "worker-0:0@worker-1:1,3"], {"worker-0": [1, 2, 3], "worker-1": [0, 2]}),
+        (HOSTFILE, ["--num_nodes", "1"], {"worker-0": [0, 1, 2, 3]}),
+        (HOSTFILE, ["--num_gpus", "2"], {"worker-0": [0, 1], "worker-1": [0, 1]}),
+        (HOSTFILE, ["--num-nodes", "1", "--num-gpus", "3"], {"worker-0": [0, 1, 2]}),
+        (RANGES, ["-i", "node07:7@gpu-a2"], {"node07": [7], "gpu-a2": [0, 1]}),
+        (RANGES, ["-e", "node01@node02@node03@node07"], {"gpu-a1": [0, 1], "gpu-a2": [0, 1]}),
+    ],
+)
+def test_multi_host_dry_run_world(hostfile, flags, world):
+    data = dry_json("-H", hostfile, *flags, "train.py", "--lr", "3e-4")
+    assert {n["host"]: n["slots"] for n in data["nodes"]} == world
+    assert [n["host"] for n in data["nodes"]] == list(world)  # hostfile order
+    assert data["world_size"] == sum(len(s) for s in world.values())
+    ranks = [r for n in data["nodes"] for r in n["ranks"]]
+    assert [r["rank"] for r in ranks] == list(range(data["world_size"]))
+    for node in data["nodes"]:
+        assert [r["local_rank"] for r in node["ranks"]] == list(range(len(node["slots"])))
+        assert all(r["env"]["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, node["slots"])) for r in node["ranks"])
+        assert all(r["env"]["GROUP_RANK"] == str(node["node_rank"]) for r in node["ranks"])
+        assert node["command"] and "xrun.launch" in node["command"]
+    assert ranks[-1]["argv"][-2:] == ["--lr", "3e-4"]
+    if len(world) > 1:
+        assert data["backend"] in ("pdsh", "ssh")
