@@ -8,20 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import tempfile
 from typing import Any
 
+from xrun.launch.posix import signal_name
 from xrun.launch.supervise import NodeResult, RankOutcome
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def describe_status(outcome: RankOutcome) -> str:

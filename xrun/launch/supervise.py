@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from xrun.launch import _watchdog
+from xrun.launch.posix import signal_name, write_all
 
 _CHUNK = 65536  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
 _TAIL_LINES = 20
@@ -241,7 +242,7 @@ class RankGroup:
         """
         if self._interrupted_by is None:
             self._interrupted_by = signum
-        self._begin_stop(signum, reason or f"stop requested ({_signame(signum)})")
+        self._begin_stop(signum, reason or f"stop requested ({signal_name(signum)})")
 
     def run(self) -> NodeResult:
         """Start every rank and supervise until each one and its session are gone."""
@@ -428,7 +429,7 @@ class RankGroup:
                 return
         if self._interrupted_by is None:
             self._interrupted_by = signum
-        self._begin_stop(signal.SIGTERM, f"the agent got {_signame(signum)}")
+        self._begin_stop(signal.SIGTERM, f"the agent got {signal_name(signum)}")
 
     # -- exits ----------------------------------------------------------------------------------------------
 
@@ -472,7 +473,7 @@ class RankGroup:
             self._drain_stream(stream)  # what it wrote before exiting belongs before its outcome
         if rank.start_error:
             tail: tuple[str, ...] = (rank.start_error,)
-            _write_all(2, (rank.start_error + "\n").encode("utf-8", "replace"))
+            write_all(2, (rank.start_error + "\n").encode("utf-8", "replace"))
         else:
             tail = rank.streams[1].tail_lines() if len(rank.streams) > 1 else ()
         spec = rank.spec
@@ -537,7 +538,7 @@ class RankGroup:
         if count:
             self._notice(
                 f"{reason}; stopping {count} rank{'s' if count != 1 else ''} "
-                f"({_signame(signum)}, SIGKILL after {self._options.shutdown_timeout:g} s)"
+                f"({signal_name(signum)}, SIGKILL after {self._options.shutdown_timeout:g} s)"
             )
 
     def _signal_running(self, signum: int) -> int:
@@ -674,7 +675,7 @@ class RankGroup:
 
     def _consume(self, stream: _Stream, chunk: bytes) -> None:
         if stream.log is not None:
-            _write_all(stream.log, chunk)
+            write_all(stream.log, chunk)
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
@@ -707,11 +708,11 @@ class RankGroup:
                 self._close_stream(stream)
 
     def _emit(self, fd: int, data: bytes) -> None:
-        if self._console_ok[fd] and not _write_all(fd, data):
+        if self._console_ok[fd] and not write_all(fd, data):
             self._console_ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
 
     def _notice(self, text: str) -> None:
-        _write_all(2, f"xrun[{self._options.host}]: {text}\n".encode("utf-8", "replace"))
+        write_all(2, f"xrun[{self._options.host}]: {text}\n".encode("utf-8", "replace"))
 
     # -- the end --------------------------------------------------------------------------------------------
 
@@ -768,24 +769,6 @@ class RankGroup:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers.
-
-
-def _write_all(fd: int, data: bytes) -> bool:
-    """Write everything (a terminal may take less per call); False when the reader is gone."""
-    view = memoryview(data)
-    while True:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:  # someone made the fd non-blocking: wait until it can take more
-            import select
-
-            select.select([], [fd], [])
-            continue
-        except OSError:
-            return False
-        if written == len(view):
-            return True
-        view = view[written:]
 
 
 def _drain(fd: int) -> None:
@@ -851,14 +834,7 @@ def _safe_name(host: str) -> str:
     return name if name not in ("", ".", "..") else "_"
 
 
-def _signame(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def _describe(outcome: RankOutcome) -> str:
     if outcome.signal is not None:
-        return f"died by {_signame(outcome.signal)}"
+        return f"died by {signal_name(outcome.signal)}"
     return f"exited with code {outcome.returncode}"

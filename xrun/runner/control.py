@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 from xrun import __version__
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.posix import signal_name
 from xrun.launch.spec import NodeSpec
 from xrun.runner.plan import Plan
 
@@ -346,7 +347,7 @@ class ControlServer:
         if msg.get("stopped") or (code == 0 and sig is None):
             return
         exit_code = 128 + int(sig) if sig is not None else int(code) if code is not None else 1
-        how = f"was killed by {_signame(int(sig))}" if sig is not None else f"exited with code {code}"
+        how = f"was killed by {signal_name(int(sig))}" if sig is not None else f"exited with code {code}"
         rank = msg.get("rank")
         self._fail(Failure(node.host, f"rank {rank} (local {msg.get('local_rank')}) on {node.host} {how}",
                            exit_code, rank=rank, tail=tuple(msg.get("tail") or ())))
@@ -492,7 +493,7 @@ class ControlServer:
             for line in self.failure.tail[-_TAIL_SHOWN:]:
                 _err(f"  [{self.failure.host}:{self.failure.rank}] {line}")
         elif self.interrupted_by is not None:
-            _err(f"stopped by {_signame(self.interrupted_by)} (exit code {code})")
+            _err(f"stopped by {signal_name(self.interrupted_by)} (exit code {code})")
         return code
 
 
@@ -501,13 +502,6 @@ def _reachable(addr: str | None, host: str, nodes: int) -> str:
     if addr is None or (nodes > 1 and (addr.startswith("127.") or addr == "::1")):
         return host
     return addr
-
-
-def _signame(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _err(text: str) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from xrun.errors import UsageError
+from xrun.launch.cli import AgentCommand
 from xrun.launch.rdzv import resolve_elastic
 from xrun.launch.spec import (
     AgentOptions,
@@ -58,6 +59,18 @@ class Plan:
     @property
     def world_size(self) -> int:
         return sum(len(slots) for slots in self.world.values())
+
+    def agent_command(self, node: NodeSpec) -> AgentCommand:
+        """The stand-alone agent command line equivalent to running ``node`` in-process."""
+        return AgentCommand(
+            world=self.world,
+            node_rank=node.node_rank,
+            rendezvous=self.rendezvous,
+            launch=self.request.launch,
+            options=self.request.options,
+            script=self.request.script,
+            args=self.request.args,
+        )
 
     @property
     def local_only(self) -> bool:

@@ -6,7 +6,7 @@ keeps its unfinished last line until the rest arrives.
 
 from __future__ import annotations
 
-import os
+from xrun.launch.posix import write_all
 
 _MAX_PENDING = 1 << 20  # an endless line is passed on in pieces rather than held without bound
 
@@ -32,14 +32,3 @@ class LineRelay:
         if self.pending:
             write_all(self.fd, self.pending)
             self.pending = b""
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
-        except OSError:
-            return  # our reader went away (| head): keep running, stop echoing

@@ -4,8 +4,9 @@ heavy ones (paramiko) cost nothing unless chosen."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from xrun.errors import UsageError
 

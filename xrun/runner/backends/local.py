@@ -6,7 +6,7 @@ import os
 
 from xrun.launch.agent import plan_bindings
 from xrun.launch.binding import format_cpus
-from xrun.launch.cli import AgentCommand, agent_argv
+from xrun.launch.cli import agent_argv
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
@@ -25,15 +25,7 @@ class LocalBackend:
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[0]
-        command = AgentCommand(
-            world=plan.world,
-            node_rank=node.node_rank,
-            rendezvous=plan.rendezvous,
-            launch=plan.request.launch,
-            options=plan.request.options,
-            script=plan.request.script,
-            args=plan.request.args,
-        )
+        command = plan.agent_command(node)
         # The same agent runs in-process (no extra interpreter start); this argv is its stand-alone equivalent.
         return Invocation(
             backend=self.name,

@@ -13,7 +13,7 @@ ranks on failure and on signals.
 from __future__ import annotations
 
 from xrun.errors import UsageError
-from xrun.launch.cli import AgentCommand, agent_argv
+from xrun.launch.cli import agent_argv
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
 
@@ -35,15 +35,7 @@ class NoSshBackend:
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[this_node(plan)]
-        command = AgentCommand(
-            world=plan.world,
-            node_rank=node.node_rank,
-            rendezvous=plan.rendezvous,
-            launch=plan.request.launch,
-            options=plan.request.options,
-            script=plan.request.script,
-            args=plan.request.args,
-        )
+        command = plan.agent_command(node)
         return Invocation(
             backend=self.name,
             commands=(NodeCommand(host=node.host, argv=agent_argv(command)),),
