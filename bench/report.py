@@ -221,6 +221,7 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
 def update_readme(readme: str, markdown: str, image: str) -> str:
     """Put the latest table (and the plot) between the README's markers."""
     body = markdown.split("\n", 2)[2] if markdown.startswith("# ") else markdown  # drop the title line
+    body = re.sub(r"^## ", "### ", body, flags=re.MULTILINE)  # sections sit under the README's own heading
     block = f"{README_START}\n\n![latest results]({image})\n\n{body.strip()}\n\n{README_END}"
     if README_START in readme and README_END in readme:
         head, rest = readme.split(README_START, 1)

@@ -157,10 +157,10 @@ def test_render_markdown_has_machine_and_versions():
 
 def test_update_readme_replaces_only_the_block():
     readme = f"intro\n{report.README_START}\nold\n{report.README_END}\noutro\n"
-    out = report.update_readme(readme, "# title\n\nnew table\n", "results/latest.png")
+    out = report.update_readme(readme, "# title\n\nnew table\n## 1. Launch\n", "results/latest.png")
     assert out.startswith("intro\n") and out.endswith("\noutro\n")
     assert "new table" in out and "old" not in out and "# title" not in out
-    assert "![latest results](results/latest.png)" in out
+    assert "![latest results](results/latest.png)" in out and "\n### 1. Launch\n" in out
     assert report.update_readme(out, "# t\n\nnewer\n", "p.png").count(report.README_START) == 1
 
 

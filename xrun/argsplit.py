@@ -8,8 +8,8 @@ user's program and everything after it is passed through untouched, whatever it 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,10 @@ def split_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SplitArg
     index = 0
     while index < len(argv):
         token = argv[index]
-        if token == "--":
+        if token == "--":  # noqa: S105 - a command-line word, not a password
             index += 1
             break
-        if not token.startswith("-") or token == "-":
+        if not token.startswith("-") or token == "-":  # noqa: S105
             break
         options.append(token)
         name = token.split("=", 1)[0]

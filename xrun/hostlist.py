@@ -79,7 +79,9 @@ def _expand_group(group: str, pattern: str) -> list[str]:
 def _expand_range(part: str, pattern: str) -> list[str]:
     match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
     if not match:
-        raise HostlistSyntaxError(f"bad range {part!r} in {pattern!r}; expected N or N-M with digits, e.g. node[01-04,07]")
+        raise HostlistSyntaxError(
+            f"bad range {part!r} in {pattern!r}; expected N or N-M with digits, e.g. node[01-04,07]"
+        )
     low_text, high_text = match.group(1), match.group(2)
     if high_text is None:
         return [low_text]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def render(argv: Iterable[str]) -> str:

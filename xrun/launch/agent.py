@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from xrun.launch import binding
 from xrun.launch.binding import RankBinding
@@ -61,7 +62,8 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
     bindings = plan_bindings(spec, env)
     if bindings is None:
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env={}) for r in spec.ranks)
-    note = binding.binding_note(bindings, binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list))
+    pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
+    note = binding.binding_note(bindings, pool)
     if note:
         print(f"xrun: {spec.host}: {note}", file=sys.stderr)
     numactl = binding.find_numactl()

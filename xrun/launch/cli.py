@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
@@ -223,7 +223,8 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
     argv += ["--no_prefix"] if not options.prefix else []
     argv += ["--quiet"] if options.quiet else []
-    argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"] if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT else []
+    if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
+        argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
     argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
     argv += elastic_argv(command.elastic)

@@ -11,8 +11,9 @@ import binascii
 import enum
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from xrun.errors import UsageError, WorldInfoError
 
@@ -51,7 +52,8 @@ def decode_world_info(text: str) -> dict[str, tuple[int, ...]]:
         raw = base64.urlsafe_b64decode(_pad_base64(text.strip()).encode("ascii"))
         decoded = json.loads(raw.decode("utf-8"))
     except (binascii.Error, ValueError, UnicodeError) as err:
-        raise WorldInfoError(f"not base64-encoded JSON ({err.__class__.__name__}); pass the string xrun printed") from None
+        reason = f"not base64-encoded JSON ({err.__class__.__name__}); pass the string xrun printed"
+        raise WorldInfoError(reason) from None
     if not isinstance(decoded, dict) or not decoded:
         raise WorldInfoError('expected a non-empty JSON object {"host": [slot, ...]}')
     world: dict[str, tuple[int, ...]] = {}
@@ -182,7 +184,8 @@ class NodeSpec:
     def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
         version = data.get("version")
         if version != SPEC_VERSION:
-            raise UsageError("node spec", f"version {version!r} is not {SPEC_VERSION}; install the same xrun on every node")
+            reason = f"version {version!r} is not {SPEC_VERSION}; install the same xrun on every node"
+            raise UsageError("node spec", reason)
         ranks = tuple(
             RankSpec(rank=int(r["rank"]), local_rank=int(r["local_rank"]), env=dict(r["env"]), argv=tuple(r["argv"]))
             for r in data["ranks"]

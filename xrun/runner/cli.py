@@ -7,7 +7,7 @@ import os
 import secrets
 import shutil
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv

@@ -35,7 +35,12 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
 
 
 def _rank_json(rank: RankSpec, invocation: Invocation) -> dict[str, Any]:
-    data: dict[str, Any] = {"rank": rank.rank, "local_rank": rank.local_rank, "env": dict(rank.env), "argv": list(rank.argv)}
+    data: dict[str, Any] = {
+        "rank": rank.rank,
+        "local_rank": rank.local_rank,
+        "env": dict(rank.env),
+        "argv": list(rank.argv),
+    }
     if rank.rank in invocation.cpus:
         data["cpus"] = invocation.cpus[rank.rank]
     return data

@@ -6,8 +6,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from xrun.errors import SelectionError
 from xrun.runner.selection import Pool, Selection
