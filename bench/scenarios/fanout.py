@@ -23,7 +23,7 @@ VARIANTS = ("pdsh", "pdsh:ranks", "ssh:seq", "xrun:ssh", "xrun:pdsh")
 TABLE = {
     "metrics": [["wall_s", "launch→exit", "s"], ["last_rank_s", "all ranks running", "s"]],
     "ratio": "wall_s",
-    "references": ["pdsh", "xrun:ssh"],
+    "references": ["pdsh", "pdsh:ranks", "xrun:ssh"],
 }
 PDSH_ENV = {"PDSH_RCMD_TYPE": "ssh"}  # pdsh's default rcmd module may be rsh
 
