@@ -148,6 +148,17 @@ def test_plan_fills_counts_endpoint_and_id(tmp_path):
     assert plan.rendezvous.master_addr == "a"
 
 
+def test_no_ssh_nodes_agree_on_the_rendezvous_id_without_a_run_id(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=1\nb slots=1\n")
+    ids = {plan_job(parse_request(["-H", str(hosts), "--no_ssh", "--node_rank", str(k), "--elastic", "t.py"])[0])
+           .nodes[k].elastic.rdzv_id for k in (0, 1)}
+    assert ids == {"xrun-a-29500"}
+    explicit = plan_job(parse_request(["-H", str(hosts), "--no_ssh", "--node_rank", "1", "--run_id", "j7", "--elastic",
+                                       "t.py"])[0])
+    assert explicit.nodes[1].elastic.rdzv_id == "j7"
+
+
 def test_local_elastic_plan_uses_loopback_and_a_free_port():
     req, _ = parse_request(["--elastic", "--master_port", "0", "train.py"])
     plan = plan_job(req)

@@ -148,7 +148,7 @@ def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
         max_restarts=ns.max_restarts if ns.max_restarts is not None else 0,
         rdzv_backend=backend,
         rdzv_endpoint=ns.rdzv_endpoint,
-        rdzv_id=ns.rdzv_id,
+        rdzv_id=ns.rdzv_id or getattr(ns, "run_id", None),  # an explicit --run_id is the rendezvous id too
         rdzv_conf=conf,
         join_timeout=ns.join_timeout,
         monitor_interval=ns.monitor_interval if ns.monitor_interval is not None else 0.1,

@@ -98,7 +98,11 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     auto = master_placeholder(first) if backend in CHANNEL_BACKENDS and request.elastic is None else first
     master_addr = request.master_addr or (LOCAL_ADDR if local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
-    elastic = resolve_elastic(request.elastic, world, rdzv)
+    elastic = request.elastic
+    if elastic is not None and backend == "no_ssh" and elastic.rdzv_id is None:
+        # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
+        elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
+    elastic = resolve_elastic(elastic, world, rdzv)
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     nodes = tuple(
