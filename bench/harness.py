@@ -250,9 +250,15 @@ def run_command(
     deadline_s: float,
     console: str | int | None = None,
     sample_memory: bool = False,
+    sample_every_s: float = 0.002,
     env_extra: dict[str, str] | None = None,
+    more_helpers: Callable[[], list[int]] | None = None,
 ) -> JobRun:
-    """Run ``argv`` (a launcher whose ranks carry ``tag``) to exit or the deadline; observe ranks and memory."""
+    """Run ``argv`` (a launcher whose ranks carry ``tag``) to exit or the deadline; observe ranks and memory.
+
+    With ``sample_memory``, VmHWM of the launcher and its tagged helpers is read every ``sample_every_s`` (make it
+    larger when there are dozens of helpers, or the sampling itself loads the machine). ``more_helpers`` finds
+    helpers that carry no tag (node agents started over ssh)."""
     env = {**bench_env(tag), **(env_extra or {})}
     peaks: dict[int, tuple[int, str]] = {}  # pid -> (VmHWM KiB, cmdline)
     t_wall0 = time.time()
@@ -274,13 +280,14 @@ def run_command(
             if sample_memory:
                 if now >= next_scan:  # discover agents now and then; sampling known pids is cheap
                     known = set(procs.tagged_pids(tag)) - set(procs.rank_pids(run.path))
+                    known |= set(more_helpers() if more_helpers else ())
                     next_scan = now + 0.1
                 _sample(peaks, {proc.pid} | known)
                 if now >= next_pss:  # smaps_rollup walks page tables: sample it less often
                     helpers = {p for p in known if not procs.runs_script(p, RANKS_DIR)}
                     pss_peak = max(pss_peak, sum(procs.pss_kib(p) or 0 for p in {proc.pid} | helpers))
                     next_pss = now + 0.02
-            time.sleep(0.002 if sample_memory else 0.001)
+            time.sleep(sample_every_s if sample_memory else 0.001)
     except BaseException:  # interrupted: leave nothing of this trial behind
         procs.kill_all([proc.pid, *procs.tagged_pids(tag)])
         raise

@@ -52,6 +52,25 @@ def tagged_pids(tag: str) -> list[int]:
     return sorted(found)
 
 
+def in_other_netns(needle: str) -> list[int]:
+    """Live processes whose command line holds ``needle`` and that run in another network namespace than this
+    one: on the namespace cluster, which one process holds at a time, those are the nodes' processes (node
+    agents started over ssh carry neither our environment nor our arguments)."""
+    mine = os.readlink("/proc/self/ns/net")
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if needle.encode() in (_read(f"/proc/{pid}/cmdline") or b""):
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") != mine and is_alive(pid):
+                    found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
 def cmdline(pid: int, limit: int = 160) -> str:
     raw = _read(f"/proc/{pid}/cmdline") or b""
     text = raw.replace(b"\0", b" ").decode(errors="replace").strip()

@@ -139,7 +139,8 @@ def render_target(tgt: dict[str, Any]) -> str:
     verdict = {True: "met", False: "**MISSED**", None: "not measured"}[tgt["met"]]
     shown = tgt.get("shown")
     if shown is None:
-        shown = "–" if tgt["value"] is None else f"{_num(tgt['value'])}{tgt['unit']}"
+        unit = tgt.get("unit", "")
+        shown = "–" if tgt["value"] is None else f"{_num(tgt['value'])}{' ' if unit and unit != '×' else ''}{unit}"
     return f"{verdict}: {tgt['what']}: {shown}"
 
 

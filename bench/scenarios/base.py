@@ -77,7 +77,7 @@ def unavailable(name: str, title: str, reason: str) -> dict[str, Any]:
 def target(what: str, value: float | None, limit: float, unit: str = "") -> dict[str, Any]:
     """A target check for the report: a measured median against the issue's limit (None = not measured)."""
     return {
-        "what": f"{what} ≤ {limit:g}{unit}",
+        "what": f"{what} ≤ {limit:g}{_sep(unit)}{unit}",
         "value": value,
         "limit": limit,
         "unit": unit,
@@ -95,3 +95,7 @@ def median(group: dict[str, Any], variant: str, metric: str, ratio_to: str | Non
 
 def num(x: float | None) -> str:
     return "?" if x is None else f"{x:g}"
+
+
+def _sep(unit: str) -> str:
+    return " " if unit and unit != "×" else ""

@@ -21,7 +21,12 @@ NAME = "fanout"
 TITLE = "7. Fan-out on the namespace cluster: N nodes, one no-op rank each"
 VARIANTS = ("pdsh", "pdsh:ranks", "ssh:seq", "xrun:ssh", "xrun:pdsh")
 TABLE = {
-    "metrics": [["wall_s", "launch→exit", "s"], ["last_rank_s", "all ranks running", "s"]],
+    "metrics": [
+        ["wall_s", "launch→exit", "s"],
+        ["last_rank_s", "all ranks running", "s"],
+        ["launcher_mib", "launcher peak RSS", "MiB"],
+        ["agent_mib", "largest node agent peak RSS", "MiB"],
+    ],
     "ratio": "wall_s",
     "references": ["pdsh", "pdsh:ranks", "xrun:ssh"],
 }
@@ -57,6 +62,15 @@ def run(ctx: Context) -> dict[str, Any]:
                 for backend in ("ssh", "pdsh"):
                     value = median(sec["groups"][-1], f"xrun:{backend}", "wall_s", "pdsh")
                     sec["targets"].append(target(f"xrun ({backend}) / pdsh, {k} nodes", value, 1.5, "×"))
+                    launcher_mib = median(sec["groups"][-1], f"xrun:{backend}", "launcher_mib")
+                    if launcher_mib is not None:
+                        what = f"xrun ({backend}) launcher peak RSS, {k} nodes"
+                        sec["targets"].append(target(what, launcher_mib, 25.0, "MiB"))
+                    agent = median(sec["groups"][-1], f"xrun:{backend}", "agent_mib")
+                    if agent is not None:
+                        sec["targets"].append(
+                            target(f"xrun ({backend}) node agent peak RSS, {k} nodes", agent, 25.0, "MiB")
+                        )
     except cluster.Unavailable as why:
         return unavailable(NAME, TITLE, str(why))
     return finish(sec)
@@ -79,7 +93,16 @@ def fanout_trial(variant: str, hosts: list[str], hostfile: str, *, ssh_config: s
             argv = cluster.pdsh_argv(hosts, ["true", tag])
         else:
             argv = cluster.sequential_ssh_argv(hosts, ["true", tag])
-        got = harness.run_command(argv, tag, run, deadline_s=120.0, env_extra=PDSH_ENV)
+        got = harness.run_command(
+            argv,
+            tag,
+            run,
+            deadline_s=120.0,
+            env_extra=PDSH_ENV,
+            sample_memory=launcher == "xrun",
+            sample_every_s=0.02,
+            more_helpers=lambda: procs.in_other_netns("xrun.launch"),
+        )
         tail = run.tail(300)
     trial = harness.Trial(
         metrics={"wall_s": got.wall_s, "leftovers": float(len(got.leftovers))},
@@ -88,6 +111,10 @@ def fanout_trial(variant: str, hosts: list[str], hostfile: str, *, ssh_config: s
     )
     if launcher == "xrun" or flavour == "ranks":
         trial.metrics["last_rank_s"] = got.last_rank_s
+    agents = [kib for name, kib in got.peak_kib.items() if "xrun.launch" in name]
+    if agents:  # the node agents (python -m xrun.launch --connect ...), one per node
+        trial.metrics["launcher_mib"] = got.peak_kib.get("launcher", 0) / 1024 or None
+        trial.metrics["agent_mib"] = max(agents) / 1024
     problems = []
     if got.exit_code != 0:
         problems.append(f"exit {got.exit_code} | console: {tail!r}")

@@ -63,7 +63,7 @@ def measure_local_start(
     if not torch:
         for group in sec["groups"]:
             sec["targets"].append(
-                target(f"xrun ≤ 2× floor, {group['label']}", median(group, "xrun", "wall_s", "floor"), 2.0, "×")
+                target(f"xrun / floor, {group['label']}", median(group, "xrun", "wall_s", "floor"), 2.0, "×")
             )
     return finish(sec)
 
