@@ -286,3 +286,11 @@ def test_local_exhausted_restarts_fail_with_the_real_exit_code(tmp_path):
     assert report["root_cause"] == 1 and report["exit_code"] == 9
     # Both attempts' logs are kept (the first one renamed with its time).
     assert len(list((tmp_path / "logs" / "localhost" / "rank1").glob("stderr*.log"))) == 2
+
+
+def test_dry_run_shows_the_elastic_agent_command():
+    result = run_xrun("--elastic", "--nnodes", "1:2", "--max_restarts", "2", "--master_port", "29555", "--run_id", "j",
+                      "--dry-run", "x.py")
+    assert result.returncode == 0, result.stderr
+    assert ("--elastic --min_nodes=1 --max_nodes=2 --max_restarts=2 --rdzv_endpoint=127.0.0.1:29555 --rdzv_id=j -- x.py"
+            in result.stdout)

@@ -70,6 +70,7 @@ class Plan:
             options=self.request.options,
             script=self.request.script,
             args=self.request.args,
+            elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
         )
 
     @property
