@@ -1,5 +1,3 @@
-import sys
+from xrun.runner.cli import entry
 
-from xrun.runner.cli import main
-
-sys.exit(main())
+entry()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
 import sys
 from collections.abc import Sequence
@@ -21,8 +20,7 @@ from xrun.launch.cli import (
     launch_options,
 )
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.runner.backends import get_backend, known_backends
-from xrun.runner.backends.engine import ENGINE_BACKENDS
+from xrun.runner.backends import ENGINE_BACKENDS, get_backend, known_backends
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
@@ -89,7 +87,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         launcher=ns.launcher,
         launch=launch_options(ns, python=ns.python),
         options=agent_options(ns),
-        run_id=ns.run_id or f"xrun-{secrets.token_hex(4)}",
+        run_id=ns.run_id or f"xrun-{os.urandom(4).hex()}",  # an id, not a secret: skip importing secrets
         remote=remote_options(ns),
         cwd=os.getcwd(),
         elastic=elastic_options(ns),
@@ -167,3 +165,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def entry() -> None:
+    """Console-script entry: run, flush, and leave without CPython's interpreter teardown.
+
+    By the time main() returns every rank is gone and every file is closed; the interpreter's own teardown
+    (module cleanup, collecting everything imported) would only add tens of milliseconds to the job's end.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # the reader went away (| head): nothing left to say
+        pass
+    os._exit(code)

@@ -43,6 +43,9 @@ class Backend(Protocol):
         """Run the invocation; return xrun's exit code."""
 
 
+# Backends whose engine (mpirun, hydra, srun) starts the agents; kept here so that checking a name is cheap.
+ENGINE_BACKENDS = frozenset({"openmpi", "mpich", "impi", "mvapich", "slurm"})
+
 # name -> "module:attribute" of a zero-argument factory.
 _REGISTRY: dict[str, str] = {
     "local": "xrun.runner.backends.local:LocalBackend",

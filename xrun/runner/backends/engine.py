@@ -37,7 +37,6 @@ from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
 from xrun.shell import render
 
 TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a token
-ENGINE_BACKENDS = frozenset({"openmpi", "mpich", "impi", "mvapich", "slurm"})
 TERMINATE_WAIT = 5.0  # srun and mpirun tear their step down on SIGTERM; give them a moment before SIGKILL
 
 Which = Callable[[str], "str | None"]
