@@ -19,7 +19,7 @@ setup(
         "elastic": ["torch>=2.1"],
         "status": ["rich>=13"],
         "test": TEST,
-        "bench": ["matplotlib>=3.7"],
+        "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },
     entry_points={"console_scripts": ["xrun=xrun.runner.cli:entry"]},
