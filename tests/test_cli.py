@@ -182,3 +182,14 @@ def test_multi_host_dry_run_world(hostfile, flags, world):
     assert ranks[-1]["argv"][-2:] == ["--lr", "3e-4"]
     if len(world) > 1:
         assert data["backend"] in ("pdsh", "ssh")
+
+
+def test_dry_run_lists_exported_names_never_values():
+    secret = "hf_s3cr3t value"
+    result = run_xrun("--dry-run=json", "-H", HOSTFILE, "--export", "MY_FLAG=1", "t.py", env={"HF_TOKEN": secret})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert {"HF_TOKEN", "MY_FLAG"} <= set(data["nodes"][0]["exports"])
+    assert secret not in result.stdout
+    text = run_xrun("--dry-run", "-H", HOSTFILE, "t.py", env={"HF_TOKEN": secret}).stdout
+    assert "exports:" in text and "HF_TOKEN" in text and secret not in text

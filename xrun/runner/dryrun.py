@@ -27,6 +27,8 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
                 "node_rank": node.node_rank,
                 "slots": list(plan.world[node.host]),
                 "command": commands.get(node.host),
+                # Names only: exported values may be secrets (HF_TOKEN) and travel only over the control channel.
+                "exports": sorted(node.env),
                 "ranks": [_rank_json(rank, invocation) for rank in node.ranks],
             }
             for node in plan.nodes
@@ -61,6 +63,8 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         lines.append(f"node {node.node_rank} {node.host}: slots {slots}, ranks {first}-{last}")
         if node.host in commands:
             lines.append(f"  agent: {render(commands[node.host])}")
+        if node.env:
+            lines.append(f"  exports: {' '.join(sorted(node.env))}")
         for rank in node.ranks:
             cpus = f" [cpus {invocation.cpus[rank.rank]}]" if rank.rank in invocation.cpus else ""
             lines.append(f"  rank {rank.rank} (local {rank.local_rank}){cpus}: {render(rank.argv)}")
