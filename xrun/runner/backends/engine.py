@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
 from xrun.shell import render
@@ -144,40 +145,16 @@ def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     return preexec
 
 
-class EngineSession:
-    """The one engine process that carries every node's agent; its output goes straight to ours."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], program: str) -> None:
-        self.proc = proc
-        self.program = program
-        self.pidfd: int | None = None
-
-    def register(self, loop: Any) -> None:
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        loop.add_reader(self.pidfd, lambda: self._exited(loop))
-
-    def _exited(self, loop: Any) -> None:
-        assert self.pidfd is not None
-        loop.remove_reader(self.pidfd)
-        code = self.proc.wait()
-        loop.session_ended(None, code, f"{self.program} exited with code {code}")
-
-    def finished(self, lost: set[str]) -> bool:
-        return self.proc.poll() is not None
-
-    def terminate(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's session, started above
-                self.proc.wait(TERMINATE_WAIT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+class EngineSession(LauncherProcess):
+    def _stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's session, started above
+            self.proc.wait(TERMINATE_WAIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
 
 
 def host_list(plan: Plan) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
 from xrun.shell import render
@@ -120,49 +121,27 @@ def _peer_address(host: str, remote: RemoteOptions) -> str:
                      "pass --control_addr ADDR")
 
 
-class PdshSession:
-    """One pdsh process for every node; its output goes straight to our stdout/stderr."""
-
+class PdshSession(LauncherProcess):
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.pidfd: int | None = None
+        super().__init__(proc, "pdsh")
 
-    def register(self, loop: Any) -> None:
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        loop.add_reader(self.pidfd, lambda: self._exited(loop))
-
-    def _exited(self, loop: Any) -> None:
-        assert self.pidfd is not None
-        loop.remove_reader(self.pidfd)
-        code = self.proc.wait()
-        loop.session_ended(None, code, f"pdsh exited with code {code}")
-
-    def finished(self, lost: set[str]) -> bool:
-        # One process for all nodes: with a node cut off it waits for ssh's own timeout, so the server's
-        # short linger decides instead, and terminate() ends it.
-        return self.proc.poll() is not None
-
-    def terminate(self) -> None:
+    def _stop(self) -> None:
         """End pdsh and the ssh clients it forked (a node that is cut off keeps its ssh waiting for TCP)."""
-        if self.proc.poll() is None:
-            import psutil
+        import psutil
 
-            try:
-                family = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.Error:
-                family = []
-            # Our own child and its children, by pid (psutil guards against reuse): never by pattern.
-            self.proc.send_signal(signal.SIGTERM)
-            _signal_all(family, signal.SIGTERM)
-            try:
-                self.proc.wait(TERMINATE_WAIT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            _signal_all(family, signal.SIGKILL)
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
+        # Our own child and its children, by pid (psutil guards against reuse): never by pattern.
+        self.proc.send_signal(signal.SIGTERM)
+        _signal_all(family, signal.SIGTERM)
+        try:
+            self.proc.wait(TERMINATE_WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        _signal_all(family, signal.SIGKILL)
 
 
 def _signal_all(processes: list[Any], signum: int) -> None:
