@@ -40,6 +40,7 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import rdzv
 from xrun.launch.binding import format_cpus
+from xrun.launch.posix import signal_name, write_all
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec
 from xrun.launch.supervise import NodeResult, RankOutcome, exit_code_of, prefix_lines
 from xrun.shell import render
@@ -59,19 +60,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def _notice(host: str, text: str) -> None:
     sys.stdout.flush()
-    _write_all(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
-
-
-def _write_all(fd: int, data: bytes) -> bool:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            time.sleep(0.001)
-        except OSError:
-            return False
-    return True
+    write_all(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -166,11 +155,7 @@ def attempt_result(host: str, outcomes: list[tuple[float, RankOutcome]], interru
 
 def describe(outcome: RankOutcome) -> str:
     if outcome.signal is not None:
-        try:
-            name = signal.Signals(outcome.signal).name
-        except ValueError:
-            name = f"signal {outcome.signal}"
-        return f"was killed by {name}"
+        return f"was killed by {signal_name(outcome.signal)}"
     return f"exited with code {outcome.returncode}"
 
 
@@ -306,7 +291,7 @@ class OutputRelay:
 
     def _consume(self, stream: _Stream, chunk: bytes) -> None:
         if stream.log is not None:
-            _write_all(stream.log, chunk)
+            write_all(stream.log, chunk)
         if stream.console == 2:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:]
@@ -330,7 +315,7 @@ class OutputRelay:
         stream.total = 0
 
     def _emit(self, fd: int, data: bytes) -> None:
-        if self._console_ok[fd] and not _write_all(fd, data):
+        if self._console_ok[fd] and not write_all(fd, data):
             self._console_ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
 
 
