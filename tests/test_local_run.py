@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT, run_xrun
 
 HELLO = os.path.join(ROOT, "examples", "hello.py")
@@ -131,22 +132,7 @@ def test_signal_to_xrun_stops_everything(tmp_path, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + sig
-    assert not processes_with_marker(marker)
-
-
-def processes_with_marker(marker):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read()
-            with open(f"/proc/{pid}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"XRUN_TEST_MARKER={marker}".encode() in environ and state != "Z":
-            found.append(int(pid))
-    return found
+    assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from tests.cluster.harness import processes_with_marker
 from xrun.launch import _watchdog
 from xrun.launch.report import format_failure_report
 from xrun.launch.supervise import NodeResult, RankGroup, RankOutcome, RankProcess, SuperviseOptions, prefix_lines
@@ -34,20 +35,7 @@ WAIT = 30.0  # generous: the machine may be loaded; nothing asserts on wall time
 
 def marked(marker: str) -> list[int]:
     """Live (not zombie) processes whose environment carries the marker."""
-    needle = f"XRUN_TEST_MARK={marker}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        info = _watchdog.read_proc(int(name))
-        if needle in env and info is not None and info.alive:
-            found.append(int(name))
-    return found
+    return processes_with_marker(f"XRUN_TEST_MARK={marker}")
 
 
 def wait_for(predicate, what: str, timeout: float = WAIT):
