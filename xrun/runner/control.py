@@ -13,11 +13,9 @@ relays the agents' output through this loop and reports sessions that end.
 
 from __future__ import annotations
 
-import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.posix import signal_name
 from xrun.launch.spec import NodeSpec
 from xrun.runner.plan import Plan
+from xrun.runner.status import make_status, say
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 STOP_GRACE = 5.0  # beyond the agents' own shutdown deadline before a node counts as not stopping
@@ -484,16 +483,16 @@ class ControlServer:
     def _report(self) -> int:
         code = self.exit_code()
         if self.strays:
-            _err(f"closed {self.strays} connection(s) that did not present this run's token")
+            say(f"closed {self.strays} connection(s) that did not present this run's token")
         if self.failure is not None and self.interrupted_by is None:
             stopped = ""
             if self.failure_at is not None and self.all_over_at is not None:
                 stopped = f"; every node stopped {self.all_over_at - self.failure_at:.2f} s later"
-            _err(f"job failed: {self.failure.reason} (exit code {code}){stopped}")
+            say(f"job failed: {self.failure.reason} (exit code {code}){stopped}")
             for line in self.failure.tail[-_TAIL_SHOWN:]:
-                _err(f"  [{self.failure.host}:{self.failure.rank}] {line}")
+                say(f"  [{self.failure.host}:{self.failure.rank}] {line}")
         elif self.interrupted_by is not None:
-            _err(f"stopped by {signal_name(self.interrupted_by)} (exit code {code})")
+            say(f"stopped by {signal_name(self.interrupted_by)} (exit code {code})")
         return code
 
 
@@ -502,82 +501,3 @@ def _reachable(addr: str | None, host: str, nodes: int) -> str:
     if addr is None or (nodes > 1 and (addr.startswith("127.") or addr == "::1")):
         return host
     return addr
-
-
-def _err(text: str) -> None:
-    sys.stderr.write(f"xrun: {text}\n")
-    sys.stderr.flush()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Live status while the agents join: a rich status line on a terminal, plain log lines otherwise.
-
-
-class PlainStatus:
-    """Non-TTY: a line when every node is ready, and one every 10 s while some are missing."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.last_wait_line = 0.0
-
-    def joined(self, host: str, ready: int, total: int) -> None:
-        pass
-
-    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
-        if elapsed - self.last_wait_line >= 10.0:
-            self.last_wait_line = elapsed
-            if elapsed >= 10.0:
-                _err(f"{ready}/{self.total} agents ready; waiting for {_names(missing)} {elapsed:.0f} s")
-
-    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        _err(f"{nodes}/{nodes} agents ready in {elapsed:.2f} s; starting {ranks} ranks "
-             f"(master {master_addr}:{master_port})")
-
-    def line(self, text: str) -> None:
-        _err(text)
-
-    def close(self) -> None:
-        pass
-
-
-class RichStatus(PlainStatus):
-    """TTY: one live line ("2/3 agents up; waiting for node3 4 s"), gone once the ranks start."""
-
-    def __init__(self, total: int) -> None:
-        super().__init__(total)
-        from rich.console import Console  # lazy: rich costs ~50 ms and only a terminal needs it
-
-        self.console = Console(stderr=True)
-        self.live: Any = self.console.status(f"0/{total} agents up")
-        self.live.start()
-
-    def joined(self, host: str, ready: int, total: int) -> None:
-        if self.live is not None:
-            self.live.update(f"{ready}/{total} agents up")
-
-    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
-        if self.live is not None:
-            self.live.update(f"{ready}/{self.total} agents up; waiting for {_names(missing)} {elapsed:.0f} s")
-
-    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        self.close()
-        super().started(nodes, ranks, elapsed, master_addr, master_port)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-
-
-def _names(hosts: list[str], limit: int = 4) -> str:
-    shown = ", ".join(hosts[:limit])
-    return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
-
-
-def make_status(total: int) -> PlainStatus:
-    if os.isatty(2):
-        try:
-            return RichStatus(total)
-        except ImportError:
-            pass
-    return PlainStatus(total)
