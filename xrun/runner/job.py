@@ -442,6 +442,7 @@ class Job:
 
 
 def _exit_code(nodes: _Nodes, failure: Failure | None, interrupted_by: int | None, *, elastic: bool) -> int:
+    """The signal that stopped the job, else the root cause's code, else what the nodes finished with."""
     if interrupted_by is not None:
         return 128 + interrupted_by
     if failure is not None:
