@@ -1,6 +1,7 @@
 """The runner's control server with real agents started locally (no ssh): auth, barrier, failure, timeouts."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -10,9 +11,10 @@ import time
 from tests.conftest import ROOT
 from xrun.launch import channel
 from xrun.launch.spec import LaunchOptions
-from xrun.runner.control import ControlServer, PlainStatus
+from xrun.runner.control import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote import Endpoint, agent_connect_argv
+from xrun.runner.status import PlainStatus
 
 RANK = """
 import os, sys, time
@@ -54,7 +56,7 @@ class LocalSessions:
             proc.wait()
 
 
-def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=None):
+def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=None, in_thread=False):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     world = {"a": (0, 1), "b": (0,), "c": (0,)}
@@ -67,7 +69,14 @@ def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=
         before(port)
     sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"), skip=skip)
     started = time.monotonic()
-    code = server.run(sessions)
+    if in_thread:
+        codes = []
+        thread = threading.Thread(target=lambda: codes.append(server.run(sessions, own_signals=False)))
+        thread.start()
+        thread.join(60)
+        code = codes[0]
+    else:
+        code = server.run(sessions)
     sessions.terminate()
     out = b"".join(sessions.output.get(h, b"") for h in world).decode()
     return code, out, server, time.monotonic() - started
@@ -81,6 +90,14 @@ def test_barrier_master_port_and_env(tmp_path):
     ports = {line.split()[3] for line in lines}
     assert len(ports) == 1 and ports != {"0"}  # node 0 picked one free port for everybody
     assert all(line.split()[2] == "a" for line in lines)  # node 0's address is loopback here: its name instead
+
+
+def test_the_loop_runs_off_the_main_thread_without_taking_signals(tmp_path):
+    """Pod mode's shape: node 0's xrun serves the channel from a thread; the main thread keeps its handlers."""
+    handler = signal.getsignal(signal.SIGTERM)
+    code, out, _, _ = run_job(tmp_path, {}, in_thread=True)
+    assert code == 0, out
+    assert signal.getsignal(signal.SIGTERM) is handler
 
 
 def test_first_failure_stops_everything_fast(tmp_path):

@@ -1,39 +1,62 @@
-"""The runner's control server: one per run, single-threaded (``selectors``), on the address the nodes use.
+"""The runner's control server: the socket loop around the job state machine (``xrun.runner.job``).
 
-It accepts the agents' connections, checks each hello's token (constant time; a stray connection is closed
-without a byte sent back), sends each node its spec, holds every rank at a start barrier until all nodes are
-ready (or ``--join_timeout`` passes, naming the missing hosts), then watches: the first rank that fails on
-its own stops every other node at once; Ctrl-C / SIGTERM stop all nodes gracefully (exit 128 + signal); an
-agent whose connection drops or falls silent (pings every ``PING_INTERVAL`` s, lost after ``DEAD_AFTER`` s)
-ends the job naming its host. The wire format lives in ``xrun.launch.channel``.
+One per run, single-threaded (``selectors``), on the address the nodes use. It listens, accepts, checks each
+hello's token (constant time; a stray connection, or one silent past ``HELLO_TIMEOUT``, is closed without a
+byte sent back), reads frames, and turns what arrives into the machine's events: agents' messages, dropped
+connections, backend sessions that end (``session_ended``), signals and time passing. The actions that come
+back become sends, closed connections and status lines; at the end the machine's verdict is the report
+(``xrun.runner.jobreport``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
+machine's; the wire format lives in ``xrun.launch.channel``, the status display in ``xrun.runner.status``.
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
-relays the agents' output through this loop and reports sessions that end.
+relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
+and SIGHUP on the main thread; ``own_signals=False`` lets the loop run on another thread.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import itertools
 import selectors
-import signal
 import socket
-import sys
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from xrun import __version__
 from xrun.launch import channel
-from xrun.launch.channel import ChannelError, Kind, message
-from xrun.launch.posix import signal_name
-from xrun.launch.spec import NodeSpec
+from xrun.launch.channel import ChannelError, Kind, Message, message
+from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.runner.job import Job, JobConfig
+from xrun.runner.jobevents import (
+    Admit,
+    AgentError,
+    ConnectionLost,
+    Done,
+    Drop,
+    Event,
+    Failure,
+    Heard,
+    HelloReceived,
+    RankExited,
+    Ready,
+    SendPing,
+    SendSpec,
+    SendStart,
+    SendStop,
+    SessionEnded,
+    ShowJoined,
+    ShowLine,
+    ShowStarted,
+    ShowWaiting,
+    SignalReceived,
+    Tick,
+    TurnAway,
+)
+from xrun.runner.jobreport import report_lines
 from xrun.runner.plan import Plan
-
-LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
-STOP_GRACE = 5.0  # beyond the agents' own shutdown deadline before a node counts as not stopping
-NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
-_TAIL_SHOWN = 10
+from xrun.runner.status import PlainStatus, make_status, say
 
 
 class Sessions(Protocol):
@@ -49,71 +72,45 @@ class Sessions(Protocol):
         """End every session still open (called once, at the end)."""
 
 
-@dataclass(frozen=True)
-class Failure:
-    """The first thing that went wrong: a rank's exit, or a node-level problem (rank is None)."""
-
-    host: str
-    reason: str
-    exit_code: int
-    rank: int | None = None
-    tail: tuple[str, ...] = ()
-
-
-@dataclass
-class _Node:
-    spec: NodeSpec
-    state: str = "waiting"  # waiting -> joined -> ready -> running -> done | lost
-    conn: _Conn | None = None
-    addr: str | None = None
-    master_port: int | None = None
-    exit_code: int | None = None
-    last_seen: float = 0.0
-
-    @property
-    def host(self) -> str:
-        return self.spec.host
-
-    @property
-    def over(self) -> bool:
-        return self.state in ("done", "lost")
-
-
 @dataclass(eq=False)
 class _Conn:
+    serial: int
     sock: socket.socket
     peer: str
     opened: float
     reader: channel.FrameReader = field(default_factory=lambda: channel.FrameReader(channel.MAX_HELLO))
-    node: _Node | None = None
+    node: int | None = None  # set once the machine admits its hello
 
 
 class ControlServer:
-    def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: Any = None) -> None:
+    def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
         self.token = token
-        self.join_timeout = join_timeout
-        self.nodes = [_Node(spec) for spec in plan.nodes]
+        self.job = Job(JobConfig.from_plan(plan, join_timeout=join_timeout), now=time.monotonic())
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
-        self.conns: set[_Conn] = set()
-        self.status = status if status is not None else make_status(len(self.nodes))
-        self.failure: Failure | None = None
-        self.interrupted_by: int | None = None
-        self.stopping = False
-        self.started_at: float | None = None
-        self.t0 = time.monotonic()
-        self.failure_at: float | None = None
-        self.all_over_at: float | None = None
-        self.stop_deadline: float | None = None
-        self.next_ping = 0.0
-        self.next_status = 0.0
+        self.conns: dict[int, _Conn] = {}
+        self.node_conns: dict[int, _Conn] = {}
+        self.serials = itertools.count()
+        self.status = status if status is not None else make_status(len(plan.nodes))
         self.signals: list[int] = []
-        self.sigints = 0
         self.strays = 0
-        # --elastic: torch's rendezvous is the barrier (xrun starts each agent as soon as it is ready), and a
-        # node that leaves is torch's to handle while at least --min_nodes remain (issue 6).
-        self.elastic = plan.nodes[0].elastic if plan.nodes else None
+        self.events: deque[Event] = deque()
+        self.feeding = False
+        self.doers = self._action_table()
+
+    # What the tests (and a curious caller) read of the outcome.
+    @property
+    def failure(self) -> Failure | None:
+        return self.job.failure
+
+    @property
+    def failure_at(self) -> float | None:
+        return self.job.failure_at
+
+    @property
+    def all_over_at(self) -> float | None:
+        return self.job.all_over_at
 
     # -- set-up ---------------------------------------------------------------------------------------------
 
@@ -121,17 +118,11 @@ class ControlServer:
         """Bind one listener per distinct address, all on the same (kernel-chosen) port."""
         port = 0
         for addr in dict.fromkeys(addrs):
-            family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((addr, port))
-            except OSError as err:
-                sock.close()
+                sock = _listener(addr, port)
+            except ChannelError:
                 self.close()
-                raise ChannelError(f"cannot listen on {addr}:{port}: {err.strerror}") from None
-            sock.listen(256)
-            sock.setblocking(False)
+                raise
             port = sock.getsockname()[1]
             self.listeners.append(sock)
             self.sel.register(sock, selectors.EVENT_READ, lambda s=sock: self._accept(s))
@@ -146,115 +137,106 @@ class ControlServer:
         except (KeyError, ValueError):
             pass
 
+    def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
+        """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
+        self._feed(SessionEnded(host, code, detail))
+
     # -- the loop -------------------------------------------------------------------------------------------
 
-    def run(self, sessions: Sessions) -> int:
-        wake_r, wake_w = socket.socketpair()
-        wake_r.setblocking(False)
-        wake_w.setblocking(False)
-        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        saved_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-        for signum, previous in saved.items():
-            if previous is signal.SIG_IGN and signum != signal.SIGTERM:
-                continue  # nohup / background job: keep ignoring, as asked
-            signal.signal(signum, self._on_signal)
-        self.add_reader(wake_r, lambda: self._drain_wakeup(wake_r))
-        self.sessions = sessions
+    def run(self, sessions: Sessions, *, own_signals: bool = True) -> int:
+        """Serve until every node is over; the job's exit code. ``own_signals`` needs the main thread."""
         try:
-            sessions.register(self)
-            while not self._finished():
-                for key, _ in self.sel.select(self._timeout()):
-                    key.data()
-                while self.signals:
-                    self._handle_signal(self.signals.pop(0))
-                self._tick()
+            with self._signals(own_signals):
+                sessions.register(self)
+                while not self._finished(sessions):
+                    for key, _ in self.sel.select(self._timeout()):
+                        key.data()
+                    while self.signals:
+                        self._feed(SignalReceived(self.signals.pop(0)))
+                    self._tick()
         finally:
-            signal.set_wakeup_fd(saved_wakeup)
-            for signum, previous in saved.items():
-                signal.signal(signum, previous)  # type: ignore[arg-type]
             self.status.close()
             sessions.terminate()
             self.close()
-            wake_r.close()
-            wake_w.close()
-        return self._report()
+        verdict = self.job.verdict()
+        for line in report_lines(verdict, strays=self.strays):
+            say(line)
+        return verdict.exit_code
 
     def close(self) -> None:
         for sock in self.listeners:
             self.remove_reader(sock)
             sock.close()
         self.listeners.clear()
-        for conn in list(self.conns):
+        for conn in list(self.conns.values()):
             self._drop(conn)
+
+    def _action_table(self) -> dict[type, Callable[[Any], None]]:
+        """How each of the machine's actions is carried out."""
+        status = self.status
+        return {
+            Admit: self._admit,
+            TurnAway: lambda a: self._drop_if_open(self.conns.get(a.conn)),
+            Drop: lambda a: self._drop_if_open(self.node_conns.get(a.node)),
+            SendSpec: self._send_spec,
+            SendStart: lambda a: self._send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
+                                                                  master_port=a.master_port)),
+            SendStop: lambda a: self._send_all(a.nodes, message(Kind.STOP, signal=a.signal, deadline=a.deadline,
+                                                                 reason=a.reason)),
+            SendPing: lambda a: self._send_all(a.nodes, message(Kind.PING)),
+            ShowLine: lambda a: status.line(a.text),
+            ShowJoined: lambda a: status.joined(a.host, a.ready, a.total),
+            ShowWaiting: lambda a: status.waiting(a.ready, list(a.missing), a.elapsed),
+            ShowStarted: lambda a: status.started(a.nodes, a.ranks, a.elapsed, a.master_addr, a.master_port),
+        }
+
+    @contextlib.contextmanager
+    def _signals(self, own: bool) -> Iterator[None]:
+        if not own:
+            yield
+            return
+        with owned_signals(SHUTDOWN_SIGNALS, self._on_signal) as owned:
+
+            def drain() -> None:
+                owned.drain()  # the wake-up only ends select(); _on_signal has recorded the signal
+
+            self.add_reader(owned.wake_fd, drain)
+            try:
+                yield
+            finally:
+                self.remove_reader(owned.wake_fd)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signals.append(signum)  # acted on by the loop
 
-    @staticmethod
-    def _drain_wakeup(sock: socket.socket) -> None:
-        try:
-            sock.recv(4096)
-        except OSError:
-            pass
-
-    def _handle_signal(self, signum: int) -> None:
-        if signum == signal.SIGINT:
-            self.sigints += 1
-            if self.sigints > 1:  # second Ctrl-C: do not wait for the graceful deadline
-                self._stop(signal.SIGKILL, "second SIGINT")
-                return
-        if self.interrupted_by is None:
-            self.interrupted_by = signum
-        self.status.line(f"got {signal.Signals(signum).name}; stopping every node")
-        self._stop(signal.SIGTERM, f"xrun got {signal.Signals(signum).name}")
-
     def _timeout(self) -> float:
-        now = time.monotonic()
-        deadlines = [self.next_ping, self.next_status]
-        if self.started_at is None and not self.stopping:
-            deadlines.append(self.t0 + self.join_timeout)
-        if self.stop_deadline is not None:
-            deadlines.append(self.stop_deadline)
-        if self.all_over_at is not None:
-            deadlines.append(self.all_over_at + LINGER)
-        deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns if c.node is None]
-        return max(0.0, min(deadlines) - now)
+        deadlines = [self.job.next_deadline()]
+        deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns.values() if c.node is None]
+        return max(0.0, min(deadlines) - time.monotonic())
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for conn in [c for c in self.conns if c.node is None and now - c.opened > channel.HELLO_TIMEOUT]:
+        for conn in [c for c in self.conns.values() if c.node is None and now - c.opened > channel.HELLO_TIMEOUT]:
             self._drop(conn)  # said nothing useful in time: a stray
-        if now >= self.next_ping:
-            self.next_ping = now + channel.PING_INTERVAL
-            for node in self.nodes:
-                if node.conn is None or node.over:
-                    continue
-                if now - node.last_seen > channel.DEAD_AFTER:
-                    self._lose(node, f"no word from its agent for {channel.DEAD_AFTER:g} s (network cut or node down?)")
-                else:
-                    self._send(node, message(Kind.PING))
-        if self.started_at is None and not self.stopping:
-            if now - self.t0 >= self.join_timeout:
-                missing = [n.host for n in self.nodes if n.state not in ("ready", "running")]
-                self._fail(Failure(", ".join(missing), f"not ready within --join_timeout {self.join_timeout:g} s: "
-                                   f"{', '.join(missing)}", NODE_FAILURE_EXIT))
-            elif now >= self.next_status:
-                self.next_status = now + 1.0
-                self.status.waiting(self._ready_count(), self._missing(), now - self.t0)
-        else:
-            self.next_status = now + 3600
-        if self.stop_deadline is not None and now >= self.stop_deadline:
-            for node in self.nodes:
-                if not node.over:
-                    self._mark_lost(node, "did not stop before the deadline")
-        if self.all_over_at is None and all(n.over or (self.stopping and n.conn is None) for n in self.nodes):
-            self.all_over_at = now
+        self._feed(Tick())
 
-    def _finished(self) -> bool:
-        if self.all_over_at is None:
+    def _finished(self, sessions: Sessions) -> bool:
+        if self.job.all_over_at is None:
             return False
-        lost = {n.host for n in self.nodes if n.state == "lost"}
-        return self.sessions.finished(lost) or time.monotonic() >= self.all_over_at + LINGER
+        return sessions.finished(self.job.lost_hosts()) or self.job.linger_over(time.monotonic())
+
+    def _feed(self, event: Event) -> None:
+        """Hand one event to the machine and carry out its actions; events those raise (a failed send) queue."""
+        self.events.append(event)
+        if self.feeding:
+            return
+        self.feeding = True
+        try:
+            while self.events:
+                for action in self.job.handle(self.events.popleft(), time.monotonic()):
+                    self.doers[type(action)](action)
+        finally:
+            self.feeding = False
 
     # -- connections ----------------------------------------------------------------------------------------
 
@@ -266,8 +248,8 @@ class ControlServer:
         sock.setblocking(True)
         sock.settimeout(5.0)  # bounds a send to a peer that stopped reading; reads happen only when readable
         channel.tune_socket(sock)
-        conn = _Conn(sock=sock, peer=str(peer[0]), opened=time.monotonic())
-        self.conns.add(conn)
+        conn = _Conn(serial=next(self.serials), sock=sock, peer=str(peer[0]), opened=time.monotonic())
+        self.conns[conn.serial] = conn
         self.add_reader(sock, lambda: self._read(conn))
 
     def _read(self, conn: _Conn) -> None:
@@ -288,296 +270,112 @@ class ControlServer:
                     if conn.node is None:
                         return
                 else:
-                    self._on_message(conn.node, msg)
+                    self._feed(agent_event(conn.node, msg))
         except ChannelError as err:
             self._closed(conn, f"protocol error: {err.reason}")
 
-    def _hello(self, conn: _Conn, msg: dict[str, Any]) -> None:
+    def _hello(self, conn: _Conn, msg: Message) -> None:
         rank = msg.get("node_rank")
         if (
             msg.get("type") != Kind.HELLO.value
             or not channel.token_matches(self.token, msg.get("token"))
             or not isinstance(rank, int)
-            or not 0 <= rank < len(self.nodes)
+            or not 0 <= rank < len(self.plan.nodes)
         ):
             self.strays += 1
             self._drop(conn)  # not a word back: a stray learns nothing
             return
-        node = self.nodes[rank]
-        if node.state != "waiting" or self.stopping:
-            self.status.line(f"ignored a second agent for node {rank} ({node.host}) from {conn.peer}")
-            self._drop(conn)
-            return
-        conn.node = node
-        conn.reader.limit = channel.MAX_FRAME
-        node.conn = conn
-        node.state = "joined"
-        node.addr = str(msg.get("addr") or conn.peer)
-        node.last_seen = time.monotonic()
-        versions = msg.get("versions") or {}
-        if versions.get("xrun") != __version__:
-            self.status.line(f"{node.host} runs xrun {versions.get('xrun')}, this is {__version__}")
-        pick = node.spec.node_rank == 0 and self.plan.rendezvous.master_port == 0
-        self._send(node, message(Kind.SPEC, spec=node.spec.to_json(), pick_master_port=pick))
-
-    def _on_message(self, node: _Node, msg: dict[str, Any]) -> None:
-        node.last_seen = time.monotonic()
-        kind = msg.get("type")
-        if kind == Kind.READY.value:
-            node.state = "ready"
-            node.master_port = msg.get("master_port")
-            self.status.joined(node.host, self._ready_count(), len(self.nodes))
-            if self.elastic is not None and not self.stopping:
-                self._start_elastic(node)
-            elif self._ready_count() == len(self.nodes) and not self.stopping:
-                self._start_all()
-        elif kind == Kind.RANK_EXITED.value:
-            self._rank_exited(node, msg)
-        elif kind == Kind.DONE.value:
-            node.exit_code = int(msg.get("exit_code") or 0)
-            node.state = "done"
-            if node.exit_code != 0 and not self.stopping:
-                reason = f"agent on {node.host} exited with code {node.exit_code}"
-                self._fail(Failure(node.host, reason, node.exit_code))
-        elif kind == Kind.ERROR.value:
-            self._fail(Failure(node.host, f"agent on {node.host}: {msg.get('message')}", NODE_FAILURE_EXIT))
-
-    def _rank_exited(self, node: _Node, msg: dict[str, Any]) -> None:
-        code, sig = msg.get("code"), msg.get("signal")
-        if msg.get("stopped") or (code == 0 and sig is None):
-            return
-        exit_code = 128 + int(sig) if sig is not None else int(code) if code is not None else 1
-        how = f"was killed by {signal_name(int(sig))}" if sig is not None else f"exited with code {code}"
-        rank = msg.get("rank")
-        self._fail(Failure(node.host, f"rank {rank} (local {msg.get('local_rank')}) on {node.host} {how}",
-                           exit_code, rank=rank, tail=tuple(msg.get("tail") or ())))
+        versions = msg.get("versions")
+        version = versions.get("xrun") if isinstance(versions, dict) else None
+        addr = str(msg.get("addr") or conn.peer)
+        self._feed(HelloReceived(rank, conn.serial, addr=addr, peer=conn.peer, xrun_version=version))
 
     def _closed(self, conn: _Conn, reason: str) -> None:
-        node = conn.node
         self._drop(conn)
-        if node is not None and not node.over:
-            self._lose(node, f"its agent's connection dropped ({reason})")
+        if conn.node is not None:
+            self._feed(ConnectionLost(conn.node, reason))
 
     def _drop(self, conn: _Conn) -> None:
         self.remove_reader(conn.sock)
-        self.conns.discard(conn)
+        self.conns.pop(conn.serial, None)
         try:
             conn.sock.close()
         except OSError:
             pass
-        if conn.node is not None and conn.node.conn is conn:
-            conn.node.conn = None
+        if conn.node is not None and self.node_conns.get(conn.node) is conn:
+            del self.node_conns[conn.node]
 
-    def _send(self, node: _Node, msg: dict[str, Any]) -> None:
-        if node.conn is None:
+    # -- actions --------------------------------------------------------------------------------------------
+
+    def _admit(self, action: Admit) -> None:
+        conn = self.conns[action.conn]
+        conn.node = action.node
+        conn.reader.limit = channel.MAX_FRAME
+        self.node_conns[action.node] = conn
+
+    def _drop_if_open(self, conn: _Conn | None) -> None:
+        if conn is not None:
+            self._drop(conn)
+
+    def _send_spec(self, action: SendSpec) -> None:
+        spec = self.plan.nodes[action.node].to_json()
+        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port))
+
+    def _send_all(self, nodes: Iterable[int], msg: Message) -> None:
+        for node in nodes:
+            self._send(node, msg)
+
+    def _send(self, node: int, msg: Message) -> None:
+        conn = self.node_conns.get(node)
+        if conn is None:
             return
         try:
-            channel.send(node.conn.sock, msg)
+            channel.send(conn.sock, msg)
         except OSError as err:
-            conn = node.conn
             self._closed(conn, f"send failed: {err.strerror or err}")
 
-    # -- the job --------------------------------------------------------------------------------------------
 
-    def _start_all(self) -> None:
-        node0 = self.nodes[0]
-        master_addr = self.plan.request.master_addr or _reachable(node0.addr, node0.host, len(self.nodes))
-        master_port = self.plan.rendezvous.master_port or node0.master_port
-        self.started_at = time.monotonic()
-        self.status.started(len(self.nodes), self.plan.world_size, self.started_at - self.t0, master_addr, master_port)
-        for node in self.nodes:
-            node.state = "running"
-            self._send(node, message(Kind.START, master_addr=master_addr, master_port=master_port))
+def _listener(addr: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as err:
+        sock.close()
+        raise ChannelError(f"cannot listen on {addr}:{port}: {err.strerror}") from None
+    sock.listen(256)
+    sock.setblocking(False)
+    return sock
 
-    def _start_elastic(self, node: _Node) -> None:
-        """--elastic: no barrier; the endpoint is the plan's (every node must know it before node 0 is up)."""
-        assert self.elastic is not None
-        rdzv = self.plan.rendezvous
-        node.state = "running"
-        self._send(node, message(Kind.START, master_addr=rdzv.master_addr, master_port=rdzv.master_port))
-        started = sum(1 for n in self.nodes if n.state == "running")
-        if self.started_at is None and started >= (self.elastic.min_nodes or 1):
-            self.started_at = time.monotonic()
-        self.status.line(f"{node.host} up after {time.monotonic() - self.t0:.1f} s: its elastic agent joins the "
-                         f"rendezvous ({started}/{len(self.nodes)} nodes up, --min_nodes {self.elastic.min_nodes})")
 
-    def _elastic_survivable(self) -> bool:
-        """--elastic: enough nodes are still running or may still join for torch to carry on."""
-        return (
-            self.elastic is not None
-            and not self.stopping
-            and sum(1 for n in self.nodes if not n.over) >= (self.elastic.min_nodes or 1)
+def agent_event(node: int, msg: Message) -> Event:
+    """An admitted agent's message as the machine's event; a malformed field is a protocol error."""
+    kind = msg.get("type")
+    if kind == Kind.READY.value:
+        return Ready(node, master_port=_int(msg, "master_port"))
+    if kind == Kind.RANK_EXITED.value:
+        return RankExited(
+            node, rank=_int(msg, "rank"), local_rank=_int(msg, "local_rank"), code=_int(msg, "code"),
+            signal=_int(msg, "signal"), stopped=bool(msg.get("stopped")),
+            tail=_lines(msg, "tail"),
         )
-
-    def _ready_count(self) -> int:
-        return sum(1 for n in self.nodes if n.state in ("ready", "running"))  # running: elastic, started at once
-
-    def _missing(self) -> list[str]:
-        return [n.host for n in self.nodes if n.state not in ("ready", "running")]
-
-    def _fail(self, failure: Failure) -> None:
-        if self.failure is None and self.interrupted_by is None:
-            self.failure = failure
-            self.failure_at = time.monotonic()
-        self._stop(signal.SIGTERM, failure.reason)
-
-    def _lose(self, node: _Node, reason: str) -> None:
-        self._mark_lost(node, reason)
-        if self._elastic_survivable():
-            left = sum(1 for n in self.nodes if not n.over)
-            self.status.line(f"lost node {node.host}: {reason}; {left} node(s) left, they re-rendezvous without it")
-            return
-        if not self.stopping or self.failure is None:
-            self._fail(Failure(node.host, f"lost node {node.host}: {reason}", NODE_FAILURE_EXIT))
-
-    def _mark_lost(self, node: _Node, reason: str) -> None:
-        if node.state == "done":
-            return
-        node.state = "lost"
-        if self.stopping:
-            self.status.line(f"{node.host}: {reason}")
-        if node.conn is not None:
-            self._drop(node.conn)
-
-    def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
-        """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
-        affected = [n for n in self.nodes if host is None or n.host == host]
-        for node in affected:
-            if node.over:
-                continue
-            if node.conn is None and not self.stopping:
-                what = f"exited with code {code}" if code is not None else "ended"
-                hint = f" ({detail})" if detail else " (see its output above)"
-                node.state = "lost"
-                if self._elastic_survivable():
-                    self.status.line(f"the session to {node.host} {what} before its agent connected{hint}; "
-                                     "the elastic job goes on without it")
-                    continue
-                self._fail(Failure(node.host, f"the session to {node.host} {what} before its agent connected{hint}",
-                                   code if code else NODE_FAILURE_EXIT))
-            if node.conn is None:
-                node.state = "lost"
-
-    def _stop(self, signum: int, reason: str) -> None:
-        first = not self.stopping
-        self.stopping = True
-        deadline = self.plan.request.options.shutdown_timeout
-        if first or signum == signal.SIGKILL:
-            self.stop_deadline = time.monotonic() + deadline + STOP_GRACE
-            for node in self.nodes:
-                if not node.over:
-                    self._send(node, message(Kind.STOP, signal=int(signum), deadline=deadline, reason=reason))
-
-    # -- the end --------------------------------------------------------------------------------------------
-
-    def exit_code(self) -> int:
-        if self.interrupted_by is not None:
-            return 128 + self.interrupted_by
-        if self.failure is not None:
-            return self.failure.exit_code or NODE_FAILURE_EXIT
-        if self.elastic is not None and any(n.state == "done" for n in self.nodes):
-            return max((n.exit_code or 0 for n in self.nodes if n.state == "done"), default=0)  # lost: torch's
-        if any(n.state == "lost" for n in self.nodes):
-            return NODE_FAILURE_EXIT
-        return max((n.exit_code or 0 for n in self.nodes), default=0)
-
-    def _report(self) -> int:
-        code = self.exit_code()
-        if self.strays:
-            _err(f"closed {self.strays} connection(s) that did not present this run's token")
-        if self.failure is not None and self.interrupted_by is None:
-            stopped = ""
-            if self.failure_at is not None and self.all_over_at is not None:
-                stopped = f"; every node stopped {self.all_over_at - self.failure_at:.2f} s later"
-            _err(f"job failed: {self.failure.reason} (exit code {code}){stopped}")
-            for line in self.failure.tail[-_TAIL_SHOWN:]:
-                _err(f"  [{self.failure.host}:{self.failure.rank}] {line}")
-        elif self.interrupted_by is not None:
-            _err(f"stopped by {signal_name(self.interrupted_by)} (exit code {code})")
-        return code
+    if kind == Kind.DONE.value:
+        return Done(node, exit_code=_int(msg, "exit_code") or 0)
+    if kind == Kind.ERROR.value:
+        return AgentError(node, str(msg.get("message")))
+    return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
 
 
-def _reachable(addr: str | None, host: str, nodes: int) -> str:
-    """Node 0's address as its agent saw it on the route to the head; loopback only helps a one-node job."""
-    if addr is None or (nodes > 1 and (addr.startswith("127.") or addr == "::1")):
-        return host
-    return addr
+def _lines(msg: Message, key: str) -> tuple[str, ...]:
+    value = msg.get(key) or []
+    if not isinstance(value, list):
+        raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not a list of lines")
+    return tuple(str(line) for line in value)
 
 
-def _err(text: str) -> None:
-    sys.stderr.write(f"xrun: {text}\n")
-    sys.stderr.flush()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Live status while the agents join: a rich status line on a terminal, plain log lines otherwise.
-
-
-class PlainStatus:
-    """Non-TTY: a line when every node is ready, and one every 10 s while some are missing."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.last_wait_line = 0.0
-
-    def joined(self, host: str, ready: int, total: int) -> None:
-        pass
-
-    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
-        if elapsed - self.last_wait_line >= 10.0:
-            self.last_wait_line = elapsed
-            if elapsed >= 10.0:
-                _err(f"{ready}/{self.total} agents ready; waiting for {_names(missing)} {elapsed:.0f} s")
-
-    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        _err(f"{nodes}/{nodes} agents ready in {elapsed:.2f} s; starting {ranks} ranks "
-             f"(master {master_addr}:{master_port})")
-
-    def line(self, text: str) -> None:
-        _err(text)
-
-    def close(self) -> None:
-        pass
-
-
-class RichStatus(PlainStatus):
-    """TTY: one live line ("2/3 agents up; waiting for node3 4 s"), gone once the ranks start."""
-
-    def __init__(self, total: int) -> None:
-        super().__init__(total)
-        from rich.console import Console  # lazy: rich costs ~50 ms and only a terminal needs it
-
-        self.console = Console(stderr=True)
-        self.live: Any = self.console.status(f"0/{total} agents up")
-        self.live.start()
-
-    def joined(self, host: str, ready: int, total: int) -> None:
-        if self.live is not None:
-            self.live.update(f"{ready}/{total} agents up")
-
-    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
-        if self.live is not None:
-            self.live.update(f"{ready}/{self.total} agents up; waiting for {_names(missing)} {elapsed:.0f} s")
-
-    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        self.close()
-        super().started(nodes, ranks, elapsed, master_addr, master_port)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-
-
-def _names(hosts: list[str], limit: int = 4) -> str:
-    shown = ", ".join(hosts[:limit])
-    return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
-
-
-def make_status(total: int) -> PlainStatus:
-    if os.isatty(2):
-        try:
-            return RichStatus(total)
-        except ImportError:
-            pass
-    return PlainStatus(total)
+def _int(msg: Message, key: str) -> int | None:
+    value = msg.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not an integer")

@@ -1,0 +1,469 @@
+"""The head's job state machine: pure, events in, actions out, and at the end the job's verdict.
+
+It holds no socket, reads no clock and prints nothing: ``xrun.runner.control`` turns what arrives (agents'
+messages, dropped connections, backend sessions that end, signals, time passing) into the events of
+``xrun.runner.jobevents``, feeds each with the current ``monotonic()`` time, and carries out the actions that
+come back.
+
+A node goes WAITING -> JOINED (its hello admitted) -> READY (its agent is ready) -> RUNNING (told to start) and
+ends DONE or LOST. A static job holds every node at a start barrier until all are ready, or until
+``--join_timeout`` passes, naming the missing hosts; ``--elastic`` starts each node as soon as it is ready (torch's
+rendezvous is the barrier) and leaves a lost node to torch while at least ``--min_nodes`` remain (issue 6).
+The first failure (a rank's own exit, an agent error, a lost node, a session that ended before its agent
+connected) is the root cause and stops every other node; SIGINT/SIGTERM/SIGHUP stop every node gracefully, a
+second SIGINT with SIGKILL. A node that neither finishes nor answers by the stop deadline counts as lost.
+
+What a hello gets back is a ``HelloPolicy``: the head sends each node its spec (``SendSpecs``); a policy may
+instead refuse a node (pod mode compares plan digests), which ends the job with exit code 2.
+
+The job's exit code is decided in one place, ``_exit_code``, through ``Job._decide`` once every node is over;
+``Job.verdict`` then stays the same whatever arrives during the last linger.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+
+from xrun import __version__
+from xrun.launch.channel import DEAD_AFTER, PING_INTERVAL
+from xrun.launch.posix import signal_name
+from xrun.runner.jobevents import (
+    AGENT_EVENTS,
+    Action,
+    Admit,
+    AgentError,
+    ConnectionLost,
+    Done,
+    Drop,
+    Event,
+    Failure,
+    Heard,
+    HelloReceived,
+    RankExited,
+    Ready,
+    SendPing,
+    SendSpec,
+    SendStart,
+    SendStop,
+    SessionEnded,
+    ShowJoined,
+    ShowLine,
+    ShowStarted,
+    ShowWaiting,
+    SignalReceived,
+    Tick,
+    TurnAway,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    from xrun.runner.plan import Plan
+
+LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
+STOP_GRACE = 5.0  # beyond the agents' own shutdown deadline before a node counts as not stopping
+STATUS_EVERY = 1.0  # the waiting-for-nodes status while the barrier holds
+NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
+REFUSED_EXIT = 2  # a node the hello policy refused: the job was started inconsistently (a usage error)
+
+
+class NodeState(enum.Enum):
+    WAITING = "waiting"
+    JOINED = "joined"
+    READY = "ready"
+    RUNNING = "running"
+    DONE = "done"
+    LOST = "lost"
+
+
+_UP = (NodeState.READY, NodeState.RUNNING)  # running too: an elastic node starts as soon as it is ready
+_OVER = (NodeState.DONE, NodeState.LOST)
+
+
+@dataclass(frozen=True)
+class ElasticRule:
+    """--elastic: no barrier; the endpoint is the plan's (every node must know it before node 0 is up)."""
+
+    min_nodes: int
+    master_addr: str
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    hosts: tuple[str, ...]  # by node rank
+    join_timeout: float
+    shutdown_timeout: float  # the agents' own deadline to stop their ranks, sent with every stop
+    world_size: int
+    master_addr: str | None = None  # --master_addr; None: node 0's address as its agent saw it
+    master_port: int = 0  # 0: node 0's agent picks a free one before the barrier
+    elastic: ElasticRule | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
+        elastic = plan.nodes[0].elastic if plan.nodes else None
+        return cls(
+            hosts=tuple(node.host for node in plan.nodes),
+            join_timeout=join_timeout,
+            shutdown_timeout=plan.request.options.shutdown_timeout,
+            world_size=plan.world_size,
+            master_addr=plan.request.master_addr,
+            master_port=plan.rendezvous.master_port,
+            elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
+        )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A hello policy's no: the job ends with ``REFUSED_EXIT``; ``reason`` names the node and why."""
+
+    reason: str
+
+
+class HelloPolicy(Protocol):
+    def answer(self, hello: HelloReceived) -> Action | Refusal:
+        """What an admitted node is sent first, or why it is refused."""
+
+
+@dataclass(frozen=True)
+class SendSpecs:
+    """Head mode: every node gets its spec; node 0 picks the master port when the plan has none."""
+
+    pick_master_port: bool
+
+    def answer(self, hello: HelloReceived) -> Action | Refusal:
+        return SendSpec(hello.node, pick_master_port=self.pick_master_port and hello.node == 0)
+
+
+def reachable(addr: str | None, host: str, nodes: int) -> str:
+    """Node 0's address as its agent saw it on the route to the head; loopback only helps a one-node job."""
+    if addr is None or (nodes > 1 and (addr.startswith("127.") or addr == "::1")):
+        return host
+    return addr
+
+
+@dataclass
+class _Node:
+    rank: int
+    host: str
+    state: NodeState = NodeState.WAITING
+    connected: bool = False
+    addr: str | None = None
+    master_port: int | None = None
+    exit_code: int | None = None
+    last_seen: float = 0.0
+
+    @property
+    def over(self) -> bool:
+        return self.state in _OVER
+
+
+class _Nodes(list[_Node]):
+    """The nodes by node rank, and the counts the rules read."""
+
+    def up(self) -> int:
+        return sum(1 for n in self if n.state in _UP)
+
+    def missing(self) -> list[str]:
+        return [n.host for n in self if n.state not in _UP]
+
+    def left(self) -> int:
+        """Still running, or may still join."""
+        return sum(1 for n in self if not n.over)
+
+    def reachable(self) -> tuple[int, ...]:
+        return tuple(n.rank for n in self if n.connected and not n.over)
+
+    def all_over(self, *, stopping: bool) -> bool:
+        """Nothing more to hear: once stopping, a node whose agent never connected will not."""
+        return all(n.over or (stopping and not n.connected) for n in self)
+
+
+class Job:
+    """One run's nodes, from the first hello to the verdict. ``handle`` is the only way in."""
+
+    _HANDLERS: ClassVar[dict[type, Callable[[Job, Any], None]]]  # filled in below the class
+
+    def __init__(self, config: JobConfig, *, now: float, policy: HelloPolicy | None = None) -> None:
+        self.config = config
+        self.policy = policy if policy is not None else SendSpecs(pick_master_port=config.master_port == 0)
+        self.nodes = _Nodes(_Node(rank, host) for rank, host in enumerate(config.hosts))
+        self.t0 = now
+        self.now = now
+        self.failure: Failure | None = None
+        self.failure_at: float | None = None
+        self.interrupted_by: int | None = None
+        self.sigints = 0
+        self.stopping = False
+        self.started_at: float | None = None
+        self.stop_deadline: float | None = None
+        self.all_over_at: float | None = None
+        self.next_ping = now
+        self.next_status = now
+        self._verdict: Verdict | None = None
+        self._out: list[Action] = []
+
+    # -- the interface --------------------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply one event at time ``now``; return what to do about it, in order."""
+        self.now = now
+        if isinstance(event, AGENT_EVENTS):
+            node = self.nodes[event.node]
+            if not node.connected:
+                return []  # the socket layer sends none; a late one from a dropped connection changes nothing
+            node.last_seen = now
+        self._HANDLERS[type(event)](self, event)
+        if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping):
+            self.all_over_at = now
+            self._verdict = self._decide()
+        out, self._out = self._out, []
+        return out
+
+    def next_deadline(self) -> float:
+        """When a ``Tick`` is next due, at the latest."""
+        deadlines = [self.next_ping]
+        if self._waiting_for_start():
+            deadlines += [self.next_status, self.t0 + self.config.join_timeout]
+        if self.stop_deadline is not None:
+            deadlines.append(self.stop_deadline)
+        if self.all_over_at is not None:
+            deadlines.append(self.all_over_at + LINGER)
+        return min(deadlines)
+
+    def linger_over(self, now: float) -> bool:
+        """Every node is over and the sessions had their time to deliver the last output."""
+        return self.all_over_at is not None and now >= self.all_over_at + LINGER
+
+    def lost_hosts(self) -> set[str]:
+        return {n.host for n in self.nodes if n.state is NodeState.LOST}
+
+    def state(self, node: int) -> NodeState:
+        return self.nodes[node].state
+
+    def verdict(self) -> Verdict:
+        return self._verdict if self._verdict is not None else self._decide()
+
+    # -- what the agents say --------------------------------------------------------------------------------
+
+    def _hello(self, event: HelloReceived) -> None:
+        node = self.nodes[event.node]
+        if node.state is not NodeState.WAITING or self.stopping:
+            self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
+            self._out.append(TurnAway(event.conn))
+            return
+        node.state, node.connected, node.addr, node.last_seen = NodeState.JOINED, True, event.addr, self.now
+        self._out.append(Admit(node.rank, event.conn))
+        if event.xrun_version != __version__:
+            self._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
+        answer = self.policy.answer(event)
+        if isinstance(answer, Refusal):
+            self._fail(Failure(node.host, answer.reason, REFUSED_EXIT))
+        else:
+            self._out.append(answer)
+
+    def _ready(self, event: Ready) -> None:
+        node = self.nodes[event.node]
+        node.state, node.master_port = NodeState.READY, event.master_port
+        self._out.append(ShowJoined(node.host, self.nodes.up(), len(self.nodes)))
+        if self.stopping:
+            return
+        if self.config.elastic is not None:
+            self._start_elastic(node, self.config.elastic)
+        elif self.nodes.up() == len(self.nodes):
+            self._start_all()
+
+    def _rank_exited(self, event: RankExited) -> None:
+        if event.stopped or (event.code == 0 and event.signal is None):
+            return
+        if event.signal is not None:
+            code, how = 128 + event.signal, f"was killed by {signal_name(event.signal)}"
+        else:
+            code, how = NODE_FAILURE_EXIT if event.code is None else event.code, f"exited with code {event.code}"
+        host = self.nodes[event.node].host
+        reason = f"rank {event.rank} (local {event.local_rank}) on {host} {how}"
+        self._fail(Failure(host, reason, code, rank=event.rank, tail=event.tail))
+
+    def _done(self, event: Done) -> None:
+        node = self.nodes[event.node]
+        node.state, node.exit_code = NodeState.DONE, event.exit_code
+        if event.exit_code != 0 and not self.stopping:
+            self._fail(Failure(node.host, f"agent on {node.host} exited with code {event.exit_code}", event.exit_code))
+
+    def _agent_error(self, event: AgentError) -> None:
+        host = self.nodes[event.node].host
+        self._fail(Failure(host, f"agent on {host}: {event.message}", NODE_FAILURE_EXIT))
+
+    def _heard(self, event: Heard) -> None:
+        pass  # handle() noted the time
+
+    def _connection_lost(self, event: ConnectionLost) -> None:
+        node = self.nodes[event.node]
+        node.connected = False
+        if not node.over:
+            self._lose(node, f"its agent's connection dropped ({event.reason})")
+
+    # -- what happens around them ---------------------------------------------------------------------------
+
+    def _session_ended(self, event: SessionEnded) -> None:
+        for node in self.nodes:
+            if (event.host is not None and node.host != event.host) or node.over or node.connected:
+                continue  # a connected node's own connection tells how it ended
+            node.state = NodeState.LOST
+            if self.stopping:
+                continue
+            what = f"exited with code {event.code}" if event.code is not None else "ended"
+            why = f"the session to {node.host} {what} before its agent connected"
+            hint = f" ({event.detail})" if event.detail else " (see its output above)"
+            if self._elastic_survivable():
+                self._say(f"{why}{hint}; the elastic job goes on without it")
+            else:
+                self._fail(Failure(node.host, why + hint, event.code or NODE_FAILURE_EXIT))
+
+    def _signal(self, event: SignalReceived) -> None:
+        if event.signum == signal.SIGINT:
+            self.sigints += 1
+            if self.sigints > 1:  # second Ctrl-C: do not wait for the graceful deadline
+                self._stop(signal.SIGKILL, "second SIGINT")
+                return
+        if self.interrupted_by is None:
+            self.interrupted_by = event.signum
+        name = signal_name(event.signum)
+        self._say(f"got {name}; stopping every node")
+        self._stop(signal.SIGTERM, f"xrun got {name}")
+
+    def _tick(self, event: Tick) -> None:
+        self._keepalive()
+        if self._waiting_for_start():
+            self._watch_join()
+        if self.stop_deadline is not None and self.now >= self.stop_deadline:
+            for node in self.nodes:
+                if not node.over:
+                    self._mark_lost(node, "did not stop before the deadline")
+
+    def _keepalive(self) -> None:
+        if self.now < self.next_ping:
+            return
+        self.next_ping = self.now + PING_INTERVAL
+        alive = []
+        for node in self.nodes:
+            if not node.connected or node.over:
+                continue
+            if self.now - node.last_seen > DEAD_AFTER:
+                self._lose(node, f"no word from its agent for {DEAD_AFTER:g} s (network cut or node down?)")
+            else:
+                alive.append(node.rank)
+        if alive:
+            self._out.append(SendPing(tuple(alive)))
+
+    def _watch_join(self) -> None:
+        missing = self.nodes.missing()
+        if self.now - self.t0 >= self.config.join_timeout:
+            timeout = f"not ready within --join_timeout {self.config.join_timeout:g} s: {', '.join(missing)}"
+            self._fail(Failure(", ".join(missing), timeout, NODE_FAILURE_EXIT))
+        elif self.now >= self.next_status:
+            self.next_status = self.now + STATUS_EVERY
+            self._out.append(ShowWaiting(self.nodes.up(), tuple(missing), self.now - self.t0))
+
+    # -- the job --------------------------------------------------------------------------------------------
+
+    def _start_all(self) -> None:
+        node0 = self.nodes[0]
+        master_addr = self.config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
+        master_port = self.config.master_port or node0.master_port
+        self.started_at = self.now
+        elapsed = self.now - self.t0
+        self._out.append(ShowStarted(len(self.nodes), self.config.world_size, elapsed, master_addr, master_port))
+        for node in self.nodes:
+            node.state = NodeState.RUNNING
+        self._out.append(SendStart(self.nodes.reachable(), master_addr, master_port))
+
+    def _start_elastic(self, node: _Node, rule: ElasticRule) -> None:
+        node.state = NodeState.RUNNING
+        self._out.append(SendStart((node.rank,), rule.master_addr, self.config.master_port))
+        started = sum(1 for n in self.nodes if n.state is NodeState.RUNNING)
+        if self.started_at is None and started >= rule.min_nodes:
+            self.started_at = self.now
+        self._say(f"{node.host} up after {self.now - self.t0:.1f} s: its elastic agent joins the rendezvous "
+                  f"({started}/{len(self.nodes)} nodes up, --min_nodes {rule.min_nodes})")
+
+    def _fail(self, failure: Failure) -> None:
+        if self.failure is None and self.interrupted_by is None:  # the first one is the root cause
+            self.failure, self.failure_at = failure, self.now
+        self._stop(signal.SIGTERM, failure.reason)
+
+    def _lose(self, node: _Node, reason: str) -> None:
+        self._mark_lost(node, reason)
+        if self._elastic_survivable():
+            left = self.nodes.left()
+            self._say(f"lost node {node.host}: {reason}; {left} node(s) left, they re-rendezvous without it")
+        elif not self.stopping or self.failure is None:
+            self._fail(Failure(node.host, f"lost node {node.host}: {reason}", NODE_FAILURE_EXIT))
+
+    def _mark_lost(self, node: _Node, reason: str) -> None:
+        if node.state is NodeState.DONE:
+            return
+        node.state = NodeState.LOST
+        if self.stopping:
+            self._say(f"{node.host}: {reason}")
+        if node.connected:
+            node.connected = False
+            self._out.append(Drop(node.rank))
+
+    def _stop(self, signum: int, reason: str) -> None:
+        first = not self.stopping
+        self.stopping = True
+        if first or signum == signal.SIGKILL:
+            deadline = self.config.shutdown_timeout
+            self.stop_deadline = self.now + deadline + STOP_GRACE
+            targets = self.nodes.reachable()
+            if targets:
+                self._out.append(SendStop(targets, int(signum), deadline, reason))
+
+    def _decide(self) -> Verdict:
+        """The job's exit code and its root cause: the one place either is decided."""
+        stopped_after = None
+        if self.failure_at is not None and self.all_over_at is not None:
+            stopped_after = self.all_over_at - self.failure_at
+        code = _exit_code(self.nodes, self.failure, self.interrupted_by, elastic=self.config.elastic is not None)
+        return Verdict(code, self.failure, self.interrupted_by, stopped_after)
+
+    def _waiting_for_start(self) -> bool:
+        return self.started_at is None and not self.stopping
+
+    def _elastic_survivable(self) -> bool:
+        """--elastic: enough nodes are still running or may still join for torch to carry on."""
+        rule = self.config.elastic
+        return rule is not None and not self.stopping and self.nodes.left() >= rule.min_nodes
+
+    def _say(self, text: str) -> None:
+        self._out.append(ShowLine(text))
+
+
+def _exit_code(nodes: _Nodes, failure: Failure | None, interrupted_by: int | None, *, elastic: bool) -> int:
+    """The signal that stopped the job, else the root cause's code, else what the nodes finished with."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    if failure is not None:
+        return failure.exit_code or NODE_FAILURE_EXIT
+    done = [n.exit_code or 0 for n in nodes if n.state is NodeState.DONE]
+    if elastic and done:
+        return max(done)  # a lost node was torch's to handle
+    if any(n.state is NodeState.LOST for n in nodes):
+        return NODE_FAILURE_EXIT
+    return max((n.exit_code or 0 for n in nodes), default=0)
+
+
+Job._HANDLERS = {
+    HelloReceived: Job._hello,
+    Ready: Job._ready,
+    RankExited: Job._rank_exited,
+    Done: Job._done,
+    AgentError: Job._agent_error,
+    Heard: Job._heard,
+    ConnectionLost: Job._connection_lost,
+    SessionEnded: Job._session_ended,
+    SignalReceived: Job._signal,
+    Tick: Job._tick,
+}

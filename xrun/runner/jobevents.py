@@ -1,0 +1,209 @@
+"""The job state machine's vocabulary (``xrun.runner.job``): events in, actions out, and the job's verdict.
+
+Every value here is a frozen dataclass of plain fields: no sockets, no clocks. Nodes are named by their node
+rank (the index into the plan's nodes); connections by the number the socket layer gave them, so an action can
+say which connection to keep or close without the machine holding one.
+
+Events come from the socket layer (``xrun.runner.control``): what an agent said, a connection that dropped, a
+backend session that ended, a signal to xrun, and ``Tick`` (time passed). Actions go back to it: what to send
+to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
+exit code and its root cause, as data the report prints and (pod mode, issue 11) every node could be sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+# -- events ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HelloReceived:
+    """An agent presented this run's token for ``node`` on connection ``conn`` (not yet admitted)."""
+
+    node: int
+    conn: int
+    addr: str  # the node's address as its agent saw it on the route here (else the peer address)
+    peer: str
+    xrun_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The node's agent is ready to start its ranks; node 0's reports the master port it checked or picked."""
+
+    node: int
+    master_port: int | None = None
+
+
+@dataclass(frozen=True)
+class RankExited:
+    node: int
+    rank: int | None
+    local_rank: int | None
+    code: int | None = None
+    signal: int | None = None
+    stopped: bool = False  # xrun stopped it: a consequence, never a root cause
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    """The node's agent finished; ``exit_code`` is its node's exit code."""
+
+    node: int
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class AgentError:
+    node: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Heard:
+    """Any other message from the node's agent (started, pong): it is alive."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class ConnectionLost:
+    """The node's connection closed or broke (the socket layer has already closed it)."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SessionEnded:
+    """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
+
+    host: str | None
+    code: int | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    signum: int
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: deadlines (join, stop, keepalive, linger) are checked against the ``now`` it is fed with."""
+
+
+# Sent by an admitted agent: the machine ignores them from a node without a connection.
+AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
+Event = Union[
+    HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Tick
+]
+
+# -- actions --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Connection ``conn`` is ``node``'s from now on."""
+
+    node: int
+    conn: int
+
+
+@dataclass(frozen=True)
+class TurnAway:
+    """Close connection ``conn`` without a word back."""
+
+    conn: int
+
+
+@dataclass(frozen=True)
+class SendSpec:
+    node: int
+    pick_master_port: bool
+
+
+@dataclass(frozen=True)
+class SendStart:
+    nodes: tuple[int, ...]
+    master_addr: str
+    master_port: int | None
+
+
+@dataclass(frozen=True)
+class SendStop:
+    nodes: tuple[int, ...]
+    signal: int
+    deadline: float  # the agents' own shutdown deadline, seconds
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendPing:
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Close ``node``'s connection (the node is lost)."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class ShowLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class ShowJoined:
+    host: str
+    ready: int
+    total: int
+
+
+@dataclass(frozen=True)
+class ShowWaiting:
+    ready: int
+    missing: tuple[str, ...]
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class ShowStarted:
+    nodes: int
+    ranks: int
+    elapsed: float
+    master_addr: str
+    master_port: int | None
+
+
+Action = Union[
+    Admit, TurnAway, SendSpec, SendStart, SendStop, SendPing, Drop, ShowLine, ShowJoined, ShowWaiting, ShowStarted
+]
+
+# -- the outcome ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first thing that went wrong: a rank's exit, or a node-level problem (rank is None)."""
+
+    host: str
+    reason: str
+    exit_code: int
+    rank: int | None = None
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the job ended, decided once every node is over."""
+
+    exit_code: int
+    failure: Failure | None = None  # the root cause (the first failure)
+    interrupted_by: int | None = None  # the signal that stopped the job, if one did
+    stopped_after: float | None = None  # seconds from the first failure until every node was over

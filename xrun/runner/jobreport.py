@@ -1,0 +1,27 @@
+"""The runner's last words: the job's verdict as the lines printed on stderr when the run ends.
+
+``job failed: <root cause> (exit code N); every node stopped X s later`` and the failing rank's last output
+lines, or ``stopped by SIGINT (exit code 130)``; before either, how many connections were turned away for not
+presenting the run's token. A job that succeeded says nothing.
+"""
+
+from __future__ import annotations
+
+from xrun.launch.posix import signal_name
+from xrun.runner.jobevents import Verdict
+
+TAIL_SHOWN = 10  # of the failing rank's last output lines
+
+
+def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
+    lines = []
+    if strays:
+        lines.append(f"closed {strays} connection(s) that did not present this run's token")
+    failure, code = verdict.failure, verdict.exit_code
+    if verdict.interrupted_by is not None:
+        lines.append(f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})")
+    elif failure is not None:
+        stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
+        lines.append(f"job failed: {failure.reason} (exit code {code}){stopped}")
+        lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
+    return lines

@@ -1,0 +1,86 @@
+"""What the user sees while the agents join: a rich status line on a terminal, plain log lines otherwise.
+
+The control server shows the job state machine's ``Show*`` actions through one of these; ``say`` is the one
+way the runner writes a line of its own to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"xrun: {text}\n")
+    sys.stderr.flush()
+
+
+class PlainStatus:
+    """Non-TTY: a line when every node is ready, and one every 10 s while some are missing."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.last_wait_line = 0.0
+
+    def joined(self, host: str, ready: int, total: int) -> None:
+        pass
+
+    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
+        if elapsed - self.last_wait_line >= 10.0:
+            self.last_wait_line = elapsed
+            if elapsed >= 10.0:
+                say(f"{ready}/{self.total} agents ready; waiting for {_names(missing)} {elapsed:.0f} s")
+
+    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
+        say(f"{nodes}/{nodes} agents ready in {elapsed:.2f} s; starting {ranks} ranks "
+            f"(master {master_addr}:{master_port})")
+
+    def line(self, text: str) -> None:
+        say(text)
+
+    def close(self) -> None:
+        pass
+
+
+class RichStatus(PlainStatus):
+    """TTY: one live line ("2/3 agents up; waiting for node3 4 s"), gone once the ranks start."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(total)
+        from rich.console import Console  # lazy: rich costs ~50 ms and only a terminal needs it
+
+        self.console = Console(stderr=True)
+        self.live: Any = self.console.status(f"0/{total} agents up")
+        self.live.start()
+
+    def joined(self, host: str, ready: int, total: int) -> None:
+        if self.live is not None:
+            self.live.update(f"{ready}/{total} agents up")
+
+    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
+        if self.live is not None:
+            self.live.update(f"{ready}/{self.total} agents up; waiting for {_names(missing)} {elapsed:.0f} s")
+
+    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
+        self.close()
+        super().started(nodes, ranks, elapsed, master_addr, master_port)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _names(hosts: list[str], limit: int = 4) -> str:
+    shown = ", ".join(hosts[:limit])
+    return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+def make_status(total: int) -> PlainStatus:
+    if os.isatty(2):
+        try:
+            return RichStatus(total)
+        except ImportError:
+            pass
+    return PlainStatus(total)
