@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from xrun.errors import UsageError
-from xrun.launch.cli import AgentCommand
+from xrun.launch.command import AgentCommand
 from xrun.launch.rdzv import resolve_elastic
 from xrun.launch.spec import (
     AgentOptions,
@@ -19,6 +19,7 @@ from xrun.launch.spec import (
     encode_world_info,
     node_ranks,
 )
+from xrun.net import free_port
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
 from xrun.runner.remote import CHANNEL_BACKENDS, RemoteOptions, master_placeholder
 from xrun.runner.selection import Selection
@@ -122,12 +123,6 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
 
 
-def pick_free_port(addr: str = LOCAL_ADDR) -> int:
-    """Ask the kernel for a free TCP port (``--master_port 0`` on a local run)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return int(sock.getsockname()[1])
-
-
 def with_free_port(request: JobRequest) -> JobRequest:
-    return replace(request, master_port=pick_free_port()) if request.master_port == 0 else request
+    """``--master_port 0`` on a local run: a port free on loopback now (remote runs agree on one at the barrier)."""
+    return replace(request, master_port=free_port(LOCAL_ADDR)) if request.master_port == 0 else request

@@ -2,7 +2,8 @@
 
 A remote backend's only job is to start ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K
 --token=...`` once per node; everything else (ranks, argv, env, cwd) reaches the agent over the control
-channel. ``agent_connect_argv`` is the one place that command is built, for --dry-run and for real.
+channel. ``agent_connect_argv`` picks that command's options for ssh and pdsh (``xrun.launch.command`` renders
+it), for --dry-run and for real.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
+from xrun.launch.command import TOKEN_ON_STDIN, connect_argv, connect_target
+from xrun.net import route_source
 
 if TYPE_CHECKING:
     from xrun.runner.plan import JobRequest
@@ -51,13 +54,7 @@ class Endpoint:
 
     @property
     def connect(self) -> str:
-        host = f"[{self.addr}]" if ":" in self.addr else self.addr
-        return f"{host}:{self.port}"
-
-
-# What --dry-run shows: the server is opened only when the job really starts.
-PLACEHOLDER_CONNECT = "HEAD_ADDR:PORT"
-PLACEHOLDER_TOKEN = "TOKEN"  # noqa: S105 - a placeholder shown by --dry-run
+        return connect_target(self.addr, self.port)
 
 
 def master_placeholder(first_host: str) -> str:
@@ -68,21 +65,14 @@ def master_placeholder(first_host: str) -> str:
 def agent_connect_argv(
     python: str, endpoint: Endpoint | None, node_rank: str, *, token_on_stdin: bool
 ) -> tuple[str, ...]:
-    """The whole remote agent command. ``node_rank`` is a number, or pdsh's ``%n``."""
-    connect = endpoint.connect if endpoint is not None else PLACEHOLDER_CONNECT
+    """One node's agent command (ssh, pdsh): ``node_rank`` is a number or pdsh's ``%n``; the token comes on stdin
+    or, where the launcher gives the remote command none (pdsh), on the command line. None: the placeholders."""
     if token_on_stdin:
-        token = "-"  # noqa: S105 - "read it from stdin"
+        token: str | None = TOKEN_ON_STDIN
     else:
-        token = endpoint.token if endpoint is not None else PLACEHOLDER_TOKEN
-    return (python, "-u", "-m", "xrun.launch", f"--connect={connect}", f"--node_rank={node_rank}", f"--token={token}")
-
-
-def route_source(addr: str, port: int = 22) -> str:
-    """The local address the kernel would use to reach ``addr`` (a UDP ``connect`` sends no packet)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((addr, port))
-        return str(probe.getsockname()[0])
+        token = endpoint.token if endpoint is not None else None
+    connect = endpoint.connect if endpoint is not None else None
+    return connect_argv(python, connect=connect, token=token, node_rank=node_rank)
 
 
 def resolve(host: str) -> str:

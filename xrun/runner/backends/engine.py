@@ -31,10 +31,11 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from xrun.errors import UsageError
+from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
-from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
+from xrun.runner.remote import Endpoint
 from xrun.shell import render
 
 TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -45,12 +46,11 @@ Which = Callable[[str], "str | None"]
 
 def agent_argv(python: str, endpoint: Endpoint | None, rank_variables: Sequence[str]) -> tuple[str, ...]:
     """The agent command every engine process runs (identical on every node)."""
-    connect = endpoint.connect if endpoint is not None else PLACEHOLDER_CONNECT
-    return (
-        python, "-u", "-m", "xrun.launch",
-        f"--connect={connect}",
-        f"--node_rank_from={','.join(rank_variables)}",
-        f"--token=env:{TOKEN_ENV}",
+    return connect_argv(
+        python,
+        connect=endpoint.connect if endpoint is not None else None,
+        token=token_from_env(TOKEN_ENV),
+        node_rank_from=rank_variables,
     )
 
 

@@ -13,7 +13,7 @@ ranks on failure and on signals.
 from __future__ import annotations
 
 from xrun.errors import UsageError
-from xrun.launch.cli import agent_argv
+from xrun.launch.command import agent_argv
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.plan import Plan
 

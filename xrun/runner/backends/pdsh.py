@@ -88,7 +88,7 @@ class PdshBackend:
 
 def control_address(hosts: list[str], remote: RemoteOptions) -> str:
     """The head's address on the route to the nodes; pdsh gives every node the same command, so one only."""
-    from xrun.runner.remote import route_source
+    from xrun.net import route_source
 
     sources: dict[str, list[str]] = {}
     for host in hosts:

@@ -45,8 +45,8 @@ class SshBackend:
         )
 
     def execute(self, plan: Plan, invocation: Invocation) -> int:
+        from xrun.net import route_source
         from xrun.runner.control import ControlServer
-        from xrun.runner.remote import route_source
         from xrun.runner.sshconn import Connected, HostConnectError, SshSettings, close_all, connect_all
 
         remote = plan.request.remote
