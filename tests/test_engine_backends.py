@@ -11,7 +11,8 @@ import pytest
 from tests.conftest import run_xrun
 from xrun.errors import UsageError
 from xrun.launch.spec import LaunchOptions
-from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends import known_backends
+from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.engine import TOKEN_ENV, agent_argv
 from xrun.runner.backends.impi import IntelMpiBackend
 from xrun.runner.backends.mpich import MpichBackend

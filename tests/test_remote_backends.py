@@ -5,7 +5,8 @@ import shlex
 import pytest
 
 from xrun.launch.spec import LaunchOptions
-from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends import known_backends
+from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.pdsh import pdsh_argv, ssh_args_append
 from xrun.runner.backends.ssh import ssh_commands
 from xrun.runner.plan import JobRequest, make_plan

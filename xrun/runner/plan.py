@@ -1,4 +1,8 @@
-"""The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run."""
+"""The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run.
+
+``make_plan`` asks the chosen backend's traits (``xrun.runner.backends.Traits``) what differs between backends:
+where the master is known, whether env travels, whether nodes plan alone.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from xrun.launch.spec import (
     node_ranks,
 )
 from xrun.net import free_port
+from xrun.runner.backends import backend_traits
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
-from xrun.runner.remote import CHANNEL_BACKENDS, RemoteOptions, master_placeholder
+from xrun.runner.remote import RemoteOptions, master_placeholder
 from xrun.runner.selection import Selection
 
 
@@ -93,15 +98,15 @@ def _local_names() -> set[str]:
 def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
     """Pure: the world and the request fix every rank's env and argv."""
     world = dict(world)
-    local = backend == "local"
+    traits = backend_traits(backend)
     first = next(iter(world))
     # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
     # Elastic nodes start without a barrier, so the rendezvous endpoint must be known up front: the first host.
-    auto = master_placeholder(first) if backend in CHANNEL_BACKENDS and request.elastic is None else first
-    master_addr = request.master_addr or (LOCAL_ADDR if local else auto)
+    auto = master_placeholder(first) if traits.uses_channel and request.elastic is None else first
+    master_addr = request.master_addr or (LOCAL_ADDR if traits.local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
     elastic = request.elastic
-    if elastic is not None and backend == "no_ssh" and elastic.rdzv_id is None:
+    if elastic is not None and traits.nodes_start_themselves and elastic.rdzv_id is None:
         # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
         elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
     elastic = resolve_elastic(elastic, world, rdzv)
@@ -113,8 +118,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
             options=request.options,
-            env={} if local else dict(request.env),
-            cwd=None if local else request.cwd,
+            env={} if traits.local else dict(request.env),
+            cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
         )

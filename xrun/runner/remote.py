@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 DEFAULT_FANOUT = 1024  # pdsh -f: DeepSpeed's value; pdsh's own default (32) would serialise big clusters
 DEFAULT_JOIN_TIMEOUT = 1800.0  # 30 min: nodes may pull images or mount filesystems before the agent runs
-CHANNEL_BACKENDS = frozenset({"ssh", "pdsh", "openmpi", "mpich", "impi", "mvapich", "slurm"})
 
 
 @dataclass(frozen=True)

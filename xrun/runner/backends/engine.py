@@ -15,7 +15,8 @@ PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank_from=OMPI_COMM_WORLD_RA
   non-zero exit, ``srun --kill-on-bad-exit=1``) is the second line; Ctrl-C reaches xrun only (the engine runs
   in its own session) and xrun stops the nodes, then the engine exits.
 
-Subclasses override data (program names, rank variables) and one pure ``engine_args`` method.
+Subclasses override data (program names, rank variables) and one pure ``engine_args`` method; their
+``traits`` (channel, engine: --launcher_args apply) are declared once, on ``EngineBackend``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.remote import Endpoint
@@ -58,6 +59,7 @@ class EngineBackend:
     """Base class: one engine command for every node; see the module doc."""
 
     name = "engine"
+    traits = Traits(uses_channel=True, engine=True)
     programs: tuple[str, ...] = ()  # candidates, first found on PATH wins (the first is shown when none is)
     rank_variables: tuple[str, ...] = ()  # the engine's per-process rank, in order of preference
     install_hint = ""

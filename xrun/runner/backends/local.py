@@ -8,7 +8,7 @@ from xrun.launch.agent import plan_bindings
 from xrun.launch.binding import format_cpus
 from xrun.launch.command import agent_argv
 from xrun.launch.spec import NodeSpec
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
 
@@ -22,6 +22,7 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
 
 class LocalBackend:
     name = "local"
+    traits = Traits(local=True)
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[0]

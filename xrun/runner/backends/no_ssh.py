@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from xrun.errors import UsageError
 from xrun.launch.command import agent_argv
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
 
@@ -32,6 +32,7 @@ def this_node(plan: Plan) -> int:
 
 class NoSshBackend:
     name = "no_ssh"
+    traits = Traits(nodes_start_themselves=True)
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[this_node(plan)]

@@ -20,7 +20,7 @@ import subprocess
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
@@ -56,6 +56,7 @@ def ssh_args_append(remote: RemoteOptions) -> str:
 
 class PdshBackend:
     name = "pdsh"
+    traits = Traits(uses_channel=True)
 
     def render(self, plan: Plan) -> Invocation:
         commands = tuple(

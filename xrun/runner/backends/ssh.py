@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 from xrun.runner.relay import LineRelay
 from xrun.runner.remote import Endpoint, agent_connect_argv
@@ -35,6 +35,7 @@ def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) ->
 
 class SshBackend:
     name = "ssh"
+    traits = Traits(uses_channel=True)
 
     def render(self, plan: Plan) -> Invocation:
         return Invocation(
