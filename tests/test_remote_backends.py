@@ -7,10 +7,11 @@ import pytest
 from xrun.launch.spec import LaunchOptions
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
+from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.backends.pdsh import pdsh_argv, ssh_args_append
 from xrun.runner.backends.ssh import ssh_commands
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
+from xrun.runner.remote_options import RemoteOptions
 from xrun.shell import render
 
 PY = "/opt/py/bin/python3"

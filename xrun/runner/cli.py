@@ -25,8 +25,8 @@ from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
-from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
-from xrun.runner.remote import add_remote_flags, remote_options, with_exports
+from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_exports, with_free_port
+from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
 

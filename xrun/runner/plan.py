@@ -1,11 +1,13 @@
 """The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run.
 
 ``make_plan`` asks the chosen backend's traits (``xrun.runner.backends.Traits``) what differs between backends:
-where the master is known, whether env travels, whether nodes plan alone.
+where the master is known, whether env travels, whether nodes plan alone. The two request steps that read
+the machine (a free port for a local run, the environment to export for a remote one) are at the end.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -24,9 +26,10 @@ from xrun.launch.spec import (
     node_ranks,
 )
 from xrun.net import free_port
+from xrun.runner import envpass
 from xrun.runner.backends import backend_traits
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
-from xrun.runner.remote import RemoteOptions, master_placeholder
+from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.selection import Selection
 
 
@@ -79,10 +82,6 @@ class Plan:
             elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
         )
 
-    @property
-    def local_only(self) -> bool:
-        return self.backend == "local"
-
 
 def is_local_world(world: World, hostfile: str | None) -> bool:
     """Runs without any remote launcher: no hostfile, or a hostfile naming only this machine."""
@@ -93,6 +92,11 @@ def is_local_world(world: World, hostfile: str | None) -> bool:
 
 def _local_names() -> set[str]:
     return {LOCALHOST, LOCAL_ADDR, socket.gethostname(), socket.getfqdn()}
+
+
+def master_placeholder(first_host: str) -> str:
+    """MASTER_ADDR in the plan of a channel backend: node 0's agent reports the real address at the barrier."""
+    return f"<{first_host} address>"
 
 
 def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
@@ -128,6 +132,22 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Request steps that read the machine (I/O at the edge, before the pure planning above).
+
+
 def with_free_port(request: JobRequest) -> JobRequest:
     """``--master_port 0`` on a local run: a port free on loopback now (remote runs agree on one at the barrier)."""
     return replace(request, master_port=free_port(LOCAL_ADDR)) if request.master_port == 0 else request
+
+
+def with_exports(request: JobRequest) -> JobRequest:
+    """Collect the environment for remote nodes (reads os.environ and the env files)."""
+    cwd = request.cwd or os.getcwd()
+    env = envpass.collect(
+        os.environ,
+        exports=request.remote.exports,
+        files=envpass.env_files(os.environ.get("HOME"), cwd),
+        cwd=cwd,
+    )
+    return replace(request, env=env)

@@ -34,9 +34,10 @@ from typing import Any, Callable
 from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.channel import Endpoint
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
-from xrun.runner.remote import Endpoint
+from xrun.runner.routes import control_address
 from xrun.shell import render
 
 TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -100,14 +101,13 @@ class EngineBackend:
     # -- execution -------------------------------------------------------------------------------------------
 
     def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.backends.pdsh import control_address
         from xrun.runner.control import ControlServer
 
         program = self.program()
         if self._which(program) is None:
             raise UsageError("--launcher", f"{self.name}: {program} not found on PATH; {self.install_hint}")
         remote = plan.request.remote
-        addr = remote.control_addr or control_address([node.host for node in plan.nodes], remote)
+        addr = control_address([node.host for node in plan.nodes], remote)
         token = secrets.token_hex(32)
         server = ControlServer(plan, token, join_timeout=remote.join_timeout)
         port = server.listen([addr])

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.plan import Plan
 from xrun.runner.relay import LineRelay
-from xrun.runner.remote import Endpoint, agent_connect_argv
 from xrun.shell import render
 
 
@@ -48,13 +48,10 @@ class SshBackend:
     def execute(self, plan: Plan, invocation: Invocation) -> int:
         from xrun.net import route_source
         from xrun.runner.control import ControlServer
-        from xrun.runner.sshconn import Connected, HostConnectError, SshSettings, close_all, connect_all
+        from xrun.runner.sshconn import Connected, HostConnectError, close_all, connect_all
 
         remote = plan.request.remote
-        settings = SshSettings(
-            port=remote.ssh_port, config_path=remote.ssh_config, accept_new_hosts=remote.accept_new_hosts
-        )
-        results = connect_all([node.host for node in plan.nodes], settings)
+        results = connect_all([node.host for node in plan.nodes], remote.ssh)
         try:
             connected = [r for r in results if isinstance(r, Connected)]
             if len(connected) != len(results):

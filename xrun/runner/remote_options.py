@@ -1,30 +1,40 @@
-"""What every remote backend shares: its options, the control endpoint, and the tiny agent command line.
-
-A remote backend's only job is to start ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K
---token=...`` once per node; everything else (ranks, argv, env, cwd) reaches the agent over the control
-channel. ``agent_connect_argv`` picks that command's options for ssh and pdsh (``xrun.launch.command`` renders
-it), for --dry-run and for real.
+"""The flags of remote runs, typed: ``RemoteOptions`` (built by the CLI, read by the planner and the backends)
+and ``SshSettings``, the ssh part of them, which every ssh user shares (the ssh backend through paramiko,
+pdsh and ``xrun check`` through OpenSSH's client: ``openssh_args``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import socket
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.launch.command import TOKEN_ON_STDIN, connect_argv, connect_target
-from xrun.net import route_source
-
-if TYPE_CHECKING:
-    from xrun.runner.plan import JobRequest
+from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT
 
 DEFAULT_FANOUT = 1024  # pdsh -f: DeepSpeed's value; pdsh's own default (32) would serialise big clusters
-DEFAULT_JOIN_TIMEOUT = 1800.0  # 30 min: nodes may pull images or mount filesystems before the agent runs
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    port: int | None = None  # --ssh_port wins over the config's Port
+    config_path: str | None = None
+    accept_new_hosts: bool = False
+    connect_timeout: float | None = None  # paramiko only (OpenSSH reads ConnectTimeout from its config)
+
+
+def openssh_args(settings: SshSettings) -> tuple[str, ...]:
+    """The same settings as OpenSSH client options (``ssh``, ``PDSH_SSH_ARGS_APPEND``)."""
+    args: list[str] = []
+    if settings.port is not None:
+        args += ["-p", str(settings.port)]
+    if settings.config_path is not None:
+        args += ["-F", settings.config_path]
+    if settings.accept_new_hosts:
+        args += ["-o", "StrictHostKeyChecking=accept-new"]
+    args += ["-o", "BatchMode=yes"]  # never prompt: a password prompt per host would hang a fan-out
+    return tuple(args)
 
 
 @dataclass(frozen=True)
@@ -35,64 +45,20 @@ class RemoteOptions:
     ssh_config: str | None = None
     accept_new_hosts: bool = False
     fanout: int = DEFAULT_FANOUT
-    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT  # 30 min: nodes may pull images or mount filesystems first
     control_addr: str | None = None
     exports: tuple[str, ...] = ()
     no_ssh: bool = False
     node_rank: int | None = None  # --no_ssh: this node's rank, given by hand
     launcher_args: tuple[str, ...] = ()  # --launcher_args, shell-split: extra arguments for mpirun/srun
 
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where agents reach the runner and how they prove they belong to this run."""
-
-    addr: str
-    port: int
-    token: str
-
     @property
-    def connect(self) -> str:
-        return connect_target(self.addr, self.port)
-
-
-def master_placeholder(first_host: str) -> str:
-    """MASTER_ADDR in the plan of a channel backend: node 0's agent reports the real address at the barrier."""
-    return f"<{first_host} address>"
-
-
-def agent_connect_argv(
-    python: str, endpoint: Endpoint | None, node_rank: str, *, token_on_stdin: bool
-) -> tuple[str, ...]:
-    """One node's agent command (ssh, pdsh): ``node_rank`` is a number or pdsh's ``%n``; the token comes on stdin
-    or, where the launcher gives the remote command none (pdsh), on the command line. None: the placeholders."""
-    if token_on_stdin:
-        token: str | None = TOKEN_ON_STDIN
-    else:
-        token = endpoint.token if endpoint is not None else None
-    connect = endpoint.connect if endpoint is not None else None
-    return connect_argv(python, connect=connect, token=token, node_rank=node_rank)
-
-
-def resolve(host: str) -> str:
-    """First address of ``host`` (the control address is chosen from routes, so names must resolve here)."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror as err:
-        reason = f"cannot resolve {host!r} ({err.strerror}); pass --control_addr ADDR"
-        raise UsageError("--control_addr", reason) from None
-    return str(infos[0][4][0])
-
-
-def control_addresses(peer_addrs: dict[str, str], override: str | None) -> dict[str, str]:
-    """host -> the head address that host should connect to: the source address of the route to it."""
-    if override is not None:
-        return {host: override for host in peer_addrs}
-    return {host: route_source(addr) for host, addr in peer_addrs.items()}
+    def ssh(self) -> SshSettings:
+        return SshSettings(port=self.ssh_port, config_path=self.ssh_config, accept_new_hosts=self.accept_new_hosts)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Command line (the runner's CLI adds these; check reuses them).
+# Command line (the runner's CLI adds these; ``xrun check`` adds the ssh ones).
 
 
 def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
@@ -119,9 +85,15 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
         help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")
 
 
-def remote_options(ns: argparse.Namespace) -> RemoteOptions:
+def ssh_settings(ns: argparse.Namespace) -> SshSettings:
+    """The ssh flags (``add_remote_flags``, with or without the job ones)."""
     if ns.ssh_port is not None and not 0 < ns.ssh_port < 65536:
         raise UsageError("--ssh_port", f"{ns.ssh_port} is not a TCP port")
+    return SshSettings(port=ns.ssh_port, config_path=ns.ssh_config, accept_new_hosts=ns.ssh_accept_new_hosts)
+
+
+def remote_options(ns: argparse.Namespace) -> RemoteOptions:
+    ssh = ssh_settings(ns)
     if ns.fanout < 1:
         raise UsageError("--fanout", f"must be at least 1, not {ns.fanout}")
     if ns.join_timeout <= 0:
@@ -136,9 +108,9 @@ def remote_options(ns: argparse.Namespace) -> RemoteOptions:
         raise UsageError("--launcher_args", f"{ns.launcher_args!r}: {err} (it is split like a shell would)") from None
     return RemoteOptions(
         launcher_args=launcher_args,
-        ssh_port=ns.ssh_port,
-        ssh_config=ns.ssh_config,
-        accept_new_hosts=ns.ssh_accept_new_hosts,
+        ssh_port=ssh.port,
+        ssh_config=ssh.config_path,
+        accept_new_hosts=ssh.accept_new_hosts,
         fanout=ns.fanout,
         join_timeout=ns.join_timeout,
         control_addr=ns.control_addr,
@@ -146,17 +118,3 @@ def remote_options(ns: argparse.Namespace) -> RemoteOptions:
         no_ssh=ns.no_ssh,
         node_rank=ns.node_rank,
     )
-
-
-def with_exports(request: JobRequest) -> JobRequest:
-    """Collect the environment for remote nodes (reads os.environ and the env files: I/O at the edge)."""
-    from xrun.runner import envpass
-
-    cwd = request.cwd or os.getcwd()
-    env = envpass.collect(
-        os.environ,
-        exports=request.remote.exports,
-        files=envpass.env_files(os.environ.get("HOME"), cwd),
-        cwd=cwd,
-    )
-    return replace(request, env=env)
