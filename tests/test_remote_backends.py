@@ -123,7 +123,7 @@ def test_missing_pdsh_is_one_line_with_the_fix(monkeypatch):
     monkeypatch.setattr(pdsh_module.shutil, "which", lambda name: None)
     plan = plan_for("pdsh")
     with pytest.raises(UsageError, match="apt-get install pdsh, or use --launcher ssh"):
-        get_backend("pdsh").execute(plan, get_backend("pdsh").render(plan))
+        get_backend("pdsh").execute(plan)
 
 
 def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):

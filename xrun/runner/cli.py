@@ -155,11 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         request, dry_run = parse_request(args)
         plan = plan_job(request)
         backend = get_backend(plan.backend)
-        invocation = backend.render(plan)
         if dry_run is not None:
-            print_plan(plan, invocation, dry_run)
+            print_plan(plan, backend.render(plan), dry_run)
             return 0
-        return backend.execute(plan, invocation)
+        return backend.execute(plan)
     except XrunError as err:
         print(f"xrun: {err}", file=sys.stderr)
         return err.exit_code

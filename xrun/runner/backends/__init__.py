@@ -2,8 +2,8 @@
 
 Each backend class declares its ``traits`` (what the planner and the CLI must know about it) in its own
 module; ``backend_traits(name)`` reads them from the class without instantiating it. Backend modules keep
-their module-level imports light (paramiko, psutil and the control server load inside ``execute``), so
-reading a backend's traits costs one small import. This module knows nothing of plans, so
+their module-level imports light (paramiko, psutil, the control server and ``secrets`` load inside
+``execute``), so reading a backend's traits costs one small import. This module knows nothing of plans, so
 the planner can ask it; the ``Backend`` protocol and ``get_backend`` are in ``backends.base``.
 """
 

@@ -20,8 +20,8 @@ class Backend(Protocol):
     def render(self, plan: Plan) -> Invocation:
         """Pure: the commands that will run (--dry-run prints them; placeholders stand for the endpoint)."""
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        """Run the invocation; return xrun's exit code."""
+    def execute(self, plan: Plan) -> int:
+        """Start the agents for ``plan`` and run the job; return xrun's exit code."""
 
 
 def get_backend(name: str) -> Backend:

@@ -21,10 +21,7 @@ Subclasses override data (program names, rank variables) and one pure ``engine_a
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -34,7 +31,7 @@ from typing import Any, Callable
 from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand, Traits
-from xrun.runner.backends.channel import Endpoint
+from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.routes import control_address
@@ -100,21 +97,23 @@ class EngineBackend:
 
     # -- execution -------------------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.control import ControlServer
-
+    def execute(self, plan: Plan) -> int:
         program = self.program()
         if self._which(program) is None:
             raise UsageError("--launcher", f"{self.name}: {program} not found on PATH; {self.install_hint}")
-        remote = plan.request.remote
-        addr = control_address([node.host for node in plan.nodes], remote)
-        token = secrets.token_hex(32)
-        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
-        port = server.listen([addr])
-        argv = self.engine_argv(plan, Endpoint(addr, port, token))
+        hosts = [node.host for node in plan.nodes]
+        # One engine command for every node, so every node connects to one address.
+        addr = control_address(hosts, plan.request.remote)
+        return run_over_channel(
+            plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(program, plan, endpoints)
+        )
+
+    def _start(self, program: str, plan: Plan, endpoints: Endpoints) -> EngineSession:
+        endpoint = one_endpoint(plan, endpoints)
+        argv = self.engine_argv(plan, endpoint)
         # The token goes first: MPICH 4.0's hydra never exports the last variable of its environment by name
         # (-genvlist), measured on Debian 12.
-        env = {TOKEN_ENV: token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
+        env = {TOKEN_ENV: endpoint.token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
@@ -122,9 +121,8 @@ class EngineBackend:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
-            server.close()
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
-        return server.run(EngineSession(proc, program))
+        return EngineSession(proc, program)
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -132,6 +130,9 @@ _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
+    import ctypes  # noqa: PLC0415 - only a real run loads libc
+    import ctypes.util  # noqa: PLC0415
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         prctl = libc.prctl

@@ -35,7 +35,7 @@ class LocalBackend:
             cpus=local_cpu_sets(node),
         )
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
+    def execute(self, plan: Plan) -> int:
         from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
         return run_node(plan.nodes[0])

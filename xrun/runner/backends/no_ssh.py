@@ -44,7 +44,7 @@ class NoSshBackend:
             "start xrun with the matching --node_rank on every other node",
         )
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
+    def execute(self, plan: Plan) -> int:
         from xrun.launch.agent import run_node
 
         return run_node(plan.nodes[this_node(plan)])

@@ -12,7 +12,6 @@ so the run token is on the command line; the runner accepts each node rank once,
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from typing import Any
 
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand, Traits
-from xrun.runner.backends.channel import Endpoint, agent_connect_argv
+from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
 from xrun.runner.remote_options import RemoteOptions, openssh_args
@@ -58,26 +57,24 @@ class PdshBackend:
         note = f"started as: PDSH_SSH_ARGS_APPEND={ssh_args_append(plan.request.remote)!r} {render(pdsh_argv(plan))}"
         return Invocation(backend=self.name, commands=commands, note=note)
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.control import ControlServer
-
+    def execute(self, plan: Plan) -> int:
         pdsh = shutil.which("pdsh")
         if pdsh is None:
             raise UsageError("--launcher", "pdsh is not installed: apt-get install pdsh, or use --launcher ssh")
-        remote = plan.request.remote
-        addr = control_address([node.host for node in plan.nodes], remote)
-        token = secrets.token_hex(32)
-        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
-        port = server.listen([addr])
-        argv = (pdsh,) + pdsh_argv(plan, Endpoint(addr, port, token))[1:]
-        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(remote))
+        hosts = [node.host for node in plan.nodes]
+        # pdsh gives every node the same command, so every node connects to one address.
+        addr = control_address(hosts, plan.request.remote)
+        return run_over_channel(plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(pdsh, plan, endpoints))
+
+    def _start(self, pdsh: str, plan: Plan, endpoints: Endpoints) -> PdshSession:
+        argv = (pdsh,) + pdsh_argv(plan, one_endpoint(plan, endpoints))[1:]
+        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(plan.request.remote))
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         except OSError as err:
-            server.close()
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return server.run(PdshSession(proc))
+        return PdshSession(proc)
 
 
 class PdshSession(LauncherProcess):
