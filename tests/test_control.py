@@ -11,9 +11,9 @@ import time
 from tests.conftest import ROOT
 from xrun.launch import channel
 from xrun.launch.spec import LaunchOptions
+from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.control import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.remote import Endpoint, agent_connect_argv
 from xrun.runner.status import PlainStatus
 
 RANK = """

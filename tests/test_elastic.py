@@ -179,7 +179,7 @@ def test_agent_command_line_carries_elastic():
                                 "--nnodes=1:2", "--max_restarts=2", "--join_timeout=60", "train.py"])
     spec = command.node_spec()
     assert spec.elastic.max_nodes == 2 and spec.elastic.join_timeout == 60.0
-    from xrun.launch.cli import agent_argv
+    from xrun.launch.command import agent_argv
 
     again = parse_agent_argv(list(agent_argv(command)[4:]))
     assert again.node_spec() == spec

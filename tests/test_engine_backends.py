@@ -11,7 +11,9 @@ import pytest
 from tests.conftest import run_xrun
 from xrun.errors import UsageError
 from xrun.launch.spec import LaunchOptions
-from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends import known_backends
+from xrun.runner.backends.base import get_backend
+from xrun.runner.backends.channel import Endpoint
 from xrun.runner.backends.engine import TOKEN_ENV, agent_argv
 from xrun.runner.backends.impi import IntelMpiBackend
 from xrun.runner.backends.mpich import MpichBackend
@@ -20,7 +22,7 @@ from xrun.runner.backends.openmpi import OpenMpiBackend
 from xrun.runner.backends.slurm import SlurmBackend
 from xrun.runner.cli import choose_backend, parse_request, plan_job
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.remote import Endpoint, RemoteOptions
+from xrun.runner.remote_options import RemoteOptions
 from xrun.shell import render
 
 PY = "/opt/py/bin/python3"

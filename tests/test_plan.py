@@ -3,7 +3,8 @@ import shlex
 import pytest
 
 from xrun.errors import UsageError
-from xrun.launch.cli import AgentCommand, agent_argv, parse_agent_argv
+from xrun.launch.cli import parse_agent_argv
+from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.spec import AgentOptions, LaunchOptions, PythonMode, Rendezvous
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.dryrun import plan_json, plan_text

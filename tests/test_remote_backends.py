@@ -4,12 +4,16 @@ import shlex
 
 import pytest
 
+from xrun.launch.command import connect_argv, connect_target, token_from_env
+from xrun.launch.connect import build_parser, split_endpoint
 from xrun.launch.spec import LaunchOptions
-from xrun.runner.backends import get_backend, known_backends
+from xrun.runner.backends import known_backends
+from xrun.runner.backends.base import get_backend
+from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.backends.pdsh import pdsh_argv, ssh_args_append
 from xrun.runner.backends.ssh import ssh_commands
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
+from xrun.runner.remote_options import RemoteOptions
 from xrun.shell import render
 
 PY = "/opt/py/bin/python3"
@@ -55,6 +59,29 @@ def test_ssh_commands_golden():
 def test_ipv6_endpoint_is_bracketed():
     argv = agent_connect_argv(PY, Endpoint("fd00::1", 5, "t"), "0", token_on_stdin=True)
     assert argv[4] == "--connect=[fd00::1]:5"
+
+
+@pytest.mark.parametrize("addr", ["10.77.0.1", "fd00::1", "node-1.cluster"])
+def test_connect_target_round_trips_through_the_agents_parser(addr):
+    assert split_endpoint(connect_target(addr, 40123)) == (addr, 40123)
+
+
+@pytest.mark.parametrize(
+    "rank, expected",
+    [({"node_rank": 3}, (3, None)), ({"node_rank_from": ("PMI_RANK", "PMIX_RANK")}, (None, "PMI_RANK,PMIX_RANK"))],
+)
+def test_connect_argv_is_what_the_agent_parses(rank, expected):
+    argv = connect_argv(PY, connect=ENDPOINT.connect, token=token_from_env("XRUN_TOKEN"), **rank)
+    assert argv[:4] == (PY, "-u", "-m", "xrun.launch")
+    ns = build_parser().parse_args(list(argv[4:]))
+    assert (ns.connect, ns.node_rank, ns.node_rank_from, ns.token) == ("10.77.0.1:40123", *expected, "env:XRUN_TOKEN")
+
+
+def test_connect_argv_needs_exactly_one_rank_option():
+    with pytest.raises(ValueError, match="exactly one"):
+        connect_argv(PY, connect=None, token=None)
+    with pytest.raises(ValueError, match="exactly one"):
+        connect_argv(PY, connect=None, token=None, node_rank=0, node_rank_from=("PMI_RANK",))
 
 
 def test_dry_run_placeholders_and_notes():
@@ -121,7 +148,7 @@ def test_missing_pdsh_is_one_line_with_the_fix(monkeypatch):
     monkeypatch.setattr(pdsh_module.shutil, "which", lambda name: None)
     plan = plan_for("pdsh")
     with pytest.raises(UsageError, match="apt-get install pdsh, or use --launcher ssh"):
-        get_backend("pdsh").execute(plan, get_backend("pdsh").render(plan))
+        get_backend("pdsh").execute(plan)
 
 
 def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):

@@ -1,8 +1,10 @@
 """``python -m xrun.launch``: the node agent's command line, DeepSpeed-compatible.
 
     python -m xrun.launch --world_info=B64 --node_rank=N --master_addr=A --master_port=P [options] SCRIPT ARGS...
+    python -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-        (a multi-node run: xrun.launch.connect)
 
-``agent_argv`` renders exactly the command line this parser reads, so the runner's dry-run and the agent agree.
+This module parses; ``xrun.launch.command`` renders both forms (``parse_agent_argv(agent_argv(c)[4:]) == c``),
+so the runner's dry-run and the agent agree. The flag groups are shared with the runner's own command line.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.launch import rdzv
+from xrun.launch.command import AgentCommand
 from xrun.launch.spec import (
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
@@ -23,36 +25,10 @@ from xrun.launch.spec import (
     AgentOptions,
     ElasticOptions,
     LaunchOptions,
-    NodeSpec,
     PythonMode,
     Rendezvous,
-    World,
     decode_world_info,
-    encode_world_info,
-    node_ranks,
 )
-
-
-@dataclass(frozen=True)
-class AgentCommand:
-    """Everything on an agent command line, typed."""
-
-    world: World
-    node_rank: int
-    rendezvous: Rendezvous
-    launch: LaunchOptions
-    options: AgentOptions
-    script: str
-    args: tuple[str, ...]
-    elastic: ElasticOptions | None = None
-
-    def node_spec(self) -> NodeSpec:
-        host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
-        ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
-        return NodeSpec(
-            host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id,
-            elastic=rdzv.resolve_elastic(self.elastic, self.world, self.rendezvous),
-        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,47 +180,6 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
         args=split.program_args,
         elastic=elastic_options(ns),
     )
-
-
-def agent_argv(command: AgentCommand) -> tuple[str, ...]:
-    """The agent command line for ``command``; ``parse_agent_argv(agent_argv(c)[3:])`` gives ``c`` back."""
-    rdzv, launch, options = command.rendezvous, command.launch, command.options
-    argv = [
-        launch.python, "-u", "-m", "xrun.launch",
-        f"--world_info={encode_world_info(command.world)}",
-        f"--node_rank={command.node_rank}",
-        f"--master_addr={rdzv.master_addr}",
-        f"--master_port={rdzv.master_port}",
-        f"--run_id={rdzv.run_id}",
-    ]
-    argv += ["--no_local_rank"] if not launch.local_rank_arg else []
-    argv += ["--module"] if launch.mode is PythonMode.MODULE else []
-    argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
-    argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
-    argv += ["--no_prefix"] if not options.prefix else []
-    argv += ["--quiet"] if options.quiet else []
-    if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
-        argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
-    argv += ["--bind_cores_to_rank"] if options.bind_cores else []
-    argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
-    argv += elastic_argv(command.elastic)
-    return tuple(argv) + ("--", command.script) + command.args
-
-
-def elastic_argv(elastic: ElasticOptions | None) -> list[str]:
-    if elastic is None:
-        return []
-    argv = ["--elastic"]
-    argv += [f"--min_nodes={elastic.min_nodes}"] if elastic.min_nodes is not None else []
-    argv += [f"--max_nodes={elastic.max_nodes}"] if elastic.max_nodes is not None else []
-    argv += [f"--max_restarts={elastic.max_restarts}"] if elastic.max_restarts else []
-    argv += [f"--rdzv_backend={elastic.rdzv_backend}"] if elastic.rdzv_backend != "c10d" else []
-    argv += [f"--rdzv_endpoint={elastic.rdzv_endpoint}"] if elastic.rdzv_endpoint else []
-    argv += [f"--rdzv_id={elastic.rdzv_id}"] if elastic.rdzv_id else []
-    argv += [f"--rdzv_conf={k}={v}" for k, v in elastic.rdzv_conf.items()]
-    argv += [f"--monitor_interval={elastic.monitor_interval:g}"] if elastic.monitor_interval != 0.1 else []
-    argv += [f"--join_timeout={elastic.join_timeout:g}"] if elastic.join_timeout != DEFAULT_JOIN_TIMEOUT else []
-    return argv
 
 
 def is_connect_mode(argv: Sequence[str]) -> bool:

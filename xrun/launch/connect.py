@@ -1,6 +1,7 @@
 """``python -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-``: the agent of a multi-node run.
 
-The backend (ssh, pdsh, ...) starts this tiny command on every node. The agent connects back to the runner's
+The backend (ssh, pdsh, ...) starts this tiny command on every node (rendered by
+``xrun.launch.command.connect_argv``; ``build_parser`` below reads it). The agent connects back to the runner's
 control server, proves it belongs to the run with the one-time token, and receives its node spec (ranks,
 argv, environment, working directory) over the channel, so neither the user's arguments nor any environment
 value ever appear on a command line. Then:
@@ -40,8 +41,10 @@ from xrun import __version__
 from xrun.errors import UsageError, XrunError
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
+from xrun.net import free_port
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
 SPEC_TIMEOUT = 30.0
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     rank.add_argument("--node_rank", "--node-rank", type=int, help="this node's index")
     rank.add_argument("--node_rank_from", "--node-rank-from", metavar="VAR[,VAR...]",
                       help="read this node's index from the first of these variables that is set (MPI, Slurm)")
-    parser.add_argument("--token", default="-",
+    parser.add_argument("--token", default=TOKEN_ON_STDIN,
                         help="one-time run token; '-' reads it from stdin's first line, 'env:NAME' from variable NAME")
     return parser
 
@@ -86,13 +89,13 @@ def node_rank_from(names: str, environ: Mapping[str, str]) -> int:
 
 
 def read_token(value: str) -> str:
-    if value.startswith("env:"):
-        name = value[len("env:") :]
+    if value.startswith(TOKEN_ENV_PREFIX):
+        name = value[len(TOKEN_ENV_PREFIX) :]
         token = os.environ.pop(name, "")  # gone before any rank starts: no rank inherits it
         if not token:
             raise UsageError("--token", f"{name} is not set; the launcher exports it to every node by name")
         return token
-    if value != "-":
+    if value != TOKEN_ON_STDIN:
         return value
     line = sys.stdin.buffer.readline()
     if not line.endswith(b"\n"):
@@ -127,13 +130,6 @@ def hello(token: str, node_rank: int, sock: socket.socket) -> dict[str, Any]:
         versions={"xrun": __version__, "spec": SPEC_VERSION, "python": sys.version.split()[0],
                   "executable": sys.executable},
     )
-
-
-def pick_port(addr: str) -> int:
-    """A free TCP port for rank 0's store (``--master_port 0``): bound on every address, then released."""
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int) -> NodeSpec:
@@ -286,7 +282,8 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
     except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
         channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
         raise
-    port_pick = pick_port(sock.getsockname()[0]) if first.get("pick_master_port") else None
+    # --master_port 0: a port free on every address for rank 0's store (it listens on all of them).
+    port_pick = free_port(sock.getsockname()[0], every_address=True) if first.get("pick_master_port") else None
     channel.send(sock, message(Kind.READY, master_port=port_pick))
     start = wait_for_start(sock, reader)
     if start is None:

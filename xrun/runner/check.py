@@ -24,7 +24,7 @@ from xrun.argsplit import spellings
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hostfile import read_hostfile
-from xrun.runner.remote import add_remote_flags
+from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.runner.selection import Selection, select
 from xrun.shell import render
 
@@ -101,17 +101,17 @@ def probe_command(python: str, master_port: int) -> str:
 def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
     """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
     commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0) for i, h in enumerate(hosts)}
+    settings = ssh_settings(ns)
     try:
         import paramiko  # noqa: F401
     except ImportError:
-        return _probe_openssh(commands, ns)
-    return _probe_paramiko(commands, ns)
+        return _probe_openssh(commands, settings)
+    return _probe_paramiko(commands, settings)
 
 
-def _probe_paramiko(commands: dict[str, str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
-    from xrun.runner.sshconn import Connected, SshSettings, close_all, connect_all
+def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
+    from xrun.runner.sshconn import Connected, close_all, connect_all
 
-    settings = SshSettings(port=ns.ssh_port, config_path=ns.ssh_config, accept_new_hosts=ns.ssh_accept_new_hosts)
     results = connect_all(list(commands), settings)
     try:
         def one(result: Any) -> tuple[str, tuple[bool, str, str]]:
@@ -130,14 +130,11 @@ def _probe_paramiko(commands: dict[str, str], ns: argparse.Namespace) -> dict[st
         close_all(results)
 
 
-def _probe_openssh(commands: dict[str, str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
+def _probe_openssh(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
     ssh = shutil.which("ssh")
     if ssh is None:
         raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client")
-    base = [ssh, "-o", "BatchMode=yes"]
-    base += ["-p", str(ns.ssh_port)] if ns.ssh_port else []
-    base += ["-F", ns.ssh_config] if ns.ssh_config else []
-    base += ["-o", "StrictHostKeyChecking=accept-new"] if ns.ssh_accept_new_hosts else []
+    base = [ssh, *openssh_args(settings)]
 
     def one(host: str) -> tuple[str, tuple[bool, str, str]]:
         try:

@@ -20,12 +20,13 @@ from xrun.launch.cli import (
     launch_options,
 )
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.runner.backends import ENGINE_BACKENDS, get_backend, known_backends
+from xrun.runner.backends import backend_traits, engine_backends, known_backends
+from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
-from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
-from xrun.runner.remote import add_remote_flags, remote_options, with_exports
+from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_exports, with_free_port
+from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
 
@@ -99,9 +100,9 @@ def uses_slurm_allocation(request: JobRequest) -> bool:
     """No hostfile inside salloc/sbatch: the allocation is the hostfile (``--launcher local`` opts out)."""
     return (
         request.hostfile is None
-        and request.launcher != "local"
         and not request.remote.no_ssh
         and in_allocation(os.environ)
+        and (request.launcher is None or not backend_traits(request.launcher).local)
     )
 
 
@@ -123,25 +124,24 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
         return "no_ssh"
     local = is_local_world(world, request.hostfile)
     if request.launcher is not None:
-        if request.launcher == "local" and not local:
-            raise UsageError("--launcher", f"'local' runs on this machine only, but the world has {len(world)} hosts")
+        if backend_traits(request.launcher).local and not local:
+            raise UsageError("--launcher", f"{request.launcher!r} runs on this machine only, "
+                             f"but the world has {len(world)} hosts")
         return request.launcher
     if uses_slurm_allocation(request):
         return "slurm"
     if local:
         return "local"
-    return "pdsh" if shutil.which("pdsh") and "pdsh" in known_backends() else "ssh"
+    return "pdsh" if shutil.which("pdsh") else "ssh"
 
 
 def plan_job(request: JobRequest) -> Plan:
     world = select(resource_pool(request), request.selection)
     backend = choose_backend(request, world)
-    if request.remote.launcher_args and backend not in ENGINE_BACKENDS:
-        raise UsageError("--launcher_args", f"applies to {', '.join(sorted(ENGINE_BACKENDS))}, not to {backend!r}")
-    if backend == "local":
-        request = with_free_port(request)
-    else:
-        request = with_exports(request)
+    traits = backend_traits(backend)
+    if request.remote.launcher_args and not traits.engine:
+        raise UsageError("--launcher_args", f"applies to {', '.join(engine_backends())}, not to {backend!r}")
+    request = with_free_port(request) if traits.local else with_exports(request)
     return make_plan(request, world, backend)
 
 
@@ -155,11 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         request, dry_run = parse_request(args)
         plan = plan_job(request)
         backend = get_backend(plan.backend)
-        invocation = backend.render(plan)
         if dry_run is not None:
-            print_plan(plan, invocation, dry_run)
+            print_plan(plan, backend.render(plan), dry_run)
             return 0
-        return backend.execute(plan, invocation)
+        return backend.execute(plan)
     except XrunError as err:
         print(f"xrun: {err}", file=sys.stderr)
         return err.exit_code

@@ -1,13 +1,19 @@
-"""The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run."""
+"""The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run.
+
+``make_plan`` asks the chosen backend's traits (``xrun.runner.backends.Traits``) what differs between backends:
+where the master is known, whether env travels, whether nodes plan alone. The two request steps that read
+the machine (a free port for a local run, the environment to export for a remote one) are at the end.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from xrun.errors import UsageError
-from xrun.launch.cli import AgentCommand
+from xrun.launch.command import AgentCommand
 from xrun.launch.rdzv import resolve_elastic
 from xrun.launch.spec import (
     AgentOptions,
@@ -19,8 +25,11 @@ from xrun.launch.spec import (
     encode_world_info,
     node_ranks,
 )
+from xrun.net import free_port
+from xrun.runner import envpass
+from xrun.runner.backends import backend_traits
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
-from xrun.runner.remote import CHANNEL_BACKENDS, RemoteOptions, master_placeholder
+from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.selection import Selection
 
 
@@ -73,10 +82,6 @@ class Plan:
             elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
         )
 
-    @property
-    def local_only(self) -> bool:
-        return self.backend == "local"
-
 
 def is_local_world(world: World, hostfile: str | None) -> bool:
     """Runs without any remote launcher: no hostfile, or a hostfile naming only this machine."""
@@ -89,18 +94,23 @@ def _local_names() -> set[str]:
     return {LOCALHOST, LOCAL_ADDR, socket.gethostname(), socket.getfqdn()}
 
 
+def master_placeholder(first_host: str) -> str:
+    """MASTER_ADDR in the plan of a channel backend: node 0's agent reports the real address at the barrier."""
+    return f"<{first_host} address>"
+
+
 def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
     """Pure: the world and the request fix every rank's env and argv."""
     world = dict(world)
-    local = backend == "local"
+    traits = backend_traits(backend)
     first = next(iter(world))
     # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
     # Elastic nodes start without a barrier, so the rendezvous endpoint must be known up front: the first host.
-    auto = master_placeholder(first) if backend in CHANNEL_BACKENDS and request.elastic is None else first
-    master_addr = request.master_addr or (LOCAL_ADDR if local else auto)
+    auto = master_placeholder(first) if traits.uses_channel and request.elastic is None else first
+    master_addr = request.master_addr or (LOCAL_ADDR if traits.local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
     elastic = request.elastic
-    if elastic is not None and backend == "no_ssh" and elastic.rdzv_id is None:
+    if elastic is not None and traits.nodes_start_themselves and elastic.rdzv_id is None:
         # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
         elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
     elastic = resolve_elastic(elastic, world, rdzv)
@@ -112,8 +122,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
             options=request.options,
-            env={} if local else dict(request.env),
-            cwd=None if local else request.cwd,
+            env={} if traits.local else dict(request.env),
+            cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
         )
@@ -122,12 +132,22 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
 
 
-def pick_free_port(addr: str = LOCAL_ADDR) -> int:
-    """Ask the kernel for a free TCP port (``--master_port 0`` on a local run)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return int(sock.getsockname()[1])
+# ---------------------------------------------------------------------------------------------------------------
+# Request steps that read the machine (I/O at the edge, before the pure planning above).
 
 
 def with_free_port(request: JobRequest) -> JobRequest:
-    return replace(request, master_port=pick_free_port()) if request.master_port == 0 else request
+    """``--master_port 0`` on a local run: a port free on loopback now (remote runs agree on one at the barrier)."""
+    return replace(request, master_port=free_port(LOCAL_ADDR)) if request.master_port == 0 else request
+
+
+def with_exports(request: JobRequest) -> JobRequest:
+    """Collect the environment for remote nodes (reads os.environ and the env files)."""
+    cwd = request.cwd or os.getcwd()
+    env = envpass.collect(
+        os.environ,
+        exports=request.remote.exports,
+        files=envpass.env_files(os.environ.get("HOME"), cwd),
+        cwd=cwd,
+    )
+    return replace(request, env=env)

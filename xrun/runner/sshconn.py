@@ -8,7 +8,9 @@ UserKnownHostsFile / GlobalKnownHostsFile. An unknown host is refused unless ``-
 
 paramiko does not read ``/etc/ssh/ssh_config`` drop-ins (``Include``), so pass ``--ssh_config`` when a
 setting lives only there. Failures are data: ``connect_all`` returns one ``Connected`` or ``Unreachable`` per
-host, and the caller closes what did connect when anything did not.
+host, and the caller closes what did connect when anything did not. ``SshSettings`` come from the command line
+(``xrun.runner.remote_options``), where ``openssh_args`` renders the same settings for OpenSSH's client (pdsh,
+``xrun check`` without paramiko).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.errors import UsageError, XrunError
+from xrun.runner.remote_options import SshSettings
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -37,14 +40,6 @@ class HostConnectError(XrunError):
         self.failures = tuple(failures)
         detail = "; ".join(f"{f.host}: {f.reason}" for f in failures)
         super().__init__(f"cannot start on {len(failures)} host(s): {detail}")
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    port: int | None = None  # --ssh_port wins over the config's Port
-    config_path: str | None = None
-    accept_new_hosts: bool = False
-    connect_timeout: float | None = None
 
 
 @dataclass

@@ -1,17 +1,20 @@
-"""Backends start one node agent per node. Found by name through a registry; loaded lazily so that the
-heavy ones (paramiko) cost nothing unless chosen."""
+"""The backend registry: name -> backend class, found lazily so that the heavy ones cost nothing unless chosen.
+
+Each backend class declares its ``traits`` (what the planner and the CLI must know about it) in its own
+module; ``backend_traits(name)`` reads them from the class without instantiating it. Backend modules keep
+their module-level imports light (paramiko, psutil, the control server and ``secrets`` load inside
+``execute``), so reading a backend's traits costs one small import. This module knows nothing of plans, so
+the planner can ask it; the ``Backend`` protocol and ``get_backend`` are in ``backends.base``.
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Any
 
 from xrun.errors import UsageError
-
-if TYPE_CHECKING:
-    from xrun.runner.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -33,20 +36,23 @@ class Invocation:
     cpus: Mapping[int, str] = field(default_factory=dict)
 
 
-class Backend(Protocol):
-    name: str
+@dataclass(frozen=True)
+class Traits:
+    """What the planner and the CLI need to know about a backend before choosing or planning with it."""
 
-    def render(self, plan: Plan) -> Invocation:
-        """Pure: the commands that will run."""
+    # The agents connect back over the control channel (``backends.channel``): node 0's address and, for
+    # --master_port 0, a free port are agreed at the start barrier, so the plan holds a placeholder master.
+    uses_channel: bool = False
+    # An engine (mpirun, hydra, srun) starts the agents: --launcher_args are its extra arguments.
+    engine: bool = False
+    # This machine is the whole world: the agent runs in xrun's own process, ranks rendezvous on loopback,
+    # nothing is exported and --master_port 0 is picked here.
+    local: bool = False
+    # Every node runs its own xrun (--no_ssh) and plans alone: what they must agree on cannot be drawn at random.
+    nodes_start_themselves: bool = False
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        """Run the invocation; return xrun's exit code."""
 
-
-# Backends whose engine (mpirun, hydra, srun) starts the agents; kept here so that checking a name is cheap.
-ENGINE_BACKENDS = frozenset({"openmpi", "mpich", "impi", "mvapich", "slurm"})
-
-# name -> "module:attribute" of a zero-argument factory.
+# name -> "module:attribute" of the backend class (a zero-argument factory).
 _REGISTRY: dict[str, str] = {
     "local": "xrun.runner.backends.local:LocalBackend",
     "impi": "xrun.runner.backends.impi:IntelMpiBackend",
@@ -64,10 +70,21 @@ def known_backends() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_backend(name: str) -> Backend:
+def backend_class(name: str) -> Any:
+    """The class registered as ``name`` (its module imported); unknown names list the known ones."""
     target = _REGISTRY.get(name)
     if target is None:
         raise UsageError("--launcher", f"unknown backend {name!r}; known: {', '.join(known_backends())}")
     module_name, attribute = target.split(":")
-    factory = getattr(importlib.import_module(module_name), attribute)
-    return factory()  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def backend_traits(name: str) -> Traits:
+    """The traits ``name``'s class declares (no instance is made)."""
+    traits: Traits = backend_class(name).traits
+    return traits
+
+
+def engine_backends() -> list[str]:
+    """The backends that take --launcher_args (imports every backend module: for error messages only)."""
+    return [name for name in known_backends() if backend_traits(name).engine]

@@ -15,15 +15,13 @@ PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank_from=OMPI_COMM_WORLD_RA
   non-zero exit, ``srun --kill-on-bad-exit=1``) is the second line; Ctrl-C reaches xrun only (the engine runs
   in its own session) and xrun stops the nodes, then the engine exits.
 
-Subclasses override data (program names, rank variables) and one pure ``engine_args`` method.
+Subclasses override data (program names, rank variables) and one pure ``engine_args`` method; their
+``traits`` (channel, engine: --launcher_args apply) are declared once, on ``EngineBackend``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -31,10 +29,12 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from xrun.errors import UsageError
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.launch.command import connect_argv, token_from_env
+from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
-from xrun.runner.remote import PLACEHOLDER_CONNECT, Endpoint
+from xrun.runner.routes import control_address
 from xrun.shell import render
 
 TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -45,12 +45,11 @@ Which = Callable[[str], "str | None"]
 
 def agent_argv(python: str, endpoint: Endpoint | None, rank_variables: Sequence[str]) -> tuple[str, ...]:
     """The agent command every engine process runs (identical on every node)."""
-    connect = endpoint.connect if endpoint is not None else PLACEHOLDER_CONNECT
-    return (
-        python, "-u", "-m", "xrun.launch",
-        f"--connect={connect}",
-        f"--node_rank_from={','.join(rank_variables)}",
-        f"--token=env:{TOKEN_ENV}",
+    return connect_argv(
+        python,
+        connect=endpoint.connect if endpoint is not None else None,
+        token=token_from_env(TOKEN_ENV),
+        node_rank_from=rank_variables,
     )
 
 
@@ -58,6 +57,7 @@ class EngineBackend:
     """Base class: one engine command for every node; see the module doc."""
 
     name = "engine"
+    traits = Traits(uses_channel=True, engine=True)
     programs: tuple[str, ...] = ()  # candidates, first found on PATH wins (the first is shown when none is)
     rank_variables: tuple[str, ...] = ()  # the engine's per-process rank, in order of preference
     install_hint = ""
@@ -97,22 +97,23 @@ class EngineBackend:
 
     # -- execution -------------------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.backends.pdsh import control_address
-        from xrun.runner.control import ControlServer
-
+    def execute(self, plan: Plan) -> int:
         program = self.program()
         if self._which(program) is None:
             raise UsageError("--launcher", f"{self.name}: {program} not found on PATH; {self.install_hint}")
-        remote = plan.request.remote
-        addr = remote.control_addr or control_address([node.host for node in plan.nodes], remote)
-        token = secrets.token_hex(32)
-        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
-        port = server.listen([addr])
-        argv = self.engine_argv(plan, Endpoint(addr, port, token))
+        hosts = [node.host for node in plan.nodes]
+        # One engine command for every node, so every node connects to one address.
+        addr = control_address(hosts, plan.request.remote)
+        return run_over_channel(
+            plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(program, plan, endpoints)
+        )
+
+    def _start(self, program: str, plan: Plan, endpoints: Endpoints) -> EngineSession:
+        endpoint = one_endpoint(plan, endpoints)
+        argv = self.engine_argv(plan, endpoint)
         # The token goes first: MPICH 4.0's hydra never exports the last variable of its environment by name
         # (-genvlist), measured on Debian 12.
-        env = {TOKEN_ENV: token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
+        env = {TOKEN_ENV: endpoint.token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
@@ -120,9 +121,8 @@ class EngineBackend:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
-            server.close()
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
-        return server.run(EngineSession(proc, program))
+        return EngineSession(proc, program)
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -130,6 +130,9 @@ _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
+    import ctypes  # noqa: PLC0415 - only a real run loads libc
+    import ctypes.util  # noqa: PLC0415
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         prctl = libc.prctl

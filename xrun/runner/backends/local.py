@@ -6,9 +6,9 @@ import os
 
 from xrun.launch.agent import plan_bindings
 from xrun.launch.binding import format_cpus
-from xrun.launch.cli import agent_argv
+from xrun.launch.command import agent_argv
 from xrun.launch.spec import NodeSpec
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
 
@@ -22,6 +22,7 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
 
 class LocalBackend:
     name = "local"
+    traits = Traits(local=True)
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[0]
@@ -34,7 +35,7 @@ class LocalBackend:
             cpus=local_cpu_sets(node),
         )
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
+    def execute(self, plan: Plan) -> int:
         from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
         return run_node(plan.nodes[0])

@@ -13,8 +13,8 @@ ranks on failure and on signals.
 from __future__ import annotations
 
 from xrun.errors import UsageError
-from xrun.launch.cli import agent_argv
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.launch.command import agent_argv
+from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
 
@@ -32,6 +32,7 @@ def this_node(plan: Plan) -> int:
 
 class NoSshBackend:
     name = "no_ssh"
+    traits = Traits(nodes_start_themselves=True)
 
     def render(self, plan: Plan) -> Invocation:
         node = plan.nodes[this_node(plan)]
@@ -43,7 +44,7 @@ class NoSshBackend:
             "start xrun with the matching --node_rank on every other node",
         )
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
+    def execute(self, plan: Plan) -> int:
         from xrun.launch.agent import run_node
 
         return run_node(plan.nodes[this_node(plan)])

@@ -12,18 +12,18 @@ so the run token is on the command line; the runner accepts each node rank once,
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LauncherProcess
 from xrun.runner.plan import Plan
-from xrun.runner.remote import Endpoint, RemoteOptions, agent_connect_argv
+from xrun.runner.remote_options import RemoteOptions, openssh_args
+from xrun.runner.routes import control_address
 from xrun.shell import render
 
 TERMINATE_WAIT = 2.0
@@ -43,19 +43,12 @@ def pdsh_argv(plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
 
 def ssh_args_append(remote: RemoteOptions) -> str:
     """Extra OpenSSH arguments for pdsh's ssh module (PDSH_SSH_ARGS_APPEND)."""
-    args: list[str] = []
-    if remote.ssh_port is not None:
-        args += ["-p", str(remote.ssh_port)]
-    if remote.ssh_config is not None:
-        args += ["-F", remote.ssh_config]
-    if remote.accept_new_hosts:
-        args += ["-o", "StrictHostKeyChecking=accept-new"]
-    args += ["-o", "BatchMode=yes"]  # never prompt: a password prompt per host would hang the fan-out
-    return render(args)
+    return render(openssh_args(remote.ssh))
 
 
 class PdshBackend:
     name = "pdsh"
+    traits = Traits(uses_channel=True)
 
     def render(self, plan: Plan) -> Invocation:
         commands = tuple(
@@ -64,61 +57,24 @@ class PdshBackend:
         note = f"started as: PDSH_SSH_ARGS_APPEND={ssh_args_append(plan.request.remote)!r} {render(pdsh_argv(plan))}"
         return Invocation(backend=self.name, commands=commands, note=note)
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.control import ControlServer
-
+    def execute(self, plan: Plan) -> int:
         pdsh = shutil.which("pdsh")
         if pdsh is None:
             raise UsageError("--launcher", "pdsh is not installed: apt-get install pdsh, or use --launcher ssh")
-        remote = plan.request.remote
-        addr = remote.control_addr or control_address([node.host for node in plan.nodes], remote)
-        token = secrets.token_hex(32)
-        server = ControlServer(plan, token, join_timeout=remote.join_timeout)
-        port = server.listen([addr])
-        argv = (pdsh,) + pdsh_argv(plan, Endpoint(addr, port, token))[1:]
-        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(remote))
+        hosts = [node.host for node in plan.nodes]
+        # pdsh gives every node the same command, so every node connects to one address.
+        addr = control_address(hosts, plan.request.remote)
+        return run_over_channel(plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(pdsh, plan, endpoints))
+
+    def _start(self, pdsh: str, plan: Plan, endpoints: Endpoints) -> PdshSession:
+        argv = (pdsh,) + pdsh_argv(plan, one_endpoint(plan, endpoints))[1:]
+        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(plan.request.remote))
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         except OSError as err:
-            server.close()
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return server.run(PdshSession(proc))
-
-
-def control_address(hosts: list[str], remote: RemoteOptions) -> str:
-    """The head's address on the route to the nodes; pdsh gives every node the same command, so one only."""
-    from xrun.runner.remote import route_source
-
-    sources: dict[str, list[str]] = {}
-    for host in hosts:
-        sources.setdefault(route_source(_peer_address(host, remote)), []).append(host)
-    if len(sources) > 1:
-        detail = "; ".join(f"{addr} for {', '.join(h)}" for addr, h in sources.items())
-        raise UsageError("--control_addr", f"the nodes reach this machine on different addresses ({detail}); "
-                         "pass --control_addr ADDR that every node can reach, or use --launcher ssh")
-    return next(iter(sources))
-
-
-def _peer_address(host: str, remote: RemoteOptions) -> str:
-    """Resolve like ssh would: DNS / /etc/hosts first, else OpenSSH's own view (``ssh -G``: HostName aliases)."""
-    try:
-        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
-    except socket.gaierror:
-        pass
-    ssh = shutil.which("ssh")
-    if ssh is not None:
-        config = ["-F", remote.ssh_config] if remote.ssh_config else []
-        out = subprocess.run([ssh, *config, "-G", host], capture_output=True, text=True, timeout=10, check=False)
-        for line in out.stdout.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "hostname" and value:
-                try:
-                    return str(socket.getaddrinfo(value, None, type=socket.SOCK_STREAM)[0][4][0])
-                except socket.gaierror:
-                    break
-    raise UsageError("--control_addr", f"cannot resolve {host!r} to choose the address nodes connect back to; "
-                     "pass --control_addr ADDR")
+        return PdshSession(proc)
 
 
 class PdshSession(LauncherProcess):

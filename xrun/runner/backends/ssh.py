@@ -7,15 +7,14 @@ control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.ss
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xrun.runner.backends import Invocation, NodeCommand
+from xrun.net import route_source
+from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
 from xrun.runner.plan import Plan
 from xrun.runner.relay import LineRelay
-from xrun.runner.remote import Endpoint, agent_connect_argv
 from xrun.shell import render
 
 
@@ -35,6 +34,7 @@ def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) ->
 
 class SshBackend:
     name = "ssh"
+    traits = Traits(uses_channel=True)
 
     def render(self, plan: Plan) -> Invocation:
         return Invocation(
@@ -44,35 +44,19 @@ class SshBackend:
             "agent's stdin; spec, env and args travel over the control channel",
         )
 
-    def execute(self, plan: Plan, invocation: Invocation) -> int:
-        from xrun.runner.control import ControlServer
-        from xrun.runner.remote import route_source
-        from xrun.runner.sshconn import Connected, HostConnectError, SshSettings, close_all, connect_all
+    def execute(self, plan: Plan) -> int:
+        # paramiko loads here, only when the ssh backend really runs.
+        from xrun.runner.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
 
-        remote = plan.request.remote
-        settings = SshSettings(
-            port=remote.ssh_port, config_path=remote.ssh_config, accept_new_hosts=remote.accept_new_hosts
-        )
-        results = connect_all([node.host for node in plan.nodes], settings)
+        results = connect_all([node.host for node in plan.nodes], plan.request.remote.ssh)
         try:
             connected = [r for r in results if isinstance(r, Connected)]
             if len(connected) != len(results):
                 raise HostConnectError([r for r in results if not isinstance(r, Connected)])
-            addrs = {
-                c.host: remote.control_addr or c.local_address or route_source(c.address) for c in connected
-            }
-            token = secrets.token_hex(32)
-            server = ControlServer(plan, token, join_timeout=remote.join_timeout)
-            port = server.listen(addrs.values())
-            endpoints = {host: Endpoint(addr, port, token) for host, addr in addrs.items()}
-            commands = ssh_commands(plan, endpoints)
-            sessions = SshSessions(connected, commands, token)
-            try:
-                sessions.start()
-            except Exception:
-                server.close()
-                raise
-            return server.run(sessions)
+            override = plan.request.remote.control_addr
+            # Per host: our end of the TCP connection to it is the address it can reach us on.
+            addrs = {c.host: override or c.local_address or route_source(c.address) for c in connected}
+            return run_over_channel(plan, addrs, lambda endpoints: SshSessions.start(connected, plan, endpoints))
         finally:
             close_all(results)
 
@@ -80,23 +64,29 @@ class SshBackend:
 class SshSessions:
     """The exec channels that carry the agents; their output is relayed byte for byte."""
 
-    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], token: str) -> None:
+    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints) -> None:
         self.clients = {c.host: c for c in connected}
         self.commands = commands
-        self.token = token
+        self.endpoints = endpoints
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
         self.relays: dict[str, tuple[LineRelay, LineRelay]] = {}
 
-    def start(self) -> None:
-        with ThreadPoolExecutor(max_workers=min(64, len(self.commands)), thread_name_prefix="xrun-exec") as pool:
-            opened = list(pool.map(self._exec, self.commands))
-        self.channels = dict(zip((c.host for c in self.commands), opened))
+    @classmethod
+    def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints) -> SshSessions:
+        """Run every node's agent command on its connection (in parallel) and hand each its token."""
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
+
+        sessions = cls(connected, ssh_commands(plan, endpoints), endpoints)
+        with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:
+            opened = list(pool.map(sessions._exec, sessions.commands))
+        sessions.channels = dict(zip((c.host for c in sessions.commands), opened))
+        return sessions
 
     def _exec(self, command: NodeCommand) -> Any:
         chan = self.clients[command.host].transport.open_session()
         chan.exec_command(render(command.argv))
-        chan.sendall((self.token + "\n").encode("ascii"))
+        chan.sendall((self.endpoints[command.host].token + "\n").encode("ascii"))
         chan.shutdown_write()
         return chan
 

@@ -1,0 +1,171 @@
+"""The package's layering, read from the source (ast): who imports whom, at module level, inside functions, or
+only for type checking.
+
+* ``xrun.launch`` (every node) never imports ``xrun.runner`` (the head), at any level;
+* only the elastic adapter (``xrun/launch/elastic*.py``) imports torch;
+* the module-level imports inside ``xrun`` have no cycle, not even counting the type-checking ones (a
+  function-level import may point back up: it runs after both modules are loaded);
+* reading every backend's traits loads nothing heavy (paramiko, psutil, rich, torch, the control server).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = Path(ROOT) / "xrun"
+
+
+class Level(Enum):
+    MODULE = "module"  # runs when the module is imported
+    FUNCTION = "function"  # runs when the function is called
+    TYPE_CHECKING = "type_checking"  # never runs
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    level: Level
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, level: Level):
+    """(imported names, level) for every import statement under ``tree``, with the level it runs at."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, level
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _imports(child, Level.FUNCTION if level is Level.MODULE else level)
+        elif isinstance(child, ast.If) and _is_type_checking(child):
+            for stmt in child.body:
+                yield from _imports(ast.Module(body=[stmt], type_ignores=[]), Level.TYPE_CHECKING)
+            for stmt in child.orelse:
+                yield from _imports(ast.Module(body=[stmt], type_ignores=[]), level)
+        else:
+            yield from _imports(child, level)
+
+
+def _targets(node: ast.Import | ast.ImportFrom, source: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: resolve against the importing module's package
+        package = source.split(".") if is_package else source.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    # "from a import b" imports a, and a.b too when b is a module
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def import_edges() -> list[Edge]:
+    modules = all_modules()
+    edges = []
+    for source, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node, level in _imports(tree, Level.MODULE):
+            for target in _targets(node, source, path.name == "__init__.py"):
+                edges.append(Edge(source, target, level))
+    return edges
+
+
+def internal_graph(edges: list[Edge], levels: set[Level]) -> dict[str, set[str]]:
+    """Module -> the xrun modules it loads, parents included (importing a.b.c runs a/__init__ and a/b/__init__)."""
+    modules = all_modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for edge in edges:
+        if edge.level not in levels or edge.target not in modules:
+            continue
+        parts = edge.target.split(".")
+        for i in range(1, len(parts) + 1):
+            target = ".".join(parts[:i])
+            if target in modules and target != edge.source and not edge.source.startswith(target + "."):
+                graph[edge.source].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_launch_never_imports_runner():
+    bad = [e for e in import_edges() if e.source.startswith("xrun.launch") and e.target.startswith("xrun.runner")]
+    assert bad == []
+
+
+def test_only_the_elastic_adapter_imports_torch():
+    importers = {e.source for e in import_edges() if e.target == "torch" or e.target.startswith("torch.")}
+    assert importers <= {name for name in all_modules() if name.startswith("xrun.launch.elastic")}
+
+
+def test_no_cycle_among_module_level_imports():
+    assert cycles(internal_graph(import_edges(), {Level.MODULE})) == []
+
+
+def test_no_cycle_even_counting_type_checking_imports():
+    # A type-only cycle runs nothing, but it is still two modules that each need the other to be read.
+    assert cycles(internal_graph(import_edges(), {Level.MODULE, Level.TYPE_CHECKING})) == []
+
+
+def test_reading_every_backends_traits_loads_nothing_heavy():
+    code = (
+        "import sys\n"
+        "from xrun.runner.backends import backend_traits, known_backends\n"
+        "traits = {name: backend_traits(name) for name in known_backends()}\n"
+        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.control', 'xrun.runner.sshconn')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,68 @@
+"""Which address of this machine the nodes' agents connect back to (the control server listens only there).
+
+``--control_addr`` wins. Otherwise it is the source address of the kernel's route to each node
+(``xrun.net.route_source``). The ssh backend knows that per host from its own TCP connection; pdsh and the
+engines give every node one command, so ``control_address`` needs one address that every node's route agrees
+on, and says which nodes differ when they do not.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Sequence
+
+from xrun.errors import UsageError
+from xrun.net import route_source
+from xrun.runner.remote_options import RemoteOptions, SshSettings, openssh_args
+
+SSH_G_TIMEOUT = 10.0
+
+
+def control_address(hosts: Sequence[str], remote: RemoteOptions) -> str:
+    """The one head address for every host: ``--control_addr``, or the source of the route all hosts share."""
+    if remote.control_addr:
+        return remote.control_addr
+    sources: dict[str, list[str]] = {}
+    for host in hosts:
+        sources.setdefault(route_source(peer_address(host, remote.ssh)), []).append(host)
+    if len(sources) > 1:
+        detail = "; ".join(f"{addr} for {', '.join(h)}" for addr, h in sources.items())
+        raise UsageError("--control_addr", f"the nodes reach this machine on different addresses ({detail}); "
+                         "pass --control_addr ADDR that every node can reach, or use --launcher ssh")
+    return next(iter(sources))
+
+
+def peer_address(host: str, ssh: SshSettings) -> str:
+    """Resolve like ssh would: DNS / /etc/hosts first, else OpenSSH's own view (``ssh -G``: HostName aliases)."""
+    address = _first_address(host)
+    if address is None:
+        address = _first_address(_ssh_hostname(host, ssh) or "")
+    if address is None:
+        raise UsageError("--control_addr", f"cannot resolve {host!r} to choose the address nodes connect back to; "
+                         "pass --control_addr ADDR")
+    return address
+
+
+def _first_address(name: str) -> str | None:
+    if not name:
+        return None
+    try:
+        return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
+    except socket.gaierror:
+        return None
+
+
+def _ssh_hostname(host: str, ssh: SshSettings) -> str | None:
+    """The HostName OpenSSH's config gives ``host`` (``ssh -G`` prints the settings it would use), if any."""
+    client = shutil.which("ssh")
+    if client is None:
+        return None
+    out = subprocess.run([client, *openssh_args(ssh), "-G", host], capture_output=True, text=True,
+                         timeout=SSH_G_TIMEOUT, check=False)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value:
+            return value
+    return None
