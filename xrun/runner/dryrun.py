@@ -8,6 +8,7 @@ from typing import Any
 from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
+from xrun.runner.podplan import dry_run_json, dry_run_lines
 from xrun.shell import render
 
 
@@ -21,6 +22,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "backend": plan.backend,
         "world_info": plan.world_info,
         "run_id": plan.rendezvous.run_id,
+        **dry_run_json(plan),  # "platform": what was detected, "pod": this node's pod-mode setup
         "nodes": [
             {
                 "host": node.host,
@@ -55,6 +57,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         f"backend {plan.backend}",
         f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         f"world info {plan.world_info}",
+        *dry_run_lines(plan),
     ]
     commands = {command.host: command.argv for command in invocation.commands}
     for node in plan.nodes:

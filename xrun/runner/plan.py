@@ -20,6 +20,7 @@ from xrun.launch.spec import (
     node_ranks,
 )
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.pod import PodRequest
 from xrun.runner.remote import CHANNEL_BACKENDS, RemoteOptions, master_placeholder
 from xrun.runner.selection import Selection
 
@@ -42,6 +43,7 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
     cwd: str | None = None  # remote agents chdir here
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
+    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod)
 
 
 @dataclass(frozen=True)
