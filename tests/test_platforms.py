@@ -12,6 +12,7 @@ from xrun.errors import HostfileError, XrunError
 from xrun.runner.batch_alloc import count_node_file, in_batch_job, mcpu_hosts
 from xrun.runner.platform_values import MAX_NODES, PlatformError, parse_address, parse_count, parse_host_list
 from xrun.runner.platforms import Detection, Platform, detect
+from xrun.runner.pod import platform_markers_present
 from xrun.runner.smallfile import SmallFileError, read_small_file
 
 
@@ -303,6 +304,7 @@ def test_random_environments_give_a_detection_or_a_one_line_error(env):
         return
     if found is None:
         return
+    assert platform_markers_present(env)  # the CLI skips detection without them
     assert "\n" not in found.announcement
     if found.num_nodes is not None:
         assert 1 <= found.num_nodes <= MAX_NODES

@@ -25,8 +25,7 @@ from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_free_port
-from xrun.runner.pod import add_pod_flags, pod_request
-from xrun.runner.podplan import place_job
+from xrun.runner.pod import add_pod_flags, place_job, pod_request
 from xrun.runner.remote import add_remote_flags, remote_options, with_exports
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
@@ -140,7 +139,7 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
 
 
 def plan_job(request: JobRequest) -> Plan:
-    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.podplan)
+    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod)
     world = select(pool if pool is not None else resource_pool(request), request.selection)
     backend = choose_backend(request, world)
     if request.remote.launcher_args and backend not in ENGINE_BACKENDS:

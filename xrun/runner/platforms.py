@@ -94,13 +94,6 @@ _TITLES = {
 }
 
 
-class PlatformChoice(enum.Enum):
-    """``--platform``: detect from the environment, or ignore it."""
-
-    AUTO = "auto"
-    NONE = "none"
-
-
 @dataclass(frozen=True)
 class Detection:
     """What a platform says about this node and the job's nodes; None fields: the platform does not say."""

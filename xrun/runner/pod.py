@@ -4,22 +4,42 @@ Pod mode: every node starts xrun itself (Kubernetes, PAI, Volcano, by hand) and 
 ``--no_ssh --node_rank K`` is its by-hand spelling, and a detected pod platform implies it. ``--hosts`` is not
 pod-only: it names the hosts in host-list syntax wherever ``-H HOSTFILE`` would.
 
-This module holds the typed request and its flags only; ``xrun.runner.podplan`` turns request + detection into
-the world, and ``xrun.runner.platforms`` detects.
+This module holds the typed request, its flags, and ``place_job``, the planner's entry: it imports
+``xrun.runner.podplan`` (which turns request + detection into the world; ``xrun.runner.platforms`` detects)
+only when a pod flag is given or a platform's marker variable is set, so that a plain run pays nothing for
+platform detection.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.runner.platforms import Detection, PlatformChoice
+
+if TYPE_CHECKING:
+    from xrun.runner.plan import JobRequest
+    from xrun.runner.platforms import Detection
+    from xrun.runner.selection import Pool
 
 # Flags whose parsed value always exists (a default), so that "the user typed it" must be recorded to let it
 # win over a detected platform's value.
 EXPLICIT_FLAGS = ("--master_port", "--run_id")
+
+# Without one of these (or a VC_<TASK>_HOSTS) no platform is detected (tests/test_platforms.py checks it).
+PLATFORM_MARKERS = ("PET_NNODES", "WORLD_SIZE", "VC_TASK_INDEX", "LWS_GROUP_SIZE", "SKYPILOT_NODE_IPS",
+                    "JOB_COMPLETION_INDEX", "PBS_JOBID", "LSB_JOBID")
+
+
+class PlatformChoice(enum.Enum):
+    """``--platform``: detect from the environment, or ignore it."""
+
+    AUTO = "auto"
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -67,3 +87,22 @@ def pod_request(ns: argparse.Namespace) -> PodRequest:
     explicit = frozenset(flag for flag in EXPLICIT_FLAGS if getattr(ns, flag[2:]) is not None)
     return PodRequest(pod=ns.pod, platform=PlatformChoice(ns.platform), hosts=ns.hosts,
                       control_port=ns.control_port, token_file=ns.token_file, explicit=explicit)
+
+
+def platform_markers_present(env: Mapping[str, str]) -> bool:
+    """Could ``xrun.runner.platforms.detect`` find anything in ``env``? (cheap: names only)"""
+    return any(name in env for name in PLATFORM_MARKERS) or any(
+        name.startswith("VC_") and name.endswith("_HOSTS") for name in env
+    )
+
+
+def place_job(request: JobRequest, environ: Mapping[str, str]) -> tuple[JobRequest, Pool | None]:
+    """The request in planner terms and the host pool (None: the CLI's own lookup); see xrun.runner.podplan."""
+    pod = request.pod
+    asked = pod.pod or pod.hosts is not None or pod.control_port is not None or pod.token_file is not None
+    asked = asked or request.remote.no_ssh or request.remote.node_rank is not None
+    if not asked and (pod.platform is PlatformChoice.NONE or not platform_markers_present(environ)):
+        return request, None
+    from xrun.runner.podplan import place_here  # detection and its files: only when they can matter
+
+    return place_here(request, environ)

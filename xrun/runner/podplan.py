@@ -1,7 +1,8 @@
 """Where the nodes come from: request + platform detection -> the host pool, and the request in planner terms.
 
-``place`` is pure (the environment and every file or device read come in as arguments); ``place_job`` is the
-edge the CLI calls. Three outcomes:
+``place`` is pure (the environment and every file or device read come in as arguments); ``place_here`` is
+its edge (``xrun.runner.pod.place_job``, the CLI's call, imports this module only when a pod flag or a
+platform variable is present). Three outcomes:
 
 * **head mode** (xrun fans out): ``--hosts PATTERN`` or a PBS/LSF allocation gives the pool; otherwise the
   pool is left to the CLI (hostfile, Slurm allocation, this machine) and nothing changes;
@@ -33,7 +34,8 @@ from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan
 from xrun.runner.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
-from xrun.runner.platforms import Detection, PlatformChoice, detect
+from xrun.runner.platforms import Detection, detect
+from xrun.runner.pod import PlatformChoice
 from xrun.runner.selection import Pool
 from xrun.runner.smallfile import read_small_file
 
@@ -297,8 +299,8 @@ def dry_run_lines(plan: Plan) -> list[str]:
 # The edge.
 
 
-def place_job(request: JobRequest, environ: Mapping[str, str]) -> tuple[JobRequest, Pool | None]:
-    """``place`` with the real files and devices; prints the platform's one line on stderr."""
+def place_here(request: JobRequest, environ: Mapping[str, str]) -> tuple[JobRequest, Pool | None]:
+    """``place`` with this node's files and devices; prints the platform's one line on stderr."""
 
     def this_machine() -> Pool:
         found = local_pool(environ, request.selection)
