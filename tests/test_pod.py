@@ -261,7 +261,7 @@ def test_dry_run_json_on_a_pytorchjob_pod():
 def test_dry_run_text_shows_the_platform():
     result = run_xrun("--dry-run", "--num_gpus", "1", "train.py", env=KUBEFLOW)
     assert result.returncode == 0, result.stderr
-    assert "platform Kubeflow (PET_NNODES, PET_NODE_RANK): node 2 of 4, master job-master-0:23456" in result.stdout
+    assert "platform: Kubeflow (PET_NNODES, PET_NODE_RANK): node 2 of 4, master job-master-0:23456" in result.stdout
     assert "pod: node 2 of 4, control job-master-0:23457, plan digest " in result.stdout
     assert result.stderr.startswith("xrun: Kubeflow") and result.stderr.count("\n") == 1
 

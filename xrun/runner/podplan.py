@@ -287,7 +287,7 @@ def dry_run_lines(plan: Plan) -> list[str]:
     data = dry_run_json(plan)
     lines = []
     if data["platform"] is not None:
-        lines.append(f"platform {data['platform']['announcement'].removeprefix('xrun: ')}")
+        lines.append(f"platform: {data['platform']['announcement'].removeprefix('xrun: ')}")
     if data["pod"] is not None:
         pod = data["pod"]
         lines.append(f"pod: node {pod['node_rank']} of {pod['num_nodes']}, control {pod['control_addr']}:"
