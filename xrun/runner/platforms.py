@@ -308,11 +308,17 @@ def _volcano(env: Mapping[str, str], read: ReadFile) -> Detection | None:
         hosts = lists.get("master", ()) + lists.get("worker", ())
         hosts = hosts if len(hosts) == reading.num_nodes and "master" in lists else ()
         return _pod(Platform.VOLCANO, "WORLD_SIZE, RANK, VC_* (pytorch plugin)", reading, hosts)
-    node_rank = parse_count("VC_TASK_INDEX", index, low=0, high=MAX_NODES - 1, what="a task index") \
-        if index is not None else None
+    return _volcano_task(env, index, lists)
+
+
+def _volcano_task(env: Mapping[str, str], index: str | None, lists: dict[str, tuple[str, ...]]) -> Detection:
+    """Without the pytorch plugin: the pod's index in its task; the task's hosts when the job has one task."""
     hosts = next(iter(lists.values())) if len(lists) == 1 else ()
-    if node_rank is not None and hosts and node_rank >= len(hosts):
-        raise PlatformError("VC_TASK_INDEX", index or "", f"is not below the task's {len(hosts)} hosts")
+    node_rank = None
+    if index is not None:
+        node_rank = parse_count("VC_TASK_INDEX", index, low=0, high=MAX_NODES - 1, what="a task index")
+        if hosts and node_rank >= len(hosts):
+            raise PlatformError("VC_TASK_INDEX", index, f"is not below the task's {len(hosts)} hosts")
     addr, port = _master(env, ("MASTER_ADDR",), ("MASTER_PORT",))
     notes = () if hosts else ("several tasks or no host list: pass -H or --hosts with every pod's name",)
     reading = _Reading(node_rank, len(hosts) or None, addr or (hosts[0] if hosts else None), port, None, notes)

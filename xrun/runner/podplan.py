@@ -64,6 +64,7 @@ class _Hosts:
 
 
 def place(request: JobRequest, env: Mapping[str, str], io: NodeIO) -> Placement:
+    """Pure: what the flags and the environment say about the nodes, in planner terms (see the module doc)."""
     detection = _detect(request, env, io.read_file)
     pod_mode = request.pod.pod or request.remote.no_ssh or (detection is not None and detection.platform.pod)
     _check_flags(request, pod_mode)
