@@ -49,3 +49,14 @@ def test_expand_host_pattern_never_crashes(text):
     except HostlistSyntaxError:
         return
     assert all(isinstance(name, str) for name in names)
+
+
+def test_size_is_counted_before_expanding():
+    from xrun.hostlist import pattern_size
+
+    assert pattern_size("n[01-03,07]x[1-2]") == 8
+    assert expand_hostlist("n[1-3],m", limit=4) == ["n1", "n2", "n3", "m"]
+    with pytest.raises(HostlistSyntaxError, match="names 100000000 hosts; at most 65536"):
+        expand_hostlist("n[0-99999999]", limit=65536)  # refused at once, nothing expanded
+    with pytest.raises(HostlistSyntaxError, match="bad range"):
+        expand_hostlist("n[a-b]", limit=10)

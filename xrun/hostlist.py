@@ -16,12 +16,35 @@ class HostlistSyntaxError(ValueError):
     """A malformed host list; the message says what is wrong."""
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Expand a comma-separated host list whose items may carry bracket ranges, in written order."""
+def expand_hostlist(text: str, *, limit: int | None = None) -> list[str]:
+    """Expand a comma-separated host list whose items may carry bracket ranges, in written order.
+
+    With ``limit``, a list that would name more hosts is refused before anything is expanded (a typed
+    ``node[0-99999999]`` must not take the memory of a hundred million names).
+    """
+    items = split_hostlist(text)
+    if limit is not None:
+        size = sum(pattern_size(item) for item in items)
+        if size > limit:
+            raise HostlistSyntaxError(f"{text!r} names {size} hosts; at most {limit} are supported")
     hosts: list[str] = []
-    for item in split_hostlist(text):
+    for item in items:
         hosts.extend(expand_host_pattern(item))
     return hosts
+
+
+def pattern_size(pattern: str) -> int:
+    """How many names ``expand_host_pattern(pattern)`` would give, without expanding it."""
+    size = 1
+    for group in _GROUP.split(pattern)[1::2]:
+        if not group:
+            raise HostlistSyntaxError(f"empty range '[]' in {pattern!r}")
+        count = 0
+        for part in group.split(","):
+            low, high = _range_bounds(part.strip(), pattern)
+            count += 1 if high is None else max(0, int(high) - int(low) + 1)
+        size *= count
+    return size
 
 
 def split_hostlist(text: str) -> list[str]:
@@ -76,13 +99,17 @@ def _expand_group(group: str, pattern: str) -> list[str]:
     return values
 
 
-def _expand_range(part: str, pattern: str) -> list[str]:
+def _range_bounds(part: str, pattern: str) -> tuple[str, str | None]:
     match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
     if not match:
         raise HostlistSyntaxError(
             f"bad range {part!r} in {pattern!r}; expected N or N-M with digits, e.g. node[01-04,07]"
         )
-    low_text, high_text = match.group(1), match.group(2)
+    return match.group(1), match.group(2)
+
+
+def _expand_range(part: str, pattern: str) -> list[str]:
+    low_text, high_text = _range_bounds(part, pattern)
     if high_text is None:
         return [low_text]
     low, high = int(low_text), int(high_text)

@@ -26,6 +26,8 @@ from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_exports, with_free_port
+from xrun.runner.pod import place_job
+from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
@@ -54,10 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(*spellings("--num_gpus"), *spellings("--num_accelerators"), *spellings("--nproc_per_node"),
         dest="num_gpus", type=int, metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
     add(*spellings("--master_addr"), metavar="ADDR", help="rank 0's address (default: first host; 127.0.0.1 locally)")
-    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, metavar="PORT",
+    add(*spellings("--master_port"), type=int, metavar="PORT",
         help=f"rendezvous port (default {DEFAULT_MASTER_PORT}; 0 picks a free port)")
     add("--launcher", metavar="NAME", help=f"backend that starts the node agents: {', '.join(known_backends())}")
-    add(*spellings("--run_id"), metavar="ID", help="job id (default: random), exported as TORCHELASTIC_RUN_ID")
+    add(*spellings("--run_id"), metavar="ID",
+        help="job id (default: random; pod mode: xrun-MASTER-PORT), exported as TORCHELASTIC_RUN_ID")
     add("--python", metavar="PATH", default=sys.executable, help="interpreter for agents and ranks (default: this one)")
     add("--dry-run", "--dry_run", dest="dry_run", nargs="?", const="text", metavar="FORMAT",
         help="print the plan and the exact commands, start nothing; --dry-run=json prints one JSON object")
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_flags(parser)
     add_remote_flags(parser)
     add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
+    add_pod_flags(parser)
     return parser
 
 
@@ -76,7 +80,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
     if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
         raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
-    if not 0 <= ns.master_port <= 65535:
+    if ns.master_port is not None and not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 picks a free one)")
     request = JobRequest(
         script=split.program,
@@ -84,7 +88,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         hostfile=ns.hostfile,
         selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus),
         master_addr=ns.master_addr,
-        master_port=ns.master_port,
+        master_port=DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port,  # None: a platform's may win
         launcher=ns.launcher,
         launch=launch_options(ns, python=ns.python),
         options=agent_options(ns),
@@ -92,6 +96,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         remote=remote_options(ns),
         cwd=os.getcwd(),
         elastic=elastic_options(ns),
+        pod=pod_request(ns),
     )
     return request, ns.dry_run
 
@@ -100,6 +105,7 @@ def uses_slurm_allocation(request: JobRequest) -> bool:
     """No hostfile inside salloc/sbatch: the allocation is the hostfile (``--launcher local`` opts out)."""
     return (
         request.hostfile is None
+        and request.pod.hosts is None
         and not request.remote.no_ssh
         and in_allocation(os.environ)
         and (request.launcher is None or not backend_traits(request.launcher).local)
@@ -122,7 +128,7 @@ def resource_pool(request: JobRequest) -> Pool:
 def choose_backend(request: JobRequest, world: Pool) -> str:
     if request.remote.no_ssh:
         return "no_ssh"
-    local = is_local_world(world, request.hostfile)
+    local = is_local_world(world, request.hostfile or request.pod.hosts)
     if request.launcher is not None:
         if backend_traits(request.launcher).local and not local:
             raise UsageError("--launcher", f"{request.launcher!r} runs on this machine only, "
@@ -136,7 +142,8 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
 
 
 def plan_job(request: JobRequest) -> Plan:
-    world = select(resource_pool(request), request.selection)
+    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod)
+    world = select(pool if pool is not None else resource_pool(request), request.selection)
     backend = choose_backend(request, world)
     traits = backend_traits(backend)
     if request.remote.launcher_args and not traits.engine:

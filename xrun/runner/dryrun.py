@@ -13,6 +13,8 @@ from xrun.shell import render
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
     """The documented, stable dry-run schema (keep these names)."""
+    from xrun.runner.podplan import dry_run_json  # platform detection and the digest: for dry runs only
+
     commands = {command.host: list(command.argv) for command in invocation.commands}
     return {
         "world_size": plan.world_size,
@@ -21,6 +23,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "backend": plan.backend,
         "world_info": plan.world_info,
         "run_id": plan.rendezvous.run_id,
+        **dry_run_json(plan),  # "platform": what was detected, "pod": this node's pod-mode setup
         "nodes": [
             {
                 "host": node.host,
@@ -49,12 +52,15 @@ def _rank_json(rank: RankSpec, invocation: Invocation) -> dict[str, Any]:
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
+    from xrun.runner.podplan import dry_run_lines  # platform detection and the digest: for dry runs only
+
     nodes = len(plan.nodes)
     lines = [
         f"xrun dry run: {nodes} node{'s' * (nodes != 1)}, {plan.world_size} rank{'s' * (plan.world_size != 1)}, "
         f"backend {plan.backend}",
         f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         f"world info {plan.world_info}",
+        *dry_run_lines(plan),
     ]
     commands = {command.host: command.argv for command in invocation.commands}
     for node in plan.nodes:

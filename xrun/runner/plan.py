@@ -29,6 +29,7 @@ from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits
 from xrun.runner.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.pod_options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.selection import Selection
 
@@ -51,6 +52,7 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
     cwd: str | None = None  # remote agents chdir here
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
+    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod)
 
 
 @dataclass(frozen=True)

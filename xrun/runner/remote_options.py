@@ -80,7 +80,8 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
         help="also send this variable to remote nodes (repeatable); see README for what travels by default")
     add(*spellings("--no_ssh"), action="store_true",
         help="do not fan out: run this node's share only (start xrun on every node yourself, with --node_rank)")
-    add(*spellings("--node_rank"), type=int, metavar="K", help="with --no_ssh: this node's index in the hostfile")
+    add(*spellings("--node_rank"), type=int, metavar="K",
+        help="with --no_ssh or --pod: this node's index in the hostfile")
     add(*spellings("--launcher_args"), default="", metavar="ARGS",
         help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")
 
@@ -98,8 +99,6 @@ def remote_options(ns: argparse.Namespace) -> RemoteOptions:
         raise UsageError("--fanout", f"must be at least 1, not {ns.fanout}")
     if ns.join_timeout <= 0:
         raise UsageError("--join_timeout", f"must be > 0 seconds, not {ns.join_timeout:g}")
-    if ns.node_rank is not None and not ns.no_ssh:
-        raise UsageError("--node_rank", "only applies with --no_ssh (the launchers number the nodes themselves)")
     if ns.no_ssh and ns.launcher is not None:
         raise UsageError("--no_ssh", "cannot be combined with --launcher")
     try:

@@ -1,0 +1,76 @@
+"""The pod-mode shared secret: --token_file (a mounted Kubernetes Secret) or XRUN_TOKEN, or none."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xrun.errors import UsageError
+from xrun.runner.secret import TOKEN_ENV, UNAUTHENTICATED_NOTICE, auth_notice, channel_key, load_token
+
+
+def test_no_token_means_unauthenticated():
+    assert load_token({}, None) is None
+    assert auth_notice(None) == UNAUTHENTICATED_NOTICE and "\n" not in UNAUTHENTICATED_NOTICE
+    assert channel_key(None, run_id="xrun-m-1", digest_sha256="ab") == "xrun-m-1:ab"
+
+
+def test_token_from_the_environment():
+    assert load_token({TOKEN_ENV: "s3cr3t"}, None) == "s3cr3t"
+    assert auth_notice("s3cr3t") is None
+    assert channel_key("s3cr3t", run_id="r", digest_sha256="ab") == "s3cr3t"
+    with pytest.raises(UsageError, match="XRUN_TOKEN: is set but empty"):
+        load_token({TOKEN_ENV: "  "}, None)
+
+
+def test_token_file_wins_and_loses_its_trailing_newline(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("from-file\r\n")
+    assert load_token({TOKEN_ENV: "from-env"}, str(secret)) == "from-file"
+
+
+def test_kubernetes_secret_mount_is_a_symlink(tmp_path):
+    data = tmp_path / "..2024_01_01" / "token"
+    data.parent.mkdir()
+    data.write_text("k8s\n")
+    (tmp_path / "..data").symlink_to(data.parent.name)
+    (tmp_path / "token").symlink_to(os.path.join("..data", "token"))
+    assert load_token({}, str(tmp_path / "token")) == "k8s"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("\n", "is empty; put the job's shared secret in it"),
+        ("x" * (64 << 10) + "x", "is larger than 65536 bytes"),
+    ],
+)
+def test_bad_token_file_names_the_file(tmp_path, content, message):
+    secret = tmp_path / "token"
+    secret.write_text(content)
+    with pytest.raises(UsageError) as err:
+        load_token({}, str(secret))
+    assert str(err.value).startswith(f"--token_file: {secret}: {message}")
+
+
+def test_token_file_must_be_a_regular_file(tmp_path):
+    with pytest.raises(UsageError, match=f"--token_file: {tmp_path}: is not a regular file"):
+        load_token({}, str(tmp_path))
+    with pytest.raises(UsageError, match="no such file"):
+        load_token({}, str(tmp_path / "absent"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=40))
+def test_any_file_content_is_a_token_or_a_one_line_error(tmp_path_factory, content):
+    path = tmp_path_factory.mktemp("t") / "token"
+    path.write_bytes(content)
+    try:
+        token = load_token({}, str(path))
+    except UsageError as err:
+        assert err.exit_code == 2 and "\n" not in str(err) and str(path) in str(err)
+        return
+    assert token and token.strip() and not token.endswith(("\n", "\r"))
