@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 # The tests run real DDP jobs: torch 2.13.0 is pinned so a fresh CI machine takes the CPU wheel on disk
 # instead of the newest CUDA build (several GB).
-TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4"]
+TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
 
 setup(
     name="xrun",
