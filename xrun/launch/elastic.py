@@ -40,9 +40,11 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import rdzv
 from xrun.launch.binding import format_cpus
+from xrun.launch.output import open_logs, prefix_lines
 from xrun.launch.posix import signal_name, write_all
+from xrun.launch.ranks import bind_ranks, rank_environment
+from xrun.launch.result import NodeResult, RankOutcome, exit_code_of
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec
-from xrun.launch.supervise import NodeResult, RankOutcome, exit_code_of, prefix_lines
 from xrun.shell import render
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -228,14 +230,12 @@ class OutputRelay:
 
     def new_attempt(self, ranks: Mapping[int, int]) -> None:
         """Before the workers of a rendezvous start: the rest of the last attempt's output keeps its prefix."""
-        from xrun.launch.supervise import _open_logs  # one rotation policy for static and elastic logs
-
         with self._lock:
             self._drain_locked()
             for stream in self.streams:
                 self._end_attempt(stream)
             for local_rank, rank in ranks.items():
-                logs = _open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
+                logs = open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
                 for stream in self.streams:
                     if stream.local_rank == local_rank:
                         stream.prefix = f"[{self.host}:{rank}] ".encode("utf-8", "surrogateescape")
@@ -536,8 +536,6 @@ def _raise_signal(exc_type: type) -> Callable[[int, Any], None]:
 
 
 def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None:
-    from xrun.launch.agent import bind_ranks, rank_environment
-
     envs = [rank_environment(os.environ, spec, r) for r in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else os.environ)
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")

@@ -12,18 +12,9 @@ import tempfile
 from typing import Any
 
 from xrun.launch.posix import signal_name
-from xrun.launch.supervise import NodeResult, RankOutcome
+from xrun.launch.result import NodeResult, RankOutcome, describe_status
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
-
-
-def describe_status(outcome: RankOutcome) -> str:
-    """``exit code 7``, ``signal SIGSEGV (11)``, ``not started`` or ``status unknown``."""
-    if outcome.signal is not None:
-        return f"signal {signal_name(outcome.signal)} ({outcome.signal})"
-    if outcome.returncode is not None:
-        return f"exit code {outcome.returncode}"
-    return "not started" if outcome.pid == 0 else "status unknown"
 
 
 def format_failure_report(result: NodeResult) -> str:
