@@ -1,16 +1,17 @@
 """The node agent: one NodeSpec in, supervised rank processes, one exit code out.
 
 Pipeline: spec -> ranks (xrun.launch.ranks: environment, core binding) -> RankGroup (xrun.launch.supervise: own
-sessions, event loop) -> report. Imports no torch; the elastic path lives in its own module.
+sessions, event loop) or, with ``--elastic``, torch's agent (xrun.launch.elastic) -> NodeResult -> report
+(xrun.launch.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Protocol
 
 from xrun.launch.ranks import rank_processes
+from xrun.launch.report import conclude
 from xrun.launch.result import NodeResult, RankOutcome
 from xrun.launch.spec import NodeSpec
 from xrun.launch.supervise import RankGroup, SuperviseOptions
@@ -45,9 +46,16 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
         from xrun.launch.elastic import run_elastic
 
-        return run_elastic(spec, hooks=hooks)
-    from xrun.launch.report import format_failure_report, write_failure_json
+        result = run_elastic(spec, hooks=hooks)
+    else:
+        result = _run_group(spec, hooks)
+    code = conclude(result, spec.options.log_dir)
+    if hooks:
+        hooks.on_result(result)
+    return code
 
+
+def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     group = RankGroup(
         rank_processes(spec, os.environ),
         supervise_options(spec),
@@ -55,11 +63,4 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     )
     if hooks:
         hooks.attach(group)
-    result = group.run()
-    if result.root_cause is not None or result.interrupted_by is not None:
-        sys.stderr.write(format_failure_report(result) + "\n")
-        if spec.options.log_dir is not None:
-            write_failure_json(os.path.join(spec.options.log_dir, spec.host, "failure.json"), result)
-    if hooks:
-        hooks.on_result(result)
-    return result.exit_code
+    return group.run()
