@@ -14,8 +14,8 @@ from xrun.errors import UsageError
 from xrun.launch import rdzv
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.elastic import attempt_result, failure_outcomes, rank_script, start_line
+from xrun.launch.result import RankOutcome
 from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
-from xrun.launch.supervise import RankOutcome
 from xrun.runner.cli import parse_request, plan_job
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_elastic.py")

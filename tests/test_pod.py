@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
 from xrun.errors import XrunError
-from xrun.launch.agent import rank_environment
+from xrun.launch.ranks import rank_environment
 from xrun.runner.cli import parse_request, plan_job
 from xrun.runner.digest import make_digest
 from xrun.runner.podplan import NodeIO, Placement, PodSetup, control_port, place, pod_setup

@@ -6,8 +6,8 @@ import json
 import os
 import signal
 
-from xrun.launch.report import describe_status, failure_json, format_failure_report, write_failure_json
-from xrun.launch.supervise import NodeResult, RankOutcome
+from xrun.launch.report import failure_json, format_failure_report, write_failure_json
+from xrun.launch.result import NodeResult, RankOutcome, describe_status
 
 
 def outcome(rank: int, **kw) -> RankOutcome:

@@ -19,9 +19,12 @@ import uuid
 import pytest
 
 from tests.cluster.harness import processes_with_marker
-from xrun.launch import _watchdog
+from xrun.launch import proctable
+from xrun.launch.output import prefix_lines
+from xrun.launch.ranks import RankProcess
 from xrun.launch.report import format_failure_report
-from xrun.launch.supervise import NodeResult, RankGroup, RankOutcome, RankProcess, SuperviseOptions, prefix_lines
+from xrun.launch.result import NodeResult, RankOutcome
+from xrun.launch.supervise import RankGroup, SuperviseOptions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_PY = os.path.join(HERE, "procs", "rank.py")
@@ -243,7 +246,7 @@ def test_grandchild_ignoring_sigterm_is_cleaned_up_and_reported(marker, ready, c
     assert result.exit_code == 3
     assert result.outcomes[0].leftovers == (child,)
     assert marked(marker) == []
-    assert _watchdog.read_proc(child) is None  # reaped here (we are its subreaper), not left as a zombie
+    assert proctable.read_proc(child) is None  # reaped here (we are its subreaper), not left as a zombie
 
 
 def test_leaked_child_after_success_does_not_hang_and_is_reported(marker, ready, capfd):
@@ -417,13 +420,13 @@ def test_run_leaves_no_file_descriptor_behind_nor_closes_others_later(marker, re
 
 def test_run_restores_handlers_subreaper_and_releases_the_watchdog(marker, capfd):
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)}
-    subreaper_before = _watchdog.set_child_subreaper(False)
+    subreaper_before = proctable.set_child_subreaper(False)
     group = RankGroup([rank(0, "exit", "0", marker=marker)], SuperviseOptions(host="h"))
     group.run()
     assert {s: signal.getsignal(s) for s in before} == before
     assert signal.set_wakeup_fd(-1) == -1
-    assert _watchdog.set_child_subreaper(bool(subreaper_before)) is False
-    assert group._watchdog is not None and _watchdog.read_proc(group._watchdog.pid) is None
+    assert proctable.set_child_subreaper(bool(subreaper_before)) is False
+    assert group._watchdog is not None and proctable.read_proc(group._watchdog.pid) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -566,7 +569,7 @@ def test_a_killed_watchdog_does_not_disturb_the_run(marker, ready, tmp_path, cap
         os.close(read_fd)
         os.close(write_fd)
     assert result.exit_code == 0
-    assert _watchdog.read_proc(group._watchdog.pid) is None  # reaped, not a zombie
+    assert proctable.read_proc(group._watchdog.pid) is None  # reaped, not a zombie
 
 
 def test_without_pidfd_sigchld_and_a_short_poll_do_the_job(marker, ready, capfd):

@@ -1,66 +1,58 @@
-"""``--elastic``: a node's ranks under torch's ``LocalElasticAgent``. The only module of xrun that imports torch.
+"""``--elastic``: a node's ranks under torch's ``LocalElasticAgent``, with xrun's contract kept on top.
 
 torch already does elastic training well (rendezvous, restarting the worker group, nodes leaving and joining),
-so xrun hands the node over to it through its public agent API (``WorkerSpec`` + ``LocalElasticAgent``, the
-pieces ``torch.distributed.launcher.api.launch_agent`` assembles) and keeps what it adds on top:
+so xrun hands the node over to it through its public agent API (the torch-facing code, and the only import of
+torch, is xrun.launch.elastic_agent) and keeps here what it adds on top:
 
 * env and argv: torch starts ``/bin/sh WORKDIR/rank<L>.sh`` for local rank L; the script adds xrun's
   variables to torch's (``CROSS_RANK``/``NODE_RANK`` = ``GROUP_RANK``, ``CROSS_SIZE``, ``LOCAL_SIZE``,
-  ``CUDA_VISIBLE_DEVICES``, the binding's ``OMP_NUM_THREADS``), points stdout/stderr at the node's output
-  relay and ``exec``s the planned argv (``--local_rank=L``, ``numactl``/``taskset`` binding, ``setpriv
-  --pdeathsig`` so a ``kill -9``'d agent takes its ranks along). The worker torch supervises *is* the rank,
-  as under torchrun, so a restart costs no extra interpreter and torch sees the real exit status;
-* output: one relay thread reads every rank's FIFOs and writes complete lines with ``[host:RANK]`` (the rank
-  of the current rendezvous) to the console and to per-rank log files (a restart's earlier files are kept,
-  renamed with their time), keeping each stderr's tail for the report;
+  ``CUDA_VISIBLE_DEVICES``, the binding's ``OMP_NUM_THREADS``, from xrun.launch.ranks), points stdout/stderr at
+  the node's output relay and ``exec``s the planned argv (``--local_rank=L``, ``numactl``/``taskset`` binding,
+  ``setpriv --pdeathsig`` so a ``kill -9``'d agent takes its ranks along). The worker torch supervises *is* the
+  rank, as under torchrun, so a restart costs no extra interpreter and torch sees the real exit status;
+* output: ``OutputRelay`` owns two FIFOs per local rank and one thread that reads them; the lines go through the
+  same ``xrun.launch.output.Console`` as the static path, with ``[host:RANK]`` (the rank of the current
+  rendezvous) and new per-rank log files for each attempt (a restart's earlier files are kept, renamed with
+  their time), keeping each stderr's tail for the report;
 * ``--join_timeout`` becomes every start-up timeout of the torch found here (``xrun.launch.rdzv``) and the
   agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start;
-* one line per rendezvous and per restart, and at the end xrun's failure report of the last attempt with the
-  real exit code of the rank that failed first (torchrun always exits 1);
+* one line per rendezvous and per restart (``_NodeRun``, the attempt bookkeeping torch's agent reports into),
+  and at the end a ``NodeResult`` of the last attempt (xrun.launch.result), which the agent reports like the
+  static path's, with the real exit code of the rank that failed first (torchrun always exits 1);
 * stop requests from the control channel and signals become torch's own ``SignalException``, so torch stops
   the workers against its shutdown deadline and leaves the rendezvous open for the other nodes.
 """
 
 from __future__ import annotations
 
-import errno
-import inspect
 import os
 import re
 import selectors
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from xrun.errors import XrunError
-from xrun.launch import rdzv
+from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
-from xrun.launch.posix import signal_name, write_all
+from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
+from xrun.launch.ranks import bind_ranks, rank_environment
+from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
+from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec
-from xrun.launch.supervise import NodeResult, RankOutcome, exit_code_of, prefix_lines
 from xrun.shell import render
 
-_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-ROLE = "default"  # ROLE_NAME, as in xrun's static contract
 EXIT_RENDEZVOUS = 1  # the rendezvous failed (timed out, closed, store unreachable): no rank to blame
 # torch >= 2.4 lets the workers share the rendezvous' TCPStore server across restarts without a per-attempt
 # key prefix: a restarted group reads the previous attempt's gloo/NCCL addresses and fails to connect
 # (torchrun 2.13 shows it too: its first restart fails). Opting out gives each attempt a fresh store.
 TORCH_ENV_DEFAULTS = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-_CHUNK = 65536
-_TAIL_BYTES = 16384
-_TAIL_LINES = 20
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _notice(host: str, text: str) -> None:
-    sys.stdout.flush()
-    write_all(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -137,26 +129,9 @@ def failure_outcomes(
 
 def attempt_result(host: str, outcomes: list[tuple[float, RankOutcome]], interrupted_by: int | None) -> NodeResult:
     """One attempt's outcomes as a NodeResult: the failure that came first (on its own) is the root cause."""
-    ordered = sorted((o for _, o in outcomes), key=lambda o: o.rank)
     failed = sorted(((when, o.rank), o) for when, o in outcomes if o.failed and not o.stopped_by_xrun)
     root = failed[0][1] if failed else None
-    if root is not None:
-        code = exit_code_of(root)
-    elif interrupted_by is not None:
-        code = 128 + interrupted_by
-    elif any(o.failed for o in ordered):
-        code = 1
-    else:
-        code = 0
-    return NodeResult(
-        host=host, outcomes=tuple(ordered), root_cause=root, interrupted_by=interrupted_by, exit_code=code
-    )
-
-
-def describe(outcome: RankOutcome) -> str:
-    if outcome.signal is not None:
-        return f"was killed by {signal_name(outcome.signal)}"
-    return f"exited with code {outcome.returncode}"
+    return node_result(host, [o for _, o in outcomes], root, interrupted_by)
 
 
 def start_line(options: ElasticOptions, spec: NodeSpec, torch_version: str, exit_barrier: float | None) -> str:
@@ -171,52 +146,30 @@ def start_line(options: ElasticOptions, spec: NodeSpec, torch_version: str, exit
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Output: the ranks write into FIFOs; one thread prefixes, logs and keeps tails.
-
-
-class _Stream:
-    __slots__ = ("fd", "console", "local_rank", "prefix", "pending", "log", "tail", "total")
-
-    def __init__(self, fd: int, console: int, local_rank: int) -> None:
-        self.fd = fd
-        self.console = console
-        self.local_rank = local_rank
-        self.prefix = b""
-        self.pending = b""
-        self.log: int | None = None
-        self.tail = b""
-        self.total = 0
-
-    def tail_lines(self) -> tuple[str, ...]:
-        lines = self.tail.decode("utf-8", "replace").split("\n")
-        if self.total > len(self.tail):
-            lines = lines[1:]  # the first one was cut
-        if lines and lines[-1] == "":
-            lines.pop()
-        return tuple(line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-_TAIL_LINES:])
+# Output: the ranks write into FIFOs; one thread reads them through the node's Console.
 
 
 class OutputRelay:
     """Two FIFOs per local rank, opened read-write here (so a rank's exit is never an EOF and restarts reuse
-    them); complete lines get ``[host:RANK] `` and go to fd 1 / fd 2 and to ``log_dir/host/rankN/*.log``."""
+    them); a thread hands what they carry to a ``Console``, which prefixes, echoes, logs and keeps the tails."""
 
     def __init__(self, host: str, workdir: str, local_ranks: int, options: AgentOptions) -> None:
         self.host = host
         self.options = options
         self.paths: dict[tuple[int, int], str] = {}
-        self.streams: list[_Stream] = []
-        self._lock = threading.Lock()
+        self.streams: dict[tuple[int, int], RankStream] = {}  # (local rank, console fd) -> its stream
+        self._lock = threading.Lock()  # the thread reads while the main thread starts attempts and takes tails
         self._sel = selectors.DefaultSelector()
+        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
-        self._console_ok = {1: True, 2: True}
         for local_rank in range(local_ranks):
             for console, name in ((1, "out"), (2, "err")):
                 path = os.path.join(workdir, f"{name}{local_rank}")
                 os.mkfifo(path, 0o600)
                 fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-                stream = _Stream(fd, console, local_rank)
-                self.streams.append(stream)
+                stream = RankStream(fd, console, keep_tail=console == 2)
+                self.streams[(local_rank, console)] = stream
                 self.paths[(local_rank, console)] = path
                 self._sel.register(fd, selectors.EVENT_READ, stream)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -228,39 +181,35 @@ class OutputRelay:
 
     def new_attempt(self, ranks: Mapping[int, int]) -> None:
         """Before the workers of a rendezvous start: the rest of the last attempt's output keeps its prefix."""
-        from xrun.launch.supervise import _open_logs  # one rotation policy for static and elastic logs
-
         with self._lock:
             self._drain_locked()
-            for stream in self.streams:
+            for stream in self.streams.values():
                 self._end_attempt(stream)
             for local_rank, rank in ranks.items():
-                logs = _open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
-                for stream in self.streams:
-                    if stream.local_rank == local_rank:
-                        stream.prefix = f"[{self.host}:{rank}] ".encode("utf-8", "surrogateescape")
-                        stream.log = logs[stream.console - 1] if logs else None
+                logs = open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
+                for console in (1, 2):
+                    stream = self.streams[(local_rank, console)]
+                    stream.prefix = rank_prefix(self.host, rank)
+                    stream.log = logs[console - 1] if logs else None
 
     def tails(self) -> dict[int, tuple[str, ...]]:
         with self._lock:
             self._drain_locked()
-            return {s.local_rank: s.tail_lines() for s in self.streams if s.console == 2}
+            return {local_rank: s.tail_lines() for (local_rank, console), s in self.streams.items() if console == 2}
 
     def close(self) -> None:
         with self._lock:
             self._drain_locked()
-            for stream in self.streams:
+            for stream in self.streams.values():
                 self._end_attempt(stream)
             self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2.0)
-        for stream in self.streams:
-            os.close(stream.fd)
+        for stream in self.streams.values():
+            stream.close_fd()
         self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
-
-    # -- the thread -----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
@@ -269,173 +218,21 @@ class OutputRelay:
                 if self._closed:
                     return
                 for key, _ in events:
-                    if key.data is None:
-                        continue
-                    self._read(key.data)
-
-    def _read(self, stream: _Stream, limit: int = 16) -> None:
-        for _ in range(limit):
-            try:
-                chunk = os.read(stream.fd, _CHUNK)
-            except OSError as err:
-                if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    return
-                raise
-            if not chunk:
-                return
-            self._consume(stream, chunk)
+                    if key.data is not None and key.data.fd is not None:
+                        self._console.drain(key.data, limit=16)
 
     def _drain_locked(self) -> None:
-        for stream in self.streams:
-            self._read(stream, limit=1 << 20)
+        for stream in self.streams.values():
+            self._console.drain(stream, limit=1 << 20)
 
-    def _consume(self, stream: _Stream, chunk: bytes) -> None:
-        if stream.log is not None:
-            write_all(stream.log, chunk)
-        if stream.console == 2:
-            stream.total += len(chunk)
-            stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:]
-        if self.options.quiet or not self._console_ok[stream.console]:
-            return
-        if not self.options.prefix:
-            self._emit(stream.console, chunk)
-            return
-        out, stream.pending = prefix_lines(stream.prefix, stream.pending, chunk)
-        if out:
-            self._emit(stream.console, out)
-
-    def _end_attempt(self, stream: _Stream) -> None:
-        if stream.pending and not self.options.quiet:
-            self._emit(stream.console, stream.prefix + stream.pending + b"\n")
-        stream.pending = b""
-        if stream.log is not None:
-            os.close(stream.log)
-            stream.log = None
-        stream.tail = b""
-        stream.total = 0
-
-    def _emit(self, fd: int, data: bytes) -> None:
-        if self._console_ok[fd] and not write_all(fd, data):
-            self._console_ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
+    def _end_attempt(self, stream: RankStream) -> None:
+        self._console.end_line(stream)
+        stream.close_log()
+        stream.clear_tail()
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The control channel's view of the agent (what ChannelHooks expects of a RankGroup).
-
-
-class StopBridge:
-    """``add_reader``/``request_stop`` for torch's agent loop, which is not ours to add readers to.
-
-    Readers are watched by a daemon thread; a stop request signals this process, whose main thread then
-    raises torch's ``SignalException`` wherever torch is (monitoring, rendezvous, exit barrier).
-    """
-
-    def __init__(self, host: str, *, grace: float = 30.0, cleanup: Callable[[], None] | None = None) -> None:
-        self.host = host
-        self.grace = grace
-        self.cleanup = cleanup
-        self.requested: int | None = None
-        self._sel = selectors.DefaultSelector()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._armed = False
-
-    def add_reader(self, fileobj: Any, callback: Callable[[], None]) -> None:
-        self._sel.register(fileobj, selectors.EVENT_READ, callback)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="xrun-elastic-bridge", daemon=True)
-            self._thread.start()
-
-    def request_stop(self, signum: int = signal.SIGTERM, reason: str = "") -> None:
-        if self.requested is None:
-            self.requested = signum
-            _notice(self.host, f"{reason or 'stop requested'}; stopping the elastic agent")
-            self._arm(signum)
-        # SIGKILL cannot be caught: ask for the graceful stop, the shutdown deadline does the rest.
-        os.kill(os.getpid(), signal.SIGTERM if signum == signal.SIGKILL else signum)
-
-    def watch_signals(self, wakeup_fd: int) -> None:
-        """Our end of ``signal.set_wakeup_fd``: a signal arms the fallback even while Python handlers cannot run."""
-
-        def woken() -> None:
-            try:
-                data = os.read(wakeup_fd, 64)
-            except OSError:
-                return
-            if data:
-                self._arm(data[-1])
-
-        self.add_reader(wakeup_fd, woken)
-
-    def _arm(self, signum: int) -> None:
-        # torch may be inside a C++ store call (connecting to a rendezvous store that is not up yet, for up to
-        # --join_timeout) where no Python signal handler runs; no worker runs then, so end the agent.
-        if self._armed:
-            return
-        self._armed = True
-        timer = threading.Timer(self.grace + 5.0, self._give_up, args=(signum,))
-        timer.daemon = True
-        timer.start()
-
-    def _give_up(self, signum: int) -> None:
-        if self._closed:
-            return
-        _notice(self.host, f"the elastic agent did not stop within {self.grace + 5.0:g} s (blocked in torch); exiting")
-        if self.cleanup is not None:
-            self.cleanup()
-        os._exit(128 + signum)
-
-    def close(self) -> None:
-        self._closed = True
-        for key in list(self._sel.get_map().values()):  # the owners close these fds after we return
-            try:
-                self._sel.unregister(key.fileobj)
-            except (KeyError, ValueError):
-                pass
-
-    def _loop(self) -> None:
-        while not self._closed:
-            try:
-                events = self._sel.select(0.5)
-            except (OSError, ValueError):  # closed under us at the end
-                return
-            for key, _ in events:
-                if not self._closed:
-                    key.data()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# torch.
-
-
-def import_torch() -> dict[str, Any]:
-    try:
-        import torch
-        from torch.distributed.elastic.agent.server import api
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-        from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
-        from torch.distributed.elastic.rendezvous.api import RendezvousError
-    except ImportError as err:
-        raise XrunError(
-            f"--elastic needs torch on every node ({err}); install it there: pip install 'xrun[elastic]'"
-        ) from None
-    return {
-        "version": torch.__version__,
-        "api": api,
-        "LocalElasticAgent": LocalElasticAgent,
-        "DefaultLogsSpecs": DefaultLogsSpecs,
-        "SignalException": SignalException,
-        "RendezvousParameters": RendezvousParameters,
-        "registry": registry,
-        "RendezvousError": RendezvousError,
-    }
-
-
-def _supported(callable_: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments this torch version accepts (newer ones are dropped, not passed blindly)."""
-    params = inspect.signature(callable_).parameters
-    return {k: v for k, v in kwargs.items() if k in params}
+# The run.
 
 
 class _NodeRun:
@@ -462,7 +259,7 @@ class _NodeRun:
         ranks = sorted(self.ranks.values())
         world = group.workers[0].world_size if group.workers else 0
         span = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "-"
-        _notice(
+        notice(
             self.spec.host,
             f"rendezvous complete: node {group.group_rank} of {group.group_world_size}, ranks {span} of {world} "
             f"(restart {restarts} of {self.options.max_restarts})",
@@ -475,74 +272,22 @@ class _NodeRun:
     def restarting(self, failed: bool, restarts: int, handler: Any) -> None:
         if not failed:
             waiting = handler.num_nodes_waiting()
-            _notice(self.spec.host,
-                    f"{waiting} node(s) waiting to join: re-rendezvous (membership changes use no restart)")
+            notice(self.spec.host,
+                   f"{waiting} node(s) waiting to join: re-rendezvous (membership changes use no restart)")
             return
         broken = [o for _, o in sorted(self.outcomes(stopped_all=False), key=lambda x: x[0]) if not o.stopped_by_xrun]
         what = "; ".join(f"rank {o.rank} (local {o.local_rank}) {describe(o)}" for o in broken[:4]) or "a rank failed"
-        _notice(self.spec.host,
-                f"{what}; restarting the worker group (restart {restarts} of {self.options.max_restarts})")
-
-
-def agent_class(t: Mapping[str, Any], node: _NodeRun) -> type:
-    """LocalElasticAgent plus xrun's lines at each rendezvous and restart (and torch <= 2.3's 300 s barrier lifted)."""
-    api = t["api"]
-    failed_states = (api.WorkerState.UNHEALTHY, api.WorkerState.FAILED)
-
-    base: Any = t["LocalElasticAgent"]
-
-    class XrunElasticAgent(base):  # type: ignore[misc]
-        def _start_workers(self, worker_group: Any) -> dict[int, Any]:
-            node.attempt_starting(worker_group)
-            ids = super()._start_workers(worker_group)
-            node.attempt_started(worker_group, ids, worker_group.spec.max_restarts - self._remaining_restarts)
-            return ids
-
-        def _monitor_workers(self, worker_group: Any) -> Any:
-            result = super()._monitor_workers(worker_group)
-            if result.state in failed_states:
-                node.failures = dict(result.failures)
-            return result
-
-        def _restart_workers(self, worker_group: Any) -> None:
-            restarts = worker_group.spec.max_restarts - self._remaining_restarts
-            node.restarting(worker_group.state in failed_states, restarts, worker_group.spec.rdzv_handler)
-            super()._restart_workers(worker_group)
-
-        if hasattr(api.SimpleElasticAgent, "_share_and_gather"):  # torch <= 2.3: a fixed 300 s store barrier
-
-            def _share_and_gather(self, *args: Any, **kwargs: Any) -> Any:
-                store_util = api.store_util
-                original = store_util.synchronize
-
-                def synchronize(*a: Any, **kw: Any) -> Any:
-                    kw["timeout"] = node.options.join_timeout
-                    return original(*a, **kw)
-
-                store_util.synchronize = synchronize
-                try:
-                    return super()._share_and_gather(*args, **kwargs)
-                finally:
-                    store_util.synchronize = original
-
-    return XrunElasticAgent
-
-
-def _raise_signal(exc_type: type) -> Callable[[int, Any], None]:
-    def handler(signum: int, _frame: Any) -> None:
-        raise exc_type(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
-
-    return handler
+        notice(self.spec.host,
+               f"{what}; restarting the worker group (restart {restarts} of {self.options.max_restarts})")
 
 
 def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None:
-    from xrun.launch.agent import bind_ranks, rank_environment
-
+    """``WORKDIR/rank<L>.sh`` for every local rank L: the binding and the environment of the static path."""
     envs = [rank_environment(os.environ, spec, r) for r in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else os.environ)
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")
     if any(b.cpus is not None for b in bound) and taskset is None:
-        _notice(spec.host, "taskset not found: ranks run unbound (apt-get install numactl or util-linux)")
+        notice(spec.host, "taskset not found: ranks run unbound (apt-get install numactl or util-linux)")
     for local_rank, (rank, b) in enumerate(zip(spec.ranks, bound)):
         env = {k: rank.env[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in rank.env}
         env.update(b.extra_env)
@@ -552,124 +297,92 @@ def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None
             f.write(text)
 
 
-def run_elastic(spec: NodeSpec, *, hooks: Any = None) -> int:
-    """Run this node's share of an elastic job to the end; print the report; return the node's exit code."""
-    from xrun.launch.report import format_failure_report, write_failure_json
-
-    options = spec.elastic
-    if options is None or options.min_nodes is None or options.max_nodes is None or not options.rdzv_endpoint:
-        raise XrunError("internal: run_elastic needs a resolved ElasticOptions in the node spec")
-    t = import_torch()
-    workdir = tempfile.mkdtemp(prefix="xrun-elastic-")
-    relay = OutputRelay(spec.host, workdir, len(spec.ranks), spec.options)
-    node = _NodeRun(spec, relay)
-    bridge = StopBridge(spec.host, grace=spec.options.shutdown_timeout,
-                        cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True))
-    saved = {s: signal.getsignal(s) for s in _HANDLED}
-    env_overrides = {**TORCH_ENV_DEFAULTS, **spec.env}  # the runner's exports reach the ranks through os.environ
-    saved_env = {k: os.environ.get(k) for k in env_overrides}
-    shutdown_rdzv = True
-    handler = None
-    wake_r, wake_w = os.pipe()
-    saved_wakeup: int | None = None
+@contextmanager
+def _torch_environ(exports: Mapping[str, str]) -> Iterator[None]:
+    """The runner's exports and xrun's TORCH_* defaults in ``os.environ`` (the ranks inherit it through torch)."""
+    overrides = {**TORCH_ENV_DEFAULTS, **exports}
+    saved = {k: os.environ.get(k) for k in overrides}
+    for key, value in overrides.items():
+        if key in exports or key not in os.environ:  # the user's own TORCH_* setting wins over our default
+            os.environ[key] = value
     try:
-        write_rank_scripts(spec, workdir, relay)
-        for key, value in env_overrides.items():
-            if key in spec.env or key not in os.environ:  # the user's own TORCH_* setting wins over our default
-                os.environ[key] = value
-        exit_barrier = _supported(t["LocalElasticAgent"].__init__, {"exit_barrier_timeout": options.join_timeout})
-        _notice(spec.host, start_line(options, spec, t["version"], exit_barrier.get("exit_barrier_timeout")))
-        for signum, previous in saved.items():
-            if previous is signal.SIG_IGN and signum != signal.SIGTERM:
-                continue  # nohup / background job: keep ignoring, as asked
-            signal.signal(signum, _raise_signal(t["SignalException"]))
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        saved_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        bridge.watch_signals(wake_r)
-        if hooks is not None:  # before the rendezvous handler: c10d connects to its store right away
-            hooks.attach(bridge)
-        params = t["RendezvousParameters"](
-            backend=options.rdzv_backend,
-            endpoint=options.rdzv_endpoint,
-            run_id=options.rdzv_id,
-            min_nodes=options.min_nodes,
-            max_nodes=options.max_nodes,
-            local_addr=None,
-            **rdzv.rendezvous_configs(options, spec.node_rank),
-        )
-        handler = t["registry"].get_rendezvous_handler(params)
-        master_addr = master_port = None
-        if options.rdzv_backend == "static":  # the static store is the workers' MASTER_ADDR:MASTER_PORT too
-            host, _, port = options.rdzv_endpoint.rpartition(":")
-            master_addr, master_port = host.strip("[]"), int(port)
-        worker_spec = t["api"].WorkerSpec(
-            role=ROLE,
-            local_world_size=len(spec.ranks),
-            entrypoint="/bin/sh",
-            args=(os.path.join(workdir, "rank${local_rank}.sh"),),  # torch substitutes ${local_rank}
-            rdzv_handler=handler,
-            max_restarts=options.max_restarts,
-            monitor_interval=options.monitor_interval,
-            master_addr=master_addr,
-            master_port=master_port,
-        )
-        agent = agent_class(t, node)(
-            spec=worker_spec,
-            logs_specs=t["DefaultLogsSpecs"](log_dir=os.path.join(workdir, "torch")),
-            start_method="spawn",
-            **_supported(t["LocalElasticAgent"].__init__, {
-                **exit_barrier, "shutdown_timeout": max(0, round(spec.options.shutdown_timeout)),
-            }),
-        )  # fmt: skip
-        try:
-            run_result = agent.run()
-        except t["SignalException"] as err:
-            shutdown_rdzv = False  # like torchrun: keep the rendezvous open for the other nodes
-            interrupted = bridge.requested if bridge.requested not in (None, signal.SIGKILL) else int(err.sigval)
-            # torch passes the signal it got on to the workers
-            stopped = node.outcomes(stopped_all=True, stop_signal=int(err.sigval))
-            result = attempt_result(spec.host, stopped, interrupted)
-        else:
-            failed = run_result.is_failed()
-            if failed:
-                node.failures = dict(run_result.failures)
-            result = attempt_result(spec.host, node.outcomes(stopped_all=False), None) if failed else NodeResult(
-                host=spec.host, outcomes=(), root_cause=None, interrupted_by=None, exit_code=0)
-        finally:
-            for signum, previous in saved.items():  # torch leaves its own handlers installed
-                signal.signal(signum, previous)  # type: ignore[arg-type]
-    except (t["RendezvousError"], RuntimeError, TimeoutError) as err:  # store timeouts are RuntimeErrors
-        _notice(spec.host, f"rendezvous failed: {type(err).__name__}: {err}")
-        result = NodeResult(
-            host=spec.host, outcomes=(), root_cause=None, interrupted_by=None, exit_code=EXIT_RENDEZVOUS
-        )
+        yield
     finally:
-        for signum, previous in saved.items():
-            signal.signal(signum, previous)  # type: ignore[arg-type]
-        bridge.close()
-        if saved_wakeup is not None:
-            signal.set_wakeup_fd(saved_wakeup)
-        os.close(wake_r)
-        os.close(wake_w)
-        relay.close()
-        for key, old in saved_env.items():
+        for key, old in saved.items():
             if old is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
-        if handler is not None and shutdown_rdzv:
-            try:
-                handler.shutdown()
-            except Exception:  # noqa: BLE001, S110 - closing the rendezvous is best effort; the result stands
-                pass
+
+
+def run_elastic(spec: NodeSpec, *, hooks: Any = None) -> NodeResult:
+    """Run this node's share of an elastic job to the end; return its result (the agent reports it)."""
+    options = spec.elastic
+    if options is None or options.min_nodes is None or options.max_nodes is None or not options.rdzv_endpoint:
+        raise XrunError("internal: run_elastic needs a resolved ElasticOptions in the node spec")
+    t = elastic_agent.import_torch()
+    workdir = tempfile.mkdtemp(prefix="xrun-elastic-")
+    try:
+        relay = OutputRelay(spec.host, workdir, len(spec.ranks), spec.options)
+        try:
+            write_rank_scripts(spec, workdir, relay)
+            with _torch_environ(spec.env):
+                result = _run_agent(t, spec, workdir, relay, hooks)
+        finally:
+            relay.close()
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if result.root_cause is not None or result.interrupted_by is not None:
-        sys.stderr.write(format_failure_report(result) + "\n")
-        if spec.options.log_dir is not None:
-            write_failure_json(os.path.join(spec.options.log_dir, spec.host, "failure.json"), result)
-        if hooks is not None and result.root_cause is not None:
-            hooks.on_rank_exit(result.root_cause)
-    if hooks is not None:
-        hooks.on_result(result)
-    return result.exit_code
+    if hooks is not None and result.root_cause is not None:
+        hooks.on_rank_exit(result.root_cause)  # torch's loop reports no exit as it happens: the root cause now
+    return result
+
+
+def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: OutputRelay, hooks: Any) -> NodeResult:
+    """torch's agent under xrun's signal handlers, with the control channel's stop requests bridged in."""
+    assert spec.elastic is not None
+    node = _NodeRun(spec, relay)
+    bridge = elastic_agent.StopBridge(
+        spec.host, grace=spec.options.shutdown_timeout, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
+    )
+    notice(spec.host, start_line(spec.elastic, spec, t["version"], elastic_agent.exit_barrier(t, spec.elastic)))
+    handler = None
+    stopped = False
+    try:
+        with owned_signals(SHUTDOWN_SIGNALS, elastic_agent.raise_signal(t["SignalException"])) as owned:
+            try:
+                bridge.watch_signals(owned)
+                if hooks is not None:  # before the rendezvous handler: c10d connects to its store right away
+                    hooks.attach(bridge)
+                handler = elastic_agent.rendezvous_handler(t, spec.elastic, spec.node_rank)
+                result = _agent_result(t, elastic_agent.make_agent(t, spec, workdir, handler, node), node, bridge)
+                stopped = result.interrupted_by is not None
+            finally:
+                bridge.close()
+    except (t["RendezvousError"], RuntimeError, TimeoutError) as err:  # store timeouts are RuntimeErrors
+        notice(spec.host, f"rendezvous failed: {type(err).__name__}: {err}")
+        result = NodeResult(spec.host, outcomes=(), root_cause=None, interrupted_by=None, exit_code=EXIT_RENDEZVOUS)
+    finally:
+        if handler is not None and not stopped:  # like torchrun: a stopped node keeps it open for the others
+            _close_rendezvous(handler)
+    return result
+
+
+def _agent_result(t: Mapping[str, Any], agent: Any, node: _NodeRun, bridge: elastic_agent.StopBridge) -> NodeResult:
+    host = node.spec.host
+    try:
+        run_result = agent.run()
+    except t["SignalException"] as err:
+        interrupted = bridge.requested if bridge.requested not in (None, signal.SIGKILL) else int(err.sigval)
+        # torch passes the signal it got on to the workers
+        return attempt_result(host, node.outcomes(stopped_all=True, stop_signal=int(err.sigval)), interrupted)
+    if not run_result.is_failed():
+        return node_result(host, (), None, None)
+    node.failures = dict(run_result.failures)
+    return attempt_result(host, node.outcomes(stopped_all=False), None)
+
+
+def _close_rendezvous(handler: Any) -> None:
+    try:
+        handler.shutdown()
+    except Exception:  # noqa: BLE001, S110 - closing the rendezvous is best effort; the result stands
+        pass

@@ -1,29 +1,31 @@
 """A node's result as a failure report: a few lines for a human on stderr, the same data as JSON for tools.
 
 The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
-consequences, so the line to read at 3 a.m. is the first one.
+consequences, so the line to read at 3 a.m. is the first one. ``conclude`` is the end of every node agent run,
+static or elastic: the report and ``{log_dir}/{host}/failure.json`` when something went wrong, then the exit code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from typing import Any
 
 from xrun.launch.posix import signal_name
-from xrun.launch.supervise import NodeResult, RankOutcome
+from xrun.launch.result import NodeResult, RankOutcome, describe_status
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 
 
-def describe_status(outcome: RankOutcome) -> str:
-    """``exit code 7``, ``signal SIGSEGV (11)``, ``not started`` or ``status unknown``."""
-    if outcome.signal is not None:
-        return f"signal {signal_name(outcome.signal)} ({outcome.signal})"
-    if outcome.returncode is not None:
-        return f"exit code {outcome.returncode}"
-    return "not started" if outcome.pid == 0 else "status unknown"
+def conclude(result: NodeResult, log_dir: str | None) -> int:
+    """Report a node's result where something went wrong (a root cause or a stop signal); return its exit code."""
+    if result.root_cause is not None or result.interrupted_by is not None:
+        sys.stderr.write(format_failure_report(result) + "\n")
+        if log_dir is not None:
+            write_failure_json(os.path.join(log_dir, result.host, "failure.json"), result)
+    return result.exit_code
 
 
 def format_failure_report(result: NodeResult) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from xrun.launch.agent import plan_bindings
 from xrun.launch.binding import format_cpus
 from xrun.launch.command import agent_argv
+from xrun.launch.ranks import plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan

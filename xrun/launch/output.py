@@ -1,0 +1,234 @@
+"""Rank output on a node: where a rank's lines get their ``[host:rank] `` prefix and reach the console and logs.
+
+* ``RankStream``: one of a rank's output pipes (or FIFOs): its fd, the console fd it is echoed to (1 or 2),
+  its prefix, the unfinished last line, its raw log file and, for stderr, the tail the failure report shows.
+* ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
+  has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (or raw with ``--no_prefix``,
+  or not at all with ``--quiet``). A console whose reader went away (``| head``) stops echoing, never logging.
+* ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines.
+* ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
+  with their time.
+* ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+
+The static supervisor (xrun.launch.supervise) reads its ranks' pipes from its event loop; the elastic relay
+(xrun.launch.elastic) reads its FIFOs from a thread, with a new prefix and log files per attempt. Both go
+through the same ``Console``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import IO
+
+from xrun.launch.posix import write_all
+
+CHUNK = 65536  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+_TAIL_LINES = 20
+_TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
+_TAIL_WIDTH = 1000  # characters per tail line
+_MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
+
+
+def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """Split ``pending + chunk`` into prefixed complete lines and the unfinished rest.
+
+    Bytes in, bytes out (non-UTF-8 output passes unchanged), and one ``replace`` over the whole chunk rather
+    than a Python loop per line: this is the hot path of a rank that prints a lot.
+    """
+    data = pending + chunk if pending else chunk
+    end = data.rfind(b"\n") + 1
+    if end == 0:
+        return b"", data
+    body = data[: end - 1].replace(b"\n", b"\n" + prefix)
+    return b"".join((prefix, body, b"\n")), data[end:]
+
+
+def rank_prefix(host: str, rank: int) -> bytes:
+    """``[host:rank] `` as bytes (a host name that is not valid UTF-8 passes through unchanged)."""
+    return f"[{host}:{rank}] ".encode("utf-8", "surrogateescape")
+
+
+class RankStream:
+    """One of a rank's output pipes or FIFOs, and what is kept of it."""
+
+    __slots__ = ("fd", "console", "prefix", "pending", "log", "tail", "total", "_file")
+
+    def __init__(
+        self,
+        fd: int,
+        console: int,
+        prefix: bytes = b"",
+        *,
+        log: int | None = None,
+        keep_tail: bool = False,
+        file: IO[bytes] | None = None,
+    ) -> None:
+        self.fd: int | None = fd
+        self.console = console  # 1 or 2
+        self.prefix = prefix
+        self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
+        self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
+        self.tail: bytes | None = b"" if keep_tail else None
+        self.total = 0  # bytes seen by the tail, to know whether its first line was cut
+        # The file object that owns ``fd`` (a Popen pipe): closing the fd any other way would let its finalizer
+        # close the number later, when it may belong to somebody else.
+        self._file = file
+
+    def tail_lines(self) -> tuple[str, ...]:
+        """The last lines as a terminal would show them: a progress bar's ``\\r`` rewrites its line."""
+        if not self.tail:
+            return ()
+        lines = self.tail.decode("utf-8", "replace").split("\n")
+        if self.total > len(self.tail):
+            lines = lines[1:]  # the first one was cut
+        if lines and lines[-1] == "":
+            lines.pop()
+        shown = (line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-_TAIL_LINES:])
+        return tuple(line if len(line) <= _TAIL_WIDTH else line[: _TAIL_WIDTH - 3] + "..." for line in shown)
+
+    def clear_tail(self) -> None:
+        if self.tail is not None:
+            self.tail = b""
+        self.total = 0
+
+    def close_log(self) -> None:
+        if self.log is not None:
+            os.close(self.log)
+            self.log = None
+
+    def close_fd(self) -> None:
+        """Close the reading end (its owner's way); idempotent."""
+        if self.fd is None:
+            return
+        if self._file is not None:
+            self._file.close()
+        else:
+            os.close(self.fd)
+        self.fd = None
+
+
+class Console:
+    """fd 1 and fd 2 of the node, shared by every rank stream; not thread-safe (the elastic relay locks)."""
+
+    def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None) -> None:
+        self._prefix = prefix
+        self._quiet = quiet
+        self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
+        self._ok = {1: True, 2: True}
+
+    def read(self, stream: RankStream) -> bool:
+        """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
+        try:
+            chunk = os.read(stream.fd, CHUNK)  # type: ignore[arg-type]  # only open streams are read
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if chunk:
+            self.consume(stream, chunk)
+            return True
+        self.close(stream)
+        return False
+
+    def drain(self, stream: RankStream, limit: int = 64) -> None:
+        """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""
+        for _ in range(limit):
+            if stream.fd is None or not self.read(stream):
+                return
+
+    def consume(self, stream: RankStream, chunk: bytes) -> None:
+        if stream.log is not None:
+            write_all(stream.log, chunk)
+        if stream.tail is not None:
+            stream.total += len(chunk)
+            stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
+        if self._quiet or not self._ok[stream.console]:
+            return
+        if not self._prefix:
+            self.emit(stream.console, chunk)
+            return
+        out, stream.pending = prefix_lines(stream.prefix, stream.pending, chunk)
+        if len(stream.pending) > _MAX_PENDING:
+            out += stream.prefix + stream.pending + b"\n"
+            stream.pending = b""
+        if out:
+            self.emit(stream.console, out)
+
+    def end_line(self, stream: RankStream) -> None:
+        """The last line had no newline: give it one, so the next line (another rank's) starts clean."""
+        if stream.pending:
+            self.emit(stream.console, stream.prefix + stream.pending + b"\n")
+            stream.pending = b""
+
+    def close(self, stream: RankStream) -> None:
+        """The stream ended: stop watching it, close it, finish its last line."""
+        if stream.fd is None:
+            return
+        if self._on_close is not None:
+            self._on_close(stream.fd)
+        stream.close_fd()
+        self.end_line(stream)
+
+    def emit(self, fd: int, data: bytes) -> None:
+        if self._ok[fd] and not write_all(fd, data):
+            self._ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
+
+
+def notice(host: str, text: str) -> None:
+    """One line of the agent's own on stderr, after what Python itself buffered for stdout."""
+    flush_python_output()
+    write_all(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
+
+
+def flush_python_output() -> None:
+    """Flush ``sys.stdout``/``sys.stderr`` so the agent's earlier prints come before the ranks' lines."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-rank log files.
+
+
+def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
+    """Open ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, keeping earlier runs' files."""
+    directory = os.path.join(log_dir, _safe_name(host), f"rank{rank}")
+    os.makedirs(directory, exist_ok=True)
+    fds: list[int] = []
+    try:
+        for name in ("stdout", "stderr"):
+            path = os.path.join(directory, f"{name}.log")
+            _rotate(path, name)
+            fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds[0], fds[1]
+
+
+def _rotate(path: str, name: str) -> None:
+    """Rename an existing ``stdout.log`` to ``stdout.<its mtime as YYYYmmdd-HHMMSS>.log``."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
+    directory = os.path.dirname(path)
+    target = os.path.join(directory, f"{name}.{stamp}.log")
+    n = 1
+    while os.path.exists(target):  # two runs in the same second
+        target = os.path.join(directory, f"{name}.{stamp}.{n}.log")
+        n += 1
+    os.rename(path, target)
+
+
+def _safe_name(host: str) -> str:
+    name = host.replace(os.sep, "_")
+    return name if name not in ("", ".", "..") else "_"

@@ -1,0 +1,99 @@
+"""What a node starts, rank by rank: each local rank's environment, core binding and argv.
+
+spec -> ``rank_environment`` (the user's environment, the runner's exports, the rank contract) -> ``bind_ranks``
+(``--bind_cores_to_rank``: a numactl prefix, or an affinity mask) -> ``rank_processes`` (``RankProcess``: what
+the static supervisor, xrun.launch.supervise, starts). The elastic adapter (xrun.launch.elastic) writes its rank
+scripts from the same environment and binding. Reads /sys for the binding; starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xrun.launch import binding
+from xrun.launch.binding import RankBinding
+from xrun.launch.spec import NodeSpec, RankSpec
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One rank to start: its complete argv and environment (the caller merged them)."""
+
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cpus: frozenset[int] | None = None  # the exact CPU affinity the child starts with
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class BoundRank:
+    """A rank after binding: the argv may gain a numactl prefix, or the cpus travel as an affinity mask."""
+
+    argv: tuple[str, ...]
+    cpus: frozenset[int] | None
+    extra_env: Mapping[str, str]
+
+
+def rank_environment(base: Mapping[str, str], spec: NodeSpec, rank: RankSpec) -> dict[str, str]:
+    """The user's environment, then the runner's exports, then the rank contract (which always wins)."""
+    env = dict(base)
+    env.update(spec.env)
+    env.update(rank.env)
+    return env
+
+
+def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
+    """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
+    if not spec.options.bind_cores:
+        return None
+    binding.check_binding_env(env)
+    allowed = frozenset(os.sched_getaffinity(0))
+    return binding.plan_binding(binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list)
+
+
+def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
+    """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
+    bindings = plan_bindings(spec, env)
+    if bindings is None:
+        return tuple(BoundRank(argv=r.argv, cpus=None, extra_env={}) for r in spec.ranks)
+    pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
+    note = binding.binding_note(bindings, pool)
+    if note:
+        print(f"xrun: {spec.host}: {note}", file=sys.stderr)
+    numactl = binding.find_numactl()
+    if numactl is None:
+        print(
+            f"xrun: {spec.host}: numactl not found; binding CPUs by affinity only, memory is not bound "
+            "(apt-get install numactl)",
+            file=sys.stderr,
+        )
+    return tuple(
+        BoundRank(
+            argv=binding.numactl_argv(b, r.argv, numactl) if numactl else r.argv,
+            cpus=None if numactl else frozenset(b.cpus),
+            extra_env=binding.binding_env(b, env),
+        )
+        for r, b in zip(spec.ranks, bindings)
+    )
+
+
+def rank_processes(spec: NodeSpec, base_env: Mapping[str, str]) -> tuple[RankProcess, ...]:
+    """Every local rank as a ``RankProcess``: its environment merged and its binding applied."""
+    envs = [rank_environment(base_env, spec, rank) for rank in spec.ranks]
+    bound = bind_ranks(spec, envs[0] if envs else base_env)
+    return tuple(
+        RankProcess(
+            rank=rank.rank,
+            local_rank=rank.local_rank,
+            argv=b.argv,
+            env={**env, **b.extra_env},
+            cpus=b.cpus,
+            cwd=spec.cwd,
+        )
+        for rank, env, b in zip(spec.ranks, envs, bound)
+    )
