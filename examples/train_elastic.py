@@ -11,7 +11,9 @@ nodes can come and go while it runs.
 
 Fault injection for tests and demos: ``--crash_rank R --crash_at_step K`` makes rank R exit with
 ``--crash_code`` (default 7) when it reaches step K, on the first attempt only (``TORCHELASTIC_RESTART_COUNT``
-is 0), or on every attempt with ``--crash_always``.
+is 0), or on every attempt with ``--crash_always``. It exits at once, as a crash does (``os._exit``): a graceful
+exit would first run the interpreter's teardown, which closes the process group's sockets while the process
+lives on for a while, so a peer that aborts on "connection closed by peer" can die before the rank that caused it.
 
 Every rank prints ``step S rank R/W restart K loss L``; rank 0 ends with one JSON line (``"done": true``).
 """
@@ -92,7 +94,8 @@ def main() -> int:
             and (args.crash_always or restart == 0)
         ):
             print(f"rank {rank} crashing at step {step} (restart {restart})", file=sys.stderr, flush=True)
-            return args.crash_code
+            sys.stdout.flush()
+            os._exit(args.crash_code)
         time.sleep(args.step_time)
         x = torch.randn(20, 10, generator=data).to(device)
         y = torch.randn(20, 5, generator=data).to(device)

@@ -242,6 +242,22 @@ def test_failure_outcomes_from_torch_failures():
     assert (stopped.root_cause, stopped.exit_code) == (None, 143)
 
 
+def test_failure_outcomes_order_by_the_exit_seen_not_torchs_whole_seconds():
+    class Failure:
+        def __init__(self, pid, exitcode, timestamp):
+            self.pid, self.exitcode, self.timestamp = pid, exitcode, timestamp
+
+    # Both failures carry torch's same whole-second timestamp: without exit times rank 0 (lower) would win.
+    failures = {0: Failure(10, -6, 100), 1: Failure(11, 7, 100)}
+    tie = attempt_result("h", failure_outcomes("h", {0: 0, 1: 1}, {0: 10, 1: 11}, failures, {}, 1.0,
+                                                stopped_all=False), None)
+    assert tie.root_cause.rank == 0
+    seen = failure_outcomes("h", {0: 0, 1: 1}, {0: 10, 1: 11}, failures, {}, 1.0, stopped_all=False,
+                            exit_times={0: 100.30, 1: 100.25})
+    result = attempt_result("h", seen, None)
+    assert (result.root_cause.rank, result.exit_code) == (1, 7)
+
+
 def test_start_line_names_every_timeout():
     spec = NodeSpec(host="h", node_rank=0, ranks=(), elastic=opts(min_nodes=2))
     line = start_line(spec.elastic, spec, "2.13.0", 1800.0)

@@ -98,10 +98,14 @@ def failure_outcomes(
     *,
     stopped_all: bool,
     stop_signal: int = signal.SIGTERM,
+    exit_times: Mapping[int, float] | None = None,
 ) -> list[tuple[float, RankOutcome]]:
     """One attempt's ranks as (failure time, outcome): torch's failures failed on their own; the rest were stopped.
 
-    ``failures`` maps global rank -> torch ``ProcessFailure`` (exitcode < 0 means the signal).
+    ``failures`` maps global rank -> torch ``ProcessFailure`` (exitcode < 0 means the signal). ``exit_times``
+    (local rank -> ``time.time()`` of its exit, seen through a pidfd) orders failures precisely; torch's own
+    timestamps are whole seconds, so a peer that aborts in the same second would otherwise tie with the rank
+    that really failed first and win by its lower rank number.
     """
     # torch SIGTERMs the rest of the group once one rank fails and reports them as failures too: those are
     # consequences, unless SIGTERM is all there is.
@@ -111,7 +115,8 @@ def failure_outcomes(
         failure = own.get(rank)
         if failure is not None and not stopped_all:
             code = int(failure.exitcode)
-            when = float(getattr(failure, "timestamp", 0) or 0)
+            seen = (exit_times or {}).get(local_rank)
+            when = seen if seen is not None else float(getattr(failure, "timestamp", 0) or 0)
             outcome = RankOutcome(
                 host=host, rank=rank, local_rank=local_rank, pid=int(failure.pid or pids.get(local_rank, 0)),
                 returncode=code if code >= 0 else None, signal=-code if code < 0 else None, runtime_s=runtime_s,
@@ -149,6 +154,16 @@ def start_line(options: ElasticOptions, spec: NodeSpec, torch_version: str, exit
 # Output: the ranks write into FIFOs; one thread reads them through the node's Console.
 
 
+class _ExitWatch:
+    """A pidfd of one worker of the current attempt, watched by the relay's thread."""
+
+    __slots__ = ("local_rank", "fd")
+
+    def __init__(self, local_rank: int, fd: int) -> None:
+        self.local_rank = local_rank
+        self.fd = fd
+
+
 class OutputRelay:
     """Two FIFOs per local rank, opened read-write here (so a rank's exit is never an EOF and restarts reuse
     them); a thread hands what they carry to a ``Console``, which prefixes, echoes, logs and keeps the tails."""
@@ -163,6 +178,8 @@ class OutputRelay:
         self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
+        self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
+        self._exit_watches: list[_ExitWatch] = []
         for local_rank in range(local_ranks):
             for console, name in ((1, "out"), (2, "err")):
                 path = os.path.join(workdir, f"{name}{local_rank}")
@@ -176,6 +193,19 @@ class OutputRelay:
         self._thread = threading.Thread(target=self._loop, name="xrun-elastic-output", daemon=True)
         self._thread.start()
 
+    def watch_exits(self, pids: Mapping[int, int]) -> None:
+        """Note when each worker of this attempt exits (a pidfd turns readable), to the microsecond."""
+        with self._lock:
+            for local_rank, pid in pids.items():
+                try:
+                    fd = os.pidfd_open(pid)
+                except (AttributeError, OSError):  # gone already (or no pidfd): it exited before now
+                    self.exit_times.setdefault(local_rank, time.time())
+                    continue
+                watch = _ExitWatch(local_rank, fd)
+                self._exit_watches.append(watch)
+                self._sel.register(fd, selectors.EVENT_READ, watch)
+
     def fifo(self, local_rank: int, console: int) -> str:
         return self.paths[(local_rank, console)]
 
@@ -185,6 +215,7 @@ class OutputRelay:
             self._drain_locked()
             for stream in self.streams.values():
                 self._end_attempt(stream)
+            self._forget_exits()
             for local_rank, rank in ranks.items():
                 logs = open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
                 for console in (1, 2):
@@ -202,6 +233,7 @@ class OutputRelay:
             self._drain_locked()
             for stream in self.streams.values():
                 self._end_attempt(stream)
+            self._forget_exits()
             self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2.0)
@@ -218,8 +250,24 @@ class OutputRelay:
                 if self._closed:
                     return
                 for key, _ in events:
-                    if key.data is not None and key.data.fd is not None:
+                    if isinstance(key.data, _ExitWatch):
+                        self._exited(key.data)
+                    elif key.data is not None and key.data.fd is not None:
                         self._console.drain(key.data, limit=16)
+
+    def _exited(self, watch: _ExitWatch) -> None:
+        self.exit_times.setdefault(watch.local_rank, time.time())
+        self._unwatch(watch)
+
+    def _unwatch(self, watch: _ExitWatch) -> None:
+        self._sel.unregister(watch.fd)
+        os.close(watch.fd)
+        self._exit_watches.remove(watch)
+
+    def _forget_exits(self) -> None:
+        for watch in list(self._exit_watches):
+            self._unwatch(watch)
+        self.exit_times = {}
 
     def _drain_locked(self) -> None:
         for stream in self.streams.values():
@@ -255,6 +303,7 @@ class _NodeRun:
 
     def attempt_started(self, group: Any, ids: Mapping[int, Any], restarts: int) -> None:
         self.pids = {int(k): int(v) for k, v in ids.items()}
+        self.relay.watch_exits(self.pids)
         self.started = time.monotonic()
         ranks = sorted(self.ranks.values())
         world = group.workers[0].world_size if group.workers else 0
@@ -267,7 +316,8 @@ class _NodeRun:
 
     def outcomes(self, *, stopped_all: bool, stop_signal: int = signal.SIGTERM) -> list[tuple[float, RankOutcome]]:
         return failure_outcomes(self.spec.host, self.ranks, self.pids, self.failures, self.relay.tails(),
-                                time.monotonic() - self.started, stopped_all=stopped_all, stop_signal=stop_signal)
+                                time.monotonic() - self.started, stopped_all=stopped_all, stop_signal=stop_signal,
+                                exit_times=self.relay.exit_times)
 
     def restarting(self, failed: bool, restarts: int, handler: Any) -> None:
         if not failed:

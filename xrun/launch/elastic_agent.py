@@ -125,7 +125,7 @@ def agent_class(t: Mapping[str, Any], node: Any) -> type:
     class XrunElasticAgent(base):  # type: ignore[misc]
         def _start_workers(self, worker_group: Any) -> dict[int, Any]:
             node.attempt_starting(worker_group)
-            ids = super()._start_workers(worker_group)
+            ids: dict[int, Any] = super()._start_workers(worker_group)
             node.attempt_started(worker_group, ids, worker_group.spec.max_restarts - self._remaining_restarts)
             return ids
 

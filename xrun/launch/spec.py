@@ -85,8 +85,9 @@ class LaunchOptions:
     local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mode, PythonMode):
-            object.__setattr__(self, "mode", PythonMode(self.mode))
+        mode: object = self.mode  # a plain string when the options come from JSON (the node spec)
+        if not isinstance(mode, PythonMode):
+            object.__setattr__(self, "mode", PythonMode(mode))
 
 
 @dataclass(frozen=True)
