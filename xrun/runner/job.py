@@ -266,6 +266,9 @@ class Job:
             self._out.append(TurnAway(event.conn))
             return
         node = self.nodes[event.node]
+        if self.stopping and node.state is NodeState.WAITING and self.config.verdict_to_nodes:
+            self._late(node, event)
+            return
         if node.state is not NodeState.WAITING or self.stopping:
             self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
             self._out.append(TurnAway(event.conn))
@@ -278,6 +281,16 @@ class Job:
             self._fail(Failure(node.host, answer.reason, REFUSED_EXIT))
         else:
             self._out.append(answer)
+
+    def _late(self, node: _Node, event: HelloReceived) -> None:
+        """Pod mode: a node that joins a job already ending is told how it ends (it must exit with that code)."""
+        node.state, node.connected, node.last_seen = NodeState.JOINED, True, self.now
+        self._out.append(Admit(node.rank, event.conn))
+        if self._verdict is not None:
+            self._out.append(SendVerdict((node.rank,), self._verdict))
+        else:
+            reason = self.failure.reason if self.failure is not None else "the job is stopping"
+            self._out.append(SendStop((node.rank,), int(signal.SIGTERM), self.config.shutdown_timeout, reason))
 
     def _ready(self, event: Ready) -> None:
         node = self.nodes[event.node]

@@ -42,7 +42,7 @@ from xrun.runner.status import PlainStatus, make_status, say
 RETRY_EVERY = 0.5  # between attempts to reach node 0
 RETRY_LINE_EVERY = 10.0  # the "still waiting for node 0" line
 WRONG_KEY = ("node 0 closed the channel without answering: is XRUN_TOKEN/--token_file the same on every node? "
-             "(or the run id: --run_id, --master_addr, --master_port)")
+             "(or the run id: --run_id, --master_addr, --master_port; or the job had just ended)")
 NODE_FAILURE_EXIT = 1
 
 
