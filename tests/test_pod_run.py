@@ -163,3 +163,15 @@ def test_a_node_with_the_wrong_token_says_so(tmp_path):
     for node in (0, 1):
         assert out[node][0] == 1 and "not ready within --join_timeout 5 s: 127.0.0.3" in out[node][2]
     assert "closed 1 connection(s) that did not present this run's token" in out[0][2]
+
+
+def test_dry_run_shows_the_pod_plan_and_whether_the_channel_is_authenticated(tmp_path):
+    pod = Pod(tmp_path)
+    argv = [sys.executable, "-m", "xrun", "-H", str(tmp_path / "hosts"), "--pod", "--node_rank", "1",
+            "--control_port", "29999", "--dry-run", "train.py"]
+    plain = subprocess.run(argv, env=pod.env, capture_output=True, text=True, cwd=str(tmp_path), timeout=30)
+    assert "pod: node 1 of 3, control 127.0.0.1:29999, plan digest " in plain.stdout
+    assert "unauthenticated (no token)" in plain.stdout
+    secret = subprocess.run(argv, env={**pod.env, "XRUN_TOKEN": "s3cret"}, capture_output=True, text=True,
+                            cwd=str(tmp_path), timeout=30)
+    assert "authenticated by the shared token" in secret.stdout and "s3cret" not in secret.stdout
