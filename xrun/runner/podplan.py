@@ -33,10 +33,10 @@ from xrun.runner.digest import PlanDigest, plan_digest
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, Plan
-from xrun.runner.secret import load_token
 from xrun.runner.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
 from xrun.runner.platforms import Detection, detect
 from xrun.runner.pod_options import PlatformChoice
+from xrun.runner.secret import load_token
 from xrun.runner.selection import Pool
 from xrun.runner.smallfile import read_small_file
 
