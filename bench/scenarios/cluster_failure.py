@@ -4,6 +4,10 @@ Measured from that rank's exit timestamp: when no rank runs on any node, when th
 what is left. The nodes share the PID space with this machine, so the same /proc polling as scenario 3 works.
 deepspeed (pdsh launcher) runs for comparison where installed: it has no cross-node teardown, so its survivors
 run until the cap.
+
+``xrun:pod`` is pod mode (issue 11): no head node, each namespace node runs its own ``xrun --pod --node_rank K``
+(started together by a small waiter process, whose exit code is node 0's xrun's); node 0's xrun hosts the
+control channel, so the failure travels node3 -> node 0 -> every node.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from bench.scenarios.failure import teardown_trial
 
 NAME = "cluster_failure"
 TITLE = "8. Cross-node failure: 4 nodes, the rank on node3 exits 7"
-VARIANTS = ("xrun:ssh", "xrun:pdsh", "deepspeed:pdsh")
+VARIANTS = ("xrun:ssh", "xrun:pdsh", "xrun:pod", "deepspeed:pdsh")
+# Starts every node's xrun (argv lists as JSON), waits for all, exits with node 0's code.
+POD_WAITER = ("import json, subprocess, sys; procs = [subprocess.Popen(a) for a in json.loads(sys.argv[1])]; "
+              "codes = [p.wait() for p in procs]; sys.exit(codes[0])")
 TABLE = {
     "metrics": [["all_dead_s", "no rank anywhere", "s"], ["exit_s", "launcher exit", "s"]],
     "ratio": "all_dead_s",
@@ -32,7 +39,7 @@ def run(ctx: Context) -> dict[str, Any]:
     rounds = ctx.rounds(1, 3)
     backends = cluster.xrun_backends()
     wanted = [v for v in VARIANTS if ctx.launchers is None or v.split(":")[0] in ctx.launchers]
-    variants = [v for v in wanted if not v.startswith("xrun:") or v.split(":")[1] in backends]
+    variants = [v for v in wanted if not v.startswith("xrun:") or v.split(":")[1] in {*backends, "pod"}]
     _, missing = ctx.pick(["deepspeed"])
     variants = [v for v in variants if not (v.startswith("deepspeed") and missing)]
     skipped = {v: missing.get("deepspeed", "xrun has no such --launcher backend yet") for v in VARIANTS
@@ -54,6 +61,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
                     def make(rank_args: tuple[str, ...]) -> list[str]:
                         port = harness.free_port()
+                        if variant == "xrun:pod":
+                            return pod_argv(c, hostfile, port, script, rank_args, k)
                         if launcher == "xrun":
                             config = str(c.ssh_config)
                             return cluster.xrun_cluster_argv(
@@ -68,7 +77,7 @@ def run(ctx: Context) -> dict[str, Any]:
         return unavailable(NAME, TITLE, str(why))
     group = harness.summarize_group(results, references=TABLE["references"], censor_at=cap)
     sec["groups"].append({"label": f"{k} nodes", "params": {"nodes": k}, **group})
-    for variant in ("xrun:ssh", "xrun:pdsh"):
+    for variant in ("xrun:ssh", "xrun:pdsh", "xrun:pod"):
         entry = group["variants"].get(variant)
         if entry:
             dead = median(sec["groups"][-1], variant, "all_dead_s")
@@ -81,3 +90,18 @@ def run(ctx: Context) -> dict[str, Any]:
                 f"codes {','.join(map(str, entry['exit_codes']))}",
             })  # fmt: skip
     return finish(sec)
+
+
+def pod_argv(c: Any, hostfile: str, port: int, script: str, args: tuple[str, ...], k: int) -> list[str]:
+    """The waiter that starts ``xrun --pod --node_rank K`` on each of the k namespace nodes (this checkout's xrun)."""
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    nodes = [
+        c.node_argv(name, ["env", f"PYTHONPATH={root}", sys.executable, "-m", "xrun", "-H", hostfile, "--pod",
+                           "--node_rank", str(rank), "--master_port", str(port), "--control_port", str(port + 1),
+                           script, *args])
+        for rank, name in enumerate(cluster.node_names(k))
+    ]
+    return [sys.executable, "-c", POD_WAITER, json.dumps(nodes)]

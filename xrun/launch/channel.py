@@ -6,13 +6,18 @@ server (``xrun.runner.control``) both import this module, and neither defines a 
 Frame: a 4-byte big-endian length, then that many bytes of UTF-8 JSON, an object with a ``"type"`` key.
 
 Agent -> runner                                   Runner -> agent
-  hello(token, node_rank, host, pid, addr,          spec(spec)            after a valid hello only
-        versions)                                   start(master_addr, master_port)   the start barrier
-  ready(master_port)                                stop(signal, deadline, reason)
-  started                                           ping
-  rank_exited(rank, local_rank, code, signal, tail)
-  done(exit_code, result)
-  pong / error(message)
+  hello(token, node_rank, host, pid, addr,          spec(spec)            after a valid hello only (head mode)
+        versions[, digest])                         accept                after a valid hello (pod mode)
+  ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
+  started                                           start(master_addr, master_port)   the start barrier
+  rank_exited(rank, local_rank, code, signal, tail) stop(signal, deadline, reason)
+  done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
+  pong / error(message)                                     stopped_after)   pod mode: how the job ended
+                                                    ping
+
+Pod mode (``xrun.runner.podrun``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
+(``xrun.runner.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
+exits with the code its ``verdict`` carries.
 
 A connection that does not open with a valid hello within ``HELLO_TIMEOUT`` is closed without a byte sent
 back: a stray (or hostile) client learns nothing, not even which check failed.
@@ -63,6 +68,9 @@ class Kind(str, enum.Enum):
     PING = "ping"
     PONG = "pong"
     ERROR = "error"
+    ACCEPT = "accept"  # pod mode: the hello's key and plan digest match node 0's
+    WAITING = "waiting"  # pod mode: the barrier's status, for every node's console
+    VERDICT = "verdict"  # pod mode: the job's exit code and root cause, once every node is over
 
 
 class ChannelError(Exception):

@@ -11,7 +11,8 @@ value ever appear on a command line. Then:
 ``ChannelHooks`` is the ``AgentHooks`` of ``xrun.launch.agent``: a reader thread owns the socket (it answers
 pings even while the event loop is busy and notices a silent runner after ``DEAD_AFTER`` s) and wakes the
 rank group's event loop through a pipe; ``stop`` and connection loss both become ``group.request_stop``.
-Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down.
+Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down. Any other message
+(pod mode's ``verdict``) waits in an inbox for ``next_message``; a lost channel puts None there.
 
 The token: ``--token=-`` reads it from the first line of stdin (the ssh backend sends it there, so it is in
 no argv); ``--token=HEX`` takes it from the command line (pdsh has no stdin; the runner accepts each node
@@ -156,6 +157,8 @@ class ChannelHooks:
         self._connected = True
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.lost_reason: str | None = None  # why the channel was lost, once it was
 
     # -- AgentHooks -----------------------------------------------------------------------------------------
 
@@ -197,6 +200,11 @@ class ChannelHooks:
         except OSError:
             self._connected = False  # the reader thread reports the loss
 
+    def next_message(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next message the hooks do not handle themselves; None once the channel is lost.
+        Raises ``queue.Empty`` after ``timeout`` seconds."""
+        return self._inbox.get(timeout=timeout)
+
     def close(self) -> None:
         """After the result went out: end the reader thread first, then release the fds it uses."""
         self._closing = True
@@ -219,13 +227,17 @@ class ChannelHooks:
                 if self._closing:
                     return
                 reason = err.reason if "no message" not in err.reason else f"runner silent for {channel.DEAD_AFTER:g} s"
+                self.lost_reason = reason
                 self._post("lost", reason)
+                self._inbox.put(None)
                 return
             kind = msg.get("type")
             if kind == Kind.PING.value:
                 self.send(message(Kind.PONG))
             elif kind == Kind.STOP.value:
                 self._post("stop", msg)
+            else:
+                self._inbox.put(msg)
 
     def _post(self, what: str, payload: Any) -> None:
         self._events.put((what, payload))

@@ -11,6 +11,10 @@ machine's; the wire format lives in ``xrun.launch.channel``, the status display 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
 and SIGHUP on the main thread; ``own_signals=False`` lets the loop run on another thread.
+
+Pod mode's flavour (``xrun.runner.podserver``) overrides two seams: ``_make_job`` (its hello policy, the
+verdict sent to every node) and ``_hello_event`` (the key and digest go to the machine's policy instead of
+the one-time token being checked here).
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ from xrun.runner.jobevents import (
     HelloReceived,
     RankExited,
     Ready,
+    SendAccept,
     SendPing,
     SendSpec,
     SendStart,
     SendStop,
+    SendVerdict,
     SessionEnded,
     ShowJoined,
     ShowLine,
@@ -53,6 +59,7 @@ from xrun.runner.jobevents import (
     SignalReceived,
     Tick,
     TurnAway,
+    Verdict,
 )
 from xrun.runner.jobreport import report_lines
 from xrun.runner.plan import Plan
@@ -86,7 +93,7 @@ class ControlServer:
     def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
         self.token = token
-        self.job = Job(JobConfig.from_plan(plan, join_timeout=join_timeout), now=time.monotonic())
+        self.job = self._make_job(plan, join_timeout)
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
         self.conns: dict[int, _Conn] = {}
@@ -114,9 +121,11 @@ class ControlServer:
 
     # -- set-up ---------------------------------------------------------------------------------------------
 
-    def listen(self, addrs: Iterable[str]) -> int:
-        """Bind one listener per distinct address, all on the same (kernel-chosen) port."""
-        port = 0
+    def _make_job(self, plan: Plan, join_timeout: float) -> Job:
+        return Job(JobConfig.from_plan(plan, join_timeout=join_timeout), now=time.monotonic())
+
+    def listen(self, addrs: Iterable[str], *, port: int = 0) -> int:
+        """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
         for addr in dict.fromkeys(addrs):
             try:
                 sock = _listener(addr, port)
@@ -159,7 +168,7 @@ class ControlServer:
             sessions.terminate()
             self.close()
         verdict = self.job.verdict()
-        for line in report_lines(verdict, strays=self.strays):
+        for line in report_lines(verdict, strays=self.strays + self.job.strays):
             say(line)
         return verdict.exit_code
 
@@ -179,6 +188,8 @@ class ControlServer:
             TurnAway: lambda a: self._drop_if_open(self.conns.get(a.conn)),
             Drop: lambda a: self._drop_if_open(self.node_conns.get(a.node)),
             SendSpec: self._send_spec,
+            SendAccept: lambda a: self._send(a.node, message(Kind.ACCEPT)),
+            SendVerdict: lambda a: self._send_all(a.nodes, verdict_message(a.verdict)),
             SendStart: lambda a: self._send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
                                                                   master_port=a.master_port)),
             SendStop: lambda a: self._send_all(a.nodes, message(Kind.STOP, signal=a.signal, deadline=a.deadline,
@@ -275,20 +286,18 @@ class ControlServer:
             self._closed(conn, f"protocol error: {err.reason}")
 
     def _hello(self, conn: _Conn, msg: Message) -> None:
-        rank = msg.get("node_rank")
-        if (
-            msg.get("type") != Kind.HELLO.value
-            or not channel.token_matches(self.token, msg.get("token"))
-            or not isinstance(rank, int)
-            or not 0 <= rank < len(self.plan.nodes)
-        ):
+        event = self._hello_event(conn, msg)
+        if event is None:
             self.strays += 1
             self._drop(conn)  # not a word back: a stray learns nothing
             return
-        versions = msg.get("versions")
-        version = versions.get("xrun") if isinstance(versions, dict) else None
-        addr = str(msg.get("addr") or conn.peer)
-        self._feed(HelloReceived(rank, conn.serial, addr=addr, peer=conn.peer, xrun_version=version))
+        self._feed(event)
+
+    def _hello_event(self, conn: _Conn, msg: Message) -> HelloReceived | None:
+        """The hello as the machine's event; None: a stray (here: the one-time token does not match)."""
+        if not channel.token_matches(self.token, msg.get("token")):
+            return None
+        return hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
 
     def _closed(self, conn: _Conn, reason: str) -> None:
         self._drop(conn)
@@ -347,6 +356,26 @@ def _listener(addr: str, port: int) -> socket.socket:
     sock.listen(256)
     sock.setblocking(False)
     return sock
+
+
+def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:
+    """A well-formed hello for one of ``nodes`` as the machine's event (key unchecked); None otherwise."""
+    rank = msg.get("node_rank")
+    if msg.get("type") != Kind.HELLO.value or not isinstance(rank, int) or not 0 <= rank < nodes:
+        return None
+    versions = msg.get("versions")
+    version = versions.get("xrun") if isinstance(versions, dict) else None
+    addr = str(msg.get("addr") or peer)
+    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version)
+
+
+def verdict_message(verdict: Verdict) -> Message:
+    failure = verdict.failure
+    return message(
+        Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
+        stopped_after=verdict.stopped_after, host=failure.host if failure else None,
+        rank=failure.rank if failure else None, reason=failure.reason if failure else None,
+    )
 
 
 def agent_event(node: int, msg: Message) -> Event:

@@ -14,7 +14,9 @@ connected) is the root cause and stops every other node; SIGINT/SIGTERM/SIGHUP s
 second SIGINT with SIGKILL. A node that neither finishes nor answers by the stop deadline counts as lost.
 
 What a hello gets back is a ``HelloPolicy``: the head sends each node its spec (``SendSpecs``); a policy may
-instead refuse a node (pod mode compares plan digests), which ends the job with exit code 2.
+instead refuse a node (pod mode compares plan digests: ``xrun.runner.podhello``), which ends the job with exit
+code 2, or find it a ``Stray`` (a wrong key), turned away without a word before it is admitted. With
+``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected.
 
 The job's exit code is decided in one place, ``_exit_code``, through ``Job._decide`` once every node is over;
 ``Job.verdict`` then stays the same whatever arrives during the last linger.
@@ -48,6 +50,7 @@ from xrun.runner.jobevents import (
     SendSpec,
     SendStart,
     SendStop,
+    SendVerdict,
     SessionEnded,
     ShowJoined,
     ShowLine,
@@ -99,6 +102,7 @@ class JobConfig:
     master_addr: str | None = None  # --master_addr; None: node 0's address as its agent saw it
     master_port: int = 0  # 0: node 0's agent picks a free one before the barrier
     elastic: ElasticRule | None = None
+    verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
 
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
@@ -121,9 +125,14 @@ class Refusal:
     reason: str
 
 
+@dataclass(frozen=True)
+class Stray:
+    """A hello policy's "not one of ours" (a wrong key): closed without a word, counted, never admitted."""
+
+
 class HelloPolicy(Protocol):
-    def answer(self, hello: HelloReceived) -> Action | Refusal:
-        """What an admitted node is sent first, or why it is refused."""
+    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
+        """What an admitted node is sent first, why it is refused, or that it is a stray."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,7 @@ class SendSpecs:
 
     pick_master_port: bool
 
-    def answer(self, hello: HelloReceived) -> Action | Refusal:
+    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
         return SendSpec(hello.node, pick_master_port=self.pick_master_port and hello.node == 0)
 
 
@@ -203,6 +212,7 @@ class Job:
         self.next_status = now
         self._verdict: Verdict | None = None
         self._out: list[Action] = []
+        self.strays = 0  # hellos the policy turned away
 
     # -- the interface --------------------------------------------------------------------------------------
 
@@ -218,6 +228,8 @@ class Job:
         if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping):
             self.all_over_at = now
             self._verdict = self._decide()
+            if self.config.verdict_to_nodes:
+                self._out.append(SendVerdict(tuple(n.rank for n in self.nodes if n.connected), self._verdict))
         out, self._out = self._out, []
         return out
 
@@ -248,7 +260,15 @@ class Job:
     # -- what the agents say --------------------------------------------------------------------------------
 
     def _hello(self, event: HelloReceived) -> None:
+        answer = self.policy.answer(event)
+        if isinstance(answer, Stray):
+            self.strays += 1
+            self._out.append(TurnAway(event.conn))
+            return
         node = self.nodes[event.node]
+        if self.stopping and node.state is NodeState.WAITING and self.config.verdict_to_nodes:
+            self._late(node, event)
+            return
         if node.state is not NodeState.WAITING or self.stopping:
             self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
             self._out.append(TurnAway(event.conn))
@@ -257,11 +277,20 @@ class Job:
         self._out.append(Admit(node.rank, event.conn))
         if event.xrun_version != __version__:
             self._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
-        answer = self.policy.answer(event)
         if isinstance(answer, Refusal):
             self._fail(Failure(node.host, answer.reason, REFUSED_EXIT))
         else:
             self._out.append(answer)
+
+    def _late(self, node: _Node, event: HelloReceived) -> None:
+        """Pod mode: a node that joins a job already ending is told how it ends (it must exit with that code)."""
+        node.state, node.connected, node.last_seen = NodeState.JOINED, True, self.now
+        self._out.append(Admit(node.rank, event.conn))
+        if self._verdict is not None:
+            self._out.append(SendVerdict((node.rank,), self._verdict))
+        else:
+            reason = self.failure.reason if self.failure is not None else "the job is stopping"
+            self._out.append(SendStop((node.rank,), int(signal.SIGTERM), self.config.shutdown_timeout, reason))
 
     def _ready(self, event: Ready) -> None:
         node = self.nodes[event.node]

@@ -7,13 +7,16 @@ say which connection to keep or close without the machine holding one.
 Events come from the socket layer (``xrun.runner.control``): what an agent said, a connection that dropped, a
 backend session that ended, a signal to xrun, and ``Tick`` (time passed). Actions go back to it: what to send
 to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
-exit code and its root cause, as data the report prints and (pod mode, issue 11) every node could be sent.
+exit code and its root cause, as data the report prints and (pod mode, ``SendVerdict``) every node is sent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from xrun.runner.digest import PlanDigest
 
 # -- events ---------------------------------------------------------------------------------------------------
 
@@ -27,6 +30,8 @@ class HelloReceived:
     addr: str  # the node's address as its agent saw it on the route here (else the peer address)
     peer: str
     xrun_version: str | None = None
+    key: str | None = None  # pod mode: the channel key offered (the socket layer checked nothing)
+    digest: PlanDigest | None = None  # pod mode: the node's plan digest (None: absent or malformed)
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,13 @@ class SendSpec:
 
 
 @dataclass(frozen=True)
+class SendAccept:
+    """Pod mode: the node's hello is admitted; it runs its own command line, no spec is sent."""
+
+    node: int
+
+
+@dataclass(frozen=True)
 class SendStart:
     nodes: tuple[int, ...]
     master_addr: str
@@ -181,8 +193,17 @@ class ShowStarted:
     master_port: int | None
 
 
+@dataclass(frozen=True)
+class SendVerdict:
+    """Pod mode: how the job ended, to every node still connected (each exits with its code)."""
+
+    nodes: tuple[int, ...]
+    verdict: Verdict
+
+
 Action = Union[
-    Admit, TurnAway, SendSpec, SendStart, SendStop, SendPing, Drop, ShowLine, ShowJoined, ShowWaiting, ShowStarted
+    Admit, TurnAway, SendSpec, SendAccept, SendStart, SendStop, SendPing, SendVerdict, Drop, ShowLine, ShowJoined,
+    ShowWaiting, ShowStarted,
 ]
 
 # -- the outcome ----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ platform variable is present). Three outcomes:
   (the master address must then come from the platform or ``--master_addr``), else this machine. Flags win
   over detected values. The request is rewritten in today's terms: ``no_ssh`` with this node's rank, the
   master, and a run id every node computes alike (``xrun-MASTER-PORT``) unless ``--run_id`` is given.
-  The runtime is still the ``no_ssh`` backend's;
+  The runtime is the ``no_ssh`` backend's (``xrun.runner.podrun``);
 * ``pod_setup(plan, token=...)`` then gives the pod-mode runtime what it needs (``PodSetup``): this node's
   rank, the world, the master, node 0's control endpoint (``--control_port``, default master port + 1), the
   token and the plan digest.
@@ -36,6 +36,7 @@ from xrun.runner.plan import JobRequest, Plan
 from xrun.runner.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
 from xrun.runner.platforms import Detection, detect
 from xrun.runner.pod_options import PlatformChoice
+from xrun.runner.secret import load_token
 from xrun.runner.selection import Pool
 from xrun.runner.smallfile import read_small_file
 
@@ -278,9 +279,12 @@ def dry_run_json(plan: Plan) -> dict[str, Any]:
     detected = plan.request.pod.detected
     pod = None
     if plan.request.remote.no_ssh and plan.request.remote.node_rank is not None:
-        setup = pod_setup(plan, token=None)
+        import os  # noqa: PLC0415 - the token is read (and checked) as the real run reads it, never shown
+
+        setup = pod_setup(plan, token=load_token(os.environ, plan.request.pod.token_file))
         pod = {"node_rank": setup.node_rank, "num_nodes": setup.num_nodes, "control_addr": setup.control_addr,
-               "control_port": setup.control_port, "digest": setup.digest.sha256}
+               "control_port": setup.control_port, "digest": setup.digest.sha256,
+               "authenticated": setup.token is not None}
     return {"platform": detected.to_json() if detected is not None else None, "pod": pod}
 
 
@@ -291,8 +295,9 @@ def dry_run_lines(plan: Plan) -> list[str]:
         lines.append(f"platform: {data['platform']['announcement'].removeprefix('xrun: ')}")
     if data["pod"] is not None:
         pod = data["pod"]
+        auth = "authenticated by the shared token" if pod["authenticated"] else "unauthenticated (no token)"
         lines.append(f"pod: node {pod['node_rank']} of {pod['num_nodes']}, control {pod['control_addr']}:"
-                     f"{pod['control_port']}, plan digest {pod['digest'][:16]}")
+                     f"{pod['control_port']}, plan digest {pod['digest'][:16]}; {auth}")
     return lines
 
 

@@ -1,13 +1,13 @@
-"""``--no_ssh --node_rank K``: the user (or Kubernetes, or a batch system) starts xrun on every node by hand.
+"""Pod mode's backend (``--pod``, ``--no_ssh --node_rank K``, a detected platform): every node starts xrun itself.
 
-There is no fan-out and no control channel: each xrun runs its own node's agent in-process, with the same
-env contract as the remote backends (``--export`` and ``.xrun_env`` apply, ``PYTHONPATH`` gets the working
-directory). Rendezvous is torch's: node 0 hosts the store, so every node must be given the same hostfile,
-selection and ``--master_port``, and ``MASTER_ADDR`` is ``--master_addr`` or else the first host's name as
+There is no fan-out: each xrun runs its own node's agent in-process, with the same env contract as the remote
+backends (``--export`` and ``.xrun_env`` apply, ``PYTHONPATH`` gets the working directory), and joins the
+job's control channel, which node 0's xrun hosts (``xrun.runner.podrun``): the same start barrier, teardown,
+keepalives and exit code as the head-node backends, and a plan digest so that a node started with another
+command line is refused by name. Every node must be given the same hostfile (or platform), selection and
+``--master_port``; ``MASTER_ADDR`` is ``--master_addr``, the platform's, or else the first host's name as
 written in the hostfile (it must resolve to node 0 on every node, e.g. a headless Service's DNS name).
 ``--master_port 0`` is refused: nodes that cannot talk to each other cannot agree on a random port.
-Cross-node teardown is torch's too (a failed peer breaks the collective); each node's agent stops its own
-ranks on failure and on signals.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ class NoSshBackend:
         return Invocation(
             backend=self.name,
             commands=(NodeCommand(host=node.host, argv=agent_argv(command)),),
-            note=f"--no_ssh: only node {node.node_rank} ({node.host}) runs here, inside the xrun process; "
+            note=f"pod mode: only node {node.node_rank} ({node.host}) runs here, inside the xrun process; "
             "start xrun with the matching --node_rank on every other node",
         )
 
     def execute(self, plan: Plan) -> int:
-        from xrun.launch.agent import run_node
+        this_node(plan)
+        from xrun.runner.podrun import run_pod  # noqa: PLC0415 - the channel loads only for a real run
 
-        return run_node(plan.nodes[this_node(plan)])
+        return run_pod(plan)

@@ -1,0 +1,177 @@
+"""Pod mode end to end on this machine: three xrun processes, one per "node" (127.0.0.1-3), each started by
+hand with its own --node_rank, as Kubernetes or a person starts them (xrun.runner.podrun). No cluster needed.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.cluster.harness import processes_with_marker
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+# A rank sleeps SLEEP seconds (FAIL_NODE's: a short while, then exits FAIL_CODE) and names itself.
+SCRIPT = """
+import os, sys, time
+mine = os.environ.get("FAIL_NODE") == os.environ["GROUP_RANK"]
+print("rank", os.environ["RANK"], "token", os.environ.get("XRUN_TOKEN"), flush=True)
+time.sleep(0.3 if mine else float(os.environ.get("SLEEP", "0.3")))
+sys.exit(int(os.environ.get("FAIL_CODE", "0")) if mine else 0)
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pod:
+    """Three nodes' xrun processes, started one by one; ``finish`` waits for them all."""
+
+    def __init__(self, tmp_path, *, join_timeout=20, env=None):
+        self.tmp = tmp_path
+        (tmp_path / "hosts").write_text("".join(f"{h} slots=1\n" for h in HOSTS))
+        (tmp_path / "train.py").write_text(SCRIPT)
+        (tmp_path / "other.py").write_text(SCRIPT)
+        self.ports = (_free_port(), _free_port())
+        self.join_timeout = join_timeout
+        self.marker = f"XRUN_POD_TEST={uuid.uuid4().hex}"
+        self.env = {**os.environ, "PYTHONPATH": ROOT, self.marker.split("=")[0]: self.marker.split("=")[1],
+                    **(env or {})}
+        self.env.pop("XRUN_TOKEN", None) if "XRUN_TOKEN" not in (env or {}) else None
+        self.procs = {}
+
+    def start(self, node, *, script="train.py", env=None):
+        argv = [sys.executable, "-m", "xrun", "-H", str(self.tmp / "hosts"), "--pod", "--node_rank", str(node),
+                "--master_port", str(self.ports[0]), "--control_port", str(self.ports[1]),
+                "--join_timeout", str(self.join_timeout), script]
+        self.procs[node] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, cwd=str(self.tmp))
+        return self.procs[node]
+
+    def finish(self, timeout=60):
+        out = {}
+        for node, proc in self.procs.items():
+            stdout, stderr = proc.communicate(timeout=timeout)
+            out[node] = (proc.returncode, stdout, stderr)
+        assert _gone(self.marker), "processes of the job are left"
+        return out
+
+
+def _gone(marker, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while processes_with_marker(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_three_nodes_succeed_and_no_rank_sees_the_token(tmp_path):
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret"})
+    for node in (0, 1, 2):
+        pod.start(node)
+    out = pod.finish()
+    for node, (code, stdout, stderr) in out.items():
+        assert code == 0, stderr
+        assert f"rank {node} token None" in stdout
+        assert "not authenticated" not in stderr
+        assert "3/3 agents ready" in stderr
+
+
+def test_node_0_started_last_completes(tmp_path):
+    pod = Pod(tmp_path)
+    pod.start(1)
+    pod.start(2)
+    time.sleep(2.5)
+    pod.start(0)
+    out = pod.finish()
+    assert [code for code, _, _ in out.values()] == [0, 0, 0], out
+    assert "node 0's control channel at 127.0.0.1" in out[1][2] and "not up yet" in out[1][2]
+    assert "not authenticated" in out[0][2]
+
+
+def test_a_missing_node_is_named_by_every_started_node(tmp_path):
+    pod = Pod(tmp_path, join_timeout=4)
+    started = time.monotonic()
+    pod.start(0)
+    pod.start(1)
+    out = pod.finish()
+    assert time.monotonic() - started < 4 + 10
+    for code, _, stderr in out.values():
+        assert code == 1, stderr
+        assert "not ready within --join_timeout 4 s: 127.0.0.3" in stderr
+
+
+def test_a_failing_rank_on_node_2_stops_every_node_with_its_code(tmp_path):
+    pod = Pod(tmp_path, env={"FAIL_NODE": "2", "FAIL_CODE": "7", "SLEEP": "60"})
+    for node in (0, 1, 2):
+        pod.start(node)
+    started = time.monotonic()
+    out = pod.finish()
+    assert time.monotonic() - started < 20
+    assert [code for code, _, _ in out.values()] == [7, 7, 7], out
+    assert "job failed: rank 2 (local 0) on 127.0.0.3 exited with code 7 (exit code 7)" in out[0][2]
+    assert "on 127.0.0.3 exited with code 7" in out[1][2]
+
+
+def test_sigterm_to_node_1_stops_the_job_everywhere(tmp_path):
+    pod = Pod(tmp_path, env={"SLEEP": "60"})
+    for node in (0, 1, 2):
+        pod.start(node)
+    proc = pod.procs[1]
+    deadline = time.monotonic() + 20
+    while len(processes_with_marker(pod.marker)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)  # three xruns and their three ranks
+    proc.send_signal(signal.SIGTERM)
+    out = pod.finish(timeout=30)
+    assert [code for code, _, _ in out.values()] == [143, 143, 143], out
+    assert "127.0.0.2" in out[0][2]
+
+
+def test_a_node_with_another_script_is_refused_by_name(tmp_path):
+    pod = Pod(tmp_path)
+    pod.start(0)
+    pod.start(1)
+    time.sleep(2.0)  # both joined: a node that comes after the job ended finds no node 0 to tell it why
+    pod.start(2, script="other.py")
+    out = pod.finish()
+    assert [code for code, _, _ in out.values()] == [2, 2, 2], out
+    for node in (0, 2):
+        assert "node 2 (127.0.0.3) runs another job: 127.0.0.3 runs" in out[node][2]
+        assert "127.0.0.3 runs other.py; node 0 runs train.py" in out[node][2]
+
+
+def test_a_node_with_the_wrong_token_says_so(tmp_path):
+    pod = Pod(tmp_path, join_timeout=5, env={"XRUN_TOKEN": "right"})
+    pod.start(0)
+    pod.start(1)
+    pod.start(2, env={"XRUN_TOKEN": "wrong"})
+    out = pod.finish()
+    assert out[2][0] == 1
+    said = "node 0 closed the channel without answering: is XRUN_TOKEN/--token_file the same on every node?"
+    assert said in out[2][2]
+    for node in (0, 1):
+        assert out[node][0] == 1 and "not ready within --join_timeout 5 s: 127.0.0.3" in out[node][2]
+    assert "closed 1 connection(s) that did not present this run's token" in out[0][2]
+
+
+def test_dry_run_shows_the_pod_plan_and_whether_the_channel_is_authenticated(tmp_path):
+    pod = Pod(tmp_path)
+    argv = [sys.executable, "-m", "xrun", "-H", str(tmp_path / "hosts"), "--pod", "--node_rank", "1",
+            "--control_port", "29999", "--dry-run", "train.py"]
+    plain = subprocess.run(argv, env=pod.env, capture_output=True, text=True, cwd=str(tmp_path), timeout=30)
+    assert "pod: node 1 of 3, control 127.0.0.1:29999, plan digest " in plain.stdout
+    assert "unauthenticated (no token)" in plain.stdout
+    secret = subprocess.run(argv, env={**pod.env, "XRUN_TOKEN": "s3cret"}, capture_output=True, text=True,
+                            cwd=str(tmp_path), timeout=30)
+    assert "authenticated by the shared token" in secret.stdout and "s3cret" not in secret.stdout
