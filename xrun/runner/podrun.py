@@ -206,7 +206,7 @@ def _next_verdict(hooks: Any, bound: float | None, node0: _Node0, code: int) -> 
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            msg = hooks.next_message(left)
+            msg: Message | None = hooks.next_message(left)
         except queue.Empty:
             raise PodEnd(code, f"no verdict from node 0 ({node0.host}) within {bound:g} s; exiting with this "
                                f"node's own code {code}") from None
