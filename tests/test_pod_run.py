@@ -85,7 +85,7 @@ def test_three_nodes_succeed_and_no_rank_sees_the_token(tmp_path):
         assert code == 0, stderr
         assert f"rank {node} token None" in stdout
         assert "not authenticated" not in stderr
-        assert "3/3 agents ready" in stderr
+        assert "3/3 nodes ready" in stderr
 
 
 def test_node_0_started_last_completes(tmp_path):

@@ -183,7 +183,7 @@ def test_static_and_elastic_jobs_survive_an_agent_that_starts_60s_late(job):
     code, out = job.finish(static, SKEW + 150)
     assert code == 0, out[-6000:]
     assert time.monotonic() - started >= SKEW
-    assert re.search(r"2/3 agents ready; waiting for node3 \d+ s", out)  # the live status names the straggler
+    assert re.search(r"2/3 nodes ready; waiting for node3 \(\d+ s\)", out)  # the live status names the straggler
     assert done_line(out)["world"] == 3
     code, out = job.finish(elastic, 60)
     assert code == 0, out[-6000:]

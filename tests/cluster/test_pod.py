@@ -107,7 +107,7 @@ def test_pod_seed_001_replay_node_0_last_then_a_rank_failure_on_node5(make_clust
     out = job.finish()
     assert codes(out) == [0] * 8, {k: v[2] for k, v in out.items()}
     assert time.monotonic() - first >= LATE_S
-    assert "not up yet" in out[7][2] and "8/8 agents ready" in out[7][2]
+    assert "not up yet" in out[7][2] and "8/8 nodes ready" in out[7][2]
 
     fail = PodJob(cluster, tmp_path / "fail", env={"FAIL_HOST": "node5", "FAIL_CODE": "7", "SLEEP": "120"})
     for k in range(8):

@@ -30,10 +30,10 @@ class PlainStatus:
         if elapsed - self.last_wait_line >= 10.0:
             self.last_wait_line = elapsed
             if elapsed >= 10.0:
-                say(f"{ready}/{self.total} agents ready; waiting for {_names(missing)} {elapsed:.0f} s")
+                say(waiting_line(ready, self.total, missing, elapsed))
 
     def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        say(f"{nodes}/{nodes} agents ready in {elapsed:.2f} s; starting {ranks} ranks "
+        say(f"{nodes}/{nodes} nodes ready in {elapsed:.2f} s; starting {ranks} ranks "
             f"(master {master_addr}:{master_port})")
 
     def line(self, text: str) -> None:
@@ -44,23 +44,23 @@ class PlainStatus:
 
 
 class RichStatus(PlainStatus):
-    """TTY: one live line ("2/3 agents up; waiting for node3 4 s"), gone once the ranks start."""
+    """TTY: one live line ("2/3 nodes ready; waiting for node3 (4 s)"), gone once the ranks start."""
 
     def __init__(self, total: int) -> None:
         super().__init__(total)
         from rich.console import Console  # lazy: rich costs ~50 ms and only a terminal needs it
 
         self.console = Console(stderr=True)
-        self.live: Any = self.console.status(f"0/{total} agents up")
+        self.live: Any = self.console.status(f"0/{total} nodes ready")
         self.live.start()
 
     def joined(self, host: str, ready: int, total: int) -> None:
         if self.live is not None:
-            self.live.update(f"{ready}/{total} agents up")
+            self.live.update(f"{ready}/{total} nodes ready")
 
     def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
         if self.live is not None:
-            self.live.update(f"{ready}/{self.total} agents up; waiting for {_names(missing)} {elapsed:.0f} s")
+            self.live.update(waiting_line(ready, self.total, missing, elapsed))
 
     def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
         self.close()
@@ -70,6 +70,21 @@ class RichStatus(PlainStatus):
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+def waiting_line(ready: int, total: int, missing: list[str], elapsed: float) -> str:
+    """``5/8 nodes ready; waiting for node3, node7 (4 min 10 s)``: the start barrier's one status line."""
+    return f"{ready}/{total} nodes ready; waiting for {_names(missing)} ({duration(elapsed)})"
+
+
+def duration(seconds: float) -> str:
+    """``40 s``, ``4 min 10 s``, ``1 h 2 min``: a wait as a person reads it."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def _names(hosts: list[str], limit: int = 4) -> str:
