@@ -2,8 +2,8 @@
 one pod per node (issue 11). The nodes' xrun processes get this checkout on PYTHONPATH, so they run the code
 under test. Every job's processes carry an env marker; each test asserts nothing of the job is left anywhere.
 
-The seed-001 replay starts the first node LATE_S before node 0 (seed 001 had 6-7 minutes; 20 s keeps the
-suite's budget and is still far past every retry and status interval on the way).
+The seed-001 replay starts the first node LATE_S = 90 s before node 0, as issue 11 asks (seed 001 had 6-7
+minutes; 90 s is far past every retry and status interval on the way and costs the suite 1.5 minutes once).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 MARK = "XRUN_TEST_MARK"
-LATE_S = 20.0
+LATE_S = 90.0
 PORT = 29700
 
 # Each rank names itself; FAIL_HOST's rank exits FAIL_CODE after 1 s and records when; the others record when
@@ -48,7 +48,7 @@ class PodJob:
         self.cluster = cluster
         self.tmp = tmp_path
         self.mark = uuid.uuid4().hex
-        (tmp_path / "times").mkdir(exist_ok=True)
+        (tmp_path / "times").mkdir(parents=True, exist_ok=True)
         (tmp_path / "train.py").write_text(SCRIPT)
         hosts = cluster.hostfile(tmp_path / "hosts", slots=1)
         self.args = args if args is not None else ("-H", str(hosts), "--pod", "--master_port", str(PORT))
@@ -172,7 +172,9 @@ def test_pod_pbs_node_file_is_the_host_pool(cluster, tmp_path):
     mark = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": ROOT, MARK: mark, "TIMES_DIR": str(tmp_path / "times"),
            "PBS_JOBID": "17.pbs", "PBS_NODEFILE": str(nodefile)}
-    proc = cluster.run_on("node1", [sys.executable, "-m", "xrun", "--launcher", "ssh", "train.py"], env=env,
+    proc = cluster.run_on("node1", [sys.executable, "-m", "xrun", "--launcher", "ssh",
+                                          "--ssh_config", str(cluster.ssh_config), "--export", "TIMES_DIR",
+                                          "--export", MARK, "train.py"], env=env,
                           cwd=str(tmp_path), timeout=120)
     assert proc.returncode == 0, proc.stderr
     ranks = sorted(line for line in proc.stdout.splitlines() if "rank" in line)
