@@ -293,7 +293,7 @@ def _wait_pidfile(pidfile: Path, log: Path, what: str, timeout: float = 10.0) ->
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Fixtures (import them into a test module: ``from tests.cluster.slurm import slurm  # noqa: F401``)
+# Fixtures: import them into a test module (`from tests.cluster.slurm import slurm`, with noqa F401 on that line)
 
 _shared: dict[int, SlurmCluster] = {}
 
