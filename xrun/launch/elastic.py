@@ -256,6 +256,8 @@ class OutputRelay:
                         self._console.drain(key.data, limit=16)
 
     def _exited(self, watch: _ExitWatch) -> None:
+        if watch not in self._exit_watches:
+            return  # a stale event: the main thread forgot this attempt's watches between select() and the lock
         self.exit_times.setdefault(watch.local_rank, time.time())
         self._unwatch(watch)
 
