@@ -1,7 +1,8 @@
 """What a node starts, rank by rank: each local rank's environment, core binding and argv.
 
 spec -> ``rank_environment`` (the user's environment, the runner's exports, the rank contract) -> ``bind_ranks``
-(``--bind_cores_to_rank``: a numactl prefix, or an affinity mask) -> ``rank_processes`` (``RankProcess``: what
+(``--bind_cores_to_rank``: a numactl prefix, or an affinity mask; without it ``omp_threads`` gives a node of several
+ranks ``OMP_NUM_THREADS`` = its CPUs // its ranks, issue 13) -> ``rank_processes`` (``RankProcess``: what
 the static supervisor, xrun.launch.supervise, starts). The elastic adapter (xrun.launch.elastic) writes its rank
 scripts from the same environment and binding. Reads /sys for the binding; starts nothing.
 """
@@ -56,11 +57,27 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
     return binding.plan_binding(binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list)
 
 
+def omp_threads(env: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for unbound ranks: unset, every rank would start a thread per core (minGPT ran 4x
+    slower than under torchrun, issue 13); share the CPUs instead. The user's value, or a single rank, is left alone.
+    """
+    if "OMP_NUM_THREADS" in env or local_ranks <= 1:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cpus // local_ranks))}
+
+
 def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
     """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
     bindings = plan_bindings(spec, env)
     if bindings is None:
-        return tuple(BoundRank(argv=r.argv, cpus=None, extra_env={}) for r in spec.ranks)
+        threads = omp_threads(env, len(spec.ranks), len(os.sched_getaffinity(0)))
+        if threads:
+            print(
+                f"xrun: {spec.host}: OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} for each of {len(spec.ranks)} "
+                "ranks (the CPUs this agent may use / local ranks; set OMP_NUM_THREADS to choose)",
+                file=sys.stderr,
+            )
+        return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
     pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
     note = binding.binding_note(bindings, pool)
     if note:
