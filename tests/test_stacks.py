@@ -1,11 +1,14 @@
 """Issue 13: third-party training stacks run under xrun unchanged and fast (real ranks, real files)."""
 
+import json
 import os
 import sys
 
 import pytest
 
 from tests.conftest import run_xrun
+from xrun.launch.elastic import attempt_result, failure_outcomes
+from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.ranks import omp_threads
 
 PRINT_OMP = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
@@ -44,3 +47,83 @@ def test_omp_num_threads_of_the_user_and_of_a_single_rank_are_kept(monkeypatch):
     result = run_xrun("--no_python", "--no_local_rank", sys.executable, "-c", PRINT_OMP)
     assert result.stdout == "[localhost:0] None\n"
     assert "OMP_NUM_THREADS" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 2: TORCHELASTIC_ERROR_FILE and torch's @record.
+
+RECORDED = (
+    "import atexit, sys, time\n"
+    "from torch.distributed.elastic.multiprocessing.errors import record\n"
+    "import os\n"
+    "atexit.register(lambda: print('atexit noise ' * 3, file=sys.stderr))\n"
+    "def load(lr):\n"
+    "    raise ValueError(f'bad learning rate {lr}')\n"
+    "@record\n"
+    "def main():\n"
+    "    if os.environ['RANK'] == '1':\n"
+    "        load(-1)\n"
+    "    time.sleep(60)\n"
+    "main()\n"
+)
+
+
+def test_parse_error_reads_torchs_format():
+    stack = ('Traceback (most recent call last):\n  File "/a/t.py", line 9, in main\n    load(-1)\n'
+             '  File "/a/t.py", line 6, in load\n    raise ValueError("x")\nValueError: bad: lr\n')
+    data = {"message": {"message": "ValueError: bad: lr", "extraInfo": {"py_callstack": stack, "timestamp": "1"}}}
+    assert parse_error(data) == RankError(
+        "ValueError", "bad: lr",
+        ('File "/a/t.py", line 9, in main: load(-1)', 'File "/a/t.py", line 6, in load: raise ValueError("x")'),
+    )
+    assert parse_error({"message": "a string"}) is None and parse_error([1]) is None
+    assert parse_error({"message": {"message": "KeyboardInterrupt"}}) == RankError("KeyboardInterrupt", "")
+
+
+def test_read_error_file_tolerates_missing_and_garbage(tmp_path):
+    assert read_error_file(None) is None and read_error_file(str(tmp_path / "none.json")) is None
+    (tmp_path / "bad.json").write_bytes(b"\xff{not json")
+    assert read_error_file(str(tmp_path / "bad.json")) is None
+
+
+def test_record_exception_is_the_root_cause_despite_atexit_noise(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(RECORDED)
+    (tmp_path / "tmp").mkdir()
+    result = run_xrun("--num_gpus", "2", "--no_local_rank", "--log_dir", str(tmp_path / "logs"), str(script),
+                      env={"TMPDIR": str(tmp_path / "tmp")})
+    assert result.returncode == 1, result.stderr
+    report = result.stderr[result.stderr.index("xrun: node localhost:"):]
+    assert "rank 1 raised ValueError: bad learning rate -1" in report
+    assert 'in load: raise ValueError(f\'bad learning rate {lr}\')' in report
+    assert report.index("raised ValueError") < report.index("atexit noise")
+    failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
+    (root,) = [r for r in failure["ranks"] if r["root_cause"]]
+    assert root["error"]["type"] == "ValueError" and root["error"]["message"] == "bad learning rate -1"
+    assert root["error"]["frames"][-1].endswith("raise ValueError(f'bad learning rate {lr}')")
+    assert os.listdir(tmp_path / "tmp") == []  # the per-run directory of error files is gone
+
+
+def test_elastic_failures_read_the_error_file_torchs_agent_set(tmp_path):
+    class Failure:  # torch's ProcessFailure: the agent gave the worker TORCHELASTIC_ERROR_FILE=error_file
+        def __init__(self, error_file):
+            self.pid, self.exitcode, self.timestamp, self.error_file = 11, 1, 100, error_file
+
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": {"message": "RuntimeError: NCCL timeout",
+                                            "extraInfo": {"py_callstack": "", "timestamp": "1"}}}))
+    found = failure_outcomes("h", {0: 4, 1: 5}, {0: 10, 1: 11}, {5: Failure(str(path))}, {}, 2.0, stopped_all=False)
+    root = attempt_result("h", found, None).root_cause
+    assert root.error == RankError("RuntimeError", "NCCL timeout")
+
+
+@pytest.mark.slow
+def test_elastic_record_exception_is_the_root_cause(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(RECORDED)
+    result = run_xrun("--elastic", "--num_gpus", "2", "--no_local_rank", str(script), timeout=120)
+    assert result.returncode == 1, result.stderr
+    report = result.stderr[result.stderr.index("xrun: node localhost:"):]
+    assert "rank 1 raised ValueError: bad learning rate -1" in report

@@ -44,6 +44,7 @@ from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
+from xrun.launch.errorfile import error_lines
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import free_port
 
@@ -178,7 +179,8 @@ class ChannelHooks:
             signal=outcome.signal,
             stopped=outcome.stopped_by_xrun,
             runtime_s=round(outcome.runtime_s, 3),
-            tail=list(outcome.stderr_tail),
+            # the recorded exception last: the head shows the end of the tail
+            tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
         ))
 
     def on_result(self, result: Any) -> None:

@@ -18,7 +18,8 @@ torch, is xrun.launch.elastic_agent) and keeps here what it adds on top:
   agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start;
 * one line per rendezvous and per restart (``_NodeRun``, the attempt bookkeeping torch's agent reports into),
   and at the end a ``NodeResult`` of the last attempt (xrun.launch.result), which the agent reports like the
-  static path's, with the real exit code of the rank that failed first (torchrun always exits 1);
+  static path's, with the real exit code of the rank that failed first (torchrun always exits 1) and the
+  exception it recorded in the ``TORCHELASTIC_ERROR_FILE`` torch's agent gave it (``ProcessFailure.error_file``);
 * stop requests from the control channel and signals become torch's own ``SignalException``, so torch stops
   the workers against its shutdown deadline and leaves the rendezvous open for the other nodes.
 """
@@ -40,6 +41,7 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
+from xrun.launch.errorfile import read_error_file
 from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
 from xrun.launch.ranks import bind_ranks, rank_environment
 from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
@@ -121,6 +123,7 @@ def failure_outcomes(
                 host=host, rank=rank, local_rank=local_rank, pid=int(failure.pid or pids.get(local_rank, 0)),
                 returncode=code if code >= 0 else None, signal=-code if code < 0 else None, runtime_s=runtime_s,
                 stderr_tail=tails.get(local_rank, ()), stopped_by_xrun=False,
+                error=read_error_file(getattr(failure, "error_file", None)),  # torch's agent set the path
             )  # fmt: skip
         else:
             when = float("inf")

@@ -4,7 +4,8 @@ spec -> ``rank_environment`` (the user's environment, the runner's exports, the 
 (``--bind_cores_to_rank``: a numactl prefix, or an affinity mask; without it ``omp_threads`` gives a node of several
 ranks ``OMP_NUM_THREADS`` = its CPUs // its ranks, issue 13) -> ``rank_processes`` (``RankProcess``: what
 the static supervisor, xrun.launch.supervise, starts). The elastic adapter (xrun.launch.elastic) writes its rank
-scripts from the same environment and binding. Reads /sys for the binding; starts nothing.
+scripts from the same environment and binding. Each rank may get its own ``TORCHELASTIC_ERROR_FILE``
+(xrun.launch.errorfile). Reads /sys for the binding; starts nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xrun.launch import binding
+from xrun.launch import binding, errorfile
 from xrun.launch.binding import RankBinding
+from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
 
 
@@ -29,6 +31,7 @@ class RankProcess:
     env: Mapping[str, str]
     cpus: frozenset[int] | None = None  # the exact CPU affinity the child starts with
     cwd: str | None = None
+    error_file: str | None = None  # its TORCHELASTIC_ERROR_FILE, read if it fails
 
 
 @dataclass(frozen=True)
@@ -99,18 +102,26 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
     )
 
 
-def rank_processes(spec: NodeSpec, base_env: Mapping[str, str]) -> tuple[RankProcess, ...]:
-    """Every local rank as a ``RankProcess``: its environment merged and its binding applied."""
+def rank_processes(
+    spec: NodeSpec, base_env: Mapping[str, str], error_files: ErrorFiles | None = None
+) -> tuple[RankProcess, ...]:
+    """Every local rank as a ``RankProcess``: its environment merged, its binding applied and, given
+    ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's)."""
     envs = [rank_environment(base_env, spec, rank) for rank in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else base_env)
-    return tuple(
-        RankProcess(
-            rank=rank.rank,
-            local_rank=rank.local_rank,
-            argv=b.argv,
-            env={**env, **b.extra_env},
-            cpus=b.cpus,
-            cwd=spec.cwd,
+    procs = []
+    for rank, env, b in zip(spec.ranks, envs, bound):
+        error_file = error_files.path(rank.rank) if error_files is not None else None
+        extra = {errorfile.VARIABLE: error_file} if error_file else {}
+        procs.append(
+            RankProcess(
+                rank=rank.rank,
+                local_rank=rank.local_rank,
+                argv=b.argv,
+                env={**env, **b.extra_env, **extra},
+                cpus=b.cpus,
+                cwd=spec.cwd,
+                error_file=error_file,
+            )
         )
-        for rank, env, b in zip(spec.ranks, envs, bound)
-    )
+    return tuple(procs)
