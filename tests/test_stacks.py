@@ -9,7 +9,10 @@ import pytest
 from tests.conftest import run_xrun
 from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
+from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.ranks import omp_threads
+from xrun.runner.jobevents import Failure, Verdict
+from xrun.runner.jobreport import report_lines
 
 PRINT_OMP = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
 
@@ -127,3 +130,42 @@ def test_elastic_record_exception_is_the_root_cause(tmp_path):
     assert result.returncode == 1, result.stderr
     report = result.stderr[result.stderr.index("xrun: node localhost:"):]
     assert "rank 1 raised ValueError: bad learning rate -1" in report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 3: scripts that reject --local_rank.
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "train.py: error: unrecognized arguments: --local_rank=0",  # argparse, hydra
+        "error: Unrecognized arguments: --local_rank=1",  # LightningCLI (jsonargparse)
+        "Error: No such option: --local_rank",  # click
+        "Error: No such option '--local_rank'.",  # click 8.2
+    ],
+)
+def test_failure_hint_names_the_fix(line):
+    assert failure_hint(["Traceback:", line]) == LOCAL_RANK_FIX
+    assert "rerun with --no_local_rank" in LOCAL_RANK_FIX
+
+
+def test_failure_hint_ignores_other_errors():
+    assert failure_hint(["error: unrecognized arguments: --lr=3", "ValueError: --local_rank is 9"]) is None
+
+
+def test_script_rejecting_local_rank_ends_the_report_with_the_fix(tmp_path):
+    script = tmp_path / "strict.py"
+    script.write_text("import argparse\nargparse.ArgumentParser().parse_args()\nprint('ran')\n")
+    result = run_xrun("--num_gpus", "2", str(script))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == f"xrun: node localhost: {LOCAL_RANK_FIX}"
+    result = run_xrun("--num_gpus", "2", "--no_local_rank", str(script))
+    assert result.returncode == 0 and result.stdout.count("ran") == 2
+
+
+def test_head_report_of_a_multi_node_job_ends_with_the_fix():
+    failure = Failure("node1", "rank 3 exited with code 2", 2, rank=3, tail=("x: error: unrecognized arguments: "
+                                                                            "--local_rank=1",))
+    lines = report_lines(Verdict(exit_code=2, failure=failure))
+    assert lines[-1] == LOCAL_RANK_FIX and lines[-2].startswith("  [node1:3] ")

@@ -2,7 +2,8 @@
 
 The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
 consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
-``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise.
+``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
+failure with a known fix (xrun.launch.hints) ends the report with it.
 ``conclude`` is the end of every node agent run, static or elastic: the report and
 ``{log_dir}/{host}/failure.json`` when something went wrong, then the exit code.
 """
@@ -16,6 +17,7 @@ import tempfile
 from typing import Any
 
 from xrun.launch.errorfile import error_lines
+from xrun.launch.hints import failure_hint
 from xrun.launch.posix import signal_name
 from xrun.launch.result import NodeResult, RankOutcome, describe_status
 
@@ -48,6 +50,9 @@ def format_failure_report(result: NodeResult) -> str:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
         lines.extend(_tail_lines(root))
+    hint = next((h for o in ordered if o.failed for h in (failure_hint(o.stderr_tail),) if h), None)
+    if hint:
+        lines.append(f"xrun: node {result.host}: {hint}")
     return "\n".join(lines)
 
 
