@@ -2,14 +2,16 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import run_xrun
+from tests.conftest import ROOT, run_xrun
 from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
+from xrun.launch.output import prefix_lines
 from xrun.launch.ranks import omp_threads
 from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
@@ -169,3 +171,54 @@ def test_head_report_of_a_multi_node_job_ends_with_the_fix():
                                                                             "--local_rank=1",))
     lines = report_lines(Verdict(exit_code=2, failure=failure))
     assert lines[-1] == LOCAL_RANK_FIX and lines[-2].startswith("  [node1:3] ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 4: progress bars stay live on the console.
+
+
+@pytest.mark.parametrize(
+    ("pending", "chunk", "out", "rest"),
+    [
+        (b"", b"\r 10%\r 20%", b"[p] \r[p]  10%\r", b" 20%"),  # tqdm: "\r" before each update
+        (b"", b"10%\r20%\r", b"[p] 10%\r", b"20%\r"),  # a final "\r" waits: it may start "\r\n"
+        (b"20%\r", b"\ndone\n", b"[p] 20%\r\n[p] done\n", b""),  # ...and here it did
+        (b"", b"a\rb\r\nc\n", b"[p] a\r[p] b\r\n[p] c\n", b""),
+        (b"", b"\r\r\n\n", b"[p] \r[p] \r\n[p] \n", b""),
+        (b"", b"no boundary\r", b"", b"no boundary\r"),
+    ],
+)
+def test_carriage_return_ends_a_console_line(pending, chunk, out, rest):
+    assert prefix_lines(b"[p] ", pending, chunk) == (out, rest)
+
+
+BAR = (
+    "import os, sys, time\n"
+    "for step in (1, 2, 3):\n"
+    "    sys.stdout.write(f'\\rstep {step}'); sys.stdout.flush()\n"
+    "deadline = time.monotonic() + 30\n"
+    "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
+    "print()\n"
+)
+
+
+def test_progress_bar_is_live_on_the_console_and_raw_in_the_log(tmp_path):
+    script, go, logs = tmp_path / "bar.py", tmp_path / "go", tmp_path / "logs"
+    script.write_text(BAR)
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--no_local_rank", "--log_dir", str(logs), str(script),
+                             str(go)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = b""
+        while b"step 2\r" not in seen:  # before the rank ends: the updates reach the console as they come
+            byte = proc.stdout.read(1)
+            assert byte, seen
+            seen += byte
+        go.touch()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0
+    assert seen + out == b"[localhost:0] \r[localhost:0] step 1\r[localhost:0] step 2\r[localhost:0] step 3\n"
+    assert (logs / "localhost" / "rank0" / "stdout.log").read_bytes() == b"\rstep 1\rstep 2\rstep 3\n"
