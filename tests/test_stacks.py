@@ -8,11 +8,15 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from xrun.errors import UsageError
+from xrun.launch.cli import parse_agent_argv
+from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
 from xrun.launch.ranks import omp_threads
+from xrun.launch.spec import AgentOptions, LaunchOptions, NodeSpec, Rendezvous, parse_rank_list
 from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
 
@@ -222,3 +226,69 @@ def test_progress_bar_is_live_on_the_console_and_raw_in_the_log(tmp_path):
     assert proc.returncode == 0
     assert seen + out == b"[localhost:0] \r[localhost:0] step 1\r[localhost:0] step 2\r[localhost:0] step 3\n"
     assert (logs / "localhost" / "rank0" / "stdout.log").read_bytes() == b"\rstep 1\rstep 2\rstep 3\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 5: --console_ranks.
+
+
+@pytest.mark.parametrize(("text", "ranks"), [("0", (0,)), ("0,2-3", (0, 2, 3)), ("3-3, 1", (1, 3)), ("1,1", (1,))])
+def test_parse_rank_list(text, ranks):
+    assert parse_rank_list("--console_ranks", text) == ranks
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "'': '' is not a rank or a low-high range; e.g. 0 or 0,2-3"),
+        ("a", "'a': 'a' is not a rank or a low-high range; e.g. 0 or 0,2-3"),
+        ("-1", "'-1': '-1' is not a rank or a low-high range; e.g. 0 or 0,2-3"),
+        ("0,", "'0,': '' is not a rank or a low-high range; e.g. 0 or 0,2-3"),
+        ("3-1", "'3-1': range 3-1 runs backwards (write 1-3)"),
+    ],
+)
+def test_parse_rank_list_refuses(text, reason):
+    with pytest.raises(UsageError) as err:
+        parse_rank_list("--console_ranks", text)
+    assert str(err.value) == f"--console_ranks: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--console_ranks", "1-x"], "xrun: --console_ranks: '1-x': '1-x' is not a rank or a low-high range; "
+                                     "e.g. 0 or 0,2-3"),
+        (["--console_ranks", "2"], "xrun: --console_ranks: rank 2 does not exist: the job has ranks 0-1"),
+    ],
+)
+def test_console_ranks_refused_with_one_line_and_exit_2(args, message):
+    result = run_xrun("--num_gpus", "2", *args, "x.py")
+    assert (result.returncode, result.stderr, result.stdout) == (2, message + "\n", "")
+
+
+def test_console_ranks_filters_the_console_but_not_the_logs_nor_the_report(tmp_path):
+    script, logs = tmp_path / "talk.py", tmp_path / "logs"
+    script.write_text(
+        "import os, sys\n"
+        "rank = os.environ['RANK']\n"
+        "print('out', rank); print('err', rank, file=sys.stderr)\n"
+        "sys.exit(5 if rank == '2' else 0)\n"
+    )
+    result = run_xrun("--num_gpus", "3", "--no_local_rank", "--console_ranks", "0-1", "--log_dir", str(logs),
+                      str(script))
+    assert result.returncode == 5
+    assert sorted(result.stdout.splitlines()) == ["[localhost:0] out 0", "[localhost:1] out 1"]
+    assert "[localhost:2]" not in result.stderr
+    assert "    | err 2" in result.stderr  # the failing rank's tail still reaches the report
+    assert (logs / "localhost" / "rank2" / "stdout.log").read_text() == "out 2\n"
+
+
+def test_console_ranks_travel_in_the_agent_command_and_the_node_spec():
+    options = AgentOptions(console_ranks=(0, 2, 3))
+    assert NodeSpec.from_json(NodeSpec("h", 0, (), options=options).to_json()).options == options
+    assert "console_ranks" not in NodeSpec("h", 0, ()).to_json()["options"]  # unchanged spec (and digest) without it
+    command = AgentCommand(world={"h": (0,)}, node_rank=0, rendezvous=Rendezvous("a", 1), launch=LaunchOptions(),
+                           options=options, script="t.py", args=())
+    argv = agent_argv(command)
+    assert "--console_ranks=0,2,3" in argv
+    assert parse_agent_argv(argv[4:]).options == options

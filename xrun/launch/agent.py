@@ -40,6 +40,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         quiet=options.quiet,
         log_dir=options.log_dir,
         shutdown_timeout=options.shutdown_timeout,
+        console_ranks=frozenset(options.console_ranks) if options.console_ranks is not None else None,
     )
 
 

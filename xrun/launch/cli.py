@@ -28,6 +28,7 @@ from xrun.launch.spec import (
     PythonMode,
     Rendezvous,
     decode_world_info,
+    parse_rank_list,
 )
 
 
@@ -73,6 +74,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+    add(*spellings("--console_ranks"), metavar="RANKS",
+        help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
+        "and a failing rank's stderr tail is always in the report)")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -161,6 +165,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
+        console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
     )
 
 

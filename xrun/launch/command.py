@@ -90,6 +90,8 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
     argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
+    if options.console_ranks is not None:
+        argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]
     argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args
 

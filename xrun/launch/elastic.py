@@ -224,6 +224,7 @@ class OutputRelay:
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
                     stream.prefix = rank_prefix(self.host, rank)
+                    stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None
 
     def tails(self) -> dict[int, tuple[str, ...]]:

@@ -1,7 +1,8 @@
 """Rank output on a node: where a rank's lines get their ``[host:rank] `` prefix and reach the console and logs.
 
 * ``RankStream``: one of a rank's output pipes (or FIFOs): its fd, the console fd it is echoed to (1 or 2),
-  its prefix, the unfinished last line, its raw log file and, for stderr, the tail the failure report shows.
+  its prefix, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
+  stderr, the tail the failure report shows.
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
   has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (or raw with ``--no_prefix``,
   or not at all with ``--quiet``). A console whose reader went away (``| head``) stops echoing, never logging.
@@ -71,7 +72,7 @@ def rank_prefix(host: str, rank: int) -> bytes:
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "prefix", "pending", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "prefix", "pending", "log", "tail", "total", "_file")
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class RankStream:
     ) -> None:
         self.fd: int | None = fd
         self.console = console  # 1 or 2
+        self.echo = True  # False: a rank --console_ranks leaves out (still logged, its tail still kept)
         self.prefix = prefix
         self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
@@ -162,7 +164,7 @@ class Console:
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
-        if self._quiet or not self._ok[stream.console]:
+        if self._quiet or not stream.echo or not self._ok[stream.console]:
             return
         if not self._prefix:
             self.emit(stream.console, chunk)

@@ -100,6 +100,11 @@ class AgentOptions:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     bind_cores: bool = False
     bind_core_list: str | None = None
+    console_ranks: tuple[int, ...] | None = None  # --console_ranks: the global ranks echoed (None: all)
+
+    def __post_init__(self) -> None:
+        if self.console_ranks is not None:  # a JSON list when the options come from the node spec
+            object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,28 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         "shutdown_timeout": options.shutdown_timeout,
         "bind_cores": options.bind_cores,
         "bind_core_list": options.bind_core_list,
-    }
+    } | ({"console_ranks": list(options.console_ranks)} if options.console_ranks is not None else {})
+
+
+def parse_rank_list(flag: str, text: str) -> tuple[int, ...]:
+    """``0,2-3`` -> ``(0, 2, 3)``: global ranks and low-high ranges, sorted; anything else is a UsageError."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise UsageError(flag, f"{text!r}: {part!r} is not a rank or a low-high range; e.g. 0 or 0,2-3")
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise UsageError(flag, f"{text!r}: range {part} runs backwards (write {last}-{first})")
+        ranks.update(range(first, last + 1))
+    return tuple(sorted(ranks))
+
+
+def check_rank_list(flag: str, ranks: tuple[int, ...] | None, world_size: int) -> None:
+    """Every rank of ``ranks`` exists in a world of ``world_size`` ranks."""
+    outside = [r for r in ranks or () if r >= world_size]
+    if outside:
+        raise UsageError(flag, f"rank {outside[0]} does not exist: the job has ranks 0-{world_size - 1}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ class SuperviseOptions:
     quiet: bool = False  # no console echo (logs only)
     log_dir: str | None = None  # {log_dir}/{host}/rank{N}/stdout.log and stderr.log, raw
     shutdown_timeout: float = 30.0  # one shared deadline between SIGTERM and SIGKILL
+    console_ranks: frozenset[int] | None = None  # --console_ranks: the ranks echoed (None: all); all are logged
 
 
 class RankGroup:
@@ -191,6 +192,7 @@ class RankGroup:
             os.set_blocking(fd, False)
             log = logs[console - 1] if logs else None
             stream = RankStream(fd, console, prefix, log=log, keep_tail=console == 2, file=pipe)
+            stream.echo = self._options.console_ranks is None or rank.spec.rank in self._options.console_ranks
             rank.streams.append(stream)
             self._sel.register(fd, selectors.EVENT_READ, functools.partial(self._console.read, stream))
 

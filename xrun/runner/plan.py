@@ -22,6 +22,7 @@ from xrun.launch.spec import (
     NodeSpec,
     Rendezvous,
     World,
+    check_rank_list,
     encode_world_info,
     node_ranks,
 )
@@ -116,6 +117,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
         elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
     elastic = resolve_elastic(elastic, world, rdzv)
+    if elastic is None:  # an elastic world's size is only known at each rendezvous
+        check_rank_list("--console_ranks", request.options.console_ranks, sum(len(s) for s in world.values()))
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     nodes = tuple(
