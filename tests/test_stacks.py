@@ -2,12 +2,16 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from tests.test_control import LocalSessions
 from xrun.errors import UsageError
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
@@ -16,9 +20,13 @@ from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
 from xrun.launch.ranks import omp_threads
-from xrun.launch.spec import AgentOptions, LaunchOptions, NodeSpec, Rendezvous, parse_rank_list
+from xrun.launch.spec import AgentOptions, LaunchOptions, NodeSpec, Rendezvous, parse_rank_list, parse_signal_list
+from xrun.runner.backends.channel import Endpoint
+from xrun.runner.control import ControlServer
 from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
+from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.status import PlainStatus
 
 PRINT_OMP = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
 
@@ -292,3 +300,101 @@ def test_console_ranks_travel_in_the_agent_command_and_the_node_spec():
     argv = agent_argv(command)
     assert "--console_ranks=0,2,3" in argv
     assert parse_agent_argv(argv[4:]).options == options
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 6: signal forwarding.
+
+RECORD_SIGNAL = (
+    "import os, signal, sys, time\n"
+    "directory, rank, got = sys.argv[1], os.environ['RANK'], []\n"
+    "for sig in (signal.SIGUSR1, signal.SIGUSR2):\n"
+    "    signal.signal(sig, lambda n, f: got.append(n))\n"
+    "open(os.path.join(directory, 'ready' + rank), 'w').close()\n"
+    "deadline = time.monotonic() + 30\n"
+    "while not got and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
+    "time.sleep(0.3)  # a second signal would arrive now\n"
+    "with open(os.path.join(directory, 'got' + rank), 'w') as f:\n"
+    "    f.write(','.join(signal.Signals(n).name for n in got))\n"
+)
+
+
+def wait_for_files(directory, names, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not all((directory / n).exists() for n in names):
+        assert time.monotonic() < deadline, sorted(os.listdir(directory))
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("text", "signals"),
+    [("", ()), ("USR1", (signal.SIGUSR1,)), ("sigusr2, WINCH,USR2", (signal.SIGUSR2, signal.SIGWINCH))],
+)
+def test_parse_signal_list(text, signals):
+    assert parse_signal_list("--forward_signals", text) == signals
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("USR3", "'USR3': 'USR3' is not a signal name; e.g. USR1,USR2 (empty: none)"),
+        ("TERM", "'TERM': SIGTERM cannot be forwarded (it is uncatchable, or xrun's own)"),
+        ("USR1,KILL", "'USR1,KILL': SIGKILL cannot be forwarded (it is uncatchable, or xrun's own)"),
+    ],
+)
+def test_forward_signals_refused(text, reason):
+    with pytest.raises(UsageError) as err:
+        parse_signal_list("--forward_signals", text)
+    assert str(err.value) == f"--forward_signals: {reason}"
+    result = run_xrun("--forward_signals", text, "x.py")
+    assert (result.returncode, result.stderr) == (2, f"xrun: --forward_signals: {reason}\n")
+
+
+def test_forward_signals_travel_in_the_agent_command_and_the_node_spec():
+    for signals in ((), (signal.SIGUSR2,)):
+        options = AgentOptions(forward_signals=signals)
+        assert NodeSpec.from_json(NodeSpec("h", 0, (), options=options).to_json()).options == options
+        command = AgentCommand(world={"h": (0,)}, node_rank=0, rendezvous=Rendezvous("a", 1),
+                               launch=LaunchOptions(), options=options, script="t.py", args=())
+        assert parse_agent_argv(agent_argv(command)[4:]).options == options
+    assert "forward_signals" not in NodeSpec("h", 0, ()).to_json()["options"]  # default: spec (and digest) unchanged
+
+
+@pytest.mark.parametrize(("flags", "sig"), [((), signal.SIGUSR1), (("--forward_signals", "USR2"), signal.SIGUSR2)])
+def test_local_signal_reaches_every_rank_and_the_job_goes_on(tmp_path, flags, sig):
+    script = tmp_path / "rec.py"
+    script.write_text(RECORD_SIGNAL)
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", "--no_local_rank", *flags, str(script),
+                             str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files(tmp_path, ["ready0", "ready1"])
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert [(tmp_path / f"got{r}").read_text() for r in (0, 1)] == [sig.name, sig.name]
+    assert f"forwarded {sig.name} to 2 ranks" in err
+
+
+def test_signal_to_the_head_reaches_every_rank_on_every_node(tmp_path):
+    script = tmp_path / "rec.py"
+    script.write_text(RECORD_SIGNAL)
+    request = JobRequest(script=str(script), args=(str(tmp_path),), launch=LaunchOptions(python=sys.executable,
+                         local_rank_arg=False), cwd=str(tmp_path))  # fmt: skip
+    plan = make_plan(request, {"a": (0, 1), "b": (0,)}, "ssh")
+    server = ControlServer(plan, "t0ken", join_timeout=30, status=PlainStatus(2))
+    port = server.listen(["127.0.0.1"])
+    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"))
+
+    def signal_when_ready():
+        wait_for_files(tmp_path, ["ready0", "ready1", "ready2"])
+        os.kill(os.getpid(), signal.SIGUSR1)  # the server's handler is installed while it runs
+
+    threading.Thread(target=signal_when_ready, daemon=True).start()
+    code = server.run(sessions)
+    sessions.terminate()
+    assert code == 0, sessions.output
+    assert [(tmp_path / f"got{r}").read_text() for r in (0, 1, 2)] == ["SIGUSR1"] * 3

@@ -41,6 +41,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         log_dir=options.log_dir,
         shutdown_timeout=options.shutdown_timeout,
         console_ranks=frozenset(options.console_ranks) if options.console_ranks is not None else None,
+        forward_signals=frozenset(options.forward_signals),
     )
 
 

@@ -18,6 +18,7 @@ from xrun.errors import UsageError, XrunError
 from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
 from xrun.launch.spec import (
+    DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -29,6 +30,8 @@ from xrun.launch.spec import (
     Rendezvous,
     decode_world_info,
     parse_rank_list,
+    parse_signal_list,
+    signal_list,
 )
 
 
@@ -77,6 +80,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--console_ranks"), metavar="RANKS",
         help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
         "and a failing rank's stderr tail is always in the report)")
+    add(*spellings("--forward_signals"), metavar="LIST",
+        help=f"signals passed on to every rank on every node without stopping the job "
+        f"(default {signal_list(DEFAULT_FORWARD_SIGNALS)}; empty: none)")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -166,6 +172,11 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
         console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
+        forward_signals=(
+            parse_signal_list("--forward_signals", ns.forward_signals)
+            if ns.forward_signals is not None
+            else DEFAULT_FORWARD_SIGNALS
+        ),
     )
 
 

@@ -238,6 +238,8 @@ class ChannelHooks:
                 self.send(message(Kind.PONG))
             elif kind == Kind.STOP.value:
                 self._post("stop", msg)
+            elif kind == Kind.SIGNAL.value:
+                self._post("signal", msg)
             else:
                 self._inbox.put(msg)
 
@@ -258,12 +260,21 @@ class ChannelHooks:
                 what, payload = self._events.get_nowait()
             except queue.Empty:
                 return
-            if what == "stop":
+            if what == "signal":
+                self._forward(payload)
+            elif what == "stop":
                 signum = int(payload.get("signal") or signal.SIGTERM)
                 self._group.request_stop(signum, str(payload.get("reason") or "the runner asked to stop"))
             else:
                 self._connected = False
                 self._group.request_stop(signal.SIGTERM, f"lost the control channel to the runner: {payload}")
+
+
+    def _forward(self, msg: dict[str, Any]) -> None:
+        signum = msg.get("signal")
+        forward = getattr(self._group, "forward_signal", None)  # the elastic bridge has none: torch owns the pids
+        if isinstance(signum, int) and forward is not None:
+            forward(signum)
 
 
 def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import base64
 import binascii
 import enum
 import json
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
 DEFAULT_JOIN_TIMEOUT = 1800.0
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
+DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# Signals that cannot be forwarded: uncatchable, xrun's own (a stop of the whole job), or the reaper's.
+_NOT_FORWARDED = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                            signal.SIGCHLD})  # fmt: skip
 
 World = Mapping[str, tuple[int, ...]]
 
@@ -101,10 +107,12 @@ class AgentOptions:
     bind_cores: bool = False
     bind_core_list: str | None = None
     console_ranks: tuple[int, ...] | None = None  # --console_ranks: the global ranks echoed (None: all)
+    forward_signals: tuple[int, ...] = DEFAULT_FORWARD_SIGNALS  # passed on to every rank, the job goes on
 
     def __post_init__(self) -> None:
         if self.console_ranks is not None:  # a JSON list when the options come from the node spec
             object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
+        object.__setattr__(self, "forward_signals", tuple(signal.Signals(s) for s in self.forward_signals))
 
 
 @dataclass(frozen=True)
@@ -216,7 +224,32 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         "shutdown_timeout": options.shutdown_timeout,
         "bind_cores": options.bind_cores,
         "bind_core_list": options.bind_core_list,
-    } | ({"console_ranks": list(options.console_ranks)} if options.console_ranks is not None else {})
+    } | ({"console_ranks": list(options.console_ranks)} if options.console_ranks is not None else {}) | (
+        {"forward_signals": [int(s) for s in options.forward_signals]}
+        if options.forward_signals != DEFAULT_FORWARD_SIGNALS
+        else {}
+    )
+
+
+def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:
+    """``USR1,SIGUSR2`` -> the signal numbers (empty text: none); uncatchable or job-stopping ones are refused."""
+    found: list[int] = []
+    for part in filter(None, (p.strip().upper() for p in text.split(","))):
+        name = part if part.startswith("SIG") else f"SIG{part}"
+        try:
+            signum = signal.Signals[name]
+        except KeyError:
+            raise UsageError(flag, f"{text!r}: {part!r} is not a signal name; e.g. USR1,USR2 (empty: none)") from None
+        if signum in _NOT_FORWARDED:
+            raise UsageError(flag, f"{text!r}: {name} cannot be forwarded (it is uncatchable, or xrun's own)")
+        if signum not in found:
+            found.append(signum)
+    return tuple(found)
+
+
+def signal_list(signals: tuple[int, ...]) -> str:
+    """The ``--forward_signals`` spelling of ``signals``: ``USR1,USR2``."""
+    return ",".join(signal.Signals(s).name.removeprefix("SIG") for s in signals)
 
 
 def parse_rank_list(flag: str, text: str) -> tuple[int, ...]:
