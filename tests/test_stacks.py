@@ -19,13 +19,15 @@ from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
-from xrun.launch.ranks import omp_threads
+from xrun.launch.ranks import hides_devices, omp_threads
 from xrun.launch.spec import AgentOptions, LaunchOptions, NodeSpec, Rendezvous, parse_rank_list, parse_signal_list
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.control import ControlServer
 from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
+from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.selection import Selection
 from xrun.runner.status import PlainStatus
 
 PRINT_OMP = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
@@ -398,3 +400,29 @@ def test_signal_to_the_head_reaches_every_rank_on_every_node(tmp_path):
     sessions.terminate()
     assert code == 0, sessions.output
     assert [(tmp_path / f"got{r}").read_text() for r in (0, 1, 2)] == ["SIGUSR1"] * 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 7 (part): CUDA_VISIBLE_DEVICES=-1 or empty means CPU slots.
+
+
+@pytest.mark.parametrize(("visible", "hidden"), [("", True), ("-1", True), ("-1,0", True), ("0", False),
+                                                 ("2,3", False), ("GPU-1234", False)])  # fmt: skip
+def test_hides_devices(visible, hidden):
+    assert hides_devices(visible) is hidden
+
+
+@pytest.mark.parametrize("visible", ["-1", ""])
+def test_hidden_gpus_mean_cpu_slots(visible):
+    assert local_pool({"CUDA_VISIBLE_DEVICES": visible}, Selection(num_gpus=3), detect=lambda: 8).pool == {
+        "localhost": (0, 1, 2)
+    }
+    assert local_pool({"CUDA_VISIBLE_DEVICES": visible}, Selection(), detect=lambda: 8).pool == {"localhost": (0,)}
+
+
+def test_hidden_gpus_stay_hidden_from_every_rank():
+    script = "import os; print(os.environ['RANK'], repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+    result = run_xrun("--num_gpus", "2", "--no_python", "--no_local_rank", sys.executable, "-c", script,
+                      env={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[localhost:0] 0 '-1'", "[localhost:1] 1 '-1'"]

@@ -342,8 +342,8 @@ def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")
     if any(b.cpus is not None for b in bound) and taskset is None:
         notice(spec.host, "taskset not found: ranks run unbound (apt-get install numactl or util-linux)")
-    for local_rank, (rank, b) in enumerate(zip(spec.ranks, bound)):
-        env = {k: rank.env[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in rank.env}
+    for local_rank, (merged, b) in enumerate(zip(envs, bound)):
+        env = {k: merged[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in merged}  # the contract's, or the user's -1
         env.update(b.extra_env)
         text = rank_script(b.argv, env, stdout=relay.fifo(local_rank, 1), stderr=relay.fifo(local_rank, 2),
                            cpus=b.cpus, taskset=taskset, setpriv=setpriv)

@@ -20,6 +20,8 @@ from xrun.launch.binding import RankBinding
 from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
 
+_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
 
 @dataclass(frozen=True)
 class RankProcess:
@@ -44,11 +46,21 @@ class BoundRank:
 
 
 def rank_environment(base: Mapping[str, str], spec: NodeSpec, rank: RankSpec) -> dict[str, str]:
-    """The user's environment, then the runner's exports, then the rank contract (which always wins)."""
+    """The user's environment, then the runner's exports, then the rank contract (which always wins, except over
+    GPUs the user hid: the slots are CPU slots then, and a rank must not see the GPUs)."""
     env = dict(base)
     env.update(spec.env)
+    hidden = env.get(_VISIBLE)
     env.update(rank.env)
+    if hidden is not None and hides_devices(hidden):
+        env[_VISIBLE] = hidden
     return env
+
+
+def hides_devices(visible: str) -> bool:
+    """``CUDA_VISIBLE_DEVICES`` empty or starting with a negative index (``-1``): CUDA then sees no device."""
+    first = visible.split(",", 1)[0].strip()
+    return first == "" or (first.startswith("-") and first[1:].isdigit())
 
 
 def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:

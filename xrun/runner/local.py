@@ -1,4 +1,7 @@
-"""The embedded default: no hostfile means one node, ``localhost``, with the local accelerators (or 1 CPU slot)."""
+"""The embedded default: no hostfile means one node, ``localhost``, with the local accelerators (or 1 CPU slot).
+
+``CUDA_VISIBLE_DEVICES`` set and empty, or ``-1``, hides the GPUs: the slots are CPU slots (``--num_gpus N``
+processes), and the ranks keep the variable as the user set it (xrun.launch.ranks.hides_devices)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from xrun.errors import SelectionError
+from xrun.launch.ranks import hides_devices
 from xrun.runner.selection import Pool, Selection
 
 LOCALHOST = "localhost"
@@ -45,6 +49,8 @@ def local_pool(
 ) -> LocalPool:
     """The slots of ``localhost``: CUDA_VISIBLE_DEVICES when set and no filter flag, else the detected devices."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and hides_devices(visible):  # the usual way to hide the GPUs: CPU ranks (issue 13)
+        return LocalPool(_detected_pool(0, selection))
     if visible and visible.strip():
         if not selection.filters:
             return LocalPool({LOCALHOST: _parse_visible_devices(visible)})
