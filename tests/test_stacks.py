@@ -12,15 +12,24 @@ import pytest
 
 from tests.conftest import ROOT, run_xrun
 from tests.test_control import LocalSessions
-from xrun.errors import UsageError
+from xrun.errors import SelectionError, UsageError
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
+from xrun.launch.devices import VISIBILITY, Devices, Vendor, detect_devices, hides_devices, visible_devices
 from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
-from xrun.launch.ranks import hides_devices, omp_threads
-from xrun.launch.spec import AgentOptions, LaunchOptions, NodeSpec, Rendezvous, parse_rank_list, parse_signal_list
+from xrun.launch.ranks import omp_threads, rank_environment
+from xrun.launch.spec import (
+    AgentOptions,
+    LaunchOptions,
+    NodeSpec,
+    RankSpec,
+    Rendezvous,
+    parse_rank_list,
+    parse_signal_list,
+)
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.control import ControlServer
 from xrun.runner.jobevents import Failure, Verdict
@@ -426,3 +435,129 @@ def test_hidden_gpus_stay_hidden_from_every_rank():
                       env={"CUDA_VISIBLE_DEVICES": "-1"})
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[localhost:0] 0 '-1'", "[localhost:1] 1 '-1'"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 7: devices beyond NVIDIA indices (literal /proc, /sys and /dev trees).
+
+UUID_A = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
+UUID_B = "GPU-1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718"
+MIG_A = "MIG-4d5e6f70-8192-a3b4-c5d6-e7f809112233"
+
+
+def make_tree(root, files):
+    for path, text in files.items():
+        full = root / path
+        full.parent.mkdir(parents=True, exist_ok=True)
+        full.write_text(text)
+    return str(root)
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, None),
+        ({"proc/driver/nvidia/gpus/0000:01:00.0/information": "", "proc/driver/nvidia/gpus/0000:02:00.0/information": ""},
+         Devices(Vendor.NVIDIA, 2)),
+        ({"sys/class/kfd/kfd/topology/nodes/0/properties": "cpu_cores_count 64\nsimd_count 0\n",
+          "sys/class/kfd/kfd/topology/nodes/1/properties": "cpu_cores_count 0\nsimd_count 304\n",
+          "sys/class/kfd/kfd/topology/nodes/2/properties": "simd_count 304\n"}, Devices(Vendor.AMD, 2)),
+        ({"sys/class/drm/card0/device/vendor": "0x8086\n", "sys/class/drm/card0/device/device": "0x0bd5\n",
+          "sys/class/drm/card1/device/vendor": "0x8086\n", "sys/class/drm/card1/device/device": "0x9a49\n",  # an iGPU
+          "sys/class/drm/renderD128/device/vendor": "0x8086\n"}, Devices(Vendor.INTEL, 1)),
+        ({"sys/class/drm/card0/device/vendor": "0x8086\n", "sys/class/drm/card0/device/device": "0x9a49\n"}, None),
+        ({f"sys/class/accel/accel{i}/device/vendor": "0x1da3\n" for i in range(8)}, Devices(Vendor.GAUDI, 8)),
+        ({"dev/davinci0": "", "dev/davinci1": "", "dev/davinci_manager": "", "dev/devmm_svm": ""},
+         Devices(Vendor.ASCEND, 2)),
+    ],
+)
+def test_detect_devices_from_literal_trees(tmp_path, files, expected):
+    assert detect_devices(make_tree(tmp_path, files)) == expected
+
+
+@pytest.mark.parametrize(
+    ("inherited", "planned", "expected"),
+    [
+        (None, "0,1", "0,1"),
+        ("2,3", "2,3", "2,3"),
+        ("-1", "0,1", "-1"),
+        ("", "0", ""),
+        (f"{UUID_A},{UUID_B}", "0,1", f"{UUID_A},{UUID_B}"),
+        (f"{UUID_A},{UUID_B}", "1", UUID_B),
+        (f"{MIG_A},MIG-GPU-{UUID_A[4:]}/1/0", "0,1", f"{MIG_A},MIG-GPU-{UUID_A[4:]}/1/0"),
+    ],
+)
+def test_visible_devices(inherited, planned, expected):
+    assert visible_devices(inherited, planned) == expected
+
+
+def test_visible_devices_refuses_a_slot_past_the_names():
+    with pytest.raises(UsageError, match="lists 1 device"):
+        visible_devices(UUID_A, "0,1")
+
+
+@pytest.mark.parametrize(
+    ("env", "selection", "expected"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": f"{UUID_A}, {UUID_B}"}, Selection(), (0, 1)),
+        ({"CUDA_VISIBLE_DEVICES": MIG_A}, Selection(), (0,)),
+        ({"HIP_VISIBLE_DEVICES": "2,3"}, Selection(), (2, 3)),
+        ({"ASCEND_RT_VISIBLE_DEVICES": "-1"}, Selection(num_gpus=2), (0, 1)),
+    ],
+)
+def test_local_pool_device_names_and_other_vendors(env, selection, expected):
+    assert local_pool(env, selection, detect=lambda: 8).pool == {"localhost": expected}
+
+
+def test_local_pool_refuses_a_name_twice():
+    with pytest.raises(SelectionError, match="lists a device twice"):
+        local_pool({"CUDA_VISIBLE_DEVICES": f"{UUID_A},{UUID_A}"}, Selection(), detect=lambda: 2)
+
+
+@pytest.mark.parametrize(
+    ("devices", "base", "expected"),
+    [
+        (None, {}, {"CUDA_VISIBLE_DEVICES": "0,1"}),
+        (Devices(Vendor.AMD, 2), {}, {"HIP_VISIBLE_DEVICES": "0,1"}),
+        (Devices(Vendor.GAUDI, 8), {}, {"HABANA_VISIBLE_MODULES": "0,1"}),
+        (Devices(Vendor.AMD, 2), {"HIP_VISIBLE_DEVICES": "-1"}, {"HIP_VISIBLE_DEVICES": "-1",
+                                                                  "CUDA_VISIBLE_DEVICES": "-1"}),
+        (Devices(Vendor.NVIDIA, 2), {"CUDA_VISIBLE_DEVICES": f"{UUID_B},{UUID_A}"},
+         {"CUDA_VISIBLE_DEVICES": f"{UUID_B},{UUID_A}"}),
+    ],
+)
+def test_rank_environment_says_the_slots_the_nodes_way(devices, base, expected):
+    rank = RankSpec(rank=0, local_rank=0, env={"CUDA_VISIBLE_DEVICES": "0,1", "RANK": "0"}, argv=("x",))
+    env = rank_environment(base, NodeSpec("h", 0, (rank,)), rank, devices)
+    assert {k: v for k, v in env.items() if k in VISIBILITY.values()} == expected
+
+
+def test_uuid_slot_names_reach_the_ranks():
+    script = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    result = run_xrun("--no_python", "--no_local_rank", sys.executable, "-c", script,
+                      env={"CUDA_VISIBLE_DEVICES": f"{UUID_A},{UUID_B}"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"[localhost:{r}] {UUID_A},{UUID_B}" for r in (0, 1)]
+    result = run_xrun("--num_gpus", "1", "--no_python", "--no_local_rank", sys.executable, "-c", script,
+                      env={"CUDA_VISIBLE_DEVICES": f"{UUID_A},{UUID_B}"})
+    assert result.stdout == f"[localhost:0] {UUID_A}\n", result.stderr
+
+
+def test_device_per_rank_shows_each_rank_only_its_own_device(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\n"
+                      "print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], sys.argv[1:])\n")
+    result = run_xrun("--device_per_rank", str(script), env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["[localhost:0] 0 0 2 ['--local_rank=0']",
+                                                  "[localhost:1] 1 0 3 ['--local_rank=0']"]
+    refused = run_xrun("--device_per_rank", "--elastic", "x.py")
+    assert (refused.returncode, refused.stderr) == (
+        2, "xrun: --device_per_rank: does not apply with --elastic (torch's agent sets LOCAL_RANK)\n")
+
+
+def test_device_per_rank_travels_in_the_agent_command():
+    command = AgentCommand(world={"h": (0, 1)}, node_rank=0, rendezvous=Rendezvous("a", 1),
+                           launch=LaunchOptions(device_per_rank=True), options=AgentOptions(), script="t.py", args=())
+    assert "--device_per_rank" in agent_argv(command)
+    assert parse_agent_argv(agent_argv(command)[4:]).launch == command.launch

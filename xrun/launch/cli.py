@@ -64,6 +64,8 @@ def add_rank_command_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--no_local_rank"), action="store_true", help="do not append --local_rank=N to the script's args")
     add("--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
     add(*spellings("--no_python"), action="store_true", help="run SCRIPT directly, not through python")
+    add(*spellings("--device_per_rank"), action="store_true",
+        help="each rank sees only its own device (CUDA_VISIBLE_DEVICES=its slot, LOCAL_RANK=0, --local_rank=0)")
 
 
 def add_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +158,10 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
     if ns.module and ns.no_python:
         raise UsageError("--module", "cannot be combined with --no_python (a module needs python)")
     mode = PythonMode.MODULE if ns.module else PythonMode.NONE if ns.no_python else PythonMode.SCRIPT
-    return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank)
+    if ns.device_per_rank and getattr(ns, "elastic", False):
+        raise UsageError("--device_per_rank", "does not apply with --elastic (torch's agent sets LOCAL_RANK)")
+    return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank,
+                         device_per_rank=ns.device_per_rank)
 
 
 def agent_options(ns: argparse.Namespace) -> AgentOptions:

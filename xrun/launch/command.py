@@ -83,6 +83,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         f"--run_id={rdzv.run_id}",
     ]
     argv += ["--no_local_rank"] if not launch.local_rank_arg else []
+    argv += ["--device_per_rank"] if launch.device_per_rank else []
     argv += ["--module"] if launch.mode is PythonMode.MODULE else []
     argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []

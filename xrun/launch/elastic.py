@@ -41,6 +41,7 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
+from xrun.launch.devices import VISIBILITY, detect_devices
 from xrun.launch.errorfile import read_error_file
 from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
 from xrun.launch.ranks import bind_ranks, rank_environment
@@ -337,13 +338,13 @@ class _NodeRun:
 
 def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None:
     """``WORKDIR/rank<L>.sh`` for every local rank L: the binding and the environment of the static path."""
-    envs = [rank_environment(os.environ, spec, r) for r in spec.ranks]
+    envs = [rank_environment(os.environ, spec, r, detect_devices()) for r in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else os.environ)
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")
     if any(b.cpus is not None for b in bound) and taskset is None:
         notice(spec.host, "taskset not found: ranks run unbound (apt-get install numactl or util-linux)")
     for local_rank, (merged, b) in enumerate(zip(envs, bound)):
-        env = {k: merged[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in merged}  # the contract's, or the user's -1
+        env = {k: merged[k] for k in VISIBILITY.values() if k in merged}  # the contract's, or the user's -1
         env.update(b.extra_env)
         text = rank_script(b.argv, env, stdout=relay.fifo(local_rank, 1), stderr=relay.fifo(local_rank, 2),
                            cpus=b.cpus, taskset=taskset, setpriv=setpriv)

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 
 from xrun.launch import binding, errorfile
 from xrun.launch.binding import RankBinding
+from xrun.launch.devices import NVIDIA_VISIBLE, Devices, detect_devices, hides_devices, visible_devices
 from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
-
-_VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -45,22 +44,33 @@ class BoundRank:
     extra_env: Mapping[str, str]
 
 
-def rank_environment(base: Mapping[str, str], spec: NodeSpec, rank: RankSpec) -> dict[str, str]:
-    """The user's environment, then the runner's exports, then the rank contract (which always wins, except over
-    GPUs the user hid: the slots are CPU slots then, and a rank must not see the GPUs)."""
+def rank_environment(
+    base: Mapping[str, str], spec: NodeSpec, rank: RankSpec, node_devices: Devices | None = None
+) -> dict[str, str]:
+    """The user's environment, then the runner's exports, then the rank contract (which always wins), with the
+    slot list said the node's way (xrun.launch.devices): GPUs the user hid stay hidden, UUID/MIG names replace
+    positions, and a node of another vendor gets its own visibility variable instead of CUDA_VISIBLE_DEVICES."""
     env = dict(base)
     env.update(spec.env)
-    hidden = env.get(_VISIBLE)
+    variable = node_devices.variable if node_devices is not None else NVIDIA_VISIBLE
+    inherited = _inherited_visibility(env, variable)
     env.update(rank.env)
-    if hidden is not None and hides_devices(hidden):
-        env[_VISIBLE] = hidden
+    planned = rank.env.get(NVIDIA_VISIBLE)
+    if planned is None:
+        return env
+    visible = visible_devices(inherited, planned)
+    if variable != NVIDIA_VISIBLE and not hides_devices(visible):
+        del env[NVIDIA_VISIBLE]  # HIP and others honour it too: set twice, the list would filter itself
+    env[variable if not hides_devices(visible) else NVIDIA_VISIBLE] = visible
     return env
 
 
-def hides_devices(visible: str) -> bool:
-    """``CUDA_VISIBLE_DEVICES`` empty or starting with a negative index (``-1``): CUDA then sees no device."""
-    first = visible.split(",", 1)[0].strip()
-    return first == "" or (first.startswith("-") and first[1:].isdigit())
+def _inherited_visibility(env: Mapping[str, str], variable: str) -> str | None:
+    """The node's own visibility list for ``variable``; a CUDA_VISIBLE_DEVICES that hides the GPUs counts too."""
+    cuda = env.get(NVIDIA_VISIBLE)
+    if cuda is not None and hides_devices(cuda):
+        return cuda
+    return env.get(variable)
 
 
 def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
@@ -119,7 +129,8 @@ def rank_processes(
 ) -> tuple[RankProcess, ...]:
     """Every local rank as a ``RankProcess``: its environment merged, its binding applied and, given
     ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's)."""
-    envs = [rank_environment(base_env, spec, rank) for rank in spec.ranks]
+    node_devices = detect_devices()
+    envs = [rank_environment(base_env, spec, rank, node_devices) for rank in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else base_env)
     procs = []
     for rank, env, b in zip(spec.ranks, envs, bound):

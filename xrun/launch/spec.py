@@ -89,6 +89,7 @@ class LaunchOptions:
     python: str = sys.executable
     mode: PythonMode = PythonMode.SCRIPT
     local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
+    device_per_rank: bool = False  # --device_per_rank: each rank sees only its own device, as its local rank 0
 
     def __post_init__(self) -> None:
         mode: object = self.mode  # a plain string when the options come from JSON (the node spec)
@@ -340,13 +341,12 @@ def node_ranks(
     if not 0 <= node_rank < len(hosts):
         raise UsageError("--node_rank", f"{node_rank} is outside 0..{len(hosts) - 1} for a {len(hosts)}-node world")
     slots = world[hosts[node_rank]]
-    return tuple(
-        RankSpec(
-            rank=int(env["RANK"]),
-            local_rank=local_rank,
-            env=env,
-            argv=rank_argv(launch, local_rank, script, args),
-        )
-        for local_rank in range(len(slots))
-        for env in (rank_env(world, node_rank, local_rank, rdzv),)
-    )
+    ranks = []
+    for local_rank in range(len(slots)):
+        env = rank_env(world, node_rank, local_rank, rdzv)
+        seen = local_rank  # the local rank the program is told
+        if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
+            env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
+            seen = 0
+        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, args)))
+    return tuple(ranks)
