@@ -13,14 +13,24 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.test_control import LocalSessions
 from xrun.errors import SelectionError, UsageError
+from xrun.launch import ranks as ranks_module
+from xrun.launch.binding import Cpu, Topology, plan_binding
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.devices import VISIBILITY, Devices, Vendor, detect_devices, hides_devices, visible_devices
+from xrun.launch.devices import (
+    VISIBILITY,
+    Devices,
+    Vendor,
+    detect_devices,
+    gpu_numa_nodes,
+    hides_devices,
+    visible_devices,
+)
 from xrun.launch.elastic import attempt_result, failure_outcomes
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
-from xrun.launch.ranks import omp_threads, rank_environment
+from xrun.launch.ranks import gpu_nodes, omp_threads, rank_environment
 from xrun.launch.spec import (
     AgentOptions,
     LaunchOptions,
@@ -30,6 +40,7 @@ from xrun.launch.spec import (
     parse_rank_list,
     parse_signal_list,
 )
+from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.control import ControlServer
 from xrun.runner.jobevents import Failure, Verdict
@@ -561,3 +572,67 @@ def test_device_per_rank_travels_in_the_agent_command():
                            launch=LaunchOptions(device_per_rank=True), options=AgentOptions(), script="t.py", args=())
     assert "--device_per_rank" in agent_argv(command)
     assert parse_agent_argv(agent_argv(command)[4:]).launch == command.launch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 8: cores near each rank's GPU.
+
+# Two sockets, 4 cores each without SMT: node 0 = CPUs 0-3, node 1 = CPUs 4-7.
+TWO_NODES = Topology(tuple(Cpu(i, i // 4, i % 4, i // 4) for i in range(8)))
+
+
+@pytest.mark.parametrize(
+    ("gpu_nodes", "expected"),
+    [
+        ((1, 1, 0, 0), [(4, 5), (6, 7), (0, 1), (2, 3)]),  # GPUs 0-1 sit on socket 1
+        ((1, 0), [(4, 5, 6, 7), (0, 1, 2, 3)]),
+        ((0, 0, 0, 1), [(0,), (1,), (2,), (4,)]),  # equal shares: the crowded node decides the size
+        ((None, 0), [(0, 1, 2, 3), (4, 5, 6, 7)]),  # a node unknown: the even split
+        (None, [(0, 1), (2, 3), (4, 5), (6, 7)]),
+    ],
+)
+def test_gpu_near_binding(gpu_nodes, expected):
+    n = len(expected)
+    bindings = plan_binding(TWO_NODES, n, frozenset(range(8)), gpu_nodes=gpu_nodes)
+    assert [b.cpus for b in bindings] == expected
+
+
+def test_gpu_near_binding_falls_back_when_a_node_is_too_small():
+    bindings = plan_binding(TWO_NODES, 5, frozenset(range(8)), gpu_nodes=(0, 0, 0, 0, 0))
+    assert [b.cpus for b in bindings] == [(0,), (1,), (2,), (3,), (4,)]
+
+
+def gpu_tree(tmp_path, nodes):
+    files = {}
+    for i, node in enumerate(nodes):
+        bus = f"0000:{0x10 * (i + 1):02x}:00.0"
+        files[f"proc/driver/nvidia/gpus/{bus}/information"] = f"Device Minor: {i}\n"
+        files[f"sys/bus/pci/devices/{bus}/numa_node"] = f"{node}\n"
+    return make_tree(tmp_path, files)
+
+
+def test_gpu_numa_nodes_from_a_literal_tree(tmp_path):
+    assert gpu_numa_nodes(gpu_tree(tmp_path, [1, 1, 0, -1])) == {0: 1, 1: 1, 2: 0}
+
+
+def test_rank_gpu_nodes_follow_each_ranks_slot(tmp_path):
+    root = gpu_tree(tmp_path, [0, 0, 1, 1])
+    ranks = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": "2,3"}, ("x",)) for r in range(2))
+    spec = NodeSpec("h", 0, ranks)
+    assert gpu_nodes(spec, {"CUDA_VISIBLE_DEVICES": "2,3"}, root) == (1, 1)
+    assert gpu_nodes(spec, {"CUDA_VISIBLE_DEVICES": f"{UUID_A},{UUID_B}"}, root) is None
+    one_each = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": str(r + 1)}, ("x",)) for r in range(2))  # per rank
+    assert gpu_nodes(NodeSpec("h", 0, one_each), {}, root) == (0, 1)
+    assert gpu_nodes(spec, {}, str(tmp_path / "nothing")) is None
+
+
+def test_dry_run_says_the_cpus_are_near_the_gpu(monkeypatch, tmp_path):
+    root = gpu_tree(tmp_path, [1, 0])
+    monkeypatch.setattr(local_backend, "gpu_nodes", lambda node, env: gpu_nodes(node, env, root))
+    monkeypatch.setattr(ranks_module, "gpu_nodes", lambda spec, env: gpu_nodes(spec, env, root))
+    monkeypatch.setattr(ranks_module.binding, "read_topology", lambda: TWO_NODES)
+    monkeypatch.setattr(ranks_module.os, "sched_getaffinity", lambda pid: set(range(8)))
+    ranks = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": "0,1"}, ("x",)) for r in range(2))
+    node = NodeSpec("localhost", 0, ranks, options=AgentOptions(bind_cores=True))
+    assert local_backend.local_cpu_sets(node) == {0: "4-7, near its GPU on NUMA node 1",
+                                                  1: "0-3, near its GPU on NUMA node 0"}

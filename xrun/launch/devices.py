@@ -6,6 +6,7 @@
 * ``detect_devices(root)``: reads the drivers' ``/proc``, ``/sys`` and ``/dev`` entries under ``root`` (``/`` on
   a node; a literal tree in the tests), never imports torch, never runs a vendor tool;
 * ``hides_devices``: ``CUDA_VISIBLE_DEVICES`` empty or ``-1``, the usual way to hide the GPUs (CPU slots then);
+* ``gpu_numa_nodes``/``rank_slot``: which NUMA node each rank's GPU sits on, for GPU-near core binding;
 * ``device_names``/``visible_devices``: UUIDs and MIG instances (``GPU-…``, ``MIG-…``) as slot names: a slot is a
   position in the listed names, and a rank's list is mapped back to the names.
 
@@ -101,6 +102,27 @@ def visible_devices(inherited: str | None, planned: str) -> str:
     if outside:
         raise UsageError(NVIDIA_VISIBLE, f"lists {len(names)} device(s) by name; there is no slot {outside[0]}")
     return ",".join(names[s] for s in slots)
+
+
+def gpu_numa_nodes(root: str = "/") -> dict[int, int]:
+    """NVIDIA GPU index -> the NUMA node of its PCI device (``/sys/bus/pci/devices/<bus id>/numa_node``).
+
+    Indices follow PCI bus order (the driver's ``/proc/driver/nvidia/gpus/<bus id>`` entries sorted), as
+    nvidia-smi numbers them; a device whose node the kernel does not know (``-1``) is left out.
+    """
+    found = {}
+    for index, bus_id in enumerate(sorted(_listdir(root, "proc/driver/nvidia/gpus"))):
+        node = _read(os.path.join(root, "sys/bus/pci/devices", bus_id.lower(), "numa_node"))
+        if node.isdigit():
+            found[index] = int(node)
+    return found
+
+
+def rank_slot(visible: str | None, local_rank: int) -> int | None:
+    """The device index a local rank uses: entry ``local_rank`` of its list (its only one with one device)."""
+    items = (visible or "").split(",")
+    item = items[0] if len(items) == 1 else items[local_rank] if local_rank < len(items) else ""
+    return int(item) if item.strip().isdigit() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 from xrun.launch import binding, errorfile
 from xrun.launch.binding import RankBinding
-from xrun.launch.devices import NVIDIA_VISIBLE, Devices, detect_devices, hides_devices, visible_devices
+from xrun.launch.devices import (
+    NVIDIA_VISIBLE,
+    Devices,
+    detect_devices,
+    device_names,
+    gpu_numa_nodes,
+    hides_devices,
+    rank_slot,
+    visible_devices,
+)
 from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
 
@@ -79,7 +88,19 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
         return None
     binding.check_binding_env(env)
     allowed = frozenset(os.sched_getaffinity(0))
-    return binding.plan_binding(binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list)
+    return binding.plan_binding(
+        binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list, gpu_nodes(spec, env)
+    )
+
+
+def gpu_nodes(spec: NodeSpec, env: Mapping[str, str], root: str = "/") -> tuple[int | None, ...] | None:
+    """Local rank -> the NUMA node of its GPU (None: no NVIDIA GPU here, none with a known node, or GPUs named by
+    UUID, whose PCI order xrun does not know)."""
+    near = gpu_numa_nodes(root)
+    if not near or device_names(env.get(NVIDIA_VISIBLE) or "0") is not None:
+        return None
+    slots = (rank_slot(r.env.get(NVIDIA_VISIBLE), r.local_rank) for r in spec.ranks)
+    return tuple(near.get(slot) if slot is not None else None for slot in slots)
 
 
 def omp_threads(env: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str, str]:
