@@ -7,12 +7,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, run_xrun
 from tests.test_control import LocalSessions
-from xrun.errors import SelectionError, UsageError
+from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch import ranks as ranks_module
 from xrun.launch.binding import Cpu, Topology, plan_binding
 from xrun.launch.cli import parse_agent_argv
@@ -26,19 +27,21 @@ from xrun.launch.devices import (
     hides_devices,
     visible_devices,
 )
-from xrun.launch.elastic import attempt_result, failure_outcomes
+from xrun.launch.elastic import attempt_result, failure_outcomes, waiting_line
 from xrun.launch.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.output import prefix_lines
 from xrun.launch.ranks import gpu_nodes, omp_threads, rank_environment
 from xrun.launch.spec import (
     AgentOptions,
+    ElasticOptions,
     LaunchOptions,
     NodeSpec,
     RankSpec,
     Rendezvous,
     parse_rank_list,
     parse_signal_list,
+    rank_argv,
 )
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.channel import Endpoint
@@ -47,6 +50,8 @@ from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
 from xrun.runner.local import local_pool
 from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.remote_options import SshSettings
+from xrun.runner.routes import peer_address
 from xrun.runner.selection import Selection
 from xrun.runner.status import PlainStatus
 
@@ -636,3 +641,57 @@ def test_dry_run_says_the_cpus_are_near_the_gpu(monkeypatch, tmp_path):
     node = NodeSpec("localhost", 0, ranks, options=AgentOptions(bind_cores=True))
     assert local_backend.local_cpu_sets(node) == {0: "4-7, near its GPU on NUMA node 1",
                                                   1: "0-3, near its GPU on NUMA node 0"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 9: newcomer friction.
+
+
+def test_check_without_a_hostfile_checks_this_machine_without_ssh():
+    result = run_xrun("check", env={"PATH": os.path.dirname(sys.executable)})  # no ssh, no pdsh on this PATH
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].startswith("localhost  yes")
+    assert "1 host(s) reachable and consistent" in result.stdout
+
+
+def test_an_unresolvable_host_is_named_not_a_flag():
+    with pytest.raises(UnknownHostError) as err:
+        peer_address("no-such-node.invalid", SshSettings())
+    assert err.value.host == "no-such-node.invalid"
+    assert str(err.value).startswith("host 'no-such-node.invalid': does not resolve")
+    assert "--control_addr:" not in str(err.value)
+
+
+def test_a_script_whose_name_starts_with_a_dash_runs(tmp_path):
+    (tmp_path / "-weird.py").write_text("import sys; print('ran', sys.argv[1:])\n")
+    result = run_xrun("--no_local_rank", "--", "-weird.py", "--x", cwd=str(tmp_path))
+    assert (result.returncode, result.stdout) == (0, "[localhost:0] ran ['--x']\n"), result.stderr
+    assert rank_argv(LaunchOptions(python="py"), 0, "-w.py", ()) == ("py", "-u", "--", "-w.py", "--local_rank=0")
+
+
+def test_export_on_a_local_run_is_set_and_checked():
+    script = "import os; print(os.environ['XRUN_T1'], os.environ['XRUN_T2'])"
+    result = run_xrun("--export", "XRUN_T1=a b", "--export", "XRUN_T2", "--no_python", "--no_local_rank",
+                      sys.executable, "-c", script, env={"XRUN_T2": "from here"})
+    assert (result.returncode, result.stdout) == (0, "[localhost:0] a b from here\n"), result.stderr
+    refused = run_xrun("--export", "A B=1", "x.py")
+    assert (refused.returncode, refused.stderr) == (
+        2, "xrun: --export: 'A B=1': expected NAME or NAME=VALUE with a variable name\n")
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "expected"),
+    [
+        ((2, 2), "rendezvous: waiting for all 2 node(s) to join"),
+        ((1, 2), "rendezvous: waiting for 1 to 2 nodes; once 1 joined it waits 30 s more (last_call_timeout) for "
+                 "the others, then starts"),
+    ],
+)
+def test_elastic_says_what_the_rendezvous_waits_for(nnodes, expected):
+    options = ElasticOptions(min_nodes=nnodes[0], max_nodes=nnodes[1], rdzv_endpoint="h:1", rdzv_id="x")
+    assert waiting_line(options, 0) == expected
+
+
+def test_test_extras_bring_numpy_so_torch_ranks_do_not_warn():
+    setup = (Path(ROOT) / "setup.py").read_text()
+    assert '"numpy>=1.24"' in setup.split("TEST = ", 1)[1].split("\n", 1)[0]

@@ -15,7 +15,8 @@ torch, is xrun.launch.elastic_agent) and keeps here what it adds on top:
   rendezvous) and new per-rank log files for each attempt (a restart's earlier files are kept, renamed with
   their time), keeping each stderr's tail for the report;
 * ``--join_timeout`` becomes every start-up timeout of the torch found here (``xrun.launch.rdzv``) and the
-  agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start;
+  agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start,
+  with what the rendezvous waits for (a node range waits ``last_call_timeout`` for more nodes);
 * one line per rendezvous and per restart (``_NodeRun``, the attempt bookkeeping torch's agent reports into),
   and at the end a ``NodeResult`` of the last attempt (xrun.launch.result), which the agent reports like the
   static path's, with the real exit code of the rank that failed first (torchrun always exits 1) and the
@@ -400,6 +401,7 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
         spec.host, grace=spec.options.shutdown_timeout, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
     )
     notice(spec.host, start_line(spec.elastic, spec, t["version"], elastic_agent.exit_barrier(t, spec.elastic)))
+    notice(spec.host, waiting_line(spec.elastic, spec.node_rank))
     handler = None
     stopped = False
     try:
@@ -434,6 +436,17 @@ def _agent_result(t: Mapping[str, Any], agent: Any, node: _NodeRun, bridge: elas
         return node_result(host, (), None, None)
     node.failures = dict(run_result.failures)
     return attempt_result(host, node.outcomes(stopped_all=False), None)
+
+
+def waiting_line(options: ElasticOptions, node_rank: int) -> str:
+    """What the rendezvous waits for before the first rank starts (it is silent meanwhile: issue 13)."""
+    if options.min_nodes == options.max_nodes:
+        return f"rendezvous: waiting for all {options.max_nodes} node(s) to join"
+    last_call = rdzv.effective_timeouts(options, node_rank).get("last_call_timeout", "?")
+    return (
+        f"rendezvous: waiting for {options.min_nodes} to {options.max_nodes} nodes; once {options.min_nodes} "
+        f"joined it waits {last_call} s more (last_call_timeout) for the others, then starts"
+    )
 
 
 def _close_rendezvous(handler: Any) -> None:
