@@ -20,6 +20,7 @@ setup(
         "elastic": ["torch>=2.1", "numpy>=1.24"],
         "status": ["rich>=13"],
         "test": TEST,
+        "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },
