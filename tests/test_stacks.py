@@ -41,7 +41,6 @@ from xrun.launch.spec import (
     Rendezvous,
     parse_rank_list,
     parse_signal_list,
-    rank_argv,
 )
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.channel import Endpoint
@@ -660,13 +659,6 @@ def test_an_unresolvable_host_is_named_not_a_flag():
     assert err.value.host == "no-such-node.invalid"
     assert str(err.value).startswith("host 'no-such-node.invalid': does not resolve")
     assert "--control_addr:" not in str(err.value)
-
-
-def test_a_script_whose_name_starts_with_a_dash_runs(tmp_path):
-    (tmp_path / "-weird.py").write_text("import sys; print('ran', sys.argv[1:])\n")
-    result = run_xrun("--no_local_rank", "--", "-weird.py", "--x", cwd=str(tmp_path))
-    assert (result.returncode, result.stdout) == (0, "[localhost:0] ran ['--x']\n"), result.stderr
-    assert rank_argv(LaunchOptions(python="py"), 0, "-w.py", ()) == ("py", "-u", "--", "-w.py", "--local_rank=0")
 
 
 def test_export_on_a_local_run_is_set_and_checked():

@@ -291,8 +291,6 @@ def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[s
         head: tuple[str, ...] = (script,)
     elif launch.mode is PythonMode.MODULE:
         head = (launch.python, "-u", "-m", script)
-    elif script.startswith("-"):  # `xrun -- -weird.py`: python would take the name for one of its options
-        head = (launch.python, "-u", "--", script)
     else:
         head = (launch.python, "-u", script)
     local = (f"--local_rank={local_rank}",) if launch.local_rank_arg else ()
