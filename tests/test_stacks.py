@@ -687,3 +687,23 @@ def test_elastic_says_what_the_rendezvous_waits_for(nnodes, expected):
 def test_test_extras_bring_numpy_so_torch_ranks_do_not_warn():
     setup = (Path(ROOT) / "setup.py").read_text()
     assert '"numpy>=1.24"' in setup.split("TEST = ", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.slow
+def test_elastic_signal_reaches_every_worker_and_the_job_goes_on(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "rec.py"
+    script.write_text(RECORD_SIGNAL)
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--elastic", "--num_gpus", "2", "--no_local_rank",
+                             str(script), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for_files(tmp_path, ["ready0", "ready1"], timeout=60)
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert [(tmp_path / f"got{r}").read_text() for r in (0, 1)] == ["SIGUSR2", "SIGUSR2"]
+    assert "forwarded SIGUSR2 to 2 ranks" in err

@@ -272,9 +272,8 @@ class ChannelHooks:
 
     def _forward(self, msg: dict[str, Any]) -> None:
         signum = msg.get("signal")
-        forward = getattr(self._group, "forward_signal", None)  # the elastic bridge has none: torch owns the pids
-        if isinstance(signum, int) and forward is not None:
-            forward(signum)
+        if isinstance(signum, int):
+            self._group.forward_signal(signum)  # a RankGroup, or the elastic StopBridge
 
 
 def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str, Any] | None:

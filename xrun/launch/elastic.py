@@ -22,7 +22,8 @@ torch, is xrun.launch.elastic_agent) and keeps here what it adds on top:
   static path's, with the real exit code of the rank that failed first (torchrun always exits 1) and the
   exception it recorded in the ``TORCHELASTIC_ERROR_FILE`` torch's agent gave it (``ProcessFailure.error_file``);
 * stop requests from the control channel and signals become torch's own ``SignalException``, so torch stops
-  the workers against its shutdown deadline and leaves the rendezvous open for the other nodes.
+  the workers against its shutdown deadline and leaves the rendezvous open for the other nodes; the
+  ``--forward_signals`` (SIGUSR1/SIGUSR2) are passed on to the current attempt's workers instead.
 """
 
 from __future__ import annotations
@@ -320,6 +321,17 @@ class _NodeRun:
             f"(restart {restarts} of {self.options.max_restarts})",
         )
 
+    def forward_signal(self, signum: int) -> None:
+        """``--forward_signals``: to every worker of this attempt (its main process), the job goes on."""
+        count = 0
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, signum)
+                count += 1
+            except ProcessLookupError:
+                pass
+        notice(self.spec.host, f"forwarded {signal.Signals(signum).name} to {count} rank{'s' if count != 1 else ''}")
+
     def outcomes(self, *, stopped_all: bool, stop_signal: int = signal.SIGTERM) -> list[tuple[float, RankOutcome]]:
         return failure_outcomes(self.spec.host, self.ranks, self.pids, self.failures, self.relay.tails(),
                                 time.monotonic() - self.started, stopped_all=stopped_all, stop_signal=stop_signal,
@@ -405,7 +417,9 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
     handler = None
     stopped = False
     try:
-        with owned_signals(SHUTDOWN_SIGNALS, elastic_agent.raise_signal(t["SignalException"])) as owned:
+        forwarded = sorted(spec.options.forward_signals)
+        handler = elastic_agent.raise_signal(t["SignalException"], node.forward_signal)
+        with owned_signals((*SHUTDOWN_SIGNALS, *forwarded), handler) as owned:
             try:
                 bridge.watch_signals(owned)
                 if hooks is not None:  # before the rendezvous handler: c10d connects to its store right away
