@@ -1,8 +1,9 @@
 from setuptools import find_packages, setup
 
 # The tests run real DDP jobs: torch 2.13.0 is pinned so a fresh CI machine takes the CPU wheel on disk
-# instead of the newest CUDA build (several GB).
-TEST = ["pytest>=7", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
+# instead of the newest CUDA build (several GB). numpy: without it every torch rank warns "Failed to initialize
+# NumPy" twice (issue 13).
+TEST = ["pytest>=7", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
 
 setup(
     name="xrun",
@@ -16,9 +17,10 @@ setup(
     extras_require={
         "ssh": ["paramiko>=3"],
         "mpi": ["mpi4py>=4"],
-        "elastic": ["torch>=2.1"],
+        "elastic": ["torch>=2.1", "numpy>=1.24"],
         "status": ["rich>=13"],
         "test": TEST,
+        "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },

@@ -79,3 +79,12 @@ class EnvFileError(XrunError):
         self.line = line
         self.reason = reason
         super().__init__(f"{path}:{lineno}: {line.strip()!r}: {reason}")
+
+
+class UnknownHostError(XrunError):
+    """A host of the job whose name resolves neither here (DNS, /etc/hosts) nor through ssh's config."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(f"host {host!r}: {reason}")

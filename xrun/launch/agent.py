@@ -1,6 +1,7 @@
 """The node agent: one NodeSpec in, supervised rank processes, one exit code out.
 
-Pipeline: spec -> ranks (xrun.launch.ranks: environment, core binding) -> RankGroup (xrun.launch.supervise: own
+Pipeline: spec -> ranks (xrun.launch.ranks: environment, core binding, a per-run directory of
+``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.supervise: own
 sessions, event loop) or, with ``--elastic``, torch's agent (xrun.launch.elastic) -> NodeResult -> report
 (xrun.launch.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.ranks import rank_processes
 from xrun.launch.report import conclude
 from xrun.launch.result import NodeResult, RankOutcome
@@ -38,6 +40,8 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         quiet=options.quiet,
         log_dir=options.log_dir,
         shutdown_timeout=options.shutdown_timeout,
+        console_ranks=frozenset(options.console_ranks) if options.console_ranks is not None else None,
+        forward_signals=frozenset(options.forward_signals),
     )
 
 
@@ -56,11 +60,15 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
 
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
-    group = RankGroup(
-        rank_processes(spec, os.environ),
-        supervise_options(spec),
-        on_rank_exit=hooks.on_rank_exit if hooks else None,
-    )
-    if hooks:
-        hooks.attach(group)
-    return group.run()
+    error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
+    try:
+        group = RankGroup(
+            rank_processes(spec, os.environ, error_files),
+            supervise_options(spec),
+            on_rank_exit=hooks.on_rank_exit if hooks else None,
+        )
+        if hooks:
+            hooks.attach(group)
+        return group.run()
+    finally:
+        error_files.close()

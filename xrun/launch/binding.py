@@ -16,6 +16,8 @@ How the CPUs are split, and why:
   bound to that node; only the shares that fit in no single node span nodes (and get no ``--membind``).
 * Every rank gets the same number of CPUs (``OMP_NUM_THREADS`` is one number): first threads of its cores
   first, then as many siblings as every rank can have.
+* On a GPU node, each rank's cores come from its GPU's NUMA node (``gpu_nodes``: the PCI device's
+  ``numa_node``) when every node has a whole core per rank it hosts; else the even split above.
 * With more ranks than physical cores, cores must be shared: CPUs are then dealt first threads first,
   siblings after, so ranks land on distinct physical cores for as long as there are any.
 """
@@ -144,12 +146,18 @@ def binding_pool(allowed: frozenset[int], core_list: str | None = None) -> froze
 
 
 def plan_binding(
-    topology: Topology, n_ranks: int, allowed: frozenset[int], core_list: str | None = None
+    topology: Topology,
+    n_ranks: int,
+    allowed: frozenset[int],
+    core_list: str | None = None,
+    gpu_nodes: Sequence[int | None] | None = None,
 ) -> tuple[RankBinding, ...]:
     """Split the pool among ``n_ranks`` local ranks: equal CPU counts, whole cores, one NUMA node each if it fits.
 
     ``allowed`` is the agent's affinity mask. CPUs of the pool that ``topology`` does not describe count as
     single-thread cores of unknown NUMA node, so a /sys without topology still gives a usable (if naive) split.
+    ``gpu_nodes`` (local rank -> the NUMA node of its GPU) puts each rank on its GPU's node when every rank's
+    node is known and has a whole core for each of its ranks; otherwise the even split below.
     """
     if n_ranks < 1:
         raise BindingError(f"cannot bind {n_ranks} local ranks; need at least one")
@@ -161,6 +169,9 @@ def plan_binding(
         )
     node_of = {cpu.id: cpu.numa_node for cpu in topology.cpus}
     cores = _physical_cores(topology, pool)
+    near = _gpu_near_shares(cores, gpu_nodes) if gpu_nodes is not None and len(gpu_nodes) == n_ranks else None
+    if near is not None:
+        return tuple(_rank_binding(share, node_of) for share in near)
     cores_per_rank = len(cores) // n_ranks
     if cores_per_rank:
         shares = _whole_core_shares(cores, n_ranks, cores_per_rank)
@@ -206,6 +217,24 @@ def _whole_core_shares(cores: Sequence[_Core], n_ranks: int, size: int) -> list[
     # Local rank order follows CPU order (rank 0 on the first node), as GPUs are usually numbered that way too.
     chunks = sorted(local + spanning, key=lambda chunk: _core_order(chunk[0]))
     # Equal CPU counts: every rank has `size` first threads, and as many siblings as the poorest rank has.
+    siblings = min(sum(len(core.cpus) - 1 for core in chunk) for chunk in chunks)
+    return [_first_threads_first(chunk)[: size + siblings] for chunk in chunks]
+
+
+def _gpu_near_shares(cores: Sequence[_Core], gpu_nodes: Sequence[int | None]) -> list[list[int]] | None:
+    """Each rank's share from its GPU's NUMA node (issue 13): the same number of whole cores for every rank, as
+    many as the most crowded node allows. None when a node is unknown or has fewer cores than ranks."""
+    if any(node is None for node in gpu_nodes):
+        return None
+    on_node = {node: [c for c in cores if c.numa_node == node] for node in set(gpu_nodes)}
+    size = min(len(on_node[node]) // gpu_nodes.count(node) for node in on_node)
+    if size < 1:
+        return None
+    dealt = dict.fromkeys(on_node, 0)
+    chunks = []
+    for node in gpu_nodes:  # local rank order
+        chunks.append(on_node[node][dealt[node] * size : (dealt[node] + 1) * size])
+        dealt[node] += 1
     siblings = min(sum(len(core.cpus) - 1 for core in chunk) for chunk in chunks)
     return [_first_threads_first(chunk)[: size + siblings] for chunk in chunks]
 

@@ -14,6 +14,7 @@ Agent -> runner                                   Runner -> agent
   done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
   pong / error(message)                                     stopped_after)   pod mode: how the job ended
                                                     ping
+                                                    signal(signal)        --forward_signals: to every rank
 
 Pod mode (``xrun.runner.podrun``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
 (``xrun.runner.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
@@ -71,6 +72,7 @@ class Kind(str, enum.Enum):
     ACCEPT = "accept"  # pod mode: the hello's key and plan digest match node 0's
     WAITING = "waiting"  # pod mode: the barrier's status, for every node's console
     VERDICT = "verdict"  # pod mode: the job's exit code and root cause, once every node is over
+    SIGNAL = "signal"  # --forward_signals: pass this signal on to every rank; the job goes on
 
 
 class ChannelError(Exception):

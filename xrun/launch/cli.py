@@ -18,6 +18,7 @@ from xrun.errors import UsageError, XrunError
 from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
 from xrun.launch.spec import (
+    DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -28,6 +29,9 @@ from xrun.launch.spec import (
     PythonMode,
     Rendezvous,
     decode_world_info,
+    parse_rank_list,
+    parse_signal_list,
+    signal_list,
 )
 
 
@@ -60,6 +64,8 @@ def add_rank_command_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--no_local_rank"), action="store_true", help="do not append --local_rank=N to the script's args")
     add("--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
     add(*spellings("--no_python"), action="store_true", help="run SCRIPT directly, not through python")
+    add(*spellings("--device_per_rank"), action="store_true",
+        help="each rank sees only its own device (CUDA_VISIBLE_DEVICES=its slot, LOCAL_RANK=0, --local_rank=0)")
 
 
 def add_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +79,12 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+    add(*spellings("--console_ranks"), metavar="RANKS",
+        help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
+        "and a failing rank's stderr tail is always in the report)")
+    add(*spellings("--forward_signals"), metavar="LIST",
+        help=f"signals passed on to every rank on every node without stopping the job "
+        f"(default {signal_list(DEFAULT_FORWARD_SIGNALS)}; empty: none)")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -146,7 +158,10 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
     if ns.module and ns.no_python:
         raise UsageError("--module", "cannot be combined with --no_python (a module needs python)")
     mode = PythonMode.MODULE if ns.module else PythonMode.NONE if ns.no_python else PythonMode.SCRIPT
-    return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank)
+    if ns.device_per_rank and getattr(ns, "elastic", False):
+        raise UsageError("--device_per_rank", "does not apply with --elastic (torch's agent sets LOCAL_RANK)")
+    return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank,
+                         device_per_rank=ns.device_per_rank)
 
 
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
@@ -161,6 +176,12 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
+        console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
+        forward_signals=(
+            parse_signal_list("--forward_signals", ns.forward_signals)
+            if ns.forward_signals is not None
+            else DEFAULT_FORWARD_SIGNALS
+        ),
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from xrun.launch import rdzv
 from xrun.launch.spec import (
+    DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT,
     AgentOptions,
@@ -31,6 +32,7 @@ from xrun.launch.spec import (
     World,
     encode_world_info,
     node_ranks,
+    signal_list,
 )
 
 AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered, so output is never held back
@@ -81,6 +83,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         f"--run_id={rdzv.run_id}",
     ]
     argv += ["--no_local_rank"] if not launch.local_rank_arg else []
+    argv += ["--device_per_rank"] if launch.device_per_rank else []
     argv += ["--module"] if launch.mode is PythonMode.MODULE else []
     argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
@@ -90,6 +93,10 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
     argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
+    if options.console_ranks is not None:
+        argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]
+    if options.forward_signals != DEFAULT_FORWARD_SIGNALS:
+        argv += [f"--forward_signals={signal_list(options.forward_signals)}"]
     argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args
 

@@ -44,6 +44,7 @@ from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
+from xrun.launch.errorfile import error_lines
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import free_port
 
@@ -178,7 +179,8 @@ class ChannelHooks:
             signal=outcome.signal,
             stopped=outcome.stopped_by_xrun,
             runtime_s=round(outcome.runtime_s, 3),
-            tail=list(outcome.stderr_tail),
+            # the recorded exception last: the head shows the end of the tail
+            tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
         ))
 
     def on_result(self, result: Any) -> None:
@@ -236,6 +238,8 @@ class ChannelHooks:
                 self.send(message(Kind.PONG))
             elif kind == Kind.STOP.value:
                 self._post("stop", msg)
+            elif kind == Kind.SIGNAL.value:
+                self._post("signal", msg)
             else:
                 self._inbox.put(msg)
 
@@ -256,12 +260,20 @@ class ChannelHooks:
                 what, payload = self._events.get_nowait()
             except queue.Empty:
                 return
-            if what == "stop":
+            if what == "signal":
+                self._forward(payload)
+            elif what == "stop":
                 signum = int(payload.get("signal") or signal.SIGTERM)
                 self._group.request_stop(signum, str(payload.get("reason") or "the runner asked to stop"))
             else:
                 self._connected = False
                 self._group.request_stop(signal.SIGTERM, f"lost the control channel to the runner: {payload}")
+
+
+    def _forward(self, msg: dict[str, Any]) -> None:
+        signum = msg.get("signal")
+        if isinstance(signum, int):
+            self._group.forward_signal(signum)  # a RankGroup, or the elastic StopBridge
 
 
 def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str, Any] | None:

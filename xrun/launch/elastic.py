@@ -15,12 +15,15 @@ torch, is xrun.launch.elastic_agent) and keeps here what it adds on top:
   rendezvous) and new per-rank log files for each attempt (a restart's earlier files are kept, renamed with
   their time), keeping each stderr's tail for the report;
 * ``--join_timeout`` becomes every start-up timeout of the torch found here (``xrun.launch.rdzv``) and the
-  agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start;
+  agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start,
+  with what the rendezvous waits for (a node range waits ``last_call_timeout`` for more nodes);
 * one line per rendezvous and per restart (``_NodeRun``, the attempt bookkeeping torch's agent reports into),
   and at the end a ``NodeResult`` of the last attempt (xrun.launch.result), which the agent reports like the
-  static path's, with the real exit code of the rank that failed first (torchrun always exits 1);
+  static path's, with the real exit code of the rank that failed first (torchrun always exits 1) and the
+  exception it recorded in the ``TORCHELASTIC_ERROR_FILE`` torch's agent gave it (``ProcessFailure.error_file``);
 * stop requests from the control channel and signals become torch's own ``SignalException``, so torch stops
-  the workers against its shutdown deadline and leaves the rendezvous open for the other nodes.
+  the workers against its shutdown deadline and leaves the rendezvous open for the other nodes; the
+  ``--forward_signals`` (SIGUSR1/SIGUSR2) are passed on to the current attempt's workers instead.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
+from xrun.launch.devices import VISIBILITY, detect_devices
+from xrun.launch.errorfile import read_error_file
 from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
 from xrun.launch.ranks import bind_ranks, rank_environment
 from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
@@ -121,6 +126,7 @@ def failure_outcomes(
                 host=host, rank=rank, local_rank=local_rank, pid=int(failure.pid or pids.get(local_rank, 0)),
                 returncode=code if code >= 0 else None, signal=-code if code < 0 else None, runtime_s=runtime_s,
                 stderr_tail=tails.get(local_rank, ()), stopped_by_xrun=False,
+                error=read_error_file(getattr(failure, "error_file", None)),  # torch's agent set the path
             )  # fmt: skip
         else:
             when = float("inf")
@@ -221,6 +227,7 @@ class OutputRelay:
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
                     stream.prefix = rank_prefix(self.host, rank)
+                    stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None
 
     def tails(self) -> dict[int, tuple[str, ...]]:
@@ -316,6 +323,17 @@ class _NodeRun:
             f"(restart {restarts} of {self.options.max_restarts})",
         )
 
+    def forward_signal(self, signum: int) -> None:
+        """``--forward_signals``: to every worker of this attempt (its main process), the job goes on."""
+        count = 0
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, signum)
+                count += 1
+            except ProcessLookupError:
+                pass
+        notice(self.spec.host, f"forwarded {signal.Signals(signum).name} to {count} rank{'s' if count != 1 else ''}")
+
     def outcomes(self, *, stopped_all: bool, stop_signal: int = signal.SIGTERM) -> list[tuple[float, RankOutcome]]:
         return failure_outcomes(self.spec.host, self.ranks, self.pids, self.failures, self.relay.tails(),
                                 time.monotonic() - self.started, stopped_all=stopped_all, stop_signal=stop_signal,
@@ -335,13 +353,13 @@ class _NodeRun:
 
 def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None:
     """``WORKDIR/rank<L>.sh`` for every local rank L: the binding and the environment of the static path."""
-    envs = [rank_environment(os.environ, spec, r) for r in spec.ranks]
+    envs = [rank_environment(os.environ, spec, r, detect_devices()) for r in spec.ranks]
     bound = bind_ranks(spec, envs[0] if envs else os.environ)
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")
     if any(b.cpus is not None for b in bound) and taskset is None:
         notice(spec.host, "taskset not found: ranks run unbound (apt-get install numactl or util-linux)")
-    for local_rank, (rank, b) in enumerate(zip(spec.ranks, bound)):
-        env = {k: rank.env[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in rank.env}
+    for local_rank, (merged, b) in enumerate(zip(envs, bound)):
+        env = {k: merged[k] for k in VISIBILITY.values() if k in merged}  # the contract's, or the user's -1
         env.update(b.extra_env)
         text = rank_script(b.argv, env, stdout=relay.fifo(local_rank, 1), stderr=relay.fifo(local_rank, 2),
                            cpus=b.cpus, taskset=taskset, setpriv=setpriv)
@@ -397,10 +415,13 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
         spec.host, grace=spec.options.shutdown_timeout, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
     )
     notice(spec.host, start_line(spec.elastic, spec, t["version"], elastic_agent.exit_barrier(t, spec.elastic)))
+    notice(spec.host, waiting_line(spec.elastic, spec.node_rank))
     handler = None
     stopped = False
     try:
-        with owned_signals(SHUTDOWN_SIGNALS, elastic_agent.raise_signal(t["SignalException"])) as owned:
+        forwarded = sorted(spec.options.forward_signals)
+        handler = elastic_agent.raise_signal(t["SignalException"], node.forward_signal)
+        with owned_signals((*SHUTDOWN_SIGNALS, *forwarded), handler) as owned:
             try:
                 bridge.watch_signals(owned)
                 if hooks is not None:  # before the rendezvous handler: c10d connects to its store right away
@@ -431,6 +452,17 @@ def _agent_result(t: Mapping[str, Any], agent: Any, node: _NodeRun, bridge: elas
         return node_result(host, (), None, None)
     node.failures = dict(run_result.failures)
     return attempt_result(host, node.outcomes(stopped_all=False), None)
+
+
+def waiting_line(options: ElasticOptions, node_rank: int) -> str:
+    """What the rendezvous waits for before the first rank starts (it is silent meanwhile: issue 13)."""
+    if options.min_nodes == options.max_nodes:
+        return f"rendezvous: waiting for all {options.max_nodes} node(s) to join"
+    last_call = rdzv.effective_timeouts(options, node_rank).get("last_call_timeout", "?")
+    return (
+        f"rendezvous: waiting for {options.min_nodes} to {options.max_nodes} nodes; once {options.min_nodes} "
+        f"joined it waits {last_call} s more (last_call_timeout) for the others, then starts"
+    )
 
 
 def _close_rendezvous(handler: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch import rdzv
 from xrun.launch.output import notice
-from xrun.launch.signals import OwnedSignals
+from xrun.launch.signals import SHUTDOWN_SIGNALS, OwnedSignals
 from xrun.launch.spec import ElasticOptions, NodeSpec
 
 ROLE = "default"  # ROLE_NAME, as in xrun's static contract
@@ -159,10 +159,14 @@ def agent_class(t: Mapping[str, Any], node: Any) -> type:
     return XrunElasticAgent
 
 
-def raise_signal(exc_type: type) -> Callable[[int, Any], None]:
-    """A handler that raises torch's ``SignalException``, as torchrun's does: torch then stops the workers."""
+def raise_signal(exc_type: type, forward: Callable[[int], object] | None = None) -> Callable[[int, Any], None]:
+    """A handler that raises torch's ``SignalException``, as torchrun's does: torch then stops the workers.
+    ``forward`` takes the ``--forward_signals`` instead (passed on to the workers; torch's loop goes on)."""
 
     def handler(signum: int, _frame: Any) -> None:
+        if forward is not None and signum not in SHUTDOWN_SIGNALS:
+            forward(signum)
+            return
         raise exc_type(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
     return handler
@@ -199,13 +203,17 @@ class StopBridge:
         # SIGKILL cannot be caught: ask for the graceful stop, the shutdown deadline does the rest.
         os.kill(os.getpid(), signal.SIGTERM if signum == signal.SIGKILL else signum)
 
+    def forward_signal(self, signum: int) -> None:
+        """The control channel's ``signal``: raised in this process, whose handler passes it to the workers."""
+        os.kill(os.getpid(), signum)
+
     def watch_signals(self, owned: OwnedSignals) -> None:
         """Our end of the wake-up pipe: a signal arms the fallback even while Python handlers cannot run."""
 
         def woken() -> None:
-            data = owned.drain()
-            if data:
-                self._arm(data[-1])
+            stops = [s for s in owned.drain() if s in SHUTDOWN_SIGNALS]  # a forwarded SIGUSR1 stops nothing
+            if stops:
+                self._arm(stops[-1])
 
         self.add_reader(owned.wake_fd, woken)
 

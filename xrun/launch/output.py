@@ -1,11 +1,13 @@
 """Rank output on a node: where a rank's lines get their ``[host:rank] `` prefix and reach the console and logs.
 
 * ``RankStream``: one of a rank's output pipes (or FIFOs): its fd, the console fd it is echoed to (1 or 2),
-  its prefix, the unfinished last line, its raw log file and, for stderr, the tail the failure report shows.
+  its prefix, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
+  stderr, the tail the failure report shows.
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
   has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (or raw with ``--no_prefix``,
   or not at all with ``--quiet``). A console whose reader went away (``| head``) stops echoing, never logging.
-* ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines.
+* ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
+  ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
@@ -39,11 +41,27 @@ def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, by
     than a Python loop per line: this is the hot path of a rank that prints a lot.
     """
     data = pending + chunk if pending else chunk
+    if b"\r" in data:  # a memchr: chunks without a progress bar stay on the one-replace path below
+        return _prefix_cr_lines(prefix, data)
     end = data.rfind(b"\n") + 1
     if end == 0:
         return b"", data
     body = data[: end - 1].replace(b"\n", b"\n" + prefix)
     return b"".join((prefix, body, b"\n")), data[end:]
+
+
+def _prefix_cr_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """``prefix_lines`` where ``\r`` also ends a line: a progress bar (tqdm) stays live on the console, every
+    update prefixed (issue 13). ``\r\n`` is one boundary, and a final ``\r`` waits for the next byte in case it
+    is the first half of one."""
+    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
+    end = max(data.rfind(b"\n", 0, stop), data.rfind(b"\r", 0, stop)) + 1
+    if end == 0:
+        return b"", data
+    body = data[:end].replace(b"\n", b"\n" + prefix).replace(b"\r", b"\r" + prefix)
+    if b"\r\n" in data:
+        body = body.replace(b"\r" + prefix + b"\n", b"\r\n")
+    return prefix + body[: -len(prefix)] if prefix else body, data[end:]
 
 
 def rank_prefix(host: str, rank: int) -> bytes:
@@ -54,7 +72,7 @@ def rank_prefix(host: str, rank: int) -> bytes:
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "prefix", "pending", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "prefix", "pending", "log", "tail", "total", "_file")
 
     def __init__(
         self,
@@ -68,6 +86,7 @@ class RankStream:
     ) -> None:
         self.fd: int | None = fd
         self.console = console  # 1 or 2
+        self.echo = True  # False: a rank --console_ranks leaves out (still logged, its tail still kept)
         self.prefix = prefix
         self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
@@ -145,7 +164,7 @@ class Console:
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
-        if self._quiet or not self._ok[stream.console]:
+        if self._quiet or not stream.echo or not self._ok[stream.console]:
             return
         if not self._prefix:
             self.emit(stream.console, chunk)

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
+from xrun.launch.errorfile import read_error_file
 from xrun.launch.output import Console, RankStream
 from xrun.launch.posix import write_all
 from xrun.launch.proctable import ProcInfo
@@ -77,6 +78,7 @@ class RankState:
             runtime_s=runtime_s,
             stderr_tail=tail,
             stopped_by_xrun=stopped,
+            error=read_error_file(self.spec.error_file) if self.returncode != 0 else None,
         )
 
 

@@ -1,8 +1,11 @@
 """A node's result as a failure report: a few lines for a human on stderr, the same data as JSON for tools.
 
 The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
-consequences, so the line to read at 3 a.m. is the first one. ``conclude`` is the end of every node agent run,
-static or elastic: the report and ``{log_dir}/{host}/failure.json`` when something went wrong, then the exit code.
+consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
+``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
+failure with a known fix (xrun.launch.hints) ends the report with it.
+``conclude`` is the end of every node agent run, static or elastic: the report and
+``{log_dir}/{host}/failure.json`` when something went wrong, then the exit code.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 import tempfile
 from typing import Any
 
+from xrun.launch.errorfile import error_lines
+from xrun.launch.hints import failure_hint
 from xrun.launch.posix import signal_name
 from xrun.launch.result import NodeResult, RankOutcome, describe_status
 
@@ -42,7 +47,12 @@ def format_failure_report(result: NodeResult) -> str:
     if ok:
         lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
     if root is not None:
+        if root.error is not None:
+            lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
         lines.extend(_tail_lines(root))
+    hint = next((h for o in ordered if o.failed for h in (failure_hint(o.stderr_tail),) if h), None)
+    if hint:
+        lines.append(f"xrun: node {result.host}: {hint}")
     return "\n".join(lines)
 
 
@@ -137,4 +147,5 @@ def _outcome_json(outcome: RankOutcome, is_root: bool) -> dict[str, Any]:
         "runtime_s": round(outcome.runtime_s, 6),
         "leftovers": list(outcome.leftovers),
         "stderr_tail": list(outcome.stderr_tail),
+        "error": outcome.error.to_json() if outcome.error is not None else None,
     }

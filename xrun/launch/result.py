@@ -1,6 +1,7 @@
 """A node's result as data, the one rule for its exit code, and the words for a rank's end.
 
-``RankOutcome`` is how one rank ended (exit code or signal, runtime, stderr tail, whether xrun stopped it);
+``RankOutcome`` is how one rank ended (exit code or signal, runtime, stderr tail, the exception it recorded
+with torch's ``@record`` (xrun.launch.errorfile), whether xrun stopped it);
 ``NodeResult`` is the node's ranks in rank order with the root cause, the first rank that failed on its own.
 The static supervisor (xrun.launch.supervise) and the elastic adapter (xrun.launch.elastic) both build their
 result with ``node_result``, so a node's exit code is decided here and nowhere else. ``describe`` (a verb
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.launch.errorfile import RankError
 from xrun.launch.posix import signal_name
 
 
@@ -28,6 +30,7 @@ class RankOutcome:
     stderr_tail: tuple[str, ...]
     stopped_by_xrun: bool  # xrun signalled it (or never started it): a consequence, not the root cause
     leftovers: tuple[int, ...] = ()  # pids of its session that outlived it and had to be stopped
+    error: RankError | None = None  # the exception it recorded in TORCHELASTIC_ERROR_FILE (torch's @record)
 
     @property
     def failed(self) -> bool:

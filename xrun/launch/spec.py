@@ -10,6 +10,7 @@ import base64
 import binascii
 import enum
 import json
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
 DEFAULT_JOIN_TIMEOUT = 1800.0
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
+DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# Signals that cannot be forwarded: uncatchable, xrun's own (a stop of the whole job), or the reaper's.
+_NOT_FORWARDED = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                            signal.SIGCHLD})  # fmt: skip
 
 World = Mapping[str, tuple[int, ...]]
 
@@ -83,6 +89,7 @@ class LaunchOptions:
     python: str = sys.executable
     mode: PythonMode = PythonMode.SCRIPT
     local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
+    device_per_rank: bool = False  # --device_per_rank: each rank sees only its own device, as its local rank 0
 
     def __post_init__(self) -> None:
         mode: object = self.mode  # a plain string when the options come from JSON (the node spec)
@@ -100,6 +107,13 @@ class AgentOptions:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     bind_cores: bool = False
     bind_core_list: str | None = None
+    console_ranks: tuple[int, ...] | None = None  # --console_ranks: the global ranks echoed (None: all)
+    forward_signals: tuple[int, ...] = DEFAULT_FORWARD_SIGNALS  # passed on to every rank, the job goes on
+
+    def __post_init__(self) -> None:
+        if self.console_ranks is not None:  # a JSON list when the options come from the node spec
+            object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
+        object.__setattr__(self, "forward_signals", tuple(signal.Signals(s) for s in self.forward_signals))
 
 
 @dataclass(frozen=True)
@@ -211,7 +225,53 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         "shutdown_timeout": options.shutdown_timeout,
         "bind_cores": options.bind_cores,
         "bind_core_list": options.bind_core_list,
-    }
+    } | ({"console_ranks": list(options.console_ranks)} if options.console_ranks is not None else {}) | (
+        {"forward_signals": [int(s) for s in options.forward_signals]}
+        if options.forward_signals != DEFAULT_FORWARD_SIGNALS
+        else {}
+    )
+
+
+def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:
+    """``USR1,SIGUSR2`` -> the signal numbers (empty text: none); uncatchable or job-stopping ones are refused."""
+    found: list[int] = []
+    for part in filter(None, (p.strip().upper() for p in text.split(","))):
+        name = part if part.startswith("SIG") else f"SIG{part}"
+        try:
+            signum = signal.Signals[name]
+        except KeyError:
+            raise UsageError(flag, f"{text!r}: {part!r} is not a signal name; e.g. USR1,USR2 (empty: none)") from None
+        if signum in _NOT_FORWARDED:
+            raise UsageError(flag, f"{text!r}: {name} cannot be forwarded (it is uncatchable, or xrun's own)")
+        if signum not in found:
+            found.append(signum)
+    return tuple(found)
+
+
+def signal_list(signals: tuple[int, ...]) -> str:
+    """The ``--forward_signals`` spelling of ``signals``: ``USR1,USR2``."""
+    return ",".join(signal.Signals(s).name.removeprefix("SIG") for s in signals)
+
+
+def parse_rank_list(flag: str, text: str) -> tuple[int, ...]:
+    """``0,2-3`` -> ``(0, 2, 3)``: global ranks and low-high ranges, sorted; anything else is a UsageError."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise UsageError(flag, f"{text!r}: {part!r} is not a rank or a low-high range; e.g. 0 or 0,2-3")
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise UsageError(flag, f"{text!r}: range {part} runs backwards (write {last}-{first})")
+        ranks.update(range(first, last + 1))
+    return tuple(sorted(ranks))
+
+
+def check_rank_list(flag: str, ranks: tuple[int, ...] | None, world_size: int) -> None:
+    """Every rank of ``ranks`` exists in a world of ``world_size`` ranks."""
+    outside = [r for r in ranks or () if r >= world_size]
+    if outside:
+        raise UsageError(flag, f"rank {outside[0]} does not exist: the job has ranks 0-{world_size - 1}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,13 +341,12 @@ def node_ranks(
     if not 0 <= node_rank < len(hosts):
         raise UsageError("--node_rank", f"{node_rank} is outside 0..{len(hosts) - 1} for a {len(hosts)}-node world")
     slots = world[hosts[node_rank]]
-    return tuple(
-        RankSpec(
-            rank=int(env["RANK"]),
-            local_rank=local_rank,
-            env=env,
-            argv=rank_argv(launch, local_rank, script, args),
-        )
-        for local_rank in range(len(slots))
-        for env in (rank_env(world, node_rank, local_rank, rdzv),)
-    )
+    ranks = []
+    for local_rank in range(len(slots)):
+        env = rank_env(world, node_rank, local_rank, rdzv)
+        seen = local_rank  # the local rank the program is told
+        if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
+            env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
+            seen = 0
+        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, args)))
+    return tuple(ranks)

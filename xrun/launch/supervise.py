@@ -3,7 +3,8 @@
 ``RankGroup`` is the start and the stop policy. One single-threaded event loop (``selectors``) watches:
   * a pidfd per rank (xrun.launch.reaper) -> the rank's exit, seen at once;
   * one pipe per rank stdout/stderr -> xrun.launch.output prefixes the lines for fd 1 / fd 2 and logs them;
-  * the wake-up pipe of xrun.launch.signals -> SIGINT/SIGTERM/SIGHUP (stop) and SIGCHLD (reap);
+  * the wake-up pipe of xrun.launch.signals -> SIGINT/SIGTERM/SIGHUP (stop), SIGCHLD (reap) and the
+    ``--forward_signals`` (SIGUSR1/SIGUSR2: passed on to every rank's main process, the job goes on);
   * readers the caller adds (the control channel).
 
 The first rank that fails on its own stops the rest: its siblings' process groups get SIGTERM, everything is
@@ -50,6 +51,8 @@ class SuperviseOptions:
     quiet: bool = False  # no console echo (logs only)
     log_dir: str | None = None  # {log_dir}/{host}/rank{N}/stdout.log and stderr.log, raw
     shutdown_timeout: float = 30.0  # one shared deadline between SIGTERM and SIGKILL
+    console_ranks: frozenset[int] | None = None  # --console_ranks: the ranks echoed (None: all); all are logged
+    forward_signals: frozenset[int] = frozenset()  # --forward_signals: passed on to every rank, nothing stops
 
 
 class RankGroup:
@@ -107,6 +110,20 @@ class RankGroup:
             self._interrupted_by = signum
         self._teardown.begin(signum, reason or f"stop requested ({signal_name(signum)})")
 
+    def forward_signal(self, signum: int) -> int:
+        """Send ``signum`` to every running rank's main process (not its group: a DataLoader worker would die of
+        SIGUSR1's default action); the job goes on. Returns how many ranks got it."""
+        count = 0
+        for rank in self._ranks:
+            if rank.running:  # not yet reaped: the pid is still this rank's
+                try:
+                    os.kill(rank.pid, signum)
+                    count += 1
+                except ProcessLookupError:
+                    pass
+        notice(self._options.host, f"forwarded {signal_name(signum)} to {count} rank{'s' if count != 1 else ''}")
+        return count
+
     def run(self) -> NodeResult:
         """Start every rank and supervise until each one and its session are gone."""
         if self._ran:
@@ -123,7 +140,8 @@ class RankGroup:
             # Forked before the signal handlers and the rank pipes exist: it must hold neither.
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
             self._reaper.attach(self._sel, self._watchdog, pidfd=self._have_pidfd)
-            with owned_signals((*SHUTDOWN_SIGNALS, signal.SIGCHLD), self._on_signal) as owned:
+            owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals))
+            with owned_signals(owned_set, self._on_signal) as owned:
                 try:
                     result = self._supervise(owned)
                     clean = True
@@ -191,6 +209,7 @@ class RankGroup:
             os.set_blocking(fd, False)
             log = logs[console - 1] if logs else None
             stream = RankStream(fd, console, prefix, log=log, keep_tail=console == 2, file=pipe)
+            stream.echo = self._options.console_ranks is None or rank.spec.rank in self._options.console_ranks
             rank.streams.append(stream)
             self._sel.register(fd, selectors.EVENT_READ, functools.partial(self._console.read, stream))
 
@@ -226,6 +245,9 @@ class RankGroup:
         if signum == signal.SIGCHLD:
             self._collect_exits()
             self._reaper.reap_orphans()
+            return
+        if signum in self._options.forward_signals:
+            self.forward_signal(signum)
             return
         if signum == signal.SIGINT:
             self._sigints += 1

@@ -1,4 +1,7 @@
-"""``xrun check -H HOSTFILE [filters]``: preflight every host in parallel before a long job.
+"""``xrun check [-H HOSTFILE] [filters]``: preflight every host in parallel before a long job.
+
+Without a hostfile it checks this machine (its local slots, as ``xrun`` without ``-H`` would use them), by
+running the probe directly: no ssh (issue 13).
 
 For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
 version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from xrun.argsplit import spellings
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hostfile import read_hostfile
+from xrun.runner.local import local_pool
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.runner.selection import Selection, select
 from xrun.shell import render
@@ -82,7 +87,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="xrun check", description="Preflight: reach every host and compare what it has.")
     add = parser.add_argument
-    add("-H", "--hostfile", metavar="PATH", required=True, help="hostfile with lines 'HOST slots=N'")
+    add("-H", "--hostfile", metavar="PATH",
+        help="hostfile with lines 'HOST slots=N' (default: this machine, checked without ssh)")
     add("-i", "--include", metavar="SPEC", help="keep only these hosts/slots")
     add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots")
     add(*spellings("--num_nodes"), type=int, metavar="N", help="use the first N hosts")
@@ -107,6 +113,17 @@ def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[
     except ImportError:
         return _probe_openssh(commands, settings)
     return _probe_paramiko(commands, settings)
+
+
+def probe_here(host: str, ns: argparse.Namespace) -> Probes:
+    """This machine: the probe as a child process, no ssh."""
+    try:
+        done = subprocess.run([ns.python, "-c", PROBE, str(ns.master_port)], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {host: (True, "", f"cannot run {ns.python}: {err}")}
+    last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+    return {host: (True, done.stdout, last)}
 
 
 def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
@@ -207,10 +224,10 @@ def format_table(reports: list[HostReport], master_port: int) -> str:
 def main(argv: Sequence[str]) -> int:
     try:
         ns = build_parser().parse_args(list(argv))
-        pool = read_hostfile(ns.hostfile).pool()
-        world = dict(select(pool, Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes,
-                                             num_gpus=ns.num_gpus)))
-        probes = run_probes(list(world), ns)
+        selection = Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus)
+        pool = read_hostfile(ns.hostfile).pool() if ns.hostfile else local_pool(os.environ, selection).pool
+        world = dict(select(pool, selection))
+        probes = run_probes(list(world), ns) if ns.hostfile else probe_here(next(iter(world)), ns)
     except XrunError as err:
         print(f"xrun check: {err}", file=sys.stderr)
         return err.exit_code

@@ -25,7 +25,15 @@ from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
-from xrun.runner.plan import JobRequest, Plan, is_local_world, make_plan, with_exports, with_free_port
+from xrun.runner.plan import (
+    JobRequest,
+    Plan,
+    is_local_world,
+    make_plan,
+    with_exports,
+    with_free_port,
+    with_local_exports,
+)
 from xrun.runner.pod import place_job
 from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
@@ -148,7 +156,7 @@ def plan_job(request: JobRequest) -> Plan:
     traits = backend_traits(backend)
     if request.remote.launcher_args and not traits.engine:
         raise UsageError("--launcher_args", f"applies to {', '.join(engine_backends())}, not to {backend!r}")
-    request = with_free_port(request) if traits.local else with_exports(request)
+    request = with_local_exports(with_free_port(request)) if traits.local else with_exports(request)
     return make_plan(request, world, backend)
 
 

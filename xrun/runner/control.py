@@ -10,7 +10,9 @@ machine's; the wire format lives in ``xrun.launch.channel``, the status display 
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP on the main thread; ``own_signals=False`` lets the loop run on another thread.
+and SIGHUP (a stop: the machine's event) and the ``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message
+to every connected agent, which passes it on to its ranks; the job goes on) on the main thread;
+``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.podserver``) overrides two seams: ``_make_job`` (its hello policy, the
 verdict sent to every node) and ``_hello_event`` (the key and digest go to the machine's policy instead of
@@ -31,6 +33,7 @@ from typing import Any, Callable, Protocol
 
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
+from xrun.launch.posix import signal_name
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.runner.job import Job, JobConfig
 from xrun.runner.jobevents import (
@@ -101,6 +104,7 @@ class ControlServer:
         self.serials = itertools.count()
         self.status = status if status is not None else make_status(len(plan.nodes))
         self.signals: list[int] = []
+        self.forwarded = frozenset(plan.request.options.forward_signals)  # passed on, not a stop
         self.strays = 0
         self.events: deque[Event] = deque()
         self.feeding = False
@@ -161,7 +165,7 @@ class ControlServer:
                     for key, _ in self.sel.select(self._timeout()):
                         key.data()
                     while self.signals:
-                        self._feed(SignalReceived(self.signals.pop(0)))
+                        self._on_signal_received(self.signals.pop(0))
                     self._tick()
         finally:
             self.status.close()
@@ -206,7 +210,7 @@ class ControlServer:
         if not own:
             yield
             return
-        with owned_signals(SHUTDOWN_SIGNALS, self._on_signal) as owned:
+        with owned_signals((*SHUTDOWN_SIGNALS, *sorted(self.forwarded)), self._on_signal) as owned:
 
             def drain() -> None:
                 owned.drain()  # the wake-up only ends select(); _on_signal has recorded the signal
@@ -219,6 +223,14 @@ class ControlServer:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signals.append(signum)  # acted on by the loop
+
+    def _on_signal_received(self, signum: int) -> None:
+        if signum not in self.forwarded:
+            self._feed(SignalReceived(signum))
+            return
+        nodes = sorted(self.node_conns)
+        say(f"forwarding {signal_name(signum)} to the ranks of {len(nodes)} node(s)")
+        self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
         deadlines = [self.job.next_deadline()]

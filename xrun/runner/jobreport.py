@@ -1,12 +1,13 @@
 """The runner's last words: the job's verdict as the lines printed on stderr when the run ends.
 
 ``job failed: <root cause> (exit code N); every node stopped X s later`` and the failing rank's last output
-lines, or ``stopped by SIGINT (exit code 130)``; before either, how many connections were turned away for not
-presenting the run's token. A job that succeeded says nothing.
+lines (and the fix, when xrun.launch.hints knows one), or ``stopped by SIGINT (exit code 130)``; before either,
+how many connections were turned away for not presenting the run's token. A job that succeeded says nothing.
 """
 
 from __future__ import annotations
 
+from xrun.launch.hints import failure_hint
 from xrun.launch.posix import signal_name
 from xrun.runner.jobevents import Verdict
 
@@ -24,4 +25,7 @@ def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
         stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
         lines.append(f"job failed: {failure.reason} (exit code {code}){stopped}")
         lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
+        hint = failure_hint(failure.tail)
+        if hint:
+            lines.append(hint)
     return lines

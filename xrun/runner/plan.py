@@ -22,6 +22,7 @@ from xrun.launch.spec import (
     NodeSpec,
     Rendezvous,
     World,
+    check_rank_list,
     encode_world_info,
     node_ranks,
 )
@@ -116,6 +117,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
         elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
     elastic = resolve_elastic(elastic, world, rdzv)
+    if elastic is None:  # an elastic world's size is only known at each rendezvous
+        check_rank_list("--console_ranks", request.options.console_ranks, sum(len(s) for s in world.values()))
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     nodes = tuple(
@@ -124,7 +127,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
             options=request.options,
-            env={} if traits.local else dict(request.env),
+            env=dict(request.env),  # a local run: only its --export (with_local_exports)
             cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
@@ -141,6 +144,13 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
 def with_free_port(request: JobRequest) -> JobRequest:
     """``--master_port 0`` on a local run: a port free on loopback now (remote runs agree on one at the barrier)."""
     return replace(request, master_port=free_port(LOCAL_ADDR)) if request.master_port == 0 else request
+
+
+def with_local_exports(request: JobRequest) -> JobRequest:
+    """A local run's ``--export``: checked like a remote run's, and set for the ranks (the rest of the environment
+    is theirs already)."""
+    exports = dict(envpass.parse_export(spec, os.environ) for spec in request.remote.exports)
+    return replace(request, env=exports) if exports else request
 
 
 def with_exports(request: JobRequest) -> JobRequest:

@@ -13,7 +13,7 @@ import socket
 import subprocess
 from collections.abc import Sequence
 
-from xrun.errors import UsageError
+from xrun.errors import UnknownHostError, UsageError
 from xrun.net import route_source
 from xrun.runner.remote_options import RemoteOptions, SshSettings, openssh_args
 
@@ -39,9 +39,9 @@ def peer_address(host: str, ssh: SshSettings) -> str:
     address = _first_address(host)
     if address is None:
         address = _first_address(_ssh_hostname(host, ssh) or "")
-    if address is None:
-        raise UsageError("--control_addr", f"cannot resolve {host!r} to choose the address nodes connect back to; "
-                         "pass --control_addr ADDR")
+    if address is None:  # the user's host name is the problem, not a flag they never passed (issue 13)
+        raise UnknownHostError(host, "does not resolve (DNS, /etc/hosts, ssh's HostName); check its name in the "
+                               "hostfile, or pass --control_addr ADDR if ssh reaches it through a proxy")
     return address
 
 

@@ -6,18 +6,24 @@ import os
 
 from xrun.launch.binding import format_cpus
 from xrun.launch.command import agent_argv
-from xrun.launch.ranks import plan_bindings
+from xrun.launch.ranks import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
 
 def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
-    """Each rank's CPU set under --bind_cores_to_rank, computed exactly as the agent will (reads /sys only)."""
+    """Each rank's CPU set under --bind_cores_to_rank, computed exactly as the agent will (reads /sys only);
+    on a GPU node, the NUMA node of the rank's GPU that the set was taken from."""
     bindings = plan_bindings(node, os.environ)
     if bindings is None:
         return {}
-    return {rank.rank: format_cpus(b.cpus) for rank, b in zip(node.ranks, bindings)}
+    near = gpu_nodes(node, os.environ) or (None,) * len(bindings)
+    return {
+        rank.rank: format_cpus(b.cpus) + (f", near its GPU on NUMA node {gpu}" if gpu == b.numa_node is not None
+                                          else "")
+        for rank, b, gpu in zip(node.ranks, bindings, near)
+    }
 
 
 class LocalBackend:

@@ -1,0 +1,33 @@
+"""A tiny Lightning job: Trainer(devices=2, strategy="ddp") must join xrun's ranks, not spawn its own."""
+
+import json
+import os
+
+import lightning as L
+import torch
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+        self.wrapped = None  # seen during fit: Lightning unwraps the model again when fit ends
+
+    def training_step(self, batch, _):
+        if self.wrapped is None:
+            self.wrapped = isinstance(self.trainer.strategy.model, torch.nn.parallel.DistributedDataParallel)
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=4)
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    default_root_dir=os.environ["CLIENT_OUT"])
+module = Tiny()
+trainer.fit(module, data)
+print(json.dumps({"rank": trainer.global_rank, "world": trainer.world_size, "pid": os.getpid(),
+                  "ddp": module.wrapped,
+                  "env": type(trainer.strategy.cluster_environment).__name__}), flush=True)

@@ -1,0 +1,45 @@
+"""The ``clients`` tier (issue 13): third-party training stacks under xrun, 2 CPU ranks over gloo, unchanged.
+
+CI installs them (``pip install -e '.[clients]'`` in .ci/run); elsewhere each test skips with what to install.
+Each job reports its world size, whether the model is DDP-wrapped and its pid: two ranks, two pids, no
+process of its own spawned (Lightning must join xrun's ranks through torchelastic's variables).
+"""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import ROOT, run_xrun
+
+pytestmark = [pytest.mark.clients, pytest.mark.slow]
+JOBS = os.path.join(ROOT, "tests", "clients")
+
+
+def run_client(job, tmp_path, *flags):
+    env = {"CLIENT_OUT": str(tmp_path), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    result = run_xrun("--num_gpus", "2", "--master_port", "0", *flags, os.path.join(JOBS, job), env=env,
+                      timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    reports = [json.loads(line.split("] ", 1)[1]) for line in result.stdout.splitlines() if '] {"rank"' in line]
+    assert sorted(r["rank"] for r in reports) == [0, 1], result.stdout  # one report per xrun rank, no more
+    assert len({r["pid"] for r in reports}) == 2
+    assert all(r["world"] == 2 and r["ddp"] for r in reports)
+    return reports
+
+
+def test_accelerate(tmp_path):
+    pytest.importorskip("accelerate", reason="pip install -e '.[clients]'")
+    reports = run_client("accelerate_job.py", tmp_path)
+    assert reports[0]["checksum"] == reports[1]["checksum"]  # DDP kept the replicas identical
+
+
+def test_transformers_trainer(tmp_path):
+    pytest.importorskip("transformers", reason="pip install -e '.[clients]'")
+    run_client("transformers_job.py", tmp_path)
+
+
+def test_lightning_joins_xruns_ranks(tmp_path):
+    pytest.importorskip("lightning", reason="pip install -e '.[clients]'")
+    reports = run_client("lightning_job.py", tmp_path)
+    assert {r["env"] for r in reports} == {"TorchElasticEnvironment"}
