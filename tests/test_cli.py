@@ -60,7 +60,17 @@ def test_weird_args_round_trip_through_dry_run(weird_args):
 
 def test_double_dash_separates_script():
     data = dry_json("--no_local_rank", "--", "--weird-script-name", "x")
-    assert data["nodes"][0]["ranks"][0]["argv"][2:] == ["--weird-script-name", "x"]
+    # python's own "--" makes it run the dash-named file as a script (issue 13 item 9: it used to be an option).
+    assert data["nodes"][0]["ranks"][0]["argv"][2:] == ["--", "--weird-script-name", "x"]
+
+
+def test_a_script_named_like_an_option_runs(tmp_path):
+    (tmp_path / "-weird.py").write_text("import sys; print('ran', sys.argv[1:])\n")
+    result = subprocess.run([sys.executable, "-m", "xrun", "--no_local_rank", "--", "-weird.py", "--lr", "3"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.stderr
+    assert "ran ['--lr', '3']" in result.stdout
 
 
 @pytest.mark.parametrize(

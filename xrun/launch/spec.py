@@ -292,7 +292,8 @@ def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[s
     elif launch.mode is PythonMode.MODULE:
         head = (launch.python, "-u", "-m", script)
     else:
-        head = (launch.python, "-u", script)
+        # A script named like an option (``xrun -- -weird.py``) needs python's own ``--`` to be run as a script.
+        head = (launch.python, "-u", "--", script) if script.startswith("-") else (launch.python, "-u", script)
     local = (f"--local_rank={local_rank}",) if launch.local_rank_arg else ()
     return head + local + tuple(args)
 
