@@ -46,6 +46,7 @@ from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import free_port
+from xrun.values import MAX_HOSTS, int_arg, one_line
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
 SPEC_TIMEOUT = 30.0
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m xrun.launch --connect", add_help=True)
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
     rank = parser.add_mutually_exclusive_group(required=True)
-    rank.add_argument("--node_rank", "--node-rank", type=int, help="this node's index")
+    rank.add_argument("--node_rank", "--node-rank", type=int_arg(high=MAX_HOSTS), help="this node's index")
     rank.add_argument("--node_rank_from", "--node-rank-from", metavar="VAR[,VAR...]",
                       help="read this node's index from the first of these variables that is set (MPI, Slurm)")
     parser.add_argument("--token", default=TOKEN_ON_STDIN,
@@ -320,10 +321,10 @@ def main(argv: Sequence[str]) -> int:
             drop_engine_identity(os.environ)
         return run_connected(host, port, node_rank, read_token(ns.token))
     except XrunError as err:
-        print(f"xrun.launch: {err}", file=sys.stderr)
+        print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     except ChannelError as err:
-        print(f"xrun.launch[{socket.gethostname()}]: {err.reason}", file=sys.stderr)
+        print(f"xrun.launch[{socket.gethostname()}]: {one_line(err.reason)}", file=sys.stderr)
         return EXIT_NO_RUNNER
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
