@@ -44,6 +44,7 @@ from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
+from xrun.launch.preflight import check_spec
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import free_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
@@ -292,6 +293,7 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
         spec = NodeSpec.from_json(first["spec"])
         if spec.cwd:
             os.chdir(spec.cwd)
+        check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
         channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
         raise

@@ -31,6 +31,7 @@ from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
+from xrun.runner.validate import validate
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg, tolerant_streams
 
 DRY_RUN_FORMATS = ("text", "json")
@@ -166,8 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_job(request)
         backend = get_backend(plan.backend)
         if dry_run is not None:
-            print_plan(plan, backend.render(plan), dry_run)
+            invocation = backend.render(plan)
+            validate(plan)
+            print_plan(plan, invocation, dry_run)
             return 0
+        validate(plan)
         return backend.execute(plan)
     except XrunError as err:
         print(f"xrun: {one_line(str(err))}", file=sys.stderr)

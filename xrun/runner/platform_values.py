@@ -11,10 +11,12 @@ import re
 
 from xrun.errors import XrunError
 from xrun.values import MAX_HOSTS as MAX_NODES
-from xrun.values import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE  # noqa: F401 (re-exported)
+from xrun.values import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE
 from xrun.values import host_name_problem
 
 # Bounds on what a platform may describe are xrun's own limits (xrun.values), under the platform's names.
+__all__ = ["MAX_NODES", "MAX_SLOTS_PER_NODE", "PlatformError", "host_name_problem", "parse_address", "parse_count",
+           "parse_host_list", "parse_port"]
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
 # A rendezvous address may also be an IPv6 literal (with a %zone); it must not look like an option.
