@@ -22,7 +22,7 @@ from typing import Callable
 # Far above any real job, far below what would take minutes or gigabytes to plan (README: "Limits").
 MAX_HOSTS = 65536
 MAX_SLOTS_PER_HOST = 1024
-MAX_RANKS = 1 << 20
+MAX_RANKS = 1 << 17  # 131072: every rank's env is planned (and shown by --dry-run) on the head node
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
 MAX_SHUTDOWN_TIMEOUT = 3600.0  # the grace between SIGTERM and SIGKILL
 MAX_RESTARTS = 1_000_000

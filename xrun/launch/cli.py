@@ -123,6 +123,9 @@ def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
     backend = ns.rdzv_backend or "c10d"
     conf = rdzv.parse_rdzv_conf(ns.rdzv_conf or ())
     rdzv.check_rdzv_conf(backend, conf)
+    rdzv.check_backend_available(backend)
+    if ns.rdzv_endpoint is not None:
+        rdzv.parse_endpoint(ns.rdzv_endpoint)
     return ElasticOptions(
         min_nodes=lo,
         max_nodes=hi,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from xrun.errors import HostfileError
 from xrun.hostlist import HostlistSyntaxError, expand_host_pattern, pattern_size
 from xrun.runner.smallfile import SmallFileError, read_regular_bytes
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, host_name_problem, shown
+from xrun.values import MAX_HOSTS, MAX_RANKS, MAX_SLOTS_PER_HOST, host_name_problem, shown
 
 KNOWN_KEYS = ("slots",)
 # Characters that the include/exclude grammar and the world info use as separators cannot be in a host name.
@@ -66,6 +66,8 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> Hostfile:
             entries.append(entry)
     if not entries:
         raise HostfileError(path, None, None, "no hosts; add lines like 'worker-1 slots=4'")
+    if sum(entry.slots for entry in entries) > MAX_RANKS:
+        raise HostfileError(path, None, None, f"more than {MAX_RANKS} slots in all, the most ranks xrun accepts")
     return Hostfile(path=path, hosts=tuple(entries))
 
 
