@@ -155,3 +155,35 @@ def test_undecodable_argument_reaches_the_rank_byte_exact(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "b'\\xff'" in result.stdout
 
+
+
+# -- an engine, ssh or pdsh that fails before its agents connect ends the start barrier at once ---------------
+
+FAKE_UNREACHABLE = "#!/bin/sh\necho 'ssh: connect to host {host} port 22: Connection refused' >&2\nexec sleep 600\n"
+
+
+@pytest.mark.parametrize("launcher, program", [("mpich", "mpiexec.hydra"), ("pdsh", "pdsh")])
+def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program):
+    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes.
+    fake = tmp_path / "bin" / program
+    fake.parent.mkdir()
+    fake.write_text(FAKE_UNREACHABLE.format(host="n2"))
+    fake.chmod(0o755)
+    hosts = hostfile(tmp_path, "n1 slots=1\nn2 slots=1\n")
+    result = run_xrun("--launcher", launcher, "-H", hosts, "--control_addr", "127.0.0.1", "--join_timeout", "600",
+                      "t.py", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=TIME_BOUND)
+    assert result.returncode == 255, result.stderr
+    assert "Traceback" not in result.stderr
+    assert ("the session to n2 exited with code 255 before its agent connected "
+            f"({program}: ssh: connect to host n2 port 22: Connection refused)") in result.stderr
+
+
+def test_launcher_lines_that_name_an_unreachable_host():
+    from xrun.runner.backends.launcher_process import unreachable_host
+
+    assert unreachable_host("ssh: connect to host node1 port 22: Connection refused") == "node1"
+    assert unreachable_host("ssh: Could not resolve hostname nodex: Name or service not known\r") == "nodex"
+    assert unreachable_host("root@node2: Permission denied (publickey,password).") == "node2"
+    assert unreachable_host("pdsh@head: node3: ssh exited with exit code 255") == "node3"
+    assert unreachable_host("[node1:0] ssh: connect to host") is None
+    assert unreachable_host("loss 0.25") is None
