@@ -14,6 +14,7 @@ is refused where it enters, as one line (issue 12):
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 import sys
@@ -92,6 +93,16 @@ def seconds_arg(*, high: float = MAX_SECONDS) -> Callable[[str], float]:
 
 
 port_arg = int_arg(what="a TCP port")  # the range (does 0 pick a free port?) is each flag's own check
+
+
+def address_problem(text: str) -> str | None:
+    """Why ``text`` cannot be an address nodes connect to (a host name, an IPv4 or IPv6 address), or None."""
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 literal may carry a %zone
+        return None
+    except ValueError:
+        pass
+    return None if host_name_problem(text) is None else f"{shown(text)} is not a host name or IP address"
 
 
 def tolerant_streams() -> None:

@@ -29,7 +29,17 @@ from xrun.launch.spec import (
     Rendezvous,
     decode_world_info,
 )
-from xrun.values import MAX_HOSTS, MAX_RESTARTS, MAX_SHUTDOWN_TIMEOUT, int_arg, one_line, port_arg, seconds_arg
+from xrun.values import (
+    MAX_HOSTS,
+    MAX_RESTARTS,
+    MAX_SHUTDOWN_TIMEOUT,
+    int_arg,
+    one_line,
+    parse_int,
+    port_arg,
+    seconds_arg,
+    shown,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,11 +152,12 @@ def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
 def parse_nnodes(text: str) -> tuple[int, int]:
     """``N`` or ``MIN:MAX`` (torchrun's ``--nnodes``)."""
     lo_text, sep, hi_text = text.partition(":")
-    try:
-        lo = int(lo_text)
-        hi = int(hi_text) if sep else lo
-    except ValueError:
-        raise UsageError("--nnodes", f"{text!r} is not N or MIN:MAX") from None
+    lo = parse_int(lo_text)
+    hi = parse_int(hi_text) if sep else lo
+    if lo is None or hi is None:
+        raise UsageError("--nnodes", f"{shown(text)} is not N or MIN:MAX (ASCII digits)")
+    if max(lo, hi) > MAX_HOSTS:
+        raise UsageError("--nnodes", f"{shown(text)}: at most {MAX_HOSTS} nodes")
     return lo, hi
 
 

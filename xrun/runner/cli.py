@@ -32,7 +32,7 @@ from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
 from xrun.runner.validate import validate
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg, tolerant_streams
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
 
 DRY_RUN_FORMATS = ("text", "json")
 
@@ -83,6 +83,10 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
     if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
         raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
+    for flag, addr in (("--master_addr", ns.master_addr), ("--control_addr", ns.control_addr)):
+        problem = address_problem(addr) if addr is not None else None
+        if problem:
+            raise UsageError(flag, problem)
     if ns.master_port is not None and not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 picks a free one)")
     request = JobRequest(
