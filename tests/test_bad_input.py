@@ -3,6 +3,7 @@ flag, no traceback, and a bounded time (every run is a real ``xrun`` subprocess 
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -187,3 +188,13 @@ def test_launcher_lines_that_name_an_unreachable_host():
     assert unreachable_host("pdsh@head: node3: ssh exited with exit code 255") == "node3"
     assert unreachable_host("[node1:0] ssh: connect to host") is None
     assert unreachable_host("loss 0.25") is None
+
+
+def test_remote_only_check_is_one_line_naming_the_host(tmp_path):
+    # The agent checks what only its node can tell; hydra on localhost stands in for a remote node.
+    if shutil.which("mpiexec.hydra") is None:
+        pytest.skip("mpiexec.hydra not installed")
+    result = run_xrun("--launcher", "mpich", "--num_gpus", "1", "nope.py", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}" in result.stderr

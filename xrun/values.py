@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Callable
 
-# Far above any real job, far below what would take minutes or gigabytes to plan (README: "Limits").
+# Far above any real job, far below what would take minutes or gigabytes to plan (README: "Bad input").
 MAX_HOSTS = 65536
 MAX_SLOTS_PER_HOST = 1024
 MAX_RANKS = 1 << 17  # 131072: every rank's env is planned (and shown by --dry-run) on the head node

@@ -215,8 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = parse_agent_argv(args)
         from xrun.launch.agent import run_node  # after parsing, so --help stays instant
+        from xrun.launch.preflight import check_spec
 
-        return run_node(command.node_spec())
+        spec = command.node_spec()
+        check_spec(spec)
+        return run_node(spec)
     except XrunError as err:
         print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code

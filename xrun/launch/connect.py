@@ -293,9 +293,13 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
         spec = NodeSpec.from_json(first["spec"])
         if spec.cwd:
             os.chdir(spec.cwd)
-        check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
         channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
+        raise
+    try:
+        check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
+    except XrunError as err:
+        channel.send(sock, message(Kind.ERROR, message=str(err)))
         raise
     # --master_port 0: a port free on every address for rank 0's store (it listens on all of them).
     port_pick = free_port(sock.getsockname()[0], every_address=True) if first.get("pick_master_port") else None
