@@ -4,6 +4,7 @@ flag, no traceback, and a bounded time (every run is a real ``xrun`` subprocess 
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -98,6 +99,7 @@ FLAG_ROWS = {
     "log-dir-proc": (["--log_dir", "/proc/x"], "--log_dir"),
     "log-dir-dev-null": (["--log_dir", "/dev/null"], "--log_dir"),
     "log-dir-too-long": (["--log_dir", "/tmp/" + "d" * 300], "--log_dir"),
+    "log-dir-too-deep": (["--log_dir", "a/" * 2000], "--log_dir"),
     "hostfile-newline": (["-H", "a\nb"], "a\\nb: no such file"),
     "flag-newline": (["--bog\nus"], "--bog\\nus"),
     "python-missing": (["--python", "/nonexistent"], "--python '/nonexistent'"),
@@ -198,3 +200,21 @@ def test_remote_only_check_is_one_line_naming_the_host(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert f"job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}" in result.stderr
+
+
+def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypatch):
+    from xrun.launch.preflight import PreflightError, check_node
+    from xrun.launch.spec import PythonMode
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    check_node(sys.executable, PythonMode.MODULE, "pkg.train", None)  # found, and pkg/__init__ never ran
+    check_node(sys.executable, PythonMode.MODULE, "sys", None)  # built in: not on sys.path
+    check_node("/usr/bin/env", PythonMode.MODULE, "only.in.that.python", None)  # another python: its own path
+    with pytest.raises(PreflightError, match="no module 'pkg.nope'"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg.nope", None)
+    with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
+    assert not list(tmp_path.glob("**/__pycache__"))

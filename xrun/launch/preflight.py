@@ -19,6 +19,9 @@ from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.values import shown
 
+_PATH_MAX = 4096  # Linux
+_LOG_FILE_ROOM = 300  # what the logs add below the directory: /<host, at most 253>/rank<N>/stderr.log
+
 
 class PreflightError(XrunError):
     """A node cannot start its ranks as asked: ``what`` names the flag or argument."""
@@ -36,8 +39,9 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
         _check_executable("--python", python)
     if mode is PythonMode.SCRIPT:
         _check_script(script)
-    elif mode is PythonMode.MODULE and _is_this_python(python):  # another interpreter has another sys.path
-        _check_module(script)
+    elif mode is PythonMode.MODULE:
+        if _is_this_python(python):  # another interpreter has another sys.path: its agent cannot tell either
+            _check_module(script)
     else:
         _check_executable("--no_python program", script)
     if log_dir is not None:
@@ -91,15 +95,21 @@ def _is_this_python(python: str) -> bool:
 
 def check_log_dir(path: str) -> None:
     """``path`` is (or can be made) a writable directory; what this creates to find out, it removes."""
+    if len(os.fsencode(os.path.abspath(path))) > _PATH_MAX - _LOG_FILE_ROOM:
+        raise UsageError("--log_dir", f"{shown(path)} is too long for the log files under it "
+                         f"(at most {_PATH_MAX - _LOG_FILE_ROOM} bytes)")
     if os.path.isdir(path):
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError("--log_dir", f"{shown(path)} is not writable")
         return
     if os.path.lexists(path):
         raise UsageError("--log_dir", f"{shown(path)} exists and is not a directory")
+    missing = _missing_dirs(os.path.abspath(path))
     created: list[str] = []
     try:
-        _make_dirs(os.path.abspath(path), created)
+        for directory in missing:
+            os.mkdir(directory)
+            created.append(directory)
     except OSError as err:
         reason = "path too long" if err.errno == errno.ENAMETOOLONG else err.strerror or str(err)
         raise UsageError("--log_dir", f"cannot create {shown(path)}: {reason}") from None
@@ -108,9 +118,11 @@ def check_log_dir(path: str) -> None:
             os.rmdir(directory)
 
 
-def _make_dirs(path: str, created: list[str]) -> None:
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and each missing ancestor, outermost first (a loop: a 2000-level path must not recurse)."""
+    missing = [path]
     parent = os.path.dirname(path)
-    if parent != path and not os.path.isdir(parent):
-        _make_dirs(parent, created)
-    os.mkdir(path)
-    created.append(path)
+    while parent != missing[-1] and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    return missing[::-1]
