@@ -199,7 +199,8 @@ def test_remote_only_check_is_one_line_naming_the_host(tmp_path):
     result = run_xrun("--launcher", "mpich", "--num_gpus", "1", "nope.py", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert f"job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}" in result.stderr
+    assert result.stderr.startswith(f"xrun: job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}")
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypatch):

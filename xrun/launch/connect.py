@@ -298,9 +298,9 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
         raise
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
-    except XrunError as err:
+    except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
         channel.send(sock, message(Kind.ERROR, message=str(err)))
-        raise
+        return err.exit_code
     # --master_port 0: a port free on every address for rank 0's store (it listens on all of them).
     port_pick = free_port(sock.getsockname()[0], every_address=True) if first.get("pick_master_port") else None
     channel.send(sock, message(Kind.READY, master_port=port_pick))
