@@ -36,6 +36,22 @@ WEIRD_ARGS = (
 )
 
 
+# A dry run checks that the script exists (issue 12), and the dry-run tests name these throwaway scripts in the
+# repository root (run_xrun's default cwd): they exist for the session only (and are git-ignored).
+PLACEHOLDER_SCRIPTS = ("t.py", "train.py", "x.py", "--weird-script-name")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def placeholder_scripts():
+    made = [path for path in (os.path.join(ROOT, name) for name in PLACEHOLDER_SCRIPTS) if not os.path.exists(path)]
+    for path in made:
+        with open(path, "w") as handle:
+            handle.write("# placeholder script of xrun's dry-run tests (tests/conftest.py)\n")
+    yield
+    for path in made:
+        os.remove(path)
+
+
 @pytest.fixture
 def weird_args():
     return WEIRD_ARGS

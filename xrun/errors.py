@@ -6,6 +6,8 @@ The command-line entry points catch ``XrunError`` and print ``str(err)`` with ex
 
 from __future__ import annotations
 
+from xrun.values import shown
+
 USAGE_EXIT_CODE = 2
 
 
@@ -40,7 +42,7 @@ class HostfileError(XrunError):
         self.line = line
         self.reason = reason
         where = f"{path}:{lineno}" if lineno is not None else path
-        text = f" {line.strip()!r}:" if line is not None else ""
+        text = f" {shown(line.strip(), limit=200)}:" if line is not None else ""
         super().__init__(f"{where}:{text} {reason}")
 
 
@@ -51,7 +53,7 @@ class SelectionError(XrunError):
         self.flag = flag
         self.spec = spec
         self.reason = reason
-        super().__init__(f"{flag} {spec!r}: {reason}")
+        super().__init__(f"{flag} {shown(spec, limit=200)}: {reason}")
 
 
 class WorldInfoError(XrunError):
@@ -78,7 +80,7 @@ class EnvFileError(XrunError):
         self.lineno = lineno
         self.line = line
         self.reason = reason
-        super().__init__(f"{path}:{lineno}: {line.strip()!r}: {reason}")
+        super().__init__(f"{path}:{lineno}: {shown(line.strip(), limit=200)}: {reason}")
 
 
 class UnknownHostError(XrunError):
@@ -87,4 +89,4 @@ class UnknownHostError(XrunError):
     def __init__(self, host: str, reason: str) -> None:
         self.host = host
         self.reason = reason
-        super().__init__(f"host {host!r}: {reason}")
+        super().__init__(f"host {shown(host)}: {reason}")

@@ -100,7 +100,8 @@ def _expand_group(group: str, pattern: str) -> list[str]:
 
 
 def _range_bounds(part: str, pattern: str) -> tuple[str, str | None]:
-    match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+    # ASCII digits, at most 18 (int() of a 5000-digit bound raises; '٣' is a digit to \d)
+    match = re.fullmatch(r"([0-9]{1,18})(?:-([0-9]{1,18}))?", part)
     if not match:
         raise HostlistSyntaxError(
             f"bad range {part!r} in {pattern!r}; expected N or N-M with digits, e.g. node[01-04,07]"

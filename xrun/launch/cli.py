@@ -33,6 +33,17 @@ from xrun.launch.spec import (
     parse_signal_list,
     signal_list,
 )
+from xrun.values import (
+    MAX_HOSTS,
+    MAX_RESTARTS,
+    MAX_SHUTDOWN_TIMEOUT,
+    int_arg,
+    one_line,
+    parse_int,
+    port_arg,
+    seconds_arg,
+    shown,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add(*spellings("--world_info"), required=True, help="base64 JSON {host: [slots]} (DeepSpeed format)")
-    add(*spellings("--node_rank"), type=int, required=True, help="this node's index in the world")
+    add(*spellings("--node_rank"), type=int_arg(high=MAX_HOSTS), required=True, help="this node's index in the world")
     add(*spellings("--master_addr"), default="127.0.0.1", help="rank 0's address (default 127.0.0.1)")
-    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port (default 29500)")
+    add(*spellings("--master_port"), type=port_arg, default=DEFAULT_MASTER_PORT, help="rendezvous port (default 29500)")
     add(*spellings("--run_id"), default="xrun", help="job id, exported as TORCHELASTIC_RUN_ID")
     add_rank_command_flags(parser)
     add_agent_flags(parser)
@@ -75,7 +86,8 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="write per-rank logs under DIR/<host>/rank<N>/{stdout,stderr}.log")
     add(*spellings("--no_prefix"), action="store_true", help="print ranks' output without the [host:rank] prefix")
     add("--quiet", action="store_true", help="no console echo of rank output (logs only)")
-    add(*spellings("--shutdown_timeout"), type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
+    add(*spellings("--shutdown_timeout"), type=seconds_arg(high=MAX_SHUTDOWN_TIMEOUT), default=DEFAULT_SHUTDOWN_TIMEOUT,
+        metavar="SECONDS",
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
@@ -94,9 +106,12 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add("--elastic", action="store_true",
         help="run each node's ranks under torch's elastic agent: restarts, nodes leaving and joining")
     add("--nnodes", metavar="MIN[:MAX]", help="with --elastic: node count or range (torchrun's spelling)")
-    add(*spellings("--min_nodes"), type=int, metavar="N", help="with --elastic: fewest nodes to run (default: max)")
-    add(*spellings("--max_nodes"), type=int, metavar="N", help="with --elastic: most nodes (default: hosts selected)")
-    add(*spellings("--max_restarts"), type=int, metavar="N", help="with --elastic: worker group restarts (default 0)")
+    add(*spellings("--min_nodes"), type=int_arg(high=MAX_HOSTS),
+        metavar="N", help="with --elastic: fewest nodes to run (default: max)")
+    add(*spellings("--max_nodes"), type=int_arg(high=MAX_HOSTS),
+        metavar="N", help="with --elastic: most nodes (default: hosts selected)")
+    add(*spellings("--max_restarts"), type=int_arg(high=MAX_RESTARTS),
+        metavar="N", help="with --elastic: worker group restarts (default 0)")
     add(*spellings("--rdzv_backend"), metavar="NAME",
         help=f"with --elastic: {', '.join(RDZV_BACKENDS)} (default c10d)")
     add(*spellings("--rdzv_endpoint"), metavar="HOST:PORT",
@@ -104,10 +119,10 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add(*spellings("--rdzv_id"), metavar="ID", help="with --elastic: rendezvous id (default: the run id)")
     add(*spellings("--rdzv_conf"), action="append", metavar="K=V[,K=V]",
         help="with --elastic: extra rendezvous settings; keys the backend would ignore are an error")
-    add(*spellings("--monitor_interval"), type=float, metavar="SECONDS",
+    add(*spellings("--monitor_interval"), type=seconds_arg(high=3600), metavar="SECONDS",
         help="with --elastic: how often torch's agent checks the workers (default 0.1)")
     if join_timeout:
-        add(*spellings("--join_timeout"), type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+        add(*spellings("--join_timeout"), type=seconds_arg(), default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
             help=f"with --elastic: how long to wait for the last node (default {DEFAULT_JOIN_TIMEOUT:g})")
 
 
@@ -130,6 +145,9 @@ def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
     backend = ns.rdzv_backend or "c10d"
     conf = rdzv.parse_rdzv_conf(ns.rdzv_conf or ())
     rdzv.check_rdzv_conf(backend, conf)
+    rdzv.check_backend_available(backend)
+    if ns.rdzv_endpoint is not None:
+        rdzv.parse_endpoint(ns.rdzv_endpoint)
     return ElasticOptions(
         min_nodes=lo,
         max_nodes=hi,
@@ -146,11 +164,12 @@ def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
 def parse_nnodes(text: str) -> tuple[int, int]:
     """``N`` or ``MIN:MAX`` (torchrun's ``--nnodes``)."""
     lo_text, sep, hi_text = text.partition(":")
-    try:
-        lo = int(lo_text)
-        hi = int(hi_text) if sep else lo
-    except ValueError:
-        raise UsageError("--nnodes", f"{text!r} is not N or MIN:MAX") from None
+    lo = parse_int(lo_text)
+    hi = parse_int(hi_text) if sep else lo
+    if lo is None or hi is None:
+        raise UsageError("--nnodes", f"{shown(text)} is not N or MIN:MAX (ASCII digits)")
+    if max(lo, hi) > MAX_HOSTS:
+        raise UsageError("--nnodes", f"{shown(text)}: at most {MAX_HOSTS} nodes")
     return lo, hi
 
 
@@ -217,8 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = parse_agent_argv(args)
         from xrun.launch.agent import run_node  # after parsing, so --help stays instant
+        from xrun.launch.preflight import check_spec
 
-        return run_node(command.node_spec())
+        spec = command.node_spec()
+        check_spec(spec)
+        return run_node(spec)
     except XrunError as err:
-        print(f"xrun.launch: {err}", file=sys.stderr)
+        print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code

@@ -45,8 +45,10 @@ from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.errorfile import error_lines
+from xrun.launch.preflight import check_spec
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import free_port
+from xrun.values import MAX_HOSTS, int_arg, one_line
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
 SPEC_TIMEOUT = 30.0
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m xrun.launch --connect", add_help=True)
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
     rank = parser.add_mutually_exclusive_group(required=True)
-    rank.add_argument("--node_rank", "--node-rank", type=int, help="this node's index")
+    rank.add_argument("--node_rank", "--node-rank", type=int_arg(high=MAX_HOSTS), help="this node's index")
     rank.add_argument("--node_rank_from", "--node-rank-from", metavar="VAR[,VAR...]",
                       help="read this node's index from the first of these variables that is set (MPI, Slurm)")
     parser.add_argument("--token", default=TOKEN_ON_STDIN,
@@ -306,6 +308,11 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
     except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
         channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
         raise
+    try:
+        check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
+    except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
+        channel.send(sock, message(Kind.ERROR, message=str(err)))
+        return err.exit_code
     # --master_port 0: a port free on every address for rank 0's store (it listens on all of them).
     port_pick = free_port(sock.getsockname()[0], every_address=True) if first.get("pick_master_port") else None
     channel.send(sock, message(Kind.READY, master_port=port_pick))
@@ -332,10 +339,10 @@ def main(argv: Sequence[str]) -> int:
             drop_engine_identity(os.environ)
         return run_connected(host, port, node_rank, read_token(ns.token))
     except XrunError as err:
-        print(f"xrun.launch: {err}", file=sys.stderr)
+        print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     except ChannelError as err:
-        print(f"xrun.launch[{socket.gethostname()}]: {err.reason}", file=sys.stderr)
+        print(f"xrun.launch[{socket.gethostname()}]: {one_line(err.reason)}", file=sys.stderr)
         return EXIT_NO_RUNNER
     except KeyboardInterrupt:
         return 128 + signal.SIGINT

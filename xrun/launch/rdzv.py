@@ -10,12 +10,15 @@ store's ``read_timeout``), so a job whose nodes start minutes apart died at torc
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from xrun.errors import UsageError
 from xrun.launch.spec import RDZV_BACKENDS, ElasticOptions, Rendezvous, World
+from xrun.values import MAX_SECONDS, host_name_problem, parse_int, shown
 
 # The keys each backend reads (torch 2.1 .. 2.13 ``rendezvous/*.py``); anything else is ignored by torch.
 _DYNAMIC = (
@@ -32,6 +35,11 @@ KNOWN_KEYS: Mapping[str, tuple[str, ...]] = {
 _OWN_KEYS: Mapping[str, str] = {"rank": "xrun sets it to the node rank"}
 # Keys that read as integers of seconds (torch's get_as_int): checked here rather than failing on a node.
 _INT_SUFFIXES = ("_timeout", "_interval", "_attempt")
+# Keys with a closed set of values (torch's get_as_bool spellings; c10d's two store types).
+_BOOLS = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
+CHOICES: Mapping[str, tuple[str, ...]] = {"is_host": _BOOLS, "store_type": ("tcp", "file")}
+# Backends whose client library torch imports only when the rendezvous starts (a 40-line traceback on a node).
+_NEEDS_MODULE: Mapping[str, str] = {"etcd": "etcd", "etcd-v2": "etcd"}
 
 # torch's defaults for what xrun does not set, shown in the start-up line.
 TORCH_DEFAULTS: Mapping[str, Mapping[str, str]] = {
@@ -76,8 +84,42 @@ def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
                 f"{backend} does not read {key!r} (torch would silently ignore it){hint}; "
                 f"known keys: {', '.join(known)}",
             )
-        if key.endswith(_INT_SUFFIXES) and not (value.isdigit() and int(value) > 0):
-            raise UsageError("--rdzv_conf", f"{key}={value!r}: must be a positive whole number")
+        number = parse_int(value)
+        if key.endswith(_INT_SUFFIXES) and not (number is not None and 0 < number <= MAX_SECONDS):
+            raise UsageError("--rdzv_conf", f"{key}={shown(value)}: must be a positive whole number "
+                             f"(at most {MAX_SECONDS:.0f})")
+        if key in CHOICES and value.lower() not in CHOICES[key]:
+            raise UsageError("--rdzv_conf", f"{key}={shown(value)}: must be one of {', '.join(CHOICES[key])}")
+
+
+def parse_endpoint(text: str) -> tuple[str, int | None]:
+    """``--rdzv_endpoint``: ``HOST[:PORT]`` or ``[IPV6][:PORT]``, strictly (torch's own parser raises deep inside
+    the rendezvous on a node); the port is None when not given (torch's default)."""
+    bracketed = re.fullmatch(r"\[([0-9A-Fa-f:.%A-Za-z]+)\](?::(.*))?", text)
+    if bracketed:
+        host, port_text = bracketed.group(1), bracketed.group(2)
+    else:
+        host, sep, port_text = text.partition(":")
+        port_text = port_text if sep else None
+        if ":" in (port_text or ""):
+            raise UsageError("--rdzv_endpoint", f"{shown(text)}: write an IPv6 address in brackets, [::1]:29400")
+        problem = host_name_problem(host)
+        if problem:
+            raise UsageError("--rdzv_endpoint", f"{shown(text)}: {problem}")
+    if port_text is None:
+        return host, None
+    port = parse_int(port_text)
+    if port is None or not 1 <= port <= 65535 or port_text != port_text.strip():
+        raise UsageError("--rdzv_endpoint", f"{shown(text)}: the port must be 1..65535")
+    return host, port
+
+
+def check_backend_available(backend: str) -> None:
+    """The client library an etcd rendezvous needs, looked up (not imported) on this machine."""
+    module = _NEEDS_MODULE.get(backend)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise UsageError("--rdzv_backend", f"{backend} needs the python-etcd package ({module!r} is not installed) "
+                         "and an etcd server; use c10d (the default) or install it")
 
 
 def check_elastic(options: ElasticOptions, hosts: int) -> None:
@@ -98,6 +140,8 @@ def check_elastic(options: ElasticOptions, hosts: int) -> None:
         raise UsageError("--join_timeout", f"must be > 0 seconds, not {options.join_timeout:g}")
     if not options.monitor_interval > 0:
         raise UsageError("--monitor_interval", f"must be > 0 seconds, not {options.monitor_interval:g}")
+    if options.rdzv_backend == "static" and options.rdzv_endpoint and parse_endpoint(options.rdzv_endpoint)[1] is None:
+        raise UsageError("--rdzv_endpoint", "static needs HOST:PORT (its store is the workers' master address too)")
     if options.rdzv_backend == "static" and (lo not in (None, hosts) or hi not in (None, hosts)):
         raise UsageError(
             "--rdzv_backend", f"static needs exactly the {hosts} selected nodes (no --min_nodes/--max_nodes)"

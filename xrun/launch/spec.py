@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import itertools
 import json
 import signal
 import sys
@@ -298,13 +299,31 @@ def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[s
     return head + local + tuple(args)
 
 
-def rank_env(world: World, node_rank: int, local_rank: int, rdzv: Rendezvous) -> dict[str, str]:
+@dataclass(frozen=True)
+class WorldShape:
+    """What every rank's env needs from the whole world, computed once per plan (per rank it made planning
+    65536 hosts take minutes)."""
+
+    hosts: tuple[str, ...]
+    first_ranks: tuple[int, ...]  # of each node, in world order
+    world_size: int
+
+
+def world_shape(world: World) -> WorldShape:
+    hosts = tuple(world)
+    firsts = tuple(itertools.accumulate((len(world[h]) for h in hosts), initial=0))
+    return WorldShape(hosts=hosts, first_ranks=firsts[:-1], world_size=firsts[-1])
+
+
+def rank_env(
+    world: World, node_rank: int, local_rank: int, rdzv: Rendezvous, *, shape: WorldShape | None = None
+) -> dict[str, str]:
     """The union of the torchrun and DeepSpeed per-rank env contracts."""
-    hosts = list(world)
+    shape = shape or world_shape(world)
+    hosts = shape.hosts
     slots = world[hosts[node_rank]]
-    first_rank = sum(len(world[h]) for h in hosts[:node_rank])
-    world_size = sum(len(s) for s in world.values())
-    rank = first_rank + local_rank
+    world_size = shape.world_size
+    rank = shape.first_ranks[node_rank] + local_rank
     node = str(node_rank)
     return {
         "RANK": str(rank),
@@ -336,15 +355,18 @@ def node_ranks(
     launch: LaunchOptions,
     script: str,
     args: tuple[str, ...],
+    *,
+    shape: WorldShape | None = None,
 ) -> tuple[RankSpec, ...]:
-    """Every rank of one node, in slot order."""
-    hosts = list(world)
+    """Every rank of one node, in slot order (``shape``: the world's, when the caller plans every node)."""
+    shape = shape or world_shape(world)
+    hosts = shape.hosts
     if not 0 <= node_rank < len(hosts):
         raise UsageError("--node_rank", f"{node_rank} is outside 0..{len(hosts) - 1} for a {len(hosts)}-node world")
     slots = world[hosts[node_rank]]
     ranks = []
     for local_rank in range(len(slots)):
-        env = rank_env(world, node_rank, local_rank, rdzv)
+        env = rank_env(world, node_rank, local_rank, rdzv, shape=shape)
         seen = local_rank  # the local rank the program is told
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})

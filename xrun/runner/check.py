@@ -32,6 +32,7 @@ from xrun.runner.local import local_pool
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.runner.selection import Selection, select
 from xrun.shell import render
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg
 
 PROBE_TIMEOUT = 30.0
 
@@ -91,10 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="hostfile with lines 'HOST slots=N' (default: this machine, checked without ssh)")
     add("-i", "--include", metavar="SPEC", help="keep only these hosts/slots")
     add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots")
-    add(*spellings("--num_nodes"), type=int, metavar="N", help="use the first N hosts")
-    add(*spellings("--num_gpus"), dest="num_gpus", type=int, metavar="N", help="use slots 0..N-1 of every host")
+    add(*spellings("--num_nodes"), type=int_arg(high=MAX_HOSTS), metavar="N", help="use the first N hosts")
+    add(*spellings("--num_gpus"), dest="num_gpus", type=int_arg(high=MAX_SLOTS_PER_HOST),
+        metavar="N", help="use slots 0..N-1 of every host")
     add("--python", metavar="PATH", default=sys.executable, help="interpreter the job will use (default: this one)")
-    add(*spellings("--master_port"), type=int, default=DEFAULT_MASTER_PORT, metavar="PORT",
+    add(*spellings("--master_port"), type=port_arg, default=DEFAULT_MASTER_PORT, metavar="PORT",
         help="check that this port is free on node 0 (0: skip)")
     add_remote_flags(parser, job=False)
     return parser
@@ -221,15 +223,23 @@ def format_table(reports: list[HostReport], master_port: int) -> str:
     return "\n".join(lines)
 
 
+def _check_ports(ns: argparse.Namespace) -> None:
+    """Before any host is probed: a port that cannot be one is a usage error, not a row of the table."""
+    if not 0 <= ns.master_port <= 65535:
+        raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 skips the check)")
+    ssh_settings(ns)  # --ssh_port
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         ns = build_parser().parse_args(list(argv))
+        _check_ports(ns)
         selection = Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus)
         pool = read_hostfile(ns.hostfile).pool() if ns.hostfile else local_pool(os.environ, selection).pool
         world = dict(select(pool, selection))
         probes = run_probes(list(world), ns) if ns.hostfile else probe_here(next(iter(world)), ns)
     except XrunError as err:
-        print(f"xrun check: {err}", file=sys.stderr)
+        print(f"xrun check: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     reports = assess(world, probes, ns.master_port)
     print(format_table(reports, ns.master_port))

@@ -39,6 +39,8 @@ from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.selection import Pool, Selection, select
 from xrun.runner.slurm_alloc import discover_allocation, in_allocation
+from xrun.runner.validate import validate
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
 
 DRY_RUN_FORMATS = ("text", "json")
 
@@ -60,11 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("-H", "--hostfile", metavar="PATH", help="hostfile with lines 'HOST slots=N' (default: this machine only)")
     add("-i", "--include", metavar="SPEC", help="keep only these hosts/slots: HOST[:SLOT,...][@HOST...]")
     add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots: HOST[:SLOT,...][@HOST...]")
-    add(*spellings("--num_nodes"), type=int, metavar="N", help="use the first N hosts")
+    add(*spellings("--num_nodes"), type=int_arg(high=MAX_HOSTS), metavar="N", help="use the first N hosts")
     add(*spellings("--num_gpus"), *spellings("--num_accelerators"), *spellings("--nproc_per_node"),
-        dest="num_gpus", type=int, metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
+        dest="num_gpus", type=int_arg(high=MAX_SLOTS_PER_HOST),
+        metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
     add(*spellings("--master_addr"), metavar="ADDR", help="rank 0's address (default: first host; 127.0.0.1 locally)")
-    add(*spellings("--master_port"), type=int, metavar="PORT",
+    add(*spellings("--master_port"), type=port_arg, metavar="PORT",
         help=f"rendezvous port (default {DEFAULT_MASTER_PORT}; 0 picks a free port)")
     add("--launcher", metavar="NAME", help=f"backend that starts the node agents: {', '.join(known_backends())}")
     add(*spellings("--run_id"), metavar="ID",
@@ -88,6 +91,10 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
     if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
         raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
+    for flag, addr in (("--master_addr", ns.master_addr), ("--control_addr", ns.control_addr)):
+        problem = address_problem(addr) if addr is not None else None
+        if problem:
+            raise UsageError(flag, problem)
     if ns.master_port is not None and not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 picks a free one)")
     request = JobRequest(
@@ -162,6 +169,7 @@ def plan_job(request: JobRequest) -> Plan:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    tolerant_streams()
     if args and args[0] == "check":
         from xrun.runner.check import main as check_main
 
@@ -171,11 +179,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan_job(request)
         backend = get_backend(plan.backend)
         if dry_run is not None:
-            print_plan(plan, backend.render(plan), dry_run)
+            invocation = backend.render(plan)
+            validate(plan)
+            print_plan(plan, invocation, dry_run)
             return 0
+        validate(plan)
         return backend.execute(plan)
     except XrunError as err:
-        print(f"xrun: {err}", file=sys.stderr)
+        print(f"xrun: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -32,11 +32,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 from xrun.errors import EnvFileError, UsageError
+from xrun.runner.smallfile import SmallFileError, read_regular_bytes
 
 PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW", "GLOO", "TORCH", "CUDA", "HF_", "WANDB")
 BLOCKED_NAMES = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "HOME"})
 BLOCKED_PREFIXES = ("SSH_", "BASH_FUNC_")
 ENV_FILE_NAME = ".xrun_env"
+ENV_FILE_LIMIT = 1 << 20  # bytes
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOUBLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "$": "$"}
@@ -73,6 +75,8 @@ def _parse_line(line: str, path: str, lineno: int) -> tuple[str, str] | None:
     def bad(reason: str) -> EnvFileError:
         return EnvFileError(path, lineno, line, reason)
 
+    if "\0" in line:  # exec refuses it on every node (a ValueError deep in subprocess)
+        raise bad("a NUL byte cannot be part of an environment variable")
     if stripped.startswith("export ") or stripped.startswith("export\t"):
         stripped = stripped[len("export") :].lstrip()
     name, sep, rest = stripped.partition("=")
@@ -128,15 +132,17 @@ def _check_trailer(trailer: str, fail: Callable[[str], EnvFileError]) -> None:
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """A missing file is an empty one; an unreadable or malformed one is an error."""
+    """A missing file is an empty one; an unreadable or malformed one is an error. Read like every small file
+    xrun is handed (never blocking on a FIFO, at most ``ENV_FILE_LIMIT`` bytes); a leading BOM is dropped."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            text = handle.read()
+        data = read_regular_bytes(path, limit=ENV_FILE_LIMIT)
     except FileNotFoundError:
         return {}
+    except SmallFileError as err:
+        raise EnvFileError(path, 0, "", err.reason) from None
     except OSError as err:
         raise EnvFileError(path, 0, "", f"cannot read: {err.strerror}") from None
-    return parse_env_text(text, path)
+    return parse_env_text(data.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff"), path)
 
 
 def env_files(home: str | None, cwd: str) -> list[str]:

@@ -321,8 +321,9 @@ class Job:
             self._fail(Failure(node.host, f"agent on {node.host} exited with code {event.exit_code}", event.exit_code))
 
     def _agent_error(self, event: AgentError) -> None:
-        host = self.nodes[event.node].host
-        self._fail(Failure(host, f"agent on {host}: {event.message}", NODE_FAILURE_EXIT))
+        node = self.nodes[event.node]
+        self._fail(Failure(node.host, f"agent on {node.host}: {event.message}", NODE_FAILURE_EXIT))
+        node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
 
     def _heard(self, event: Heard) -> None:
         pass  # handle() noted the time

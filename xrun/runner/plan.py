@@ -25,6 +25,7 @@ from xrun.launch.spec import (
     check_rank_list,
     encode_world_info,
     node_ranks,
+    world_shape,
 )
 from xrun.net import free_port
 from xrun.runner import envpass
@@ -33,6 +34,7 @@ from xrun.runner.local import LOCAL_ADDR, LOCALHOST
 from xrun.runner.pod_options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.selection import Selection
+from xrun.values import MAX_RANKS
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ def master_placeholder(first_host: str) -> str:
 def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
     """Pure: the world and the request fix every rank's env and argv."""
     world = dict(world)
+    size = sum(len(slots) for slots in world.values())
+    if size > MAX_RANKS:  # a platform's or allocation's world, each within its per-node limits
+        raise UsageError("world", f"{size} ranks; xrun accepts at most {MAX_RANKS} per job")
     traits = backend_traits(backend)
     first = next(iter(world))
     # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
@@ -121,11 +126,12 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         check_rank_list("--console_ranks", request.options.console_ranks, sum(len(s) for s in world.values()))
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
+    shape = world_shape(world)
     nodes = tuple(
         NodeSpec(
             host=host,
             node_rank=node_rank,
-            ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args),
+            ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape),
             options=request.options,
             env=dict(request.env),  # a local run: only its --export (with_local_exports)
             cwd=None if traits.local else request.cwd,

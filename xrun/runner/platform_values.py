@@ -10,14 +10,15 @@ from __future__ import annotations
 import re
 
 from xrun.errors import XrunError
+from xrun.values import MAX_HOSTS as MAX_NODES
+from xrun.values import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE
+from xrun.values import host_name_problem
 
-# Bounds on what a platform may describe: far above any real job, far below what would exhaust memory.
-MAX_NODES = 65536
-MAX_SLOTS_PER_NODE = 1024
+# Bounds on what a platform may describe are xrun's own limits (xrun.values), under the platform's names.
+__all__ = ["MAX_NODES", "MAX_SLOTS_PER_NODE", "PlatformError", "host_name_problem", "parse_address", "parse_count",
+           "parse_host_list", "parse_port"]
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
-# World host names end up in the world info and in -i/-e specs: no '@', ':', ',', '=' or whitespace there.
-_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 # A rendezvous address may also be an IPv6 literal (with a %zone); it must not look like an option.
 _ADDRESS = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:%-]{0,252}")
 _SHOWN = 60  # characters of a bad value quoted in an error
@@ -55,13 +56,6 @@ def parse_address(variable: str, text: str) -> str:
     if not _ADDRESS.fullmatch(stripped):
         raise PlatformError(variable, text, "not a host name or IP address")
     return stripped
-
-
-def host_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a host of the world, or None."""
-    if _HOST_NAME.fullmatch(name):
-        return None
-    return f"{name[:_SHOWN]!r} is not a host name (letters, digits, '.', '-', '_'; at most 253)"
 
 
 def parse_host_list(variable: str, text: str, separators: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
+from xrun.values import port_arg
 
 if TYPE_CHECKING:
     from xrun.runner.platforms import Detection
@@ -58,7 +59,7 @@ def add_pod_flags(parser: argparse.ArgumentParser) -> None:
     add("--hosts", metavar="PATTERN",
         help="the hosts in host-list syntax instead of -H, e.g. 'train-[0-3].train'; each gets this node's "
              "slot count or --num_gpus")
-    add(*spellings("--control_port"), type=int, metavar="PORT",
+    add(*spellings("--control_port"), type=port_arg, metavar="PORT",
         help="pod mode: node 0's control port (default: --master_port + 1)")
     add(*spellings("--token_file"), metavar="PATH",
         help="pod mode: file with the job's shared secret, e.g. a mounted Kubernetes Secret (default: $XRUN_TOKEN)")

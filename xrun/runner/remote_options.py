@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
 from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT
+from xrun.values import MAX_HOSTS, int_arg, port_arg, seconds_arg
 
 DEFAULT_FANOUT = 1024  # pdsh -f: DeepSpeed's value; pdsh's own default (32) would serialise big clusters
 
@@ -63,7 +64,8 @@ class RemoteOptions:
 
 def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
     add = parser.add_argument
-    add(*spellings("--ssh_port"), type=int, metavar="PORT", help="ssh port on every node (default: ssh config, 22)")
+    add(*spellings("--ssh_port"), type=port_arg,
+        metavar="PORT", help="ssh port on every node (default: ssh config, 22)")
     add(*spellings("--ssh_config"), metavar="PATH",
         help="OpenSSH client config to use (default ~/.ssh/config; paramiko does not read ssh_config.d drop-ins)")
     add(*spellings("--ssh_accept_new_hosts"), action="store_true",
@@ -72,15 +74,15 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
         help="the address nodes connect back to (default: this machine's address on the route to them)")
     if not job:
         return
-    add(*spellings("--fanout"), type=int, default=DEFAULT_FANOUT, metavar="N",
+    add(*spellings("--fanout"), type=int_arg(high=MAX_HOSTS), default=DEFAULT_FANOUT, metavar="N",
         help=f"pdsh: at most N ssh connections at once (default {DEFAULT_FANOUT})")
-    add(*spellings("--join_timeout"), type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
+    add(*spellings("--join_timeout"), type=seconds_arg(), default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
         help="start barrier: how long to wait for every node's agent (default 1800)")
     add("--export", action="append", default=[], metavar="NAME[=VALUE]",
         help="also send this variable to remote nodes (repeatable); see README for what travels by default")
     add(*spellings("--no_ssh"), action="store_true",
         help="do not fan out: run this node's share only (start xrun on every node yourself, with --node_rank)")
-    add(*spellings("--node_rank"), type=int, metavar="K",
+    add(*spellings("--node_rank"), type=int_arg(high=MAX_HOSTS), metavar="K",
         help="with --no_ssh or --pod: this node's index in the hostfile")
     add(*spellings("--launcher_args"), default="", metavar="ARGS",
         help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from xrun.errors import UsageError
+from xrun.launch.channel import ChannelError
 from xrun.launch.command import TOKEN_ON_STDIN, connect_argv, connect_target
 
 if TYPE_CHECKING:
@@ -66,7 +68,11 @@ def run_over_channel(plan: Plan, addrs: Mapping[str, str], start: Callable[[Endp
 
     token = secrets.token_hex(TOKEN_BYTES)
     server = ControlServer(plan, token, join_timeout=plan.request.remote.join_timeout)
-    port = server.listen(dict.fromkeys(addrs.values()))  # each address once, in the nodes' order
+    try:
+        port = server.listen(dict.fromkeys(addrs.values()))  # each address once, in the nodes' order
+    except ChannelError as err:  # e.g. a --control_addr that stopped being this machine's since validate()
+        raise UsageError("--control_addr", f"cannot listen on {', '.join(dict.fromkeys(addrs.values()))}: "
+                         f"{err.reason}") from None
     endpoints = {host: Endpoint(addr, port, token) for host, addr in addrs.items()}
     try:
         sessions = start(endpoints)

@@ -118,7 +118,8 @@ class EngineBackend:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
             # wait in the queue and start agents with no runner to talk to).
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                    start_new_session=True,
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None

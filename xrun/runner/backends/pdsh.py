@@ -71,7 +71,9 @@ class PdshBackend:
         env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(plan.request.remote))
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            # stderr through the control loop: its "ssh exited with exit code 255" ends that node's wait at once.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                    start_new_session=True)
         except OSError as err:
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
         return PdshSession(proc)

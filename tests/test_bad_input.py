@@ -1,0 +1,219 @@
+"""Issue 12's table, one row per class of bad input: exit 2, one line on stderr naming the file, line, host or
+flag, no traceback, and a bounded time (every run is a real ``xrun`` subprocess with a timeout)."""
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_xrun
+
+TWO_WORKERS = os.path.join(ROOT, "hostfiles", "two-workers")
+TIME_BOUND = 20  # seconds: every row used to take 4-27 s, minutes or forever
+
+
+def assert_one_line_error(result, needle):
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.endswith("\n"), result.stderr
+    assert needle in result.stderr, result.stderr
+
+
+def hostfile(tmp_path, content):
+    path = tmp_path / "hf"
+    path.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+    return str(path)
+
+
+# (hostfile content, needle): the hostfile's path and the host or line it names.
+HOSTFILE_ROWS = {
+    "host-dot": (". slots=1\n", "'.' is not a host name"),
+    "host-empty-label": ("a..b slots=1\n", "'a..b' is not a host name"),
+    "host-long-label": ("a" * 64 + " slots=1\n", "is not a host name"),
+    "host-bidi-control": ("zz-\u202e slots=1\n", "is not a host name"),
+    "host-nul": (b"a\0b slots=1\n", "is not a host name"),
+    "slots-1e9": ("w slots=1000000000\n", "the most xrun accepts per host"),
+    "slots-20-digits": ("w slots=99999999999999999999\n", "the most xrun accepts per host"),
+    "range-1e10": ("node[0-9999999999] slots=1\n", "the most xrun accepts"),
+    "range-1e6": ("node[01-1000000] slots=1\n", "the most xrun accepts"),
+    "range-cubed": ("node[0-999][0-999][0-999] slots=1\n", "the most xrun accepts"),
+    "range-5000-digits": ("node[0-" + "9" * 5000 + "] slots=1\n", "bad range"),
+    "100k-hosts": ("".join(f"h{i} slots=1\n" for i in range(100_000)), "the most xrun accepts"),
+    "slots-total": ("node[0-65535] slots=16\n", "the most ranks xrun accepts"),
+    "unicode-digit-slots": ("w slots=\u0663\n", "slots must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("content, needle", list(HOSTFILE_ROWS.values()), ids=list(HOSTFILE_ROWS))
+def test_bad_hostfile(tmp_path, content, needle):
+    path = hostfile(tmp_path, content)
+    result = run_xrun("--dry-run", "-H", path, "t.py", timeout=TIME_BOUND)
+    assert_one_line_error(result, needle)
+    assert path in result.stderr
+
+
+def test_hostfile_that_is_a_fifo_does_not_block(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_line_error(run_xrun("-H", str(fifo), "t.py", timeout=TIME_BOUND), f"{fifo}: is not a regular file")
+
+
+def test_hostfile_dev_zero_is_not_read():
+    assert_one_line_error(run_xrun("-H", "/dev/zero", "t.py", timeout=TIME_BOUND), "/dev/zero: is not a regular file")
+
+
+def test_env_file_that_is_a_fifo_does_not_block(tmp_path):
+    os.mkfifo(tmp_path / ".xrun_env")
+    result = run_xrun("--dry-run", "-H", TWO_WORKERS, "t.py", cwd=str(tmp_path), env={"HOME": str(tmp_path / "h")},
+                      timeout=TIME_BOUND)
+    assert_one_line_error(result, ".xrun_env")
+    assert "is not a regular file" in result.stderr
+
+
+def test_hostfile_bom_is_dropped(tmp_path):
+    path = hostfile(tmp_path, "\ufefflocalhost slots=2\n")
+    result = run_xrun("--dry-run=json", "-H", path, "t.py", timeout=TIME_BOUND)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["nodes"][0]["host"] == "localhost"
+
+
+FLAG_ROWS = {
+    "num-gpus-1e30": (["--num_gpus", str(10**30)], "--num_gpus"),
+    "num-gpus-70000": (["--num_gpus", "70000"], "more than 1024"),
+    "num-gpus-unicode": (["--num_gpus", "\u0663"], "ASCII digits"),
+    "master-port-unicode": (["--master_port", "\u0663"], "--master_port"),
+    "shutdown-inf": (["--shutdown_timeout", "inf"], "--shutdown_timeout"),
+    "shutdown-1e308": (["--shutdown_timeout", "1e308"], "--shutdown_timeout"),
+    "shutdown-nan": (["--shutdown_timeout", "nan"], "--shutdown_timeout"),
+    "join-nan": (["--elastic", "--join_timeout", "nan"], "--join_timeout"),
+    "join-inf": (["--elastic", "--join_timeout", "inf"], "--join_timeout"),
+    "rdzv-is-host": (["--elastic", "--rdzv_conf", "is_host=maybe"], "is_host='maybe'"),
+    "rdzv-store-type": (["--elastic", "--rdzv_conf", "store_type=bogus"], "store_type='bogus'"),
+    "rdzv-port-abc": (["--elastic", "--rdzv_endpoint", "127.0.0.1:abc"], "--rdzv_endpoint"),
+    "rdzv-open-bracket": (["--elastic", "--rdzv_endpoint", "[::1"], "--rdzv_endpoint"),
+    "rdzv-empty-port": (["--elastic", "--rdzv_endpoint", "host:"], "--rdzv_endpoint"),
+    "rdzv-etcd": (["--elastic", "--rdzv_backend", "etcd"], "--rdzv_backend"),
+    "control-addr": (["-H", TWO_WORKERS, "--control_addr", "garbage"], "--control_addr"),
+    "log-dir-proc": (["--log_dir", "/proc/x"], "--log_dir"),
+    "log-dir-dev-null": (["--log_dir", "/dev/null"], "--log_dir"),
+    "log-dir-too-long": (["--log_dir", "/tmp/" + "d" * 300], "--log_dir"),
+    "log-dir-too-deep": (["--log_dir", "a/" * 2000], "--log_dir"),
+    "hostfile-newline": (["-H", "a\nb"], "a\\nb: no such file"),
+    "flag-newline": (["--bog\nus"], "--bog\\nus"),
+    "python-missing": (["--python", "/nonexistent"], "--python '/nonexistent'"),
+    "no-python-not-executable": (["--no_python", "README.md"], "--no_python program 'README.md'"),
+    "module-missing": (["--module", "no_such_module_xyz"], "--module 'no_such_module_xyz'"),
+}
+
+
+@pytest.mark.parametrize("args, needle", list(FLAG_ROWS.values()), ids=list(FLAG_ROWS))
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_bad_flag(args, needle, dry_run):
+    script = [] if "--module" in args else ["t.py"]
+    module = ["no_such_module_xyz"] if "--module" in args else []
+    args = [a for a in args if a != "no_such_module_xyz"]
+    result = run_xrun(*(["--dry-run"] if dry_run else []), *args, *script, *module, timeout=TIME_BOUND)
+    assert_one_line_error(result, needle)
+
+
+@pytest.mark.parametrize("script", ["nope.py", "-weird.py"])
+def test_missing_script_refused_by_dry_run_and_run(script):
+    for dry in (["--dry-run"], []):
+        assert_one_line_error(run_xrun(*dry, "--", script, timeout=TIME_BOUND), f"SCRIPT {script!r}: no such file")
+
+
+def test_existing_dash_script_runs(tmp_path):
+    (tmp_path / "-weird.py").write_text("print('ran')\n")
+    result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--master_port", "70000"], "--master_port: 70000 is not a TCP port"),
+    (["--ssh_port", "0"], "--ssh_port: 0 is not a TCP port"),
+    (["--master_port", "\u0663"], "--master_port"),
+])
+def test_check_validates_ports(args, needle):
+    result = run_xrun("check", "-H", TWO_WORKERS, *args, timeout=TIME_BOUND)
+    assert_one_line_error(result, needle)
+    assert result.stdout == ""
+
+
+def test_undecodable_argument_is_printed_escaped():
+    # $'\xff' reaches Python as a lone surrogate; a strict UTF-8 stdout used to raise UnicodeEncodeError.
+    result = run_xrun("--dry-run", "t.py", "\udcff", env={"PYTHONIOENCODING": "utf-8"}, timeout=TIME_BOUND)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "\\udcff" in result.stdout or "\\xff" in result.stdout
+
+
+def test_undecodable_argument_reaches_the_rank_byte_exact(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint(repr(os.fsencode(sys.argv[-1])))\n")
+    result = run_xrun("--no_local_rank", "--no_prefix", str(script), "\udcff", env={"PYTHONIOENCODING": "utf-8"},
+                      timeout=TIME_BOUND)
+    assert result.returncode == 0, result.stderr
+    assert "b'\\xff'" in result.stdout
+
+
+
+# -- an engine, ssh or pdsh that fails before its agents connect ends the start barrier at once ---------------
+
+FAKE_UNREACHABLE = "#!/bin/sh\necho 'ssh: connect to host {host} port 22: Connection refused' >&2\nexec sleep 600\n"
+
+
+@pytest.mark.parametrize("launcher, program", [("mpich", "mpiexec.hydra"), ("pdsh", "pdsh")])
+def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program):
+    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes.
+    fake = tmp_path / "bin" / program
+    fake.parent.mkdir()
+    fake.write_text(FAKE_UNREACHABLE.format(host="n2"))
+    fake.chmod(0o755)
+    hosts = hostfile(tmp_path, "n1 slots=1\nn2 slots=1\n")
+    result = run_xrun("--launcher", launcher, "-H", hosts, "--control_addr", "127.0.0.1", "--join_timeout", "600",
+                      "t.py", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=TIME_BOUND)
+    assert result.returncode == 255, result.stderr
+    assert "Traceback" not in result.stderr
+    assert ("the session to n2 exited with code 255 before its agent connected "
+            f"({program}: ssh: connect to host n2 port 22: Connection refused)") in result.stderr
+
+
+def test_launcher_lines_that_name_an_unreachable_host():
+    from xrun.runner.backends.launcher_process import unreachable_host
+
+    assert unreachable_host("ssh: connect to host node1 port 22: Connection refused") == "node1"
+    assert unreachable_host("ssh: Could not resolve hostname nodex: Name or service not known\r") == "nodex"
+    assert unreachable_host("root@node2: Permission denied (publickey,password).") == "node2"
+    assert unreachable_host("pdsh@head: node3: ssh exited with exit code 255") == "node3"
+    assert unreachable_host("[node1:0] ssh: connect to host") is None
+    assert unreachable_host("loss 0.25") is None
+
+
+def test_remote_only_check_is_one_line_naming_the_host(tmp_path):
+    # The agent checks what only its node can tell; hydra on localhost stands in for a remote node.
+    if shutil.which("mpiexec.hydra") is None:
+        pytest.skip("mpiexec.hydra not installed")
+    result = run_xrun("--launcher", "mpich", "--num_gpus", "1", "nope.py", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"xrun: job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}")
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypatch):
+    from xrun.launch.preflight import PreflightError, check_node
+    from xrun.launch.spec import PythonMode
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('imported!')\n")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    check_node(sys.executable, PythonMode.MODULE, "pkg.train", None)  # found, and pkg/__init__ never ran
+    check_node(sys.executable, PythonMode.MODULE, "sys", None)  # built in: not on sys.path
+    check_node("/usr/bin/env", PythonMode.MODULE, "only.in.that.python", None)  # another python: its own path
+    with pytest.raises(PreflightError, match="no module 'pkg.nope'"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg.nope", None)
+    with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
+    assert not list(tmp_path.glob("**/__pycache__"))

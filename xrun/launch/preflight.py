@@ -1,0 +1,128 @@
+"""What must hold on a node before its ranks start: the interpreter, the program, the log directory.
+
+One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
+for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
+a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.connect``
+reports a failure to the runner as one line naming the host). Nothing here starts or imports the user's code:
+a module is found the way ``python -m`` would find it, without importing its packages.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+from importlib.machinery import PathFinder
+
+from xrun.errors import UsageError, XrunError
+from xrun.launch.spec import NodeSpec, PythonMode
+from xrun.values import shown
+
+_PATH_MAX = 4096  # Linux
+_LOG_FILE_ROOM = 300  # what the logs add below the directory: /<host, at most 253>/rank<N>/stderr.log
+
+
+class PreflightError(XrunError):
+    """A node cannot start its ranks as asked: ``what`` names the flag or argument."""
+
+    def __init__(self, what: str, value: str, reason: str) -> None:
+        self.what = what
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{what} {shown(value, limit=200)}: {reason}")
+
+
+def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) -> None:
+    """Raise ``PreflightError`` for the first thing that would stop this node's ranks from starting."""
+    if mode is not PythonMode.NONE:
+        _check_executable("--python", python)
+    if mode is PythonMode.SCRIPT:
+        _check_script(script)
+    elif mode is PythonMode.MODULE:
+        if _is_this_python(python):  # another interpreter has another sys.path: its agent cannot tell either
+            _check_module(script)
+    else:
+        _check_executable("--no_python program", script)
+    if log_dir is not None:
+        check_log_dir(log_dir)
+
+
+def check_spec(spec: NodeSpec) -> None:
+    """The agent's side: the same checks, read back from the ranks' argv (``spec.rank_argv`` wrote them)."""
+    if not spec.ranks:
+        return
+    argv = spec.ranks[0].argv
+    if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
+        module = len(argv) >= 4 and argv[2] == "-m"
+        mode = PythonMode.MODULE if module else PythonMode.SCRIPT
+        check_node(argv[0], mode, argv[3] if module else argv[2], spec.options.log_dir)
+    else:
+        check_node(argv[0], PythonMode.NONE, argv[0], spec.options.log_dir)
+
+
+def _check_executable(what: str, program: str) -> None:
+    if shutil.which(program) is None:  # a bare name is looked up on PATH, as exec does
+        raise PreflightError(what, program, "is not an executable file (or not on PATH)")
+
+
+def _check_script(script: str) -> None:
+    if not os.path.isfile(script):
+        raise PreflightError("SCRIPT", script, f"no such file in {os.getcwd()}")
+
+
+def _check_module(name: str) -> None:
+    """``python -m name`` would find it: each dotted part found by the path finder, no package imported."""
+    path = [os.getcwd(), *sys.path]  # python -m puts the working directory first
+    parts = name.split(".")
+    for depth, part in enumerate(parts):
+        if not part.isidentifier():
+            raise PreflightError("--module", name, "is not a module name")
+        if depth == 0 and part in sys.builtin_module_names:  # not on sys.path: 'python -m sys' is fine
+            return
+        spec = PathFinder.find_spec(part, path)
+        if spec is None:
+            raise PreflightError("--module", name, f"no module {'.'.join(parts[: depth + 1])!r} on sys.path")
+        path = list(spec.submodule_search_locations or [])
+        if depth < len(parts) - 1 and not path:
+            raise PreflightError("--module", name, f"{'.'.join(parts[: depth + 1])!r} is not a package")
+
+
+def _is_this_python(python: str) -> bool:
+    found = shutil.which(python)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
+
+
+def check_log_dir(path: str) -> None:
+    """``path`` is (or can be made) a writable directory; what this creates to find out, it removes."""
+    if len(os.fsencode(os.path.abspath(path))) > _PATH_MAX - _LOG_FILE_ROOM:
+        raise UsageError("--log_dir", f"{shown(path)} is too long for the log files under it "
+                         f"(at most {_PATH_MAX - _LOG_FILE_ROOM} bytes)")
+    if os.path.isdir(path):
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError("--log_dir", f"{shown(path)} is not writable")
+        return
+    if os.path.lexists(path):
+        raise UsageError("--log_dir", f"{shown(path)} exists and is not a directory")
+    missing = _missing_dirs(os.path.abspath(path))
+    created: list[str] = []
+    try:
+        for directory in missing:
+            os.mkdir(directory)
+            created.append(directory)
+    except OSError as err:
+        reason = "path too long" if err.errno == errno.ENAMETOOLONG else err.strerror or str(err)
+        raise UsageError("--log_dir", f"cannot create {shown(path)}: {reason}") from None
+    finally:
+        for directory in reversed(created):
+            os.rmdir(directory)
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and each missing ancestor, outermost first (a loop: a 2000-level path must not recurse)."""
+    missing = [path]
+    parent = os.path.dirname(path)
+    while parent != missing[-1] and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    return missing[::-1]

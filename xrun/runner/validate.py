@@ -1,0 +1,42 @@
+"""``validate(plan)``: what the run would refuse on this machine, checked before ``--dry-run`` prints and before a
+real run executes (one function for both, so a dry run that passes means the run starts; issue 12).
+
+On this machine: the nodes whose agent runs here (a local run; a ``--no_ssh``/pod node's own share) get the
+node preflight (``xrun.launch.preflight``: interpreter, program, log directory), and a ``--control_addr`` must be
+an address the control server can listen on. What only a remote node can tell (its script, its interpreter)
+is checked by its agent there and reported as one line naming the host.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from xrun.errors import UsageError
+from xrun.launch.preflight import check_node
+from xrun.runner.backends import backend_traits
+from xrun.runner.plan import Plan
+from xrun.values import shown
+
+
+def validate(plan: Plan) -> None:
+    traits = backend_traits(plan.backend)
+    request = plan.request
+    if traits.local or traits.nodes_start_themselves:
+        check_node(request.launch.python, request.launch.mode, request.script, request.options.log_dir)
+    if traits.uses_channel and request.remote.control_addr is not None:
+        check_listen_address(request.remote.control_addr)
+
+
+def check_listen_address(addr: str) -> None:
+    """``--control_addr`` names an address of this machine (the control server binds it; agents connect to it)."""
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise UsageError("--control_addr", f"cannot resolve {shown(addr)}: {err}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(sockaddr)
+        except OSError as err:
+            raise UsageError("--control_addr", f"{shown(addr)} is not an address of this machine: "
+                             f"{err.strerror or err}") from None

@@ -1,0 +1,123 @@
+"""Strict readers for the values a user types, and the limits xrun accepts: shared by both layers.
+
+Every number, host name and displayed input of the two command lines goes through here, so that bad input
+is refused where it enters, as one line (issue 12):
+
+* numbers are ASCII digits only (``int('٣')`` is 3 and argparse's ``type=int`` takes it), finite (``float``
+  reads ``inf`` and ``nan``) and bounded, with the bound stated in the error;
+* host names are RFC 1123-ish: dot-separated labels of letters, digits, ``-`` and ``_`` (63 at most each,
+  253 in all), because they travel in the world info, in ``-i``/``-e`` specs and to ssh and DNS;
+* whatever a message quotes goes through ``shown`` (``repr``, truncated), and the entry points print through
+  ``one_line``, so an error never spans two lines whatever bytes it quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import re
+import sys
+from typing import Callable
+
+# Far above any real job, far below what would take minutes or gigabytes to plan (README: "Bad input").
+MAX_HOSTS = 65536
+MAX_SLOTS_PER_HOST = 1024
+MAX_RANKS = 1 << 17  # 131072: every rank's env is planned (and shown by --dry-run) on the head node
+MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+MAX_SHUTDOWN_TIMEOUT = 3600.0  # the grace between SIGTERM and SIGKILL
+MAX_RESTARTS = 1_000_000
+
+_SHOWN = 60  # characters of a bad value quoted in an error
+_INT = re.compile(r"[+-]?[0-9]{1,18}")
+_DIGITS = re.compile(r"[+-]?[0-9]+")
+_MAX_INT = 10**18 - 1
+_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][+-]?[0-9]{1,3})?")
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown(value: str, *, limit: int = _SHOWN) -> str:
+    """``value`` as an error quotes it: ``repr`` (one line, escapes visible), at most ``limit`` characters."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break and control character escaped: the last guard of a one-line error."""
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def parse_int(text: str) -> int | None:
+    """A whole number in ASCII digits (an optional sign, at most 18 digits), or None."""
+    stripped = text.strip()
+    return int(stripped) if _INT.fullmatch(stripped) else None
+
+
+def parse_seconds(text: str) -> float | None:
+    """A finite decimal number (no ``inf``, ``nan``, ``1_000`` or non-ASCII digits), or None."""
+    stripped = text.strip()
+    if not _FLOAT.fullmatch(stripped):
+        return None
+    value = float(stripped)
+    return value if math.isfinite(value) else None
+
+
+def int_arg(*, high: int | None = None, what: str = "a whole number") -> Callable[[str], int]:
+    """An argparse ``type``: ASCII digits, at most ``high`` (lower bounds stay with the flag's own check, and a
+    flag whose range check words its own message passes no ``high``)."""
+
+    def convert(text: str) -> int:
+        if not _DIGITS.fullmatch(text.strip()):
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not {what} (ASCII digits)")
+        value = parse_int(text)
+        limit = _MAX_INT if high is None else high
+        if value is None or value > limit:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is more than {limit}, the most xrun accepts")
+        return value
+
+    return convert
+
+
+def seconds_arg(*, high: float = MAX_SECONDS) -> Callable[[str], float]:
+    """An argparse ``type`` for a duration: finite, at most ``high`` seconds."""
+
+    def convert(text: str) -> float:
+        value = parse_seconds(text)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value:g} s is more than {high:g} s, the most xrun accepts")
+        return value
+
+    return convert
+
+
+port_arg = int_arg(what="a TCP port")  # the range (does 0 pick a free port?) is each flag's own check
+
+
+def address_problem(text: str) -> str | None:
+    """Why ``text`` cannot be an address nodes connect to (a host name, an IPv4 or IPv6 address), or None."""
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 literal may carry a %zone
+        return None
+    except ValueError:
+        pass
+    return None if host_name_problem(text) is None else f"{shown(text)} is not a host name or IP address"
+
+
+def tolerant_streams() -> None:
+    """Print any argument: a user's bytes that are not UTF-8 (``$'\\xff'``) reach Python as surrogates, which a
+    strict ``PYTHONIOENCODING=utf-8`` stream refuses to write; show them escaped instead."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
+def host_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a host of the world, or None."""
+    labels = name.split(".")
+    if name and len(name) <= 253 and all(_LABEL.fullmatch(label) for label in labels):
+        return None
+    return (f"{shown(name)} is not a host name (dot-separated labels of letters, digits, '-' and '_', "
+            "at most 63 each and 253 in all)")
