@@ -446,10 +446,26 @@ def test_prefixes_complete_lines_holds_partial_ones_and_passes_raw_bytes(marker,
     assert err == b"[h:1] to stderr\n"
 
 
-def test_no_prefix_passes_output_through_unchanged(marker, capfdbinary):
+def test_no_prefix_keeps_the_bytes_and_ends_the_last_line(marker, capfdbinary):
     result = run_group([rank(0, "out", hx(b"a\nb\xff"), "err", hx(b"e"), marker=marker)], prefix=False)
     assert result.exit_code == 0
-    assert capfdbinary.readouterr() == (b"a\nb\xff", b"e")
+    assert capfdbinary.readouterr() == (b"a\nb\xff\n", b"e\n")
+
+
+def test_no_prefix_never_lets_two_ranks_share_a_line(marker, tmp_path, capfdbinary):
+    # rank 0's line is half written when rank 1 writes a whole one (print() under python -u does this)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    procs = [
+        rank(0, "out", hx(b"out"), "ready", str(first), "wait-ready", f"1@{second}", "out", hx(b" 0\n"), marker=marker),
+        rank(1, "wait-ready", f"1@{first}", "sleep", "0.1", "out", hx(b"out 1\n"), "sleep", "0.1",
+             "ready", str(second), marker=marker),
+    ]
+    result = run_group(procs, prefix=False)
+    assert result.exit_code == 0
+    out, _ = capfdbinary.readouterr()
+    assert out == b"out 1\nout 0\n"
 
 
 def test_quiet_writes_only_the_log_files(marker, tmp_path, capfdbinary):

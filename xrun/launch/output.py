@@ -4,8 +4,9 @@
   its prefix, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
   stderr, the tail the failure report shows.
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
-  has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (or raw with ``--no_prefix``,
-  or not at all with ``--quiet``). A console whose reader went away (``| head``) stops echoing, never logging.
+  has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (whole lines without the
+  prefix with ``--no_prefix``, nothing with ``--quiet``). A console whose reader went away (``| head``) stops
+  echoing, never logging.
 * ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
   ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
@@ -166,12 +167,10 @@ class Console:
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
         if self._quiet or not stream.echo or not self._ok[stream.console]:
             return
-        if not self._prefix:
-            self.emit(stream.console, chunk)
-            return
-        out, stream.pending = prefix_lines(stream.prefix, stream.pending, chunk)
+        prefix = self._prefix_of(stream)
+        out, stream.pending = prefix_lines(prefix, stream.pending, chunk)
         if len(stream.pending) > _MAX_PENDING:
-            out += stream.prefix + stream.pending + b"\n"
+            out += prefix + stream.pending + b"\n"
             stream.pending = b""
         if out:
             self.emit(stream.console, out)
@@ -179,8 +178,13 @@ class Console:
     def end_line(self, stream: RankStream) -> None:
         """The last line had no newline: give it one, so the next line (another rank's) starts clean."""
         if stream.pending:
-            self.emit(stream.console, stream.prefix + stream.pending + b"\n")
+            self.emit(stream.console, self._prefix_of(stream) + stream.pending + b"\n")
             stream.pending = b""
+
+    def _prefix_of(self, stream: RankStream) -> bytes:
+        # --no_prefix drops the prefix, not the line buffering: two ranks' writes never share a console line
+        # (print() under python -u writes 'out', ' ', '0' and '\n' separately)
+        return stream.prefix if self._prefix else b""
 
     def close(self, stream: RankStream) -> None:
         """The stream ended: stop watching it, close it, finish its last line."""
