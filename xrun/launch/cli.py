@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
 from xrun.launch.spec import (
@@ -229,6 +230,7 @@ def is_connect_mode(argv: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     if is_connect_mode(args):
         from xrun.launch.connect import main as connect_main
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.cli import (
     add_agent_flags,
     add_elastic_flags,
@@ -170,6 +171,7 @@ def plan_job(request: JobRequest) -> Plan:
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     tolerant_streams()
+    raise_open_files_limit()  # before any socket or pipe: a large job must not die of the login's 1,024
     if args and args[0] == "check":
         from xrun.runner.check import main as check_main
 
