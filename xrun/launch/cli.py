@@ -230,11 +230,11 @@ def is_connect_mode(argv: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     if is_connect_mode(args):
         from xrun.launch.connect import main as connect_main
 
         return connect_main(args)
+    raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)
         from xrun.launch.agent import run_node  # after parsing, so --help stays instant

@@ -40,6 +40,7 @@ from typing import Any
 
 from xrun import __version__
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
@@ -330,6 +331,7 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
+    raise_open_files_limit()  # before the channel and the ranks' pipes: not the login's 1,024 (xrun.fdlimit)
     try:
         ns = build_parser().parse_args(list(argv))
         host, port = split_endpoint(ns.connect)

@@ -20,6 +20,7 @@ from xrun.launch.cli import (
     elastic_options,
     launch_options,
 )
+from xrun.launch.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.backends import backend_traits, engine_backends, known_backends
 from xrun.runner.backends.base import get_backend
@@ -195,15 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry: run, flush, and leave without CPython's interpreter teardown.
+    """Console-script entry: run, then leave without CPython's interpreter teardown (``posix.leave``).
 
     By the time main() returns every rank is gone and every file is closed; the interpreter's own teardown
     (module cleanup, collecting everything imported) would only add tens of milliseconds to the job's end.
     """
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:  # the reader went away (| head): nothing left to say
-        pass
-    os._exit(code)
+    leave(main())
