@@ -12,6 +12,7 @@ from types import ModuleType
 from bench.scenarios import (
     agent_start,
     cluster_failure,
+    control_plane,
     elastic,
     failure,
     fanout,
@@ -36,7 +37,7 @@ SCENARIOS: dict[str, ModuleType] = {
         elastic,
     )
 }
-SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start,)}
+SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start, control_plane)}
 NUMBERS = {str(i): name for i, name in enumerate(SCENARIOS, start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
 

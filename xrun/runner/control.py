@@ -92,6 +92,9 @@ class _Conn:
     node: int | None = None  # set once the machine admits its hello
 
 
+_ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
+
+
 class ControlServer:
     def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
@@ -100,6 +103,7 @@ class ControlServer:
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
         self.conns: dict[int, _Conn] = {}
+        self.pending: dict[int, _Conn] = {}  # not yet admitted, in the order they opened: the oldest times out first
         self.node_conns: dict[int, _Conn] = {}
         self.serials = itertools.count()
         self.status = status if status is not None else make_status(len(plan.nodes))
@@ -132,7 +136,7 @@ class ControlServer:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
         for addr in dict.fromkeys(addrs):
             try:
-                sock = _listener(addr, port)
+                sock = _listener(addr, port, backlog=len(self.plan.nodes))
             except ChannelError:
                 self.close()
                 raise
@@ -233,14 +237,19 @@ class ControlServer:
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
-        deadlines = [self.job.next_deadline()]
-        deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns.values() if c.node is None]
-        return max(0.0, min(deadlines) - time.monotonic())
+        deadline = self.job.next_deadline()
+        oldest = next(iter(self.pending.values()), None)  # no scan of every connection per loop (issue 15)
+        if oldest is not None:
+            deadline = min(deadline, oldest.opened + channel.HELLO_TIMEOUT)
+        return max(0.0, deadline - time.monotonic())
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for conn in [c for c in self.conns.values() if c.node is None and now - c.opened > channel.HELLO_TIMEOUT]:
-            self._drop(conn)  # said nothing useful in time: a stray
+        while self.pending:
+            oldest = next(iter(self.pending.values()))
+            if now - oldest.opened <= channel.HELLO_TIMEOUT:
+                break
+            self._drop(oldest)  # said nothing useful in time: a stray
         self._feed(Tick())
 
     def _finished(self, sessions: Sessions) -> bool:
@@ -264,15 +273,20 @@ class ControlServer:
     # -- connections ----------------------------------------------------------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
-        try:
-            sock, peer = listener.accept()
-        except OSError:
-            return
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            try:
+                sock, peer = listener.accept()
+            except OSError:  # none left (EAGAIN), or one that went away before we took it
+                return
+            self._opened(sock, peer)
+
+    def _opened(self, sock: socket.socket, peer: Any) -> None:
         sock.setblocking(True)
         sock.settimeout(5.0)  # bounds a send to a peer that stopped reading; reads happen only when readable
         channel.tune_socket(sock)
         conn = _Conn(serial=next(self.serials), sock=sock, peer=str(peer[0]), opened=time.monotonic())
         self.conns[conn.serial] = conn
+        self.pending[conn.serial] = conn
         self.add_reader(sock, lambda: self._read(conn))
 
     def _read(self, conn: _Conn) -> None:
@@ -319,6 +333,7 @@ class ControlServer:
     def _drop(self, conn: _Conn) -> None:
         self.remove_reader(conn.sock)
         self.conns.pop(conn.serial, None)
+        self.pending.pop(conn.serial, None)
         try:
             conn.sock.close()
         except OSError:
@@ -330,6 +345,7 @@ class ControlServer:
 
     def _admit(self, action: Admit) -> None:
         conn = self.conns[action.conn]
+        del self.pending[conn.serial]
         conn.node = action.node
         conn.reader.limit = channel.MAX_FRAME
         self.node_conns[action.node] = conn
@@ -356,7 +372,7 @@ class ControlServer:
             self._closed(conn, f"send failed: {err.strerror or err}")
 
 
-def _listener(addr: str, port: int) -> socket.socket:
+def _listener(addr: str, port: int, *, backlog: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -365,7 +381,7 @@ def _listener(addr: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         raise ChannelError(f"cannot listen on {addr}:{port}: {err.strerror}") from None
-    sock.listen(256)
+    sock.listen(max(256, backlog))  # every node may connect at once; the kernel caps it at net.core.somaxconn
     sock.setblocking(False)
     return sock
 
