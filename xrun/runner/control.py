@@ -8,6 +8,10 @@ back become sends, closed connections and status lines; at the end the machine's
 (``xrun.runner.jobreport``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
 machine's; the wire format lives in ``xrun.launch.channel``, the status display in ``xrun.runner.status``.
 
+It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
+or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
+is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
+
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
 and SIGHUP (a stop: the machine's event) and the ``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message
@@ -95,6 +99,20 @@ class _Conn:
 _ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
 
+class _Unadmitted(dict[int, _Conn]):
+    """Connections whose hello is not yet admitted, in the order they opened: the oldest times out first, so
+    neither the loop's timeout nor its tick scans every connection (issue 15)."""
+
+    def deadline(self) -> float | None:
+        oldest = next(iter(self.values()), None)
+        return None if oldest is None else oldest.opened + channel.HELLO_TIMEOUT
+
+    def expired(self, now: float) -> Iterator[_Conn]:
+        """The connections past ``HELLO_TIMEOUT``, oldest first (the caller drops each as it comes)."""
+        while self and now - (oldest := next(iter(self.values()))).opened > channel.HELLO_TIMEOUT:
+            yield oldest
+
+
 class ControlServer:
     def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
@@ -103,7 +121,7 @@ class ControlServer:
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
         self.conns: dict[int, _Conn] = {}
-        self.pending: dict[int, _Conn] = {}  # not yet admitted, in the order they opened: the oldest times out first
+        self.pending = _Unadmitted()
         self.node_conns: dict[int, _Conn] = {}
         self.serials = itertools.count()
         self.status = status if status is not None else make_status(len(plan.nodes))
@@ -237,19 +255,12 @@ class ControlServer:
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
-        deadline = self.job.next_deadline()
-        oldest = next(iter(self.pending.values()), None)  # no scan of every connection per loop (issue 15)
-        if oldest is not None:
-            deadline = min(deadline, oldest.opened + channel.HELLO_TIMEOUT)
-        return max(0.0, deadline - time.monotonic())
+        deadlines = [self.job.next_deadline(), self.pending.deadline()]
+        return max(0.0, min(d for d in deadlines if d is not None) - time.monotonic())
 
     def _tick(self) -> None:
-        now = time.monotonic()
-        while self.pending:
-            oldest = next(iter(self.pending.values()))
-            if now - oldest.opened <= channel.HELLO_TIMEOUT:
-                break
-            self._drop(oldest)  # said nothing useful in time: a stray
+        for conn in self.pending.expired(time.monotonic()):
+            self._drop(conn)  # said nothing useful in time: a stray
         self._feed(Tick())
 
     def _finished(self, sessions: Sessions) -> bool:
