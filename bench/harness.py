@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -216,6 +217,7 @@ class JobRun:
     peak_kib: dict[str, int]  # "launcher" and each other non-rank process ("agent <pid>: cmdline") -> VmHWM
     started_at: float = 0.0  # time.time() just before the launcher started
     peak_pss_kib: int | None = None  # largest sampled sum of PSS over the launcher and its non-rank processes
+    cpu_s: float | None = None  # user + system CPU of the launcher and every descendant it reaped (pdsh, ssh, ...)
 
 
 def run_local_job(
@@ -263,6 +265,7 @@ def run_command(
     peaks: dict[int, tuple[int, str]] = {}  # pid -> (VmHWM KiB, cmdline)
     t_wall0 = time.time()
     t0 = time.monotonic()
+    reaped = _children_cpu()  # the bench reaps only the launcher in between: the delta is the launcher's tree
     proc = start(argv, env=env, console=run.console if console is None else console)
     wall: float | None = None
     next_scan = next_pss = 0.0
@@ -295,6 +298,7 @@ def run_command(
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+    cpu_s = _children_cpu() - reaped
     ranks = procs.rank_pids(run.path)
     starts = sorted(ranks.values())
     time.sleep(0.05)  # let a launcher's own teardown of stragglers finish before we call them leftovers
@@ -311,7 +315,13 @@ def run_command(
         peak_kib=_roles(peaks, launcher_pid=proc.pid, rank_pids=set(ranks)),
         peak_pss_kib=pss_peak or None,
         started_at=t_wall0,
+        cpu_s=cpu_s,
     )
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _sample(peaks: dict[int, tuple[int, str]], pids: set[int]) -> None:

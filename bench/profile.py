@@ -3,7 +3,8 @@
 Prints (and saves under bench/results/raw/) three things, all median of a few runs:
   1. what any Python process costs here: ``python -c pass``, with and without ``site`` (``-S``);
   2. what importing xrun's CLI costs on top (``python -c 'import xrun.runner.cli'``), with the top modules from
-     ``-X importtime``;
+     ``-X importtime``, and the same for a node agent's start path (``xrun.launch.connect`` and what runs the
+     ranks: ``xrun.launch.agent``), the path ``python -m xrun.launch --connect`` imports;
   3. the exit path after a rank fails: when xrun's ``main`` returns, when its atexit hooks are done, when the
      process is gone, and when it would be gone with ``os._exit`` after the hooks (interpreter finalization
      skipped);
@@ -35,6 +36,9 @@ def wall(argv: list[str], env: dict[str, str], runs: int = 7) -> float:
         subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         times.append(time.monotonic() - t0)
     return statistics.median(times)
+
+
+AGENT_START_PATH = "xrun.launch.connect, xrun.launch.agent"  # what `python -m xrun.launch --connect` imports
 
 
 def import_top(module: str, env: dict[str, str], top: int = 12) -> list[str]:
@@ -140,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "largest imports under `import xrun.runner.cli` (-X importtime):",
         *import_top("xrun.runner.cli", env),
+        "",
+        f"node agent's start path: `import {AGENT_START_PATH}` "
+        f"{(wall([py, '-c', f'import {AGENT_START_PATH}'], env) - bare) * 1000:7.1f} ms on top; largest imports:",
+        *import_top(AGENT_START_PATH, env),
         "",
         "largest imports at interpreter start (`site`, .pth files) (-X importtime):",
         *import_top("sys", env, top=6),

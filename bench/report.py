@@ -212,9 +212,10 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     if not old:
         return new
     order = list(new["scenarios"]) + [k for k in old.get("scenarios", {}) if k not in new["scenarios"]]
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import SCALE, SCENARIOS
 
-    order.sort(key=lambda k: list(SCENARIOS).index(k) if k in SCENARIOS else 99)
+    ranked = [*SCENARIOS, *SCALE]
+    order.sort(key=lambda k: ranked.index(k) if k in ranked else 99)
     scenarios = {k: new["scenarios"].get(k) or old["scenarios"][k] for k in order}
     return {"meta": new["meta"], "scenarios": scenarios}
 

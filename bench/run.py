@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
 
 from bench import harness, launchers, report  # noqa: E402
 from bench.launchers import LAUNCHERS, LocalJob  # noqa: E402
-from bench.scenarios import LOCAL, SCENARIOS, resolve  # noqa: E402
+from bench.scenarios import LOCAL, SCALE, SCENARIOS, resolve, scenario  # noqa: E402
 from bench.scenarios.base import Context  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "scenarios",
         nargs="?",
         default="all",
-        help="comma-separated names or numbers (1-9), 'local' (1-6) or 'all' (default)",
+        help="comma-separated names or numbers (1-9), 'local' (1-6), 'scale' (agent_start, control_plane) "
+        "or 'all' (default: 1-9)",
     )
     p.add_argument("--quick", action="store_true", help="smoke pass: one round, small sizes; writes to results/raw/")
     p.add_argument("--reps", type=int, help="rounds per scenario (default: 1 quick, 3-5 full)")
@@ -76,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         warm_up()
     doc = {"meta": meta(args), "scenarios": {}}
     for name in names:
-        print(f"== {SCENARIOS[name].TITLE}", file=sys.stderr, flush=True)
-        doc["scenarios"][name] = SCENARIOS[name].run(ctx)
+        print(f"== {scenario(name).TITLE}", file=sys.stderr, flush=True)
+        doc["scenarios"][name] = scenario(name).run(ctx)
     write_results(doc, quick=args.quick, out=args.out)
     return 0
 
@@ -161,6 +162,8 @@ def _write(path: str, text: str) -> None:
 def _list() -> int:
     for i, (name, mod) in enumerate(SCENARIOS.items(), start=1):
         print(f"{i}  {name:<12} {mod.TITLE}")
+    for name, mod in SCALE.items():
+        print(f"   {name:<12} {mod.TITLE}")
     for name, launcher in LAUNCHERS.items():
         missing = launcher.available()
         print(f"   launcher {name:<10} {'ok' if not missing else 'missing: ' + missing}")

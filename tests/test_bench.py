@@ -274,3 +274,9 @@ def test_rank_pids_reads_the_pid_files(tmp_path):
     (tmp_path / "ranks" / "123").write_text("1700000000.5 0\n")
     (tmp_path / "ranks" / "124").write_text("")  # a rank caught mid-write is skipped
     assert procs.rank_pids(str(tmp_path)) == {123: 1700000000.5}
+
+
+def test_scale_scenarios_run_by_name_outside_all():
+    assert resolve("scale") == ["agent_start", "control_plane"]
+    assert resolve("control_plane,1") == ["control_plane", "launch"]
+    assert "agent_start" not in resolve("all")

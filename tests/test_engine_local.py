@@ -94,3 +94,23 @@ def test_missing_engine_is_a_clear_error(tmp_path):
     proc = run_xrun("--launcher", "mvapich", "--num_gpus", "1", "x.py", env={"PATH": str(tmp_path)})
     assert proc.returncode == 2
     assert proc.stderr.startswith("xrun: --launcher: mvapich: mpirun not found on PATH; load MVAPICH2")
+
+
+@pytest.mark.parametrize("name", ["openmpi", "mpich"])
+def test_the_engine_does_not_abort_an_agent_whose_result_arrived(name, tmp_path):
+    """The agent exits 0 to its engine once its done reached the runner (issue 15): no engine abort, whose
+    OpenMPI flavour spends 2 s on SIGCONT/sleep/SIGTERM/sleep/SIGKILL against an agent already gone."""
+    args, env = engine(name)
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    proc = run_xrun("--launcher", name, *args, "--num_gpus", "2", "--export", "FAIL_CODE", str(script),
+                    env={**env, "FAIL_CODE": "9"}, cwd=str(tmp_path))
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert "non-zero status" not in proc.stderr and "aborted" not in proc.stderr, proc.stderr
+
+
+def test_engine_exit_code_is_zero_only_once_the_runner_has_the_result():
+    from xrun.launch.connect import engine_exit_code
+
+    assert engine_exit_code(9, delivered=True) == 0
+    assert engine_exit_code(9, delivered=False) == 9

@@ -4,6 +4,7 @@ import shlex
 
 import pytest
 
+from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, connect_target, token_from_env
 from xrun.launch.connect import build_parser, split_endpoint
 from xrun.launch.spec import LaunchOptions
@@ -197,3 +198,10 @@ def test_no_ssh_dry_run_shows_this_nodes_agent():
     assert result.returncode == 0, result.stderr
     assert "backend no_ssh" in result.stdout and "master worker-0:29500" in result.stdout
     assert "--node_rank=1" in result.stdout
+
+
+def test_pdsh_fanout_below_the_hosts_is_refused():
+    """Agents hold their ssh connection for the whole job: pdsh -f 2 on 3 hosts would never start the third."""
+    with pytest.raises(UsageError, match=r"--fanout: 2 is below the job's 3 hosts: .* use --fanout 3 or more"):
+        pdsh_argv(plan_for("pdsh", remote=RemoteOptions(fanout=2)), ENDPOINT)
+    assert pdsh_argv(plan_for("pdsh", remote=RemoteOptions(fanout=3)), ENDPOINT)[5] == "3"

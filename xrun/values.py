@@ -9,12 +9,13 @@ is refused where it enters, as one line (issue 12):
   253 in all), because they travel in the world info, in ``-i``/``-e`` specs and to ssh and DNS;
 * whatever a message quotes goes through ``shown`` (``repr``, truncated), and the entry points print through
   ``one_line``, so an error never spans two lines whatever bytes it quotes.
+
+Every node agent imports this module on its start path, so it compiles no pattern at import (``re`` compiles
+and caches each on first use) and imports ``argparse`` and ``ipaddress`` only where a function needs them.
 """
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
 import math
 import re
 import sys
@@ -29,12 +30,12 @@ MAX_SHUTDOWN_TIMEOUT = 3600.0  # the grace between SIGTERM and SIGKILL
 MAX_RESTARTS = 1_000_000
 
 _SHOWN = 60  # characters of a bad value quoted in an error
-_INT = re.compile(r"[+-]?[0-9]{1,18}")
-_DIGITS = re.compile(r"[+-]?[0-9]+")
+_INT = r"[+-]?[0-9]{1,18}"
+_DIGITS = r"[+-]?[0-9]+"
 _MAX_INT = 10**18 - 1
-_FLOAT = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][+-]?[0-9]{1,3})?")
-_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_FLOAT = r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][+-]?[0-9]{1,3})?"
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_CONTROL = r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"
 
 
 def shown(value: str, *, limit: int = _SHOWN) -> str:
@@ -44,19 +45,19 @@ def shown(value: str, *, limit: int = _SHOWN) -> str:
 
 def one_line(text: str) -> str:
     """``text`` with every line break and control character escaped: the last guard of a one-line error."""
-    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+    return re.sub(_CONTROL, lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def parse_int(text: str) -> int | None:
     """A whole number in ASCII digits (an optional sign, at most 18 digits), or None."""
     stripped = text.strip()
-    return int(stripped) if _INT.fullmatch(stripped) else None
+    return int(stripped) if re.fullmatch(_INT, stripped) else None
 
 
 def parse_seconds(text: str) -> float | None:
     """A finite decimal number (no ``inf``, ``nan``, ``1_000`` or non-ASCII digits), or None."""
     stripped = text.strip()
-    if not _FLOAT.fullmatch(stripped):
+    if not re.fullmatch(_FLOAT, stripped):
         return None
     value = float(stripped)
     return value if math.isfinite(value) else None
@@ -67,7 +68,9 @@ def int_arg(*, high: int | None = None, what: str = "a whole number") -> Callabl
     flag whose range check words its own message passes no ``high``)."""
 
     def convert(text: str) -> int:
-        if not _DIGITS.fullmatch(text.strip()):
+        import argparse  # noqa: PLC0415 - loaded already: only argparse calls a type
+
+        if not re.fullmatch(_DIGITS, text.strip()):
             raise argparse.ArgumentTypeError(f"{shown(text)} is not {what} (ASCII digits)")
         value = parse_int(text)
         limit = _MAX_INT if high is None else high
@@ -82,6 +85,8 @@ def seconds_arg(*, high: float = MAX_SECONDS) -> Callable[[str], float]:
     """An argparse ``type`` for a duration: finite, at most ``high`` seconds."""
 
     def convert(text: str) -> float:
+        import argparse  # noqa: PLC0415 - loaded already: only argparse calls a type
+
         value = parse_seconds(text)
         if value is None:
             raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds")
@@ -97,6 +102,8 @@ port_arg = int_arg(what="a TCP port")  # the range (does 0 pick a free port?) is
 
 def address_problem(text: str) -> str | None:
     """Why ``text`` cannot be an address nodes connect to (a host name, an IPv4 or IPv6 address), or None."""
+    import ipaddress  # noqa: PLC0415 - not on the agent's start path
+
     try:
         ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 literal may carry a %zone
         return None
@@ -117,7 +124,7 @@ def tolerant_streams() -> None:
 def host_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a host of the world, or None."""
     labels = name.split(".")
-    if name and len(name) <= 253 and all(_LABEL.fullmatch(label) for label in labels):
+    if name and len(name) <= 253 and all(re.fullmatch(_LABEL, label) for label in labels):
         return None
     return (f"{shown(name)} is not a host name (dot-separated labels of letters, digits, '-' and '_', "
             "at most 63 each and 253 in all)")

@@ -1,11 +1,18 @@
-"""The scenario registry: name (and issue number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``."""
+"""The scenario registry: name (and number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
+
+``SCENARIOS`` are issue 7's suite, numbered 1–9 (``all``, ``local`` = 1–6). ``SCALE`` are issue 15's: the node
+agent's start and the 10,000-agent control plane, run by name or as the group ``scale``; they compare xrun with
+what bounds it (an interpreter start, the protocol's own targets), not with the other launchers.
+"""
 
 from __future__ import annotations
 
 from types import ModuleType
 
 from bench.scenarios import (
+    agent_start,
     cluster_failure,
+    control_plane,
     elastic,
     failure,
     fanout,
@@ -30,21 +37,30 @@ SCENARIOS: dict[str, ModuleType] = {
         elastic,
     )
 }
+SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start, control_plane)}
 NUMBERS = {str(i): name for i, name in enumerate(SCENARIOS, start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
 
 
+def scenario(name: str) -> ModuleType:
+    """The module of a resolved scenario name (numbered or scale)."""
+    return SCENARIOS[name] if name in SCENARIOS else SCALE[name]
+
+
 def resolve(spec: str) -> list[str]:
-    """``"1,3,memory"`` -> scenario names; ``all`` = 1–9, ``local`` = 1–6. Unknown names list the known ones."""
+    """``"1,3,memory"`` -> scenario names; ``all`` = 1–9, ``local`` = 1–6, ``scale`` = the scale scenarios.
+    Unknown names list the known ones."""
     names: list[str] = []
     for word in (w.strip() for w in spec.split(",") if w.strip()):
         if word == "all":
             names += list(SCENARIOS)
         elif word == "local":
             names += list(LOCAL)
-        elif word in SCENARIOS or word in NUMBERS:
+        elif word == "scale":
+            names += list(SCALE)
+        elif word in SCENARIOS or word in NUMBERS or word in SCALE:
             names.append(NUMBERS.get(word, word))
         else:
             known = ", ".join(f"{i}={n}" for i, n in NUMBERS.items())
-            raise ValueError(f"unknown scenario {word!r}; known: {known}, all, local")
+            raise ValueError(f"unknown scenario {word!r}; known: {known}, all, local, {', '.join(SCALE)}, scale")
     return list(dict.fromkeys(names))

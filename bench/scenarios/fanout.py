@@ -1,4 +1,4 @@
-"""Scenario 7: fan-out on the namespace cluster. 4, 16, 32 nodes, one no-op rank per node.
+"""Scenario 7: fan-out on the namespace cluster. 4, 32, 64, 128 nodes, one no-op rank per node.
 
 xrun (ssh and pdsh backends) runs the no-op rank on every node: launch to every rank running (the last rank's
 own start timestamp; the nodes share the filesystem and the clock) and to a clean exit. The baselines only
@@ -6,6 +6,12 @@ connect: ``pdsh -S -f 32 -w node1,... true`` and a shell doing ``ssh nodeI true`
 Target: xrun's launch→exit ≤ 1.5× pdsh's. A third baseline, ``pdsh:ranks``, has pdsh start the no-op rank
 itself (``python noop.py`` on every node, no agent): the multi-node floor, what any launcher that starts a
 Python rank on every node must at least pay.
+
+Head CPU per node: user + system CPU of the launcher and every process it started and reaped on the head (pdsh,
+its ssh clients; paramiko's threads are xrun's own), divided by the nodes. The nodes' sshd and agents are not
+the head's children, so they are not counted. Targets (issue 15, at 128 nodes): xrun's launch→exit ≤ 1.5×
+``pdsh:ranks``, the pdsh backend's head CPU per node ≤ 1.2× ``pdsh:ranks``'s, the ssh backend's launcher
+≤ 40 MiB.
 """
 
 from __future__ import annotations
@@ -26,15 +32,17 @@ TABLE = {
         ["last_rank_s", "all ranks running", "s"],
         ["launcher_mib", "launcher peak RSS", "MiB"],
         ["agent_mib", "largest node agent peak RSS", "MiB"],
+        ["head_cpu_ms", "head CPU per node", "ms"],
     ],
     "ratio": "wall_s",
+    "extra_ratio": "head_cpu_ms",
     "references": ["pdsh", "pdsh:ranks", "xrun:ssh"],
 }
 PDSH_ENV = {"PDSH_RCMD_TYPE": "ssh"}  # pdsh's default rcmd module may be rsh
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    sizes = ctx.option("nodes", (4,), (4, 16, 32))
+    sizes = ctx.option("nodes", (4,), (4, 32, 64, 128))
     rounds = ctx.rounds(1, 3)
     backends = cluster.xrun_backends()
     variants = [v for v in VARIANTS if not v.startswith("xrun:") or v.split(":")[1] in backends]
@@ -59,6 +67,7 @@ def run(ctx: Context) -> dict[str, Any]:
                     results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=f"{NAME} {k} nodes")
                 group = harness.summarize_group(results, references=TABLE["references"])
                 sec["groups"].append({"label": f"{k} nodes", "params": {"nodes": k}, **group})
+                sec["targets"] += scale_targets(sec["groups"][-1], k)
                 for backend in ("ssh", "pdsh"):
                     value = median(sec["groups"][-1], f"xrun:{backend}", "wall_s", "pdsh")
                     sec["targets"].append(target(f"xrun ({backend}) / pdsh, {k} nodes", value, 1.5, "×"))
@@ -74,6 +83,20 @@ def run(ctx: Context) -> dict[str, Any]:
     except cluster.Unavailable as why:
         return unavailable(NAME, TITLE, str(why))
     return finish(sec)
+
+
+def scale_targets(group: dict[str, Any], nodes: int) -> list[dict[str, Any]]:
+    """Issue 15's targets, against pdsh starting the ranks itself (the multi-node floor)."""
+    out = []
+    for backend in ("ssh", "pdsh"):
+        value = median(group, f"xrun:{backend}", "wall_s", "pdsh:ranks")
+        out.append(target(f"xrun ({backend}) / pdsh:ranks, {nodes} nodes", value, 1.5, "×"))
+    cpu = median(group, "xrun:pdsh", "head_cpu_ms", "pdsh:ranks")
+    out.append(target(f"xrun (pdsh) head CPU per node / pdsh:ranks, {nodes} nodes", cpu, 1.2, "×"))
+    ssh_mib = median(group, "xrun:ssh", "launcher_mib")
+    if ssh_mib is not None:
+        out.append(target(f"xrun (ssh) launcher peak RSS, {nodes} nodes (issue 15)", ssh_mib, 40.0, "MiB"))
+    return out
 
 
 def fanout_trial(variant: str, hosts: list[str], hostfile: str, *, ssh_config: str) -> harness.Trial:
@@ -104,8 +127,9 @@ def fanout_trial(variant: str, hosts: list[str], hostfile: str, *, ssh_config: s
             more_helpers=lambda: procs.in_other_netns("xrun.launch"),
         )
         tail = run.tail(300)
+    cpu_ms = got.cpu_s * 1000 / len(hosts) if got.cpu_s is not None else None
     trial = harness.Trial(
-        metrics={"wall_s": got.wall_s, "leftovers": float(len(got.leftovers))},
+        metrics={"wall_s": got.wall_s, "leftovers": float(len(got.leftovers)), "head_cpu_ms": cpu_ms},
         exit_code=got.exit_code,
         notes={"leftovers": got.leftovers} if got.leftovers else {},
     )

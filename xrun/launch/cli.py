@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
 from xrun.launch.spec import (
@@ -233,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xrun.launch.connect import main as connect_main
 
         return connect_main(args)
+    raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)
         from xrun.launch.agent import run_node  # after parsing, so --help stays instant

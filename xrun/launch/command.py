@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xrun.launch import rdzv
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
@@ -63,11 +62,13 @@ class AgentCommand:
     elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
+        from xrun.launch.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
+
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
         return NodeSpec(
             host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id,
-            elastic=rdzv.resolve_elastic(self.elastic, self.world, self.rendezvous),
+            elastic=resolve_elastic(self.elastic, self.world, self.rendezvous),
         )
 
 

@@ -22,6 +22,8 @@ hydra ``-genvlist``, ``srun --export``), so it is in no argv and no rank inherit
 
 The node rank: ``--node_rank=K``, or ``--node_rank_from=VAR[,VAR...]`` where the engine numbers its processes
 itself (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``): the first of those variables that is set.
+Such an agent, started by an engine, exits 0 to it once its ``done`` reached the runner (``engine_exit_code``):
+the job's code travels on the channel, and a non-zero exit would only set off the engine's slow abort.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 from xrun import __version__
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
@@ -162,6 +165,7 @@ class ChannelHooks:
         self._thread: threading.Thread | None = None
         self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.lost_reason: str | None = None  # why the channel was lost, once it was
+        self.result_delivered = False  # the node's done went out: the runner has its exit code
 
     # -- AgentHooks -----------------------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class ChannelHooks:
             root_cause=result.root_cause.rank if result.root_cause is not None else None,
             interrupted_by=result.interrupted_by,
         ))
+        self.result_delivered = self._connected
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -291,7 +296,8 @@ def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str
             return None
 
 
-def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
+def run_connected(host: str, port: int, node_rank: int, token: str, *, engine: bool = False) -> int:
+    """This node's part of the job; its exit code (``engine``: see ``engine_exit_code``)."""
     sock = open_channel(host, port)
     reader = channel.FrameReader()
     channel.send(sock, hello(token, node_rank, sock))
@@ -324,12 +330,26 @@ def run_connected(host: str, port: int, node_rank: int, token: str) -> int:
 
     hooks = ChannelHooks(sock, reader)
     try:
-        return run_node(spec, hooks=hooks)
+        code = run_node(spec, hooks=hooks)
     finally:
         hooks.close()
+    return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
+
+
+def engine_exit_code(code: int, *, delivered: bool) -> int:
+    """What an agent started by an engine (mpirun, hydra, srun) exits with: 0 once its result reached the runner.
+
+    The runner decides the job's exit code from the channel and has already stopped every other node; a non-zero
+    exit would only set off the engine's own abort, and OpenMPI's sends SIGCONT, sleeps 1 s, SIGTERM, sleeps 1 s,
+    SIGKILL to the agent even when it is already gone (``odls_base_sigkill_timeout``, strace of mpirun 4.1):
+    2.2 s before mpirun exits, against 0.1 s. When the channel was lost the code stands: then the engine's
+    abort is the second line of teardown.
+    """
+    return 0 if delivered else code
 
 
 def main(argv: Sequence[str]) -> int:
+    raise_open_files_limit()  # before the channel and the ranks' pipes: not the login's 1,024 (xrun.fdlimit)
     try:
         ns = build_parser().parse_args(list(argv))
         host, port = split_endpoint(ns.connect)
@@ -337,7 +357,7 @@ def main(argv: Sequence[str]) -> int:
         if ns.node_rank_from is not None:  # started by mpirun/mpiexec/srun: ranks must not look like its processes
             node_rank = node_rank_from(ns.node_rank_from, os.environ)
             drop_engine_identity(os.environ)
-        return run_connected(host, port, node_rank, read_token(ns.token))
+        return run_connected(host, port, node_rank, read_token(ns.token), engine=ns.node_rank_from is not None)
     except XrunError as err:
         print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code

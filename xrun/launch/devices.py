@@ -44,7 +44,7 @@ VISIBILITY = {
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # nvidia-smi -L's spellings: GPU-<uuid>; MIG-<uuid> (driver >= 470); MIG-GPU-<uuid>/<gi>/<ci> (older drivers).
-_DEVICE_NAME = re.compile(rf"(GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/[0-9]+/[0-9]+)\Z", re.IGNORECASE)
+_DEVICE_NAME = rf"(GPU-{_UUID}|MIG-{_UUID}|MIG-GPU-{_UUID}/[0-9]+/[0-9]+)\Z"  # compiled on first use (re caches)
 _INTEL_DATA_CENTER = ("0x0bd", "0x56c")  # Max (Ponte Vecchio) and Flex device ids: not a laptop's iGPU
 
 
@@ -81,7 +81,7 @@ def hides_devices(visible: str) -> bool:
 def device_names(visible: str) -> tuple[str, ...] | None:
     """The UUID/MIG names a visibility list gives (None: it is not a list of well-formed names)."""
     names = tuple(item.strip() for item in visible.split(","))
-    return names if all(_DEVICE_NAME.match(n) for n in names) else None
+    return names if all(re.match(_DEVICE_NAME, n, re.IGNORECASE) for n in names) else None
 
 
 def visible_devices(inherited: str | None, planned: str) -> str:

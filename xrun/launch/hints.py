@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_REJECTS_LOCAL_RANK = re.compile(r"(unrecognized arguments|no such option)\b.*--local[_-]rank", re.IGNORECASE)
+_REJECTS_LOCAL_RANK = r"(unrecognized arguments|no such option)\b.*--local[_-]rank"  # compiled on first use
 LOCAL_RANK_FIX = (
     "the script does not accept --local_rank (argparse, hydra, LightningCLI, click): rerun with --no_local_rank "
     "(the rank is in the LOCAL_RANK variable)"
@@ -21,6 +21,6 @@ LOCAL_RANK_FIX = (
 
 def failure_hint(stderr_tail: Iterable[str]) -> str | None:
     """The fix for what a failed rank's stderr tail shows, or None."""
-    if any(_REJECTS_LOCAL_RANK.search(line) for line in stderr_tail):
+    if any(re.search(_REJECTS_LOCAL_RANK, line, re.IGNORECASE) for line in stderr_tail):
         return LOCAL_RANK_FIX
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 
 
 def write_all(fd: int, data: bytes) -> bool:
@@ -29,3 +30,17 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def leave(code: int) -> None:
+    """Flush Python's stdout and stderr and end the process now, without CPython's interpreter teardown.
+
+    The entry points call it once everything is over (every rank gone, every file closed): module cleanup and
+    collecting all that was imported would only add milliseconds of CPU to every process's end.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # the reader went away (| head): nothing left to say
+            pass
+    os._exit(code)

@@ -1,4 +1,5 @@
-"""What must hold on a node before its ranks start: the interpreter, the program, the log directory.
+"""What must hold on a node before its ranks start: the interpreter, the program, the log directory, and room
+for the ranks' open files under the hard limit (``xrun.fdlimit``).
 
 One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
 for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
@@ -16,6 +17,7 @@ import sys
 from importlib.machinery import PathFinder
 
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import agent_open_files, check_open_files
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.values import shown
 
@@ -52,6 +54,7 @@ def check_spec(spec: NodeSpec) -> None:
     """The agent's side: the same checks, read back from the ranks' argv (``spec.rank_argv`` wrote them)."""
     if not spec.ranks:
         return
+    check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
     argv = spec.ranks[0].argv
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
         module = len(argv) >= 4 and argv[2] == "-m"

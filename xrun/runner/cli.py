@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.cli import (
     add_agent_flags,
     add_elastic_flags,
@@ -19,6 +20,7 @@ from xrun.launch.cli import (
     elastic_options,
     launch_options,
 )
+from xrun.launch.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.backends import backend_traits, engine_backends, known_backends
 from xrun.runner.backends.base import get_backend
@@ -170,6 +172,7 @@ def plan_job(request: JobRequest) -> Plan:
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     tolerant_streams()
+    raise_open_files_limit()  # before any socket or pipe: a large job must not die of the login's 1,024
     if args and args[0] == "check":
         from xrun.runner.check import main as check_main
 
@@ -193,15 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry: run, flush, and leave without CPython's interpreter teardown.
+    """Console-script entry: run, then leave without CPython's interpreter teardown (``posix.leave``).
 
     By the time main() returns every rank is gone and every file is closed; the interpreter's own teardown
     (module cleanup, collecting everything imported) would only add tens of milliseconds to the job's end.
     """
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:  # the reader went away (| head): nothing left to say
-        pass
-    os._exit(code)
+    leave(main())

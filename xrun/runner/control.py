@@ -8,6 +8,10 @@ back become sends, closed connections and status lines; at the end the machine's
 (``xrun.runner.jobreport``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
 machine's; the wire format lives in ``xrun.launch.channel``, the status display in ``xrun.runner.status``.
 
+It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
+or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
+is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
+
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
 and SIGHUP (a stop: the machine's event) and the ``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message
@@ -92,6 +96,23 @@ class _Conn:
     node: int | None = None  # set once the machine admits its hello
 
 
+_ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
+
+
+class _Unadmitted(dict[int, _Conn]):
+    """Connections whose hello is not yet admitted, in the order they opened: the oldest times out first, so
+    neither the loop's timeout nor its tick scans every connection (issue 15)."""
+
+    def deadline(self) -> float | None:
+        oldest = next(iter(self.values()), None)
+        return None if oldest is None else oldest.opened + channel.HELLO_TIMEOUT
+
+    def expired(self, now: float) -> Iterator[_Conn]:
+        """The connections past ``HELLO_TIMEOUT``, oldest first (the caller drops each as it comes)."""
+        while self and now - (oldest := next(iter(self.values()))).opened > channel.HELLO_TIMEOUT:
+            yield oldest
+
+
 class ControlServer:
     def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
@@ -100,6 +121,7 @@ class ControlServer:
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
         self.conns: dict[int, _Conn] = {}
+        self.pending = _Unadmitted()
         self.node_conns: dict[int, _Conn] = {}
         self.serials = itertools.count()
         self.status = status if status is not None else make_status(len(plan.nodes))
@@ -132,7 +154,7 @@ class ControlServer:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
         for addr in dict.fromkeys(addrs):
             try:
-                sock = _listener(addr, port)
+                sock = _listener(addr, port, backlog=len(self.plan.nodes))
             except ChannelError:
                 self.close()
                 raise
@@ -233,13 +255,11 @@ class ControlServer:
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
-        deadlines = [self.job.next_deadline()]
-        deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns.values() if c.node is None]
-        return max(0.0, min(deadlines) - time.monotonic())
+        deadlines = [self.job.next_deadline(), self.pending.deadline()]
+        return max(0.0, min(d for d in deadlines if d is not None) - time.monotonic())
 
     def _tick(self) -> None:
-        now = time.monotonic()
-        for conn in [c for c in self.conns.values() if c.node is None and now - c.opened > channel.HELLO_TIMEOUT]:
+        for conn in self.pending.expired(time.monotonic()):
             self._drop(conn)  # said nothing useful in time: a stray
         self._feed(Tick())
 
@@ -264,15 +284,20 @@ class ControlServer:
     # -- connections ----------------------------------------------------------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
-        try:
-            sock, peer = listener.accept()
-        except OSError:
-            return
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            try:
+                sock, peer = listener.accept()
+            except OSError:  # none left (EAGAIN), or one that went away before we took it
+                return
+            self._opened(sock, peer)
+
+    def _opened(self, sock: socket.socket, peer: Any) -> None:
         sock.setblocking(True)
         sock.settimeout(5.0)  # bounds a send to a peer that stopped reading; reads happen only when readable
         channel.tune_socket(sock)
         conn = _Conn(serial=next(self.serials), sock=sock, peer=str(peer[0]), opened=time.monotonic())
         self.conns[conn.serial] = conn
+        self.pending[conn.serial] = conn
         self.add_reader(sock, lambda: self._read(conn))
 
     def _read(self, conn: _Conn) -> None:
@@ -319,6 +344,7 @@ class ControlServer:
     def _drop(self, conn: _Conn) -> None:
         self.remove_reader(conn.sock)
         self.conns.pop(conn.serial, None)
+        self.pending.pop(conn.serial, None)
         try:
             conn.sock.close()
         except OSError:
@@ -330,6 +356,7 @@ class ControlServer:
 
     def _admit(self, action: Admit) -> None:
         conn = self.conns[action.conn]
+        del self.pending[conn.serial]
         conn.node = action.node
         conn.reader.limit = channel.MAX_FRAME
         self.node_conns[action.node] = conn
@@ -356,7 +383,7 @@ class ControlServer:
             self._closed(conn, f"send failed: {err.strerror or err}")
 
 
-def _listener(addr: str, port: int) -> socket.socket:
+def _listener(addr: str, port: int, *, backlog: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -365,7 +392,7 @@ def _listener(addr: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         raise ChannelError(f"cannot listen on {addr}:{port}: {err.strerror}") from None
-    sock.listen(256)
+    sock.listen(max(256, backlog))  # every node may connect at once; the kernel caps it at net.core.somaxconn
     sock.setblocking(False)
     return sock
 

@@ -152,41 +152,102 @@ def reachable(addr: str | None, host: str, nodes: int) -> str:
     return addr
 
 
-@dataclass
+class _Tally:
+    """How many nodes are in each state and how many are live (connected, not over), kept as nodes change.
+
+    The rules read these counts after every message; scanning every node instead made the start barrier and a
+    stop quadratic in the nodes (10,000 simulated agents took minutes to join: issue 15).
+    """
+
+    def __init__(self, nodes: int) -> None:
+        self.states = dict.fromkeys(NodeState, 0)
+        self.states[NodeState.WAITING] = nodes
+        self.live = 0
+
+    def count(self, states: tuple[NodeState, ...]) -> int:
+        return sum(self.states[state] for state in states)
+
+    def moved(self, old: tuple[NodeState, bool], new: tuple[NodeState, bool]) -> None:
+        """One node went from (state, connected) ``old`` to ``new``."""
+        self.states[old[0]] -= 1
+        self.states[new[0]] += 1
+        self.live += _live(*new) - _live(*old)
+
+
+def _live(state: NodeState, connected: bool) -> int:
+    return int(connected and state not in _OVER)
+
+
 class _Node:
-    rank: int
-    host: str
-    state: NodeState = NodeState.WAITING
-    connected: bool = False
-    addr: str | None = None
-    master_port: int | None = None
-    exit_code: int | None = None
-    last_seen: float = 0.0
+    """One node as the job sees it; ``state`` and ``connected`` keep the nodes' ``_Tally`` up to date."""
+
+    __slots__ = ("rank", "host", "addr", "master_port", "exit_code", "last_seen", "_state", "_connected", "_tally")
+
+    def __init__(self, rank: int, host: str, tally: _Tally) -> None:
+        self.rank = rank
+        self.host = host
+        self.addr: str | None = None
+        self.master_port: int | None = None
+        self.exit_code: int | None = None
+        self.last_seen = 0.0
+        self._state = NodeState.WAITING
+        self._connected = False
+        self._tally = tally
+
+    @property
+    def state(self) -> NodeState:
+        return self._state
+
+    @state.setter
+    def state(self, value: NodeState) -> None:
+        self._tally.moved((self._state, self._connected), (value, self._connected))
+        self._state = value
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @connected.setter
+    def connected(self, value: bool) -> None:
+        self._tally.moved((self._state, self._connected), (self._state, value))
+        self._connected = value
 
     @property
     def over(self) -> bool:
-        return self.state in _OVER
+        return self._state in _OVER
 
 
 class _Nodes(list[_Node]):
-    """The nodes by node rank, and the counts the rules read."""
+    """The nodes by node rank, and the counts the rules read (from the tally: no scan per message)."""
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        self.tally = _Tally(len(hosts))
+        super().__init__(_Node(rank, host, self.tally) for rank, host in enumerate(hosts))
+        self.by_host: dict[str, list[_Node]] = {}
+        for node in self:
+            self.by_host.setdefault(node.host, []).append(node)
 
     def up(self) -> int:
-        return sum(1 for n in self if n.state in _UP)
+        return self.tally.count(_UP)
+
+    def running(self) -> int:
+        return self.tally.states[NodeState.RUNNING]
 
     def missing(self) -> list[str]:
+        """A scan: for the status line and the join timeout only."""
         return [n.host for n in self if n.state not in _UP]
 
     def left(self) -> int:
         """Still running, or may still join."""
-        return sum(1 for n in self if not n.over)
+        return len(self) - self.tally.count(_OVER)
 
     def reachable(self) -> tuple[int, ...]:
+        """A scan: once per start, stop and ping round, not per message."""
         return tuple(n.rank for n in self if n.connected and not n.over)
 
     def all_over(self, *, stopping: bool) -> bool:
         """Nothing more to hear: once stopping, a node whose agent never connected will not."""
-        return all(n.over or (stopping and not n.connected) for n in self)
+        return self.tally.live == 0 if stopping else self.tally.count(_OVER) == len(self)
 
 
 class Job:
@@ -197,7 +258,7 @@ class Job:
     def __init__(self, config: JobConfig, *, now: float, policy: HelloPolicy | None = None) -> None:
         self.config = config
         self.policy = policy if policy is not None else SendSpecs(pick_master_port=config.master_port == 0)
-        self.nodes = _Nodes(_Node(rank, host) for rank, host in enumerate(config.hosts))
+        self.nodes = _Nodes(config.hosts)
         self.t0 = now
         self.now = now
         self.failure: Failure | None = None
@@ -337,8 +398,8 @@ class Job:
     # -- what happens around them ---------------------------------------------------------------------------
 
     def _session_ended(self, event: SessionEnded) -> None:
-        for node in self.nodes:
-            if (event.host is not None and node.host != event.host) or node.over or node.connected:
+        for node in self.nodes if event.host is None else self.nodes.by_host.get(event.host, []):
+            if node.over or node.connected:
                 continue  # a connected node's own connection tells how it ended
             node.state = NodeState.LOST
             if self.stopping:
@@ -388,13 +449,13 @@ class Job:
             self._out.append(SendPing(tuple(alive)))
 
     def _watch_join(self) -> None:
-        missing = self.nodes.missing()
         if self.now - self.t0 >= self.config.join_timeout:
+            missing = self.nodes.missing()
             timeout = f"not ready within --join_timeout {self.config.join_timeout:g} s: {', '.join(missing)}"
             self._fail(Failure(", ".join(missing), timeout, NODE_FAILURE_EXIT))
-        elif self.now >= self.next_status:
+        elif self.now >= self.next_status:  # every tick comes here: the scan only once per status line
             self.next_status = self.now + STATUS_EVERY
-            self._out.append(ShowWaiting(self.nodes.up(), tuple(missing), self.now - self.t0))
+            self._out.append(ShowWaiting(self.nodes.up(), tuple(self.nodes.missing()), self.now - self.t0))
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -412,7 +473,7 @@ class Job:
     def _start_elastic(self, node: _Node, rule: ElasticRule) -> None:
         node.state = NodeState.RUNNING
         self._out.append(SendStart((node.rank,), rule.master_addr, self.config.master_port))
-        started = sum(1 for n in self.nodes if n.state is NodeState.RUNNING)
+        started = self.nodes.running()
         if self.started_at is None and started >= rule.min_nodes:
             self.started_at = self.now
         self._say(f"{node.host} up after {self.now - self.t0:.1f} s: its elastic agent joins the rendezvous "

@@ -2,9 +2,10 @@
 real run executes (one function for both, so a dry run that passes means the run starts; issue 12).
 
 On this machine: the nodes whose agent runs here (a local run; a ``--no_ssh``/pod node's own share) get the
-node preflight (``xrun.launch.preflight``: interpreter, program, log directory), and a ``--control_addr`` must be
-an address the control server can listen on. What only a remote node can tell (its script, its interpreter)
-is checked by its agent there and reported as one line naming the host.
+node preflight (``xrun.launch.preflight``: interpreter, program, log directory), a ``--control_addr`` must be an
+address the control server can listen on, and the job's open files must fit under this machine's hard limit
+(``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a remote node can tell (its
+script, its interpreter) is checked by its agent there and reported as one line naming the host.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import socket
 
 from xrun.errors import UsageError
+from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
 from xrun.launch.preflight import check_node
-from xrun.runner.backends import backend_traits
+from xrun.runner.backends import Traits, backend_traits
 from xrun.runner.plan import Plan
 from xrun.values import shown
 
@@ -25,6 +27,18 @@ def validate(plan: Plan) -> None:
         check_node(request.launch.python, request.launch.mode, request.script, request.options.log_dir)
     if traits.uses_channel and request.remote.control_addr is not None:
         check_listen_address(request.remote.control_addr)
+    check_open_files("this job's head node", head_open_files(plan, traits))
+
+
+def head_open_files(plan: Plan, traits: Traits) -> int:
+    """The fds this machine's xrun holds at most: its own node's ranks (run here, or by node 0 of a pod) and a
+    control channel per node (the server of a channel backend, or node 0's in pod mode)."""
+    ranks_here = max((len(node.ranks) for node in plan.nodes), default=0)
+    if not (traits.local or traits.nodes_start_themselves):
+        ranks_here = 0  # the agents run elsewhere (or under an engine's process, with its own limit)
+    channels = traits.uses_channel or (traits.nodes_start_themselves and len(plan.nodes) > 1)
+    per_node = FDS_PER_CHANNEL_NODE + traits.extra_fds_per_node if channels else 0
+    return agent_open_files(ranks_here) + per_node * len(plan.nodes)
 
 
 def check_listen_address(addr: str) -> None:

@@ -50,6 +50,9 @@ class Traits:
     local: bool = False
     # Every node runs its own xrun (--no_ssh) and plans alone: what they must agree on cannot be drawn at random.
     nodes_start_themselves: bool = False
+    # Open files the head holds per node beyond the channel's socket (ssh: the TCP connection to sshd and the
+    # wake-up pipe pair paramiko makes when the channel joins the selector): the open-files check (xrun.fdlimit).
+    extra_fds_per_node: int = 0
 
 
 # name -> "module:attribute" of the backend class (a zero-argument factory).

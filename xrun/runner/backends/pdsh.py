@@ -36,9 +36,19 @@ def remote_argv(plan: Plan, endpoint: Endpoint | None, node_rank: str = "%n") ->
 def pdsh_argv(plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
     """Pure: the one local command that starts every agent."""
     hosts = ",".join(node.host for node in plan.nodes)
-    fanout = str(plan.request.remote.fanout)
+    fanout = str(check_fanout(plan.request.remote.fanout, len(plan.nodes)))
     # pdsh joins its trailing words into the remote shell command: hand it one ready-quoted string.
     return ("pdsh", "-S", "-R", "ssh", "-f", fanout, "-N", "-w", hosts, render(remote_argv(plan, endpoint)))
+
+
+def check_fanout(fanout: int, nodes: int) -> int:
+    """``pdsh -f``: every agent holds its ssh connection for the whole job, so a fan-out below the node count would
+    leave the nodes past it waiting for a connection that never frees, and the barrier for them (issue 15)."""
+    if fanout < nodes:
+        raise UsageError("--fanout", f"{fanout} is below the job's {nodes} hosts: pdsh keeps one connection per host "
+                         f"open for the whole job, so the hosts past the first {fanout} would never start; "
+                         f"use --fanout {nodes} or more")
+    return fanout
 
 
 def ssh_args_append(remote: RemoteOptions) -> str:

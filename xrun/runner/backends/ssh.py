@@ -34,7 +34,7 @@ def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) ->
 
 class SshBackend:
     name = "ssh"
-    traits = Traits(uses_channel=True)
+    traits = Traits(uses_channel=True, extra_fds_per_node=3)
 
     def render(self, plan: Plan) -> Invocation:
         return Invocation(
