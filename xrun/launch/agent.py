@@ -53,7 +53,7 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
         result = run_elastic(spec, hooks=hooks)
     else:
         result = _run_group(spec, hooks)
-    code = conclude(result, spec.options.log_dir)
+    code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
     if hooks:
         hooks.on_result(result)
     return code

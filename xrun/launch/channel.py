@@ -10,7 +10,8 @@ Agent -> runner                                   Runner -> agent
         versions[, digest])                         accept                after a valid hello (pod mode)
   ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
   started                                           start(master_addr, master_port)   the start barrier
-  rank_exited(rank, local_rank, code, signal, tail) stop(signal, deadline, reason)
+  rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
+              tail, figures)
   done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
   pong / error(message)                                     stopped_after)   pod mode: how the job ended
                                                     ping

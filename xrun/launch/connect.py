@@ -47,6 +47,7 @@ from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.errorfile import error_lines
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
+from xrun.launch.summary import RankFigures
 from xrun.net import free_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
@@ -183,6 +184,7 @@ class ChannelHooks:
             runtime_s=round(outcome.runtime_s, 3),
             # the recorded exception last: the head shows the end of the tail
             tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
+            figures=RankFigures.of(outcome).to_json(),  # the head's summary of the whole job
         ))
 
     def on_result(self, result: Any) -> None:

@@ -1,7 +1,8 @@
 """A node's result as data, the one rule for its exit code, and the words for a rank's end.
 
-``RankOutcome`` is how one rank ended (exit code or signal, runtime, stderr tail, the exception it recorded
-with torch's ``@record`` (xrun.launch.errorfile), whether xrun stopped it);
+``RankOutcome`` is how one rank ended (exit code or signal, runtime, the CPU time and peak RSS the kernel
+accounted for it when it was reaped, stderr tail, the exception it recorded with torch's ``@record``
+(xrun.launch.errorfile), whether xrun stopped it);
 ``NodeResult`` is the node's ranks in rank order with the root cause, the first rank that failed on its own.
 The static supervisor (xrun.launch.supervise) and the elastic adapter (xrun.launch.elastic) both build their
 result with ``node_result``, so a node's exit code is decided here and nowhere else. ``describe`` (a verb
@@ -31,6 +32,8 @@ class RankOutcome:
     stopped_by_xrun: bool  # xrun signalled it (or never started it): a consequence, not the root cause
     leftovers: tuple[int, ...] = ()  # pids of its session that outlived it and had to be stopped
     error: RankError | None = None  # the exception it recorded in TORCHELASTIC_ERROR_FILE (torch's @record)
+    cpu_s: float | None = None  # user + system CPU time from the kernel's accounting at reaping (wait4)
+    peak_rss_bytes: int | None = None  # the largest resident set of the rank or a child it waited for (wait4)
 
     @property
     def failed(self) -> bool:

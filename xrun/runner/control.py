@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import selectors
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -34,7 +36,9 @@ from typing import Any, Callable, Protocol
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
 from xrun.launch.posix import signal_name
+from xrun.launch.report import write_json
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job import Job, JobConfig
 from xrun.runner.jobevents import (
     Admit,
@@ -109,6 +113,7 @@ class ControlServer:
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
+        self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -174,7 +179,20 @@ class ControlServer:
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.strays + self.job.strays):
             say(line)
+        self._sum_up(verdict.exit_code)
         return verdict.exit_code
+
+    def _sum_up(self, exit_code: int) -> None:
+        """Every rank's figures as the agents sent them: one line on success, the table on failure, the JSON."""
+        if not self.figures:
+            return
+        if exit_code == 0:
+            say(success_line(self.figures))
+        else:
+            sys.stderr.write("\n".join(table_lines(self.figures)) + "\n")
+        log_dir = self.plan.request.options.log_dir
+        if log_dir is not None:
+            write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
 
     def close(self) -> None:
         for sock in self.listeners:
@@ -293,9 +311,17 @@ class ControlServer:
                     if conn.node is None:
                         return
                 else:
-                    self._feed(agent_event(conn.node, msg))
+                    self._agent_message(conn.node, msg)
         except ChannelError as err:
             self._closed(conn, f"protocol error: {err.reason}")
+
+    def _agent_message(self, node: int, msg: Message) -> None:
+        if msg.get("type") == Kind.RANK_EXITED.value and msg.get("figures") is not None:
+            try:
+                self.figures.append(RankFigures.from_json(msg["figures"]))
+            except ValueError as err:
+                raise ChannelError(f"rank_exited: {err}") from None
+        self._feed(agent_event(node, msg))
 
     def _hello(self, conn: _Conn, msg: Message) -> None:
         event = self._hello_event(conn, msg)
