@@ -138,6 +138,7 @@ class Console:
         self._quiet = quiet
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
+        self.heard = False  # some rank wrote something since the hang doctor last looked
 
     def read(self, stream: RankStream) -> bool:
         """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
@@ -160,6 +161,7 @@ class Console:
                 return
 
     def consume(self, stream: RankStream, chunk: bytes) -> None:
+        self.heard = True  # the hang doctor's silence check reads and clears it: no clock on the hot path
         if stream.log is not None:
             write_all(stream.log, chunk)
         if stream.tail is not None:

@@ -200,6 +200,17 @@ class Reaper:
                 count += 1
         return count
 
+    def signal_main(self, signum: int) -> int:
+        """Signal every running rank's main process (not its group); return how many got it."""
+        count = 0
+        for rank in self.running():  # not yet reaped: the pid is still this rank's
+            try:
+                os.kill(rank.pid, signum)
+                count += 1
+            except ProcessLookupError:
+                pass
+        return count
+
     def kill_sessions(self, signum: int) -> list[ProcInfo]:
         """Signal every group alive in the ranks' sessions; return those members."""
         members = proctable.signal_sessions(self.sids(), signum)

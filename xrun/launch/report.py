@@ -4,7 +4,8 @@ The first rank that failed on its own is the root cause; ranks xrun stopped beca
 consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
 failure with a known fix (xrun.launch.hints) ends the report with it.
-Every rank's figures (xrun.launch.summary: wall, CPU, peak RSS, status) follow as a table.
+Every rank's figures (xrun.launch.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
+stacks taken before the stop, merged (xrun.launch.stackview), when the hang doctor took them.
 ``conclude`` is the end of every node agent run, static or elastic: the report and
 ``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
 the whole job: with a head, the head says it for every node); ``{log_dir}/{host}/summary.json`` either way;
@@ -24,6 +25,7 @@ from xrun.launch.hints import failure_hint
 from xrun.launch.output import notice
 from xrun.launch.posix import signal_name
 from xrun.launch.result import NodeResult, RankOutcome, describe_status
+from xrun.launch.stackview import merge, render
 from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
@@ -33,7 +35,7 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
     """Report a node's result where something went wrong (a root cause or a stop signal), or its success line
     (``announce``: this node is the whole job); write its summary under ``log_dir``; return its exit code."""
     figures = [RankFigures.of(o) for o in result.outcomes]
-    if result.root_cause is not None or result.interrupted_by is not None:
+    if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
         sys.stderr.write(format_failure_report(result) + "\n")
         if log_dir is not None:
             write_failure_json(os.path.join(log_dir, result.host, "failure.json"), result)
@@ -59,6 +61,9 @@ def format_failure_report(result: NodeResult) -> str:
     if ok:
         lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
     lines.extend(table_lines([RankFigures.of(o) for o in result.outcomes]))
+    if result.stacks:
+        lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
+        lines.extend(f"    {line}" for line in render(merge(result.stacks)))
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -78,6 +83,8 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "interrupted_by": _signal_json(result.interrupted_by),
         "root_cause": root.rank if root is not None else None,
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
+        "hang": result.hang,
+        "stacks": [s.to_json() for s in result.stacks],
     }
 
 
@@ -108,6 +115,8 @@ def write_json(path: str, data: Any) -> None:
 
 
 def _headline(result: NodeResult) -> str:
+    if result.hang is not None:
+        return f"stopped as hung: {result.hang}"
     root = result.root_cause
     if root is not None:
         return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s"

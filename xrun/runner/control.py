@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import os
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -37,9 +38,11 @@ from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
 from xrun.launch.posix import signal_name
 from xrun.launch.report import write_json
+from xrun.launch.result import HANG_EXIT
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
-from xrun.runner.job import Job, JobConfig
+from xrun.runner.headdoctor import HeadDoctor, Send, Show, Step
+from xrun.runner.job import Job, JobConfig, NodeState
 from xrun.runner.jobevents import (
     Admit,
     AgentError,
@@ -50,6 +53,7 @@ from xrun.runner.jobevents import (
     Failure,
     Heard,
     HelloReceived,
+    Hung,
     RankExited,
     Ready,
     SendAccept,
@@ -113,7 +117,7 @@ class ControlServer:
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
-        self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
+        self.extras = _Extras(self)  # the hang doctor and every rank's figures
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -179,20 +183,8 @@ class ControlServer:
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.strays + self.job.strays):
             say(line)
-        self._sum_up(verdict.exit_code)
+        self.extras.sum_up(verdict.exit_code)
         return verdict.exit_code
-
-    def _sum_up(self, exit_code: int) -> None:
-        """Every rank's figures as the agents sent them: one line on success, the table on failure, the JSON."""
-        if not self.figures:
-            return
-        if exit_code == 0:
-            say(success_line(self.figures))
-        else:
-            sys.stderr.write("\n".join(table_lines(self.figures)) + "\n")
-        log_dir = self.plan.request.options.log_dir
-        if log_dir is not None:
-            write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
 
     def close(self) -> None:
         for sock in self.listeners:
@@ -215,7 +207,7 @@ class ControlServer:
             SendStart: lambda a: self._send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
                                                                   master_port=a.master_port)),
             SendStop: lambda a: self._send_all(a.nodes, message(Kind.STOP, signal=a.signal, deadline=a.deadline,
-                                                                 reason=a.reason)),
+                                                                 reason=a.reason, stacks=self.extras.failure_stacks())),
             SendPing: lambda a: self._send_all(a.nodes, message(Kind.PING)),
             ShowLine: lambda a: status.line(a.text),
             ShowJoined: lambda a: status.joined(a.host, a.ready, a.total),
@@ -228,7 +220,7 @@ class ControlServer:
         if not own:
             yield
             return
-        with owned_signals((*SHUTDOWN_SIGNALS, *sorted(self.forwarded)), self._on_signal) as owned:
+        with owned_signals((*SHUTDOWN_SIGNALS, signal.SIGQUIT, *sorted(self.forwarded)), self._on_signal) as owned:
 
             def drain() -> None:
                 owned.drain()  # the wake-up only ends select(); _on_signal has recorded the signal
@@ -243,6 +235,9 @@ class ControlServer:
         self.signals.append(signum)  # acted on by the loop
 
     def _on_signal_received(self, signum: int) -> None:
+        if signum == signal.SIGQUIT:
+            self.extras.want("SIGQUIT")
+            return
         if signum not in self.forwarded:
             self._feed(SignalReceived(signum))
             return
@@ -251,7 +246,7 @@ class ControlServer:
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
-        deadlines = [self.job.next_deadline()]
+        deadlines = [self.job.next_deadline(), self.extras.doctor.deadline() or float("inf")]
         deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns.values() if c.node is None]
         return max(0.0, min(deadlines) - time.monotonic())
 
@@ -260,6 +255,7 @@ class ControlServer:
         for conn in [c for c in self.conns.values() if c.node is None and now - c.opened > channel.HELLO_TIMEOUT]:
             self._drop(conn)  # said nothing useful in time: a stray
         self._feed(Tick())
+        self.extras.tick(now)
 
     def _finished(self, sessions: Sessions) -> bool:
         if self.job.all_over_at is None:
@@ -316,11 +312,7 @@ class ControlServer:
             self._closed(conn, f"protocol error: {err.reason}")
 
     def _agent_message(self, node: int, msg: Message) -> None:
-        if msg.get("type") == Kind.RANK_EXITED.value and msg.get("figures") is not None:
-            try:
-                self.figures.append(RankFigures.from_json(msg["figures"]))
-            except ValueError as err:
-                raise ChannelError(f"rank_exited: {err}") from None
+        self.extras.message(node, msg)
         self._feed(agent_event(node, msg))
 
     def _hello(self, conn: _Conn, msg: Message) -> None:
@@ -380,6 +372,70 @@ class ControlServer:
             channel.send(conn.sock, msg)
         except OSError as err:
             self._closed(conn, f"send failed: {err.strerror or err}")
+
+
+class _Extras:
+    """What the loop carries besides the job: the hang doctor (xrun.runner.headdoctor) and every rank's figures
+    (xrun.launch.summary), both fed from the agents' messages before the machine sees them."""
+
+    def __init__(self, server: ControlServer) -> None:
+        options = server.plan.request.options
+        self.server = server
+        self.doctor = HeadDoctor(tuple(n.host for n in server.plan.nodes), hang_timeout=options.hang_timeout,
+                                 hang_action=options.hang_action, log_dir=options.log_dir)
+        self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
+
+    def failure_stacks(self) -> bool:
+        """A stop because something failed (not a signal, not a hang): the agents take their ranks' stacks first."""
+        failure = self.server.job.failure
+        return failure is not None and failure.exit_code != HANG_EXIT
+
+    def running(self) -> list[int]:
+        return [n.rank for n in self.server.job.nodes if n.state is NodeState.RUNNING and n.connected]
+
+    def message(self, node: int, msg: Message) -> None:
+        kind, now = msg.get("type"), time.monotonic()
+        try:
+            if kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
+                self.figures.append(RankFigures.from_json(msg["figures"]))
+            elif kind == Kind.STACKS.value:
+                self.carry_out(self.doctor.stacks(node, msg, now))
+            elif kind == Kind.WANT_STACKS.value:
+                self.want(f"{msg.get('reason') or 'a request'} at {self.server.plan.nodes[node].host}")
+            elif kind == Kind.QUIET.value:
+                self.carry_out(self.doctor.quiet(node, self.running(), now))
+            elif kind == Kind.SPOKE.value:
+                self.doctor.spoke(node)
+        except ValueError as err:
+            raise ChannelError(f"{kind}: {err}") from None
+
+    def want(self, reason: str) -> None:
+        self.carry_out(self.doctor.want(reason, self.running(), time.monotonic()))
+
+    def tick(self, now: float) -> None:
+        self.carry_out(self.doctor.check(now, self.running()))
+
+    def carry_out(self, steps: Iterable[Step]) -> None:
+        for step in steps:
+            if isinstance(step, Send):
+                self.server._send_all(step.nodes, step.message)
+            elif isinstance(step, Show):
+                for line in step.lines:
+                    say(line)
+            else:
+                self.server._feed(Hung(step.reason))
+
+    def sum_up(self, exit_code: int) -> None:
+        """Every rank's figures as the agents sent them: one line on success, the table on failure, the JSON."""
+        if not self.figures:
+            return
+        if exit_code == 0:
+            say(success_line(self.figures))
+        else:
+            sys.stderr.write("\n".join(table_lines(self.figures)) + "\n")
+        log_dir = self.server.plan.request.options.log_dir
+        if log_dir is not None:
+            write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
 
 
 def _listener(addr: str, port: int) -> socket.socket:
