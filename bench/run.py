@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
 
 from bench import harness, launchers, report  # noqa: E402
 from bench.launchers import LAUNCHERS, LocalJob  # noqa: E402
-from bench.scenarios import LOCAL, SCENARIOS, resolve  # noqa: E402
+from bench.scenarios import LOCAL, OPT_IN, SCENARIOS, resolve, scenario  # noqa: E402
 from bench.scenarios.base import Context  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         warm_up()
     doc = {"meta": meta(args), "scenarios": {}}
     for name in names:
-        print(f"== {SCENARIOS[name].TITLE}", file=sys.stderr, flush=True)
-        doc["scenarios"][name] = SCENARIOS[name].run(ctx)
+        print(f"== {scenario(name).TITLE}", file=sys.stderr, flush=True)
+        doc["scenarios"][name] = scenario(name).run(ctx)
     write_results(doc, quick=args.quick, out=args.out)
     return 0
 
@@ -159,7 +159,7 @@ def _write(path: str, text: str) -> None:
 
 
 def _list() -> int:
-    for i, (name, mod) in enumerate(SCENARIOS.items(), start=1):
+    for i, (name, mod) in enumerate([*SCENARIOS.items(), *OPT_IN.items()], start=1):
         print(f"{i}  {name:<12} {mod.TITLE}")
     for name, launcher in LAUNCHERS.items():
         missing = launcher.available()

@@ -1,4 +1,6 @@
-"""The scenario registry: name (and issue number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``."""
+"""The scenario registry: name (and issue number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
+
+``SCENARIOS`` are 1-9, what ``all`` runs; ``OPT_IN`` ones (10: ``stacks``, issue 14) run when named."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from bench.scenarios import (
     logging_throughput,
     memory,
     signal_teardown,
+    stacks,
     torch_start,
 )
 
@@ -30,8 +33,15 @@ SCENARIOS: dict[str, ModuleType] = {
         elastic,
     )
 }
-NUMBERS = {str(i): name for i, name in enumerate(SCENARIOS, start=1)}
+# Run by name or number only (``python -m bench stacks``): "all" stays scenarios 1-9 (tests/test_bench.py pins it).
+OPT_IN: dict[str, ModuleType] = {m.NAME: m for m in (stacks,)}
+NUMBERS = {str(i): name for i, name in enumerate([*SCENARIOS, *OPT_IN], start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
+
+
+def scenario(name: str) -> ModuleType:
+    """The module of a resolved scenario name, opt-in ones included."""
+    return SCENARIOS[name] if name in SCENARIOS else OPT_IN[name]
 
 
 def resolve(spec: str) -> list[str]:
@@ -42,7 +52,7 @@ def resolve(spec: str) -> list[str]:
             names += list(SCENARIOS)
         elif word == "local":
             names += list(LOCAL)
-        elif word in SCENARIOS or word in NUMBERS:
+        elif word in SCENARIOS or word in OPT_IN or word in NUMBERS:
             names.append(NUMBERS.get(word, word))
         else:
             known = ", ".join(f"{i}={n}" for i, n in NUMBERS.items())
