@@ -333,6 +333,8 @@ def start_xrun(tmp_path, *flags, env=None, script=SLEEPER):
     marker = f"xrun-hang-{os.getpid()}-{time.monotonic_ns()}"
     full_env = {**os.environ, "XRUN_TEST_MARKER": marker, **(env or {})}
     full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "--log_dir" not in flags:  # the full dumps' file goes there, not into the repository (the cwd)
+        flags = ("--log_dir", str(tmp_path / "logs"), *flags)
     proc = subprocess.Popen([sys.executable, "-m", "xrun", *flags, str(path)], cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, marker

@@ -137,7 +137,11 @@ class NodeDoctor:
         if not self.options.failure_stacks or group.stacks or group.stopping:
             return
         targets = group.live_targets()
-        if self._pyspy is None or not targets:
+        if not targets:
+            return
+        if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
+            why = stack_problem(self.host, self._environ) or "py-spy is missing"
+            group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
         group.stacks = tuple(dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy))
 

@@ -175,6 +175,8 @@ class StackDumps:
         os.set_blocking(self._wake_r, False)
         self._result: list[RankStack] | None = None
         self._on_done: Callable[[list[RankStack]], None] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
         self.busy = False
 
     def fileno(self) -> int:
@@ -201,12 +203,22 @@ class StackDumps:
         on_done(result)
 
     def close(self) -> None:
+        """Release the pipe; a dump still running releases it when it ends (its fd numbers must not be reused
+        under it)."""
+        with self._lock:
+            self._closed = True
+            if not self.busy:
+                self._close_pipe()
+
+    def _close_pipe(self) -> None:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
     def _run(self, targets: list[DumpTarget], budget: float) -> None:
-        self._result = dump_ranks(self._host, targets, budget=budget, pyspy=self._pyspy)
-        try:
+        result = dump_ranks(self._host, targets, budget=budget, pyspy=self._pyspy)
+        with self._lock:
+            if self._closed:  # the loop is gone: nobody will read the result
+                self._close_pipe()
+                return
+            self._result = result
             os.write(self._wake_w, b"!")
-        except OSError:  # closed: the loop is gone
-            pass
