@@ -533,3 +533,24 @@ def test_a_failure_on_one_node_brings_the_others_stacks_into_their_reports(tmp_p
     assert code == 3
     assert "    rank 2 (b, local 0): job.py:4 load_batch" in outputs["b"].splitlines()
     assert "    ranks 0-1: job.py:6 all_reduce" in outputs["a"].splitlines()
+
+
+@needs_pyspy
+@pytest.mark.slow
+def test_pod_mode_sigquit_to_any_node_dumps_the_whole_job_at_node_0(tmp_path):
+    from tests.test_pod_run import Pod  # noqa: PLC0415 - pod mode's own harness: three xruns, one per "node"
+
+    pod = Pod(tmp_path, env={"SLEEP": "60"})
+    for node in (0, 1, 2):
+        pod.start(node)
+    deadline = time.monotonic() + 30
+    while len(processes_with_marker(pod.marker)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)  # three xruns and their three ranks
+    time.sleep(0.5)  # each rank past its print, in its sleep
+    pod.procs[1].send_signal(signal.SIGQUIT)
+    time.sleep(3.0)
+    pod.procs[0].send_signal(signal.SIGTERM)
+    out = pod.finish(timeout=30)
+    lines = out[0][2].splitlines()
+    assert any("SIGQUIT at 127.0.0.2: stacks of 3 ranks, outliers first; full dumps in " in x for x in lines), lines
+    assert "xrun:   ranks 0-2: train.py:5 <module>" in lines

@@ -12,6 +12,8 @@
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+* ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
+  (xrun.launch.doctor), so the output path never reads the clock for it.
 
 The static supervisor (xrun.launch.supervise) reads its ranks' pipes from its event loop; the elastic relay
 (xrun.launch.elastic) reads its FIFOs from a thread, with a new prefix and log files per attempt. Both go

@@ -8,10 +8,17 @@ back become sends, closed connections and status lines; at the end the machine's
 (``xrun.runner.jobreport``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
 machine's; the wire format lives in ``xrun.launch.channel``, the status display in ``xrun.runner.status``.
 
+Beside the machine, ``_Extras`` reads what concerns neither the barrier nor the verdict: every rank's figures
+from ``rank_exited`` (xrun.launch.summary: one success line, the table after a failure, ``summary.json``), and
+the hang doctor's messages (``stacks``, ``want_stacks``, ``quiet``, ``spoke``) for xrun.runner.headdoctor, whose
+steps become sends, lines and, for ``--hang_action stop``, the machine's ``Hung`` event. SIGQUIT to xrun asks
+the doctor for a job-wide dump; a ``stop`` after a failure asks the agents for their ranks' stacks first.
+
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event) and the ``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message
-to every connected agent, which passes it on to its ranks; the job goes on) on the main thread;
+and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
+(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
+on) on the main thread;
 ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.podserver``) overrides two seams: ``_make_job`` (its hello policy, the

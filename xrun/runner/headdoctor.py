@@ -3,7 +3,7 @@
 ``HeadDoctor`` sits beside the job state machine in xrun.runner.control, which feeds it what concerns stacks and
 silence and carries out what it returns (``Send``: a message to nodes; ``Show``: lines for the user; ``Hang``:
 ``--hang_action stop`` fires, the machine's ``Hung`` event). It holds no socket and reads no clock: ``now`` is
-passed in, so it is tested with literal sequences.
+passed in, so it is tested with literal sequences; its only I/O is the file of full dumps a shown view names.
 
 * A dump (SIGQUIT to xrun, or ``want_stacks`` from an agent whose xrun got it: pod mode) sends ``dump`` to every
   running node and collects their ``stacks`` until all have answered or ``COLLECT_FOR`` seconds have passed
