@@ -258,6 +258,7 @@ WORLD = "--world_info=eyJsb2NhbGhvc3QiOlswXX0="
         (["--hang_timeout", "1e9"], "the most xrun accepts"),
         (["--hang_action", "stop"], "--hang_action: only applies with --hang_timeout"),
         (["--hang_timeout", "5", "--hang_action", "kill"], "invalid choice: 'kill'"),
+        (["--hang_timeout", "5", "--elastic"], "--hang_timeout: does not apply with --elastic"),
     ],
 )
 def test_hang_flags_are_strict(flags, error):

@@ -202,6 +202,8 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         raise UsageError("--hang_timeout", f"must be more than 0 seconds, not {ns.hang_timeout:g}")
     if ns.hang_action is not None and ns.hang_timeout is None:
         raise UsageError("--hang_action", "only applies with --hang_timeout")
+    if ns.hang_timeout is not None and getattr(ns, "elastic", False):
+        raise UsageError("--hang_timeout", "does not apply with --elastic (torch's agent owns the workers)")
     return AgentOptions(
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
