@@ -230,6 +230,13 @@ def test_head_hang_needs_every_running_node_quiet_and_dumps_once_per_silence(tmp
     assert [type(s) for s in doctor.quiet(1, [0, 1, 2], now=27.0)] == [Send]  # spoke, then silent again
 
 
+def test_head_keeps_the_stacks_taken_before_a_stop_apart_from_any_dump():
+    doctor = head()
+    doctor.want("SIGQUIT", [0, 1], now=0.0)
+    assert doctor.stacks(1, stacks_msg("stop", stack(2, TRAIN)), now=0.1) == []
+    assert doctor.stop_stacks == [stack(2, TRAIN)] and doctor.deadline() is not None  # the dump still waits
+
+
 def test_head_hang_counts_only_running_nodes():
     doctor = head(5.0)
     assert doctor.quiet(0, [0, 1], now=6.0) == []
@@ -529,11 +536,15 @@ def test_hang_over_the_channel_stops_the_job_with_its_code(tmp_path, capsys):
 
 @needs_pyspy
 @pytest.mark.slow
-def test_a_failure_on_one_node_brings_the_others_stacks_into_their_reports(tmp_path):
+def test_a_failure_on_one_node_brings_every_nodes_stacks_into_the_reports(tmp_path, capsys):
     code, outputs = run_channel_job(tmp_path, env={"FAIL_RANK": "3", "SLOW_RANK": "2"})
     assert code == 3
-    assert "    rank 2 (b, local 0): job.py:4 load_batch" in outputs["b"].splitlines()
+    assert "    rank 2 (b, local 0): job.py:4 load_batch" in outputs["b"].splitlines()  # each node's own report
     assert "    ranks 0-1: job.py:6 all_reduce" in outputs["a"].splitlines()
+    err = capsys.readouterr().err.splitlines()  # the head's: one view of the whole job
+    at = err.index("xrun: stacks of 3 rank(s) taken before the stop, outliers first:")
+    assert err[at + 1 : at + 3] == ["xrun:   rank 2 (b, local 0): job.py:4 load_batch",
+                                    "xrun:   ranks 0-1: job.py:6 all_reduce"]
 
 
 @needs_pyspy

@@ -1,7 +1,7 @@
 """The hang doctor across real hosts (issue 14): 3 network-namespace nodes x 2 ranks, ssh and pdsh.
 
 SIGQUIT to xrun merges the stacks of all six ranks, taken by each node's agent, into one view at the head;
-a rank that fails on one node brings the other nodes' stacks into their failure reports. The job fixture
+a rank that fails on one node brings every node's stacks into its failure report and, merged, into the head's. The job fixture
 (tests/cluster/test_multinode.py) marks every rank by environment and checks that nothing is left behind.
 """
 
@@ -82,4 +82,7 @@ def test_a_failure_brings_the_other_nodes_stacks_into_their_reports(job, backend
     # each node's report (relayed to the head's stderr, possibly prefixed by the backend) has its own survivors
     assert any(line.endswith(" ranks 0-1: job.py:6 all_reduce") for line in lines), err
     assert any(line.endswith(f" rank 3 ({node1}, local 1): job.py:4 load_batch") for line in lines), err
+    at = lines.index("xrun: stacks of 5 rank(s) taken before the stop, outliers first:")  # the head's, merged
+    assert lines[at + 1 : at + 3] == [f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch",
+                                      "xrun:   ranks 0-2, 4: job.py:6 all_reduce"]
     job.assert_clean()

@@ -16,6 +16,7 @@ Agent -> runner                                   Runner -> agent
   pong / error(message)                                     stopped_after)   pod mode: how the job ended
   want_stacks(reason)   SIGQUIT reached an agent    ping
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
+    (id "stop": taken before a stop, sent before done)
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
                                                     stop(..., stacks)     stacks: take them before stopping
 
@@ -81,6 +82,9 @@ class Kind(str, enum.Enum):
     WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
+
+
+STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
 
 
 class ChannelError(Exception):

@@ -44,7 +44,7 @@ from typing import Any
 from xrun import __version__
 from xrun.errors import UsageError, XrunError
 from xrun.launch import channel
-from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.channel import STOP_STACKS, ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity
@@ -197,6 +197,8 @@ class ChannelHooks:
         ))
 
     def on_result(self, result: Any) -> None:
+        if result.stacks:  # taken before the stop: the head merges every node's into its failure report
+            self.send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
         self.send(message(
             Kind.DONE,
             exit_code=result.exit_code,

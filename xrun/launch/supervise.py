@@ -58,20 +58,45 @@ class SuperviseOptions:
     forward_signals: frozenset[int] = frozenset()  # --forward_signals: passed on to every rank, nothing stops
 
 
+class Timers(list[tuple[Callable[[], float | None], Callable[[], None]]]):
+    """Timers in a RankGroup's loop: each a due time (monotonic, None: not now) and what to call then."""
+
+    def add(self, due: Callable[[], float | None], on_due: Callable[[], None]) -> None:
+        self.append((due, on_due))
+
+    def timeout(self, timeout: float | None) -> float | None:
+        """``timeout`` (the teardown's; None: none), shortened to the next timer's due time."""
+        if not self:
+            return timeout
+        now = time.monotonic()
+        for due, _ in self:
+            at = due()
+            if at is not None:
+                timeout = max(0.0, at - now) if timeout is None else min(timeout, max(0.0, at - now))
+        return timeout
+
+    def run(self) -> None:
+        now = time.monotonic()
+        for due, on_due in self:
+            at = due()
+            if at is not None and now >= at:
+                on_due()
+
+
 @dataclass
 class Plugins:
     """What xrun.launch.doctor plugs into a RankGroup's loop besides readers (``add_reader``)."""
 
     signals: dict[int, Callable[[], None]] = field(default_factory=dict)  # owned too; they stop nothing
-    timers: Timers = field(default_factory=lambda: Timers())
+    timers: Timers = field(default_factory=Timers)
     before_failure_stop: Callable[[], None] | None = None  # the first failure, before the others are stopped
 
 
 class RankGroup:
     """A node's ranks as one unit: they start together, fail together and stop against one deadline.
 
-    Single-threaded and single-use. While ``run()`` is active it owns SIGINT, SIGTERM, SIGHUP and SIGCHLD
-    (the previous handlers come back when it returns) and makes this process a child subreaper.
+    Single-threaded and single-use. While ``run()`` is active it owns SIGINT, SIGTERM, SIGHUP, SIGCHLD and the
+    plugins' signals (the previous handlers come back when it returns) and makes this process a child subreaper.
     """
 
     def __init__(
@@ -327,31 +352,6 @@ class RankGroup:
                 stream.close_fd()
                 stream.close_log()
         self._reaper.close()
-
-
-class Timers(list[tuple[Callable[[], float | None], Callable[[], None]]]):
-    """Timers in a RankGroup's loop: each a due time (monotonic, None: not now) and what to call then."""
-
-    def add(self, due: Callable[[], float | None], on_due: Callable[[], None]) -> None:
-        self.append((due, on_due))
-
-    def timeout(self, timeout: float | None) -> float | None:
-        """``timeout`` (the teardown's; None: none), shortened to the next timer's due time."""
-        if not self:
-            return timeout
-        now = time.monotonic()
-        for due, _ in self:
-            at = due()
-            if at is not None:
-                timeout = max(0.0, at - now) if timeout is None else min(timeout, max(0.0, at - now))
-        return timeout
-
-    def run(self) -> None:
-        now = time.monotonic()
-        for due, on_due in self:
-            at = due()
-            if at is not None and now >= at:
-                on_due()
 
 
 class _Teardown:

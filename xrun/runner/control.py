@@ -47,6 +47,7 @@ from xrun.launch.posix import signal_name
 from xrun.launch.report import write_json
 from xrun.launch.result import HANG_EXIT
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.launch.stackview import merge, render
 from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.headdoctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job import Job, JobConfig, NodeState
@@ -433,7 +434,13 @@ class _Extras:
                 self.server._feed(Hung(step.reason))
 
     def sum_up(self, exit_code: int) -> None:
-        """Every rank's figures as the agents sent them: one line on success, the table on failure, the JSON."""
+        """After the verdict: every node's stacks from before the stop, merged; then every rank's figures as the
+        agents sent them: one line on success, the table on failure, the JSON."""
+        stacks = self.doctor.stop_stacks
+        if exit_code != 0 and stacks:
+            say(f"stacks of {len(stacks)} rank(s) taken before the stop, outliers first:")
+            for line in render(merge(stacks)):
+                say(f"  {line}")
         if not self.figures:
             return
         if exit_code == 0:

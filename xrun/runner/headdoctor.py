@@ -14,6 +14,8 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
   from every node whether or not anything is wrong; the head needs nothing more, because a node only reports
   quiet after a full timeout of its own silence. When every running node is quiet the job is hung: one dump,
   then (``stop``) the stop; with ``dump`` the next dump waits until some node has spoken and gone quiet again.
+* After a failure every node sends the stacks its ranks had before they were stopped (``stacks`` with id
+  ``stop``): ``stop_stacks`` holds them for the job's failure report.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from xrun.launch.channel import Kind, Message, message
+from xrun.launch.channel import STOP_STACKS, Kind, Message, message
 from xrun.launch.doctor import show_stacks
 from xrun.launch.spec import HangAction
 from xrun.launch.stackdump import ON_DEMAND_BUDGET, RankStack
@@ -79,6 +81,7 @@ class HeadDoctor:
         self._collection: _Collection | None = None
         self._quiet: set[int] = set()
         self._hang_shown = False  # this silence was dumped already: wait for some node to speak
+        self.stop_stacks: list[RankStack] = []  # what the nodes took before their ranks were stopped
 
     def want(self, reason: str, running: Iterable[int], now: float, *, hang: bool = False) -> list[Step]:
         """Start a job-wide dump of the ``running`` nodes (a dump already collecting absorbs the request)."""
@@ -94,6 +97,9 @@ class HeadDoctor:
     def stacks(self, node: int, msg: Message, now: float) -> list[Step]:
         """A node's ``stacks``; a malformed one raises ValueError (a protocol error)."""
         found = [RankStack.from_json(item) for item in msg.get("stacks") or []]
+        if msg.get("id") == STOP_STACKS:
+            self.stop_stacks.extend(found)
+            return []
         problem = msg.get("problem")
         collection = self._collection
         if collection is None or msg.get("id") != collection.serial or node not in collection.waiting:
