@@ -13,7 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["xrun", "xrun.*"]),
-    install_requires=["psutil>=5.9"],
+    install_requires=["psutil>=5.9", "py-spy>=0.3.14"],  # py-spy: the hang doctor's stacks (issue 14)
     extras_require={
         "ssh": ["paramiko>=3"],
         "mpi": ["mpi4py>=4"],

@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # `python bench/run.py`
 
 from bench import harness, launchers, report  # noqa: E402
 from bench.launchers import LAUNCHERS, LocalJob  # noqa: E402
-from bench.scenarios import LOCAL, SCALE, SCENARIOS, resolve, scenario  # noqa: E402
+from bench.scenarios import LOCAL, OPT_IN, SCALE, SCENARIOS, resolve, scenario  # noqa: E402
 from bench.scenarios.base import Context  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -160,7 +160,7 @@ def _write(path: str, text: str) -> None:
 
 
 def _list() -> int:
-    for i, (name, mod) in enumerate(SCENARIOS.items(), start=1):
+    for i, (name, mod) in enumerate([*SCENARIOS.items(), *OPT_IN.items()], start=1):
         print(f"{i}  {name:<12} {mod.TITLE}")
     for name, mod in SCALE.items():
         print(f"   {name:<12} {mod.TITLE}")

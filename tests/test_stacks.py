@@ -302,10 +302,14 @@ def test_console_ranks_refused_with_one_line_and_exit_2(args, message):
 
 def test_console_ranks_filters_the_console_but_not_the_logs_nor_the_report(tmp_path):
     script, logs = tmp_path / "talk.py", tmp_path / "logs"
-    script.write_text(
-        "import os, sys\n"
+    said = tmp_path / "said"
+    said.mkdir()
+    script.write_text(  # rank 2 fails only once ranks 0 and 1 have spoken: its failure stops them
+        "import os, sys, time\n"
         "rank = os.environ['RANK']\n"
         "print('out', rank); print('err', rank, file=sys.stderr)\n"
+        f"open(os.path.join({str(said)!r}, rank), 'w').close()\n"
+        f"while rank == '2' and len(os.listdir({str(said)!r})) < 3: time.sleep(0.01)\n"
         "sys.exit(5 if rank == '2' else 0)\n"
     )
     result = run_xrun("--num_gpus", "3", "--no_local_rank", "--console_ranks", "0-1", "--log_dir", str(logs),

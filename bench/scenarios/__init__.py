@@ -1,8 +1,9 @@
 """The scenario registry: name (and number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
 
-``SCENARIOS`` are issue 7's suite, numbered 1–9 (``all``, ``local`` = 1–6). ``SCALE`` are issue 15's: the node
-agent's start and the 10,000-agent control plane, run by name or as the group ``scale``; they compare xrun with
-what bounds it (an interpreter start, the protocol's own targets), not with the other launchers.
+``SCENARIOS`` are issue 7's suite, numbered 1-9 (``all``, ``local`` = 1-6). ``OPT_IN`` ones (10: ``stacks``,
+issue 14) run when named. ``SCALE`` are issue 15's: the node agent's start and the 10,000-agent control plane,
+run by name or as the group ``scale``; they compare xrun with what bounds it (an interpreter start, the
+protocol's own targets), not with the other launchers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bench.scenarios import (
     logging_throughput,
     memory,
     signal_teardown,
+    stacks,
     torch_start,
 )
 
@@ -38,13 +40,15 @@ SCENARIOS: dict[str, ModuleType] = {
     )
 }
 SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start, control_plane)}
-NUMBERS = {str(i): name for i, name in enumerate(SCENARIOS, start=1)}
+# Run by name or number only (``python -m bench stacks``): "all" stays scenarios 1-9 (tests/test_bench.py pins it).
+OPT_IN: dict[str, ModuleType] = {m.NAME: m for m in (stacks,)}
+NUMBERS = {str(i): name for i, name in enumerate([*SCENARIOS, *OPT_IN], start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
 
 
 def scenario(name: str) -> ModuleType:
-    """The module of a resolved scenario name (numbered or scale)."""
-    return SCENARIOS[name] if name in SCENARIOS else SCALE[name]
+    """The module of a resolved scenario name (numbered, opt-in or scale)."""
+    return SCENARIOS.get(name) or OPT_IN.get(name) or SCALE[name]
 
 
 def resolve(spec: str) -> list[str]:
@@ -58,7 +62,7 @@ def resolve(spec: str) -> list[str]:
             names += list(LOCAL)
         elif word == "scale":
             names += list(SCALE)
-        elif word in SCENARIOS or word in NUMBERS or word in SCALE:
+        elif word in SCENARIOS or word in OPT_IN or word in NUMBERS or word in SCALE:
             names.append(NUMBERS.get(word, word))
         else:
             known = ", ".join(f"{i}={n}" for i, n in NUMBERS.items())

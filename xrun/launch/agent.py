@@ -2,7 +2,8 @@
 
 Pipeline: spec -> ranks (xrun.launch.ranks: environment, core binding, a per-run directory of
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.supervise: own
-sessions, event loop) or, with ``--elastic``, torch's agent (xrun.launch.elastic) -> NodeResult -> report
+sessions, event loop; xrun.launch.doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
+(xrun.launch.elastic) -> NodeResult -> report
 (xrun.launch.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+from xrun.launch.doctor import NodeDoctor
 from xrun.launch.errorfile import ErrorFiles
 from xrun.launch.ranks import rank_processes
 from xrun.launch.report import conclude
@@ -22,8 +24,9 @@ from xrun.launch.supervise import RankGroup, SuperviseOptions
 class AgentHooks(Protocol):
     """What a control channel plugs into the agent (see xrun.launch.connect)."""
 
-    def attach(self, group: RankGroup) -> None:
-        """Register readers on the group's event loop; keep the group to call request_stop()."""
+    def attach(self, group: RankGroup, doctor: NodeDoctor | None = None) -> None:
+        """Register readers on the group's event loop; keep the group to call request_stop(); become the
+        doctor's link (stacks, silences) to the head."""
 
     def on_rank_exit(self, outcome: RankOutcome) -> None:
         """Called in the event loop as each rank's main process exits."""
@@ -53,7 +56,7 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
         result = run_elastic(spec, hooks=hooks)
     else:
         result = _run_group(spec, hooks)
-    code = conclude(result, spec.options.log_dir)
+    code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
     if hooks:
         hooks.on_result(result)
     return code
@@ -61,14 +64,17 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
+    doctor = NodeDoctor(spec.host, spec.options)
     try:
         group = RankGroup(
             rank_processes(spec, os.environ, error_files),
             supervise_options(spec),
             on_rank_exit=hooks.on_rank_exit if hooks else None,
         )
+        doctor.attach(group)
         if hooks:
-            hooks.attach(group)
+            hooks.attach(group, doctor)
         return group.run()
     finally:
+        doctor.close()
         error_files.close()

@@ -10,11 +10,15 @@ Agent -> runner                                   Runner -> agent
         versions[, digest])                         accept                after a valid hello (pod mode)
   ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
   started                                           start(master_addr, master_port)   the start barrier
-  rank_exited(rank, local_rank, code, signal, tail) stop(signal, deadline, reason)
+  rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
+              tail, figures)
   done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
   pong / error(message)                                     stopped_after)   pod mode: how the job ended
-                                                    ping
-                                                    signal(signal)        --forward_signals: to every rank
+  want_stacks(reason)   SIGQUIT reached an agent    ping
+  stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
+    (id "stop": taken before a stop, sent before done)
+  quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
+                                                    stop(..., stacks)     stacks: take them before stopping
 
 Pod mode (``xrun.runner.podrun``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
 (``xrun.runner.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
@@ -72,6 +76,14 @@ class Kind(str, enum.Enum):
     WAITING = "waiting"  # pod mode: the barrier's status, for every node's console
     VERDICT = "verdict"  # pod mode: the job's exit code and root cause, once every node is over
     SIGNAL = "signal"  # --forward_signals: pass this signal on to every rank; the job goes on
+    DUMP = "dump"  # the hang doctor (issue 14): take every live rank's stack, answer with stacks
+    STACKS = "stacks"  # a node's answer to dump: its ranks' stacks, or the problem that prevents them
+    WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
+    QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
+    SPOKE = "spoke"  # the first output after quiet
+
+
+STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
 
 
 class ChannelError(Exception):

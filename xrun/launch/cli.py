@@ -18,6 +18,7 @@ from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
+from xrun.launch.result import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
@@ -26,6 +27,7 @@ from xrun.launch.spec import (
     RDZV_BACKENDS,
     AgentOptions,
     ElasticOptions,
+    HangAction,
     LaunchOptions,
     PythonMode,
     Rendezvous,
@@ -98,6 +100,14 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--forward_signals"), metavar="LIST",
         help=f"signals passed on to every rank on every node without stopping the job "
         f"(default {signal_list(DEFAULT_FORWARD_SIGNALS)}; empty: none)")
+    add(*spellings("--hang_timeout"), type=seconds_arg(), metavar="SECONDS",
+        help="when no rank anywhere has written output for this long, print every rank's stack, merged "
+        "(a hang); see --hang_action")
+    add(*spellings("--hang_action"), choices=[a.value for a in HangAction], metavar="dump|stop",
+        help="with --hang_timeout: dump (default) prints the stacks and goes on; stop also stops the job "
+        f"(exit code {HANG_EXIT})")
+    add(*spellings("--no_failure_stacks"), action="store_true",
+        help="when a rank fails, do not put the other ranks' stacks in the failure report")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -189,6 +199,12 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
     if ns.bind_core_list is not None and not ns.bind_cores_to_rank:
         raise UsageError("--bind_core_list", "only applies with --bind_cores_to_rank")
+    if ns.hang_timeout is not None and ns.hang_timeout <= 0:
+        raise UsageError("--hang_timeout", f"must be more than 0 seconds, not {ns.hang_timeout:g}")
+    if ns.hang_action is not None and ns.hang_timeout is None:
+        raise UsageError("--hang_action", "only applies with --hang_timeout")
+    if ns.hang_timeout is not None and getattr(ns, "elastic", False):
+        raise UsageError("--hang_timeout", "does not apply with --elastic (torch's agent owns the workers)")
     return AgentOptions(
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
@@ -202,6 +218,9 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
             if ns.forward_signals is not None
             else DEFAULT_FORWARD_SIGNALS
         ),
+        hang_timeout=ns.hang_timeout,
+        hang_action=HangAction(ns.hang_action or HangAction.DUMP.value),
+        failure_stacks=not ns.no_failure_stacks,
     )
 
 

@@ -98,6 +98,9 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]
     if options.forward_signals != DEFAULT_FORWARD_SIGNALS:
         argv += [f"--forward_signals={signal_list(options.forward_signals)}"]
+    if options.hang_timeout is not None:
+        argv += [f"--hang_timeout={options.hang_timeout!r}", f"--hang_action={options.hang_action.value}"]
+    argv += ["--no_failure_stacks"] if not options.failure_stacks else []
     argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args
 

@@ -10,7 +10,10 @@ value ever appear on a command line. Then:
 
 ``ChannelHooks`` is the ``AgentHooks`` of ``xrun.launch.agent``: a reader thread owns the socket (it answers
 pings even while the event loop is busy and notices a silent runner after ``DEAD_AFTER`` s) and wakes the
-rank group's event loop through a pipe; ``stop`` and connection loss both become ``group.request_stop``.
+rank group's event loop through a pipe; ``stop`` and connection loss both become ``group.request_stop``
+(a ``stop`` with ``stacks`` after the survivors' stacks are taken for the report). It is also the hang doctor's
+link (xrun.launch.doctor): ``dump`` is answered with ``stacks``, and SIGQUIT, silence and speech go to the head
+as ``want_stacks``, ``quiet`` and ``spoke``.
 Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down. Any other message
 (pod mode's ``verdict``) waits in an inbox for ``next_message``; a lost channel puts None there.
 
@@ -44,12 +47,15 @@ from xrun import __version__
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import channel
-from xrun.launch.channel import ChannelError, Kind, message
+from xrun.launch.channel import STOP_STACKS, ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
+from xrun.launch.doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity
 from xrun.launch.errorfile import error_lines
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
+from xrun.launch.stackdump import RankStack
+from xrun.launch.summary import RankFigures
 from xrun.net import free_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
@@ -160,6 +166,7 @@ class ChannelHooks:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._group: Any = None
+        self._doctor: NodeDoctor | None = None
         self._connected = True
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -169,8 +176,11 @@ class ChannelHooks:
 
     # -- AgentHooks -----------------------------------------------------------------------------------------
 
-    def attach(self, group: Any) -> None:
+    def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
         self._group = group
+        self._doctor = doctor
+        if doctor is not None:
+            doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
         group.add_reader(self._wake_r, self._on_wake)
         self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
         self._thread.start()
@@ -187,9 +197,12 @@ class ChannelHooks:
             runtime_s=round(outcome.runtime_s, 3),
             # the recorded exception last: the head shows the end of the tail
             tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
+            figures=RankFigures.of(outcome).to_json(),  # the head's summary of the whole job
         ))
 
     def on_result(self, result: Any) -> None:
+        if result.stacks:  # taken before the stop: the head merges every node's into its failure report
+            self.send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
         self.send(message(
             Kind.DONE,
             exit_code=result.exit_code,
@@ -197,6 +210,26 @@ class ChannelHooks:
             interrupted_by=result.interrupted_by,
         ))
         self.result_delivered = self._connected
+
+    # -- the doctor's link (xrun.launch.doctor.DoctorLink) ---------------------------------------------------
+
+    def stacks_wanted(self, reason: str) -> None:
+        self.send(message(Kind.WANT_STACKS, reason=reason))
+
+    def quiet(self, silent_for: float) -> None:
+        self.send(message(Kind.QUIET, silent_for=round(silent_for, 3)))
+
+    def spoke(self) -> None:
+        self.send(message(Kind.SPOKE))
+
+    def _dump(self, msg: dict[str, Any]) -> None:
+        def answer(stacks: list[RankStack], problem: str | None) -> None:
+            self.send(message(Kind.STACKS, id=msg.get("id"), stacks=[s.to_json() for s in stacks], problem=problem))
+
+        if self._doctor is None:  # --elastic: torch's agent owns the workers
+            answer([], f"no stacks from {socket.gethostname()}: not taken under --elastic")
+        else:
+            self._doctor.dump(answer)
 
     # -- plumbing -------------------------------------------------------------------------------------------
 
@@ -245,8 +278,8 @@ class ChannelHooks:
                 self.send(message(Kind.PONG))
             elif kind == Kind.STOP.value:
                 self._post("stop", msg)
-            elif kind == Kind.SIGNAL.value:
-                self._post("signal", msg)
+            elif kind in (Kind.SIGNAL.value, Kind.DUMP.value):
+                self._post(kind, msg)
             else:
                 self._inbox.put(msg)
 
@@ -267,10 +300,14 @@ class ChannelHooks:
                 what, payload = self._events.get_nowait()
             except queue.Empty:
                 return
-            if what == "signal":
+            if what == Kind.SIGNAL.value:
                 self._forward(payload)
+            elif what == Kind.DUMP.value:
+                self._dump(payload)
             elif what == "stop":
                 signum = int(payload.get("signal") or signal.SIGTERM)
+                if payload.get("stacks") and self._doctor is not None and signum != signal.SIGKILL:
+                    self._doctor.take_stop_stacks()  # another node failed first: what were these doing?
                 self._group.request_stop(signum, str(payload.get("reason") or "the runner asked to stop"))
             else:
                 self._connected = False

@@ -12,6 +12,8 @@
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+* ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
+  (xrun.launch.doctor), so the output path never reads the clock for it.
 
 The static supervisor (xrun.launch.supervise) reads its ranks' pipes from its event loop; the elastic relay
 (xrun.launch.elastic) reads its FIFOs from a thread, with a new prefix and log files per attempt. Both go
@@ -138,6 +140,7 @@ class Console:
         self._quiet = quiet
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
+        self.heard = False  # some rank wrote something since the hang doctor last looked
 
     def read(self, stream: RankStream) -> bool:
         """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
@@ -160,6 +163,7 @@ class Console:
                 return
 
     def consume(self, stream: RankStream, chunk: bytes) -> None:
+        self.heard = True  # the hang doctor's silence check reads and clears it: no clock on the hot path
         if stream.log is not None:
             write_all(stream.log, chunk)
         if stream.tail is not None:

@@ -4,7 +4,8 @@
 of xrun.launch.supervise decides, and reports what it finds:
 
 * ``watch`` / ``collect`` / ``finish``: a pidfd per rank main process (readable once it exits; Linux >= 5.3,
-  else SIGCHLD alone tells), ``waitpid`` for its status, then its last output read and its ``RankOutcome``;
+  else SIGCHLD alone tells), ``wait4`` for its status and the kernel's accounting (CPU time, peak RSS), then
+  its last output read and its ``RankOutcome``;
 * ``signal_running`` / ``kill_sessions``: signal the ranks' process groups, or every group alive in their
   sessions; ``kill_now`` is the emergency path when the supervisor leaves by an exception;
 * ``reap_orphans``: as child subreaper the agent inherits what the ranks' sessions orphan;
@@ -23,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
@@ -33,6 +35,9 @@ from xrun.launch.proctable import ProcInfo
 from xrun.launch.ranks import RankProcess
 from xrun.launch.result import RankOutcome
 
+if TYPE_CHECKING:
+    import resource
+
 _EMERGENCY_WAIT = 2.0  # kill_now: how long to wait for SIGKILLed ranks before leaving anyway
 
 
@@ -41,7 +46,7 @@ class RankState:
 
     __slots__ = (
         "spec", "pid", "popen", "pidfd", "started", "returncode", "signal", "signalled", "reaped",
-        "streams", "outcome", "start_error",
+        "streams", "outcome", "start_error", "rusage",
     )  # fmt: skip
 
     def __init__(self, spec: RankProcess) -> None:
@@ -57,6 +62,7 @@ class RankState:
         self.streams: list[RankStream] = []  # stdout, stderr
         self.outcome: RankOutcome | None = None
         self.start_error: str | None = None
+        self.rusage: resource.struct_rusage | None = None  # from wait4 when it was reaped
 
     @property
     def running(self) -> bool:
@@ -79,6 +85,8 @@ class RankState:
             stderr_tail=tail,
             stopped_by_xrun=stopped,
             error=read_error_file(self.spec.error_file) if self.returncode != 0 else None,
+            cpu_s=self.rusage.ru_utime + self.rusage.ru_stime if self.rusage is not None else None,
+            peak_rss_bytes=self.rusage.ru_maxrss * 1024 if self.rusage is not None else None,  # Linux: KiB
         )
 
 
@@ -135,12 +143,14 @@ class Reaper:
             if not rank.running:
                 continue
             try:
-                pid, status = os.waitpid(rank.pid, os.WNOHANG)
+                # wait4, not waitpid: the same status plus the kernel's accounting of the child (CPU, peak RSS)
+                pid, status, rusage = os.wait4(rank.pid, os.WNOHANG)
             except ChildProcessError:  # somebody else reaped it: its status is lost
-                pid, status = rank.pid, None
+                pid, status, rusage = rank.pid, None, None
             if pid == 0:
                 continue
             rank.reaped = True
+            rank.rusage = rusage
             if status is not None:
                 if os.WIFSIGNALED(status):
                     rank.signal = os.WTERMSIG(status)
@@ -188,6 +198,17 @@ class Reaper:
                 rank.signalled = True
                 proctable.signal_groups((rank.pid,), signum)
                 count += 1
+        return count
+
+    def signal_main(self, signum: int) -> int:
+        """Signal every running rank's main process (not its group); return how many got it."""
+        count = 0
+        for rank in self.running():  # not yet reaped: the pid is still this rank's
+            try:
+                os.kill(rank.pid, signum)
+                count += 1
+            except ProcessLookupError:
+                pass
         return count
 
     def kill_sessions(self, signum: int) -> list[ProcInfo]:

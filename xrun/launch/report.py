@@ -4,8 +4,12 @@ The first rank that failed on its own is the root cause; ranks xrun stopped beca
 consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
 failure with a known fix (xrun.launch.hints) ends the report with it.
+Every rank's figures (xrun.launch.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
+stacks taken before the stop, merged (xrun.launch.stackview), when the hang doctor took them.
 ``conclude`` is the end of every node agent run, static or elastic: the report and
-``{log_dir}/{host}/failure.json`` when something went wrong, then the exit code.
+``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
+the whole job: with a head, the head says it for every node); ``{log_dir}/{host}/summary.json`` either way;
+then the exit code.
 """
 
 from __future__ import annotations
@@ -18,18 +22,28 @@ from typing import Any
 
 from xrun.launch.errorfile import error_lines
 from xrun.launch.hints import failure_hint
+from xrun.launch.output import notice
 from xrun.launch.posix import signal_name
 from xrun.launch.result import NodeResult, RankOutcome, describe_status
+from xrun.launch.stackview import merge, render
+from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 
 
-def conclude(result: NodeResult, log_dir: str | None) -> int:
-    """Report a node's result where something went wrong (a root cause or a stop signal); return its exit code."""
-    if result.root_cause is not None or result.interrupted_by is not None:
+def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) -> int:
+    """Report a node's result where something went wrong (a root cause or a stop signal), or its success line
+    (``announce``: this node is the whole job); write its summary under ``log_dir``; return its exit code."""
+    figures = [RankFigures.of(o) for o in result.outcomes]
+    if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
         sys.stderr.write(format_failure_report(result) + "\n")
         if log_dir is not None:
             write_failure_json(os.path.join(log_dir, result.host, "failure.json"), result)
+    elif announce and result.exit_code == 0 and figures:
+        notice(result.host, success_line(figures))
+    if log_dir is not None:
+        write_json(os.path.join(log_dir, result.host, "summary.json"),
+                   summary_json(figures, exit_code=result.exit_code))
     return result.exit_code
 
 
@@ -46,6 +60,10 @@ def format_failure_report(result: NodeResult) -> str:
     ok = sum(1 for o in result.outcomes if not _notable(o))
     if ok:
         lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
+    lines.extend(table_lines([RankFigures.of(o) for o in result.outcomes]))
+    if result.stacks:
+        lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
+        lines.extend(f"    {line}" for line in render(merge(result.stacks)))
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -65,17 +83,24 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "interrupted_by": _signal_json(result.interrupted_by),
         "root_cause": root.rank if root is not None else None,
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
+        "hang": result.hang,
+        "stacks": [s.to_json() for s in result.stacks],
     }
 
 
 def write_failure_json(path: str, result: NodeResult) -> None:
     """Write ``failure_json(result)`` to ``path`` atomically (a reader never sees half a file)."""
+    write_json(path, failure_json(result))
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, making its directory (a reader never sees half a file)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".failure.", suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(failure_json(result), f, indent=2)
+            json.dump(data, f, indent=2)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -90,6 +115,8 @@ def write_failure_json(path: str, result: NodeResult) -> None:
 
 
 def _headline(result: NodeResult) -> str:
+    if result.hang is not None:
+        return f"stopped as hung: {result.hang}"
     root = result.root_cause
     if root is not None:
         return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s"
@@ -145,6 +172,8 @@ def _outcome_json(outcome: RankOutcome, is_root: bool) -> dict[str, Any]:
         "root_cause": is_root,
         "stopped_by_xrun": outcome.stopped_by_xrun,
         "runtime_s": round(outcome.runtime_s, 6),
+        "cpu_s": None if outcome.cpu_s is None else round(outcome.cpu_s, 6),
+        "peak_rss_bytes": outcome.peak_rss_bytes,
         "leftovers": list(outcome.leftovers),
         "stderr_tail": list(outcome.stderr_tail),
         "error": outcome.error.to_json() if outcome.error is not None else None,

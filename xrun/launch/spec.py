@@ -98,6 +98,13 @@ class LaunchOptions:
             object.__setattr__(self, "mode", PythonMode(mode))
 
 
+class HangAction(enum.Enum):
+    """What ``--hang_timeout`` does once no rank anywhere has written output for that long (issue 14)."""
+
+    DUMP = "dump"  # print the merged stacks and go on; again only after new output and another silence
+    STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.launch.result)
+
+
 @dataclass(frozen=True)
 class AgentOptions:
     """How the node agent supervises, binds and logs its ranks."""
@@ -110,8 +117,12 @@ class AgentOptions:
     bind_core_list: str | None = None
     console_ranks: tuple[int, ...] | None = None  # --console_ranks: the global ranks echoed (None: all)
     forward_signals: tuple[int, ...] = DEFAULT_FORWARD_SIGNALS  # passed on to every rank, the job goes on
+    hang_timeout: float | None = None  # --hang_timeout: seconds of silence from every rank that make a hang
+    hang_action: HangAction = HangAction.DUMP
+    failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
         if self.console_ranks is not None:  # a JSON list when the options come from the node spec
             object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
         object.__setattr__(self, "forward_signals", tuple(signal.Signals(s) for s in self.forward_signals))
@@ -230,7 +241,8 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         {"forward_signals": [int(s) for s in options.forward_signals]}
         if options.forward_signals != DEFAULT_FORWARD_SIGNALS
         else {}
-    )
+    ) | ({"hang_timeout": options.hang_timeout, "hang_action": options.hang_action.value}
+         if options.hang_timeout is not None else {}) | ({} if options.failure_stacks else {"failure_stacks": False})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

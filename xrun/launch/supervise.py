@@ -5,9 +5,11 @@
   * one pipe per rank stdout/stderr -> xrun.launch.output prefixes the lines for fd 1 / fd 2 and logs them;
   * the wake-up pipe of xrun.launch.signals -> SIGINT/SIGTERM/SIGHUP (stop), SIGCHLD (reap) and the
     ``--forward_signals`` (SIGUSR1/SIGUSR2: passed on to every rank's main process, the job goes on);
-  * readers the caller adds (the control channel).
+  * readers, signals and timers the caller adds (the control channel; the hang doctor, xrun.launch.doctor:
+    SIGQUIT, py-spy's results, the silence check).
 
-The first rank that fails on its own stops the rest: its siblings' process groups get SIGTERM, everything is
+The first rank that fails on its own stops the rest (after ``before_failure_stop``, where the doctor takes the
+survivors' stacks): its siblings' process groups get SIGTERM, everything is
 given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main process is gone,
 the members of their sessions that are still alive (a leaked DataLoader worker, torch_shm_manager) are
 stopped the same way and reported as leftovers, so the agent never hangs on them. The result is a
@@ -29,7 +31,7 @@ import threading  # already imported by subprocess; only to check we are on the 
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
@@ -39,6 +41,7 @@ from xrun.launch.ranks import RankProcess
 from xrun.launch.reaper import RankState, Reaper
 from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
 from xrun.launch.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
+from xrun.launch.stackdump import DumpTarget, RankStack
 
 _KILL_WAIT = 5.0  # after SIGKILL, how long to wait for the kernel before reporting what would not die
 _POLL = 0.02  # only without pidfd (Linux < 5.3): how often leftovers are rechecked
@@ -55,11 +58,45 @@ class SuperviseOptions:
     forward_signals: frozenset[int] = frozenset()  # --forward_signals: passed on to every rank, nothing stops
 
 
+class Timers(list[tuple[Callable[[], float | None], Callable[[], None]]]):
+    """Timers in a RankGroup's loop: each a due time (monotonic, None: not now) and what to call then."""
+
+    def add(self, due: Callable[[], float | None], on_due: Callable[[], None]) -> None:
+        self.append((due, on_due))
+
+    def timeout(self, timeout: float | None) -> float | None:
+        """``timeout`` (the teardown's; None: none), shortened to the next timer's due time."""
+        if not self:
+            return timeout
+        now = time.monotonic()
+        for due, _ in self:
+            at = due()
+            if at is not None:
+                timeout = max(0.0, at - now) if timeout is None else min(timeout, max(0.0, at - now))
+        return timeout
+
+    def run(self) -> None:
+        now = time.monotonic()
+        for due, on_due in self:
+            at = due()
+            if at is not None and now >= at:
+                on_due()
+
+
+@dataclass
+class Plugins:
+    """What xrun.launch.doctor plugs into a RankGroup's loop besides readers (``add_reader``)."""
+
+    signals: dict[int, Callable[[], None]] = field(default_factory=dict)  # owned too; they stop nothing
+    timers: Timers = field(default_factory=Timers)
+    before_failure_stop: Callable[[], None] | None = None  # the first failure, before the others are stopped
+
+
 class RankGroup:
     """A node's ranks as one unit: they start together, fail together and stop against one deadline.
 
-    Single-threaded and single-use. While ``run()`` is active it owns SIGINT, SIGTERM, SIGHUP and SIGCHLD
-    (the previous handlers come back when it returns) and makes this process a child subreaper.
+    Single-threaded and single-use. While ``run()`` is active it owns SIGINT, SIGTERM, SIGHUP, SIGCHLD and the
+    plugins' signals (the previous handlers come back when it returns) and makes this process a child subreaper.
     """
 
     def __init__(
@@ -92,6 +129,9 @@ class RankGroup:
         self._root: RankState | None = None  # the first rank that failed on its own
         self._progress = False  # something besides output happened: _check_progress() has work
         self._signals: deque[int] = deque()  # recorded by the handler, acted on by the loop
+        self.plugins = Plugins()  # what the hang doctor adds (set before run())
+        self._hang: str | None = None  # stop_hung's reason
+        self.stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks before the stop, for the report
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -100,6 +140,24 @@ class RankGroup:
         self._readers.append((fileobj, callback))
         if self._sel is not None:
             self._sel.register(fileobj, selectors.EVENT_READ, callback)  # type: ignore[arg-type]
+
+    @property
+    def console(self) -> Console:
+        return self._console
+
+    @property
+    def stopping(self) -> bool:
+        return self._teardown.signum is not None
+
+    def live_targets(self) -> list[DumpTarget]:
+        """The ranks whose main process is running, for a stack dump."""
+        return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in self._reaper.running()]
+
+    def stop_hung(self, reason: str) -> None:
+        """--hang_action stop: stop every rank like request_stop, and end with HANG_EXIT and ``reason``."""
+        if self._hang is None and self._teardown.signum is None:
+            self._hang = reason
+        self._teardown.begin(signal.SIGTERM, reason)
 
     def request_stop(self, signum: int = signal.SIGTERM, reason: str = "") -> None:
         """Stop every rank gracefully: ``signum`` now, SIGKILL at the deadline (SIGKILL: at once).
@@ -113,14 +171,7 @@ class RankGroup:
     def forward_signal(self, signum: int) -> int:
         """Send ``signum`` to every running rank's main process (not its group: a DataLoader worker would die of
         SIGUSR1's default action); the job goes on. Returns how many ranks got it."""
-        count = 0
-        for rank in self._ranks:
-            if rank.running:  # not yet reaped: the pid is still this rank's
-                try:
-                    os.kill(rank.pid, signum)
-                    count += 1
-                except ProcessLookupError:
-                    pass
+        count = self._reaper.signal_main(signum)
         notice(self._options.host, f"forwarded {signal_name(signum)} to {count} rank{'s' if count != 1 else ''}")
         return count
 
@@ -140,7 +191,8 @@ class RankGroup:
             # Forked before the signal handlers and the rank pipes exist: it must hold neither.
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
             self._reaper.attach(self._sel, self._watchdog, pidfd=self._have_pidfd)
-            owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals))
+            owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals),
+                         *sorted(self.plugins.signals))
             with owned_signals(owned_set, self._on_signal) as owned:
                 try:
                     result = self._supervise(owned)
@@ -198,20 +250,9 @@ class RankGroup:
         rank.started = time.monotonic()
         if self._watchdog is not None:
             self._watchdog.watch(popen.pid)
-        self._watch_output(rank, popen, logs)
+        assert self._sel is not None
+        _watch_output(self._sel, self._console, self._options, rank, popen, logs)
         self._reaper.watch(rank, self._collect_exits)
-
-    def _watch_output(self, rank: RankState, popen: subprocess.Popen[bytes], logs: tuple[int, int] | None) -> None:
-        assert self._sel is not None and popen.stdout is not None and popen.stderr is not None
-        prefix = rank_prefix(self._options.host, rank.spec.rank)
-        for pipe, console in ((popen.stdout, 1), (popen.stderr, 2)):
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            log = logs[console - 1] if logs else None
-            stream = RankStream(fd, console, prefix, log=log, keep_tail=console == 2, file=pipe)
-            stream.echo = self._options.console_ranks is None or rank.spec.rank in self._options.console_ranks
-            rank.streams.append(stream)
-            self._sel.register(fd, selectors.EVENT_READ, functools.partial(self._console.read, stream))
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -221,14 +262,17 @@ class RankGroup:
         registered = self._sel.get_map()
         teardown = self._teardown
         self._check_progress()
+        timers = self.plugins.timers
         while not teardown.done:
             # Output is the hot path: a batch of reads alone needs neither the clock nor the bookkeeping.
-            for key, _ in select(None if teardown.deadline is None else teardown.timeout()):
+            for key, _ in select(timers.timeout(None if teardown.deadline is None else teardown.timeout())):
                 # An earlier callback of this batch may have closed this fd (and its number been reused).
                 if registered.get(key.fd) is key:
                     key.data()
             while self._signals:
                 self._handle_signal(self._signals.popleft())
+            if timers:
+                timers.run()
             if self._progress or teardown.deadline is not None:
                 self._check_progress()
 
@@ -248,6 +292,9 @@ class RankGroup:
             return
         if signum in self._options.forward_signals:
             self.forward_signal(signum)
+            return
+        if signum in self.plugins.signals:
+            self.plugins.signals[signum]()
             return
         if signum == signal.SIGINT:
             self._sigints += 1
@@ -272,6 +319,8 @@ class RankGroup:
         outcome = self._reaper.finish(rank, stopped=stopped)
         if outcome.failed and not stopped and self._root is None:
             self._root = rank
+            if self.plugins.before_failure_stop is not None and self._teardown.signum is None:
+                self.plugins.before_failure_stop()
             self._teardown.begin(signal.SIGTERM, f"rank {rank.spec.rank} {describe(outcome)}")
         if self._on_rank_exit is not None:
             self._on_rank_exit(outcome)
@@ -285,7 +334,8 @@ class RankGroup:
     def _result(self) -> NodeResult:
         outcomes = self._reaper.outcomes()
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
-        return node_result(self._options.host, outcomes, root, self._interrupted_by)
+        return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
+                           stacks=self.stacks)
 
     def _unregister(self, fd: int) -> None:
         if self._sel is not None:
@@ -419,6 +469,27 @@ class _Teardown:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers.
+
+
+def _watch_output(
+    sel: selectors.BaseSelector,
+    console: Console,
+    options: SuperviseOptions,
+    rank: RankState,
+    popen: subprocess.Popen[bytes],
+    logs: tuple[int, int] | None,
+) -> None:
+    """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
+    assert popen.stdout is not None and popen.stderr is not None
+    prefix = rank_prefix(options.host, rank.spec.rank)
+    for pipe, fd_no in ((popen.stdout, 1), (popen.stderr, 2)):
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        log = logs[fd_no - 1] if logs else None
+        stream = RankStream(fd, fd_no, prefix, log=log, keep_tail=fd_no == 2, file=pipe)
+        stream.echo = options.console_ranks is None or rank.spec.rank in options.console_ranks
+        rank.streams.append(stream)
+        sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))
 
 
 def _spawn(spec: RankProcess, affinity: frozenset[int] | None) -> subprocess.Popen[bytes]:

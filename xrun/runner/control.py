@@ -12,10 +12,17 @@ It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_pl
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
 
+Beside the machine, ``_Extras`` reads what concerns neither the barrier nor the verdict: every rank's figures
+from ``rank_exited`` (xrun.launch.summary: one success line, the table after a failure, ``summary.json``), and
+the hang doctor's messages (``stacks``, ``want_stacks``, ``quiet``, ``spoke``) for xrun.runner.headdoctor, whose
+steps become sends, lines and, for ``--hang_action stop``, the machine's ``Hung`` event. SIGQUIT to xrun asks
+the doctor for a job-wide dump; a ``stop`` after a failure asks the agents for their ranks' stacks first.
+
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event) and the ``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message
-to every connected agent, which passes it on to its ranks; the job goes on) on the main thread;
+and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
+(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
+on) on the main thread;
 ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.podserver``) overrides two seams: ``_make_job`` (its hello policy, the
@@ -27,8 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import selectors
+import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -38,8 +48,13 @@ from typing import Any, Callable, Protocol
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
 from xrun.launch.posix import signal_name
+from xrun.launch.report import write_json
+from xrun.launch.result import HANG_EXIT
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
-from xrun.runner.job import Job, JobConfig
+from xrun.launch.stackview import merge, render
+from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.runner.headdoctor import HeadDoctor, Send, Show, Step
+from xrun.runner.job import Job, JobConfig, NodeState
 from xrun.runner.jobevents import (
     Admit,
     AgentError,
@@ -50,6 +65,7 @@ from xrun.runner.jobevents import (
     Failure,
     Heard,
     HelloReceived,
+    Hung,
     RankExited,
     Ready,
     SendAccept,
@@ -131,6 +147,7 @@ class ControlServer:
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
+        self.extras = _Extras(self)  # the hang doctor and every rank's figures
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -196,6 +213,7 @@ class ControlServer:
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.strays + self.job.strays):
             say(line)
+        self.extras.sum_up(verdict.exit_code)
         return verdict.exit_code
 
     def close(self) -> None:
@@ -219,7 +237,7 @@ class ControlServer:
             SendStart: lambda a: self._send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
                                                                   master_port=a.master_port)),
             SendStop: lambda a: self._send_all(a.nodes, message(Kind.STOP, signal=a.signal, deadline=a.deadline,
-                                                                 reason=a.reason)),
+                                                                 reason=a.reason, stacks=self.extras.failure_stacks())),
             SendPing: lambda a: self._send_all(a.nodes, message(Kind.PING)),
             ShowLine: lambda a: status.line(a.text),
             ShowJoined: lambda a: status.joined(a.host, a.ready, a.total),
@@ -232,7 +250,7 @@ class ControlServer:
         if not own:
             yield
             return
-        with owned_signals((*SHUTDOWN_SIGNALS, *sorted(self.forwarded)), self._on_signal) as owned:
+        with owned_signals((*SHUTDOWN_SIGNALS, signal.SIGQUIT, *sorted(self.forwarded)), self._on_signal) as owned:
 
             def drain() -> None:
                 owned.drain()  # the wake-up only ends select(); _on_signal has recorded the signal
@@ -247,6 +265,9 @@ class ControlServer:
         self.signals.append(signum)  # acted on by the loop
 
     def _on_signal_received(self, signum: int) -> None:
+        if signum == signal.SIGQUIT:
+            self.extras.want("SIGQUIT")
+            return
         if signum not in self.forwarded:
             self._feed(SignalReceived(signum))
             return
@@ -255,13 +276,15 @@ class ControlServer:
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _timeout(self) -> float:
-        deadlines = [self.job.next_deadline(), self.pending.deadline()]
+        deadlines = [self.job.next_deadline(), self.pending.deadline(), self.extras.doctor.deadline()]
         return max(0.0, min(d for d in deadlines if d is not None) - time.monotonic())
 
     def _tick(self) -> None:
-        for conn in self.pending.expired(time.monotonic()):
+        now = time.monotonic()
+        for conn in self.pending.expired(now):
             self._drop(conn)  # said nothing useful in time: a stray
         self._feed(Tick())
+        self.extras.tick(now)
 
     def _finished(self, sessions: Sessions) -> bool:
         if self.job.all_over_at is None:
@@ -318,9 +341,13 @@ class ControlServer:
                     if conn.node is None:
                         return
                 else:
-                    self._feed(agent_event(conn.node, msg))
+                    self._agent_message(conn.node, msg)
         except ChannelError as err:
             self._closed(conn, f"protocol error: {err.reason}")
+
+    def _agent_message(self, node: int, msg: Message) -> None:
+        self.extras.message(node, msg)
+        self._feed(agent_event(node, msg))
 
     def _hello(self, conn: _Conn, msg: Message) -> None:
         event = self._hello_event(conn, msg)
@@ -381,6 +408,76 @@ class ControlServer:
             channel.send(conn.sock, msg)
         except OSError as err:
             self._closed(conn, f"send failed: {err.strerror or err}")
+
+
+class _Extras:
+    """What the loop carries besides the job: the hang doctor (xrun.runner.headdoctor) and every rank's figures
+    (xrun.launch.summary), both fed from the agents' messages before the machine sees them."""
+
+    def __init__(self, server: ControlServer) -> None:
+        options = server.plan.request.options
+        self.server = server
+        self.doctor = HeadDoctor(tuple(n.host for n in server.plan.nodes), hang_timeout=options.hang_timeout,
+                                 hang_action=options.hang_action, log_dir=options.log_dir)
+        self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
+
+    def failure_stacks(self) -> bool:
+        """A stop because something failed (not a signal, not a hang): the agents take their ranks' stacks first."""
+        failure = self.server.job.failure
+        return failure is not None and failure.exit_code != HANG_EXIT
+
+    def running(self) -> list[int]:
+        return [n.rank for n in self.server.job.nodes if n.state is NodeState.RUNNING and n.connected]
+
+    def message(self, node: int, msg: Message) -> None:
+        kind, now = msg.get("type"), time.monotonic()
+        try:
+            if kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
+                self.figures.append(RankFigures.from_json(msg["figures"]))
+            elif kind == Kind.STACKS.value:
+                self.carry_out(self.doctor.stacks(node, msg, now))
+            elif kind == Kind.WANT_STACKS.value:
+                self.want(f"{msg.get('reason') or 'a request'} at {self.server.plan.nodes[node].host}")
+            elif kind == Kind.QUIET.value:
+                self.carry_out(self.doctor.quiet(node, self.running(), now))
+            elif kind == Kind.SPOKE.value:
+                self.doctor.spoke(node)
+        except ValueError as err:
+            raise ChannelError(f"{kind}: {err}") from None
+
+    def want(self, reason: str) -> None:
+        self.carry_out(self.doctor.want(reason, self.running(), time.monotonic()))
+
+    def tick(self, now: float) -> None:
+        self.carry_out(self.doctor.check(now, self.running()))
+
+    def carry_out(self, steps: Iterable[Step]) -> None:
+        for step in steps:
+            if isinstance(step, Send):
+                self.server._send_all(step.nodes, step.message)
+            elif isinstance(step, Show):
+                for line in step.lines:
+                    say(line)
+            else:
+                self.server._feed(Hung(step.reason))
+
+    def sum_up(self, exit_code: int) -> None:
+        """After the verdict: every node's stacks from before the stop, merged; then every rank's figures as the
+        agents sent them: one line on success, the table on failure, the JSON."""
+        stacks = self.doctor.stop_stacks
+        if exit_code != 0 and stacks:
+            say(f"stacks of {len(stacks)} rank(s) taken before the stop, outliers first:")
+            for line in render(merge(stacks)):
+                say(f"  {line}")
+        if not self.figures:
+            return
+        if exit_code == 0:
+            say(success_line(self.figures))
+        else:
+            sys.stderr.write("\n".join(table_lines(self.figures)) + "\n")
+        log_dir = self.server.plan.request.options.log_dir
+        if log_dir is not None:
+            write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
 
 
 def _listener(addr: str, port: int, *, backlog: int) -> socket.socket:

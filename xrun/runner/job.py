@@ -10,7 +10,8 @@ ends DONE or LOST. A static job holds every node at a start barrier until all ar
 ``--join_timeout`` passes, naming the missing hosts; ``--elastic`` starts each node as soon as it is ready (torch's
 rendezvous is the barrier) and leaves a lost node to torch while at least ``--min_nodes`` remain (issue 6).
 The first failure (a rank's own exit, an agent error, a lost node, a session that ended before its agent
-connected) is the root cause and stops every other node; SIGINT/SIGTERM/SIGHUP stop every node gracefully, a
+connected, or ``Hung``: every node silent for --hang_timeout with --hang_action stop, exit code HANG_EXIT) is the
+root cause and stops every other node; SIGINT/SIGTERM/SIGHUP stop every node gracefully, a
 second SIGINT with SIGKILL. A node that neither finishes nor answers by the stop deadline counts as lost.
 
 What a hello gets back is a ``HelloPolicy``: the head sends each node its spec (``SendSpecs``); a policy may
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 from xrun import __version__
 from xrun.launch.channel import DEAD_AFTER, PING_INTERVAL
 from xrun.launch.posix import signal_name
+from xrun.launch.result import HANG_EXIT
 from xrun.runner.jobevents import (
     AGENT_EVENTS,
     Action,
@@ -44,6 +46,7 @@ from xrun.runner.jobevents import (
     Failure,
     Heard,
     HelloReceived,
+    Hung,
     RankExited,
     Ready,
     SendPing,
@@ -424,6 +427,9 @@ class Job:
         self._say(f"got {name}; stopping every node")
         self._stop(signal.SIGTERM, f"xrun got {name}")
 
+    def _hung(self, event: Hung) -> None:
+        self._fail(Failure("every node", event.reason, HANG_EXIT))
+
     def _tick(self, event: Tick) -> None:
         self._keepalive()
         if self._waiting_for_start():
@@ -556,5 +562,6 @@ Job._HANDLERS = {
     ConnectionLost: Job._connection_lost,
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,
+    Hung: Job._hung,
     Tick: Job._tick,
 }

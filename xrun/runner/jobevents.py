@@ -5,7 +5,8 @@ rank (the index into the plan's nodes); connections by the number the socket lay
 say which connection to keep or close without the machine holding one.
 
 Events come from the socket layer (``xrun.runner.control``): what an agent said, a connection that dropped, a
-backend session that ended, a signal to xrun, and ``Tick`` (time passed). Actions go back to it: what to send
+backend session that ended, a signal to xrun, the hang doctor's ``Hung`` (xrun.runner.headdoctor), and ``Tick``
+(time passed). Actions go back to it: what to send
 to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
 exit code and its root cause, as data the report prints and (pod mode, ``SendVerdict``) every node is sent.
 """
@@ -97,6 +98,13 @@ class SignalReceived:
 
 
 @dataclass(frozen=True)
+class Hung:
+    """--hang_action stop: every running node was silent for --hang_timeout and the stacks were shown."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: deadlines (join, stop, keepalive, linger) are checked against the ``now`` it is fed with."""
 
@@ -104,7 +112,8 @@ class Tick:
 # Sent by an admitted agent: the machine ignores them from a node without a connection.
 AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
 Event = Union[
-    HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Tick
+    HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Hung,
+    Tick,
 ]
 
 # -- actions --------------------------------------------------------------------------------------------------

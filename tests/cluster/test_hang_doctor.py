@@ -1,0 +1,88 @@
+"""The hang doctor across real hosts (issue 14): 3 network-namespace nodes x 2 ranks, ssh and pdsh.
+
+SIGQUIT to xrun merges the stacks of all six ranks, taken by each node's agent, into one view at the head;
+a rank that fails on one node brings every node's stacks into its failure report and, merged, into the head's. The job fixture
+(tests/cluster/test_multinode.py) marks every rank by environment and checks that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
+
+SCRIPT = """
+import os, time
+def load_batch():
+    time.sleep(60)
+def all_reduce():
+    time.sleep(60)
+print("rank", os.environ["RANK"], "up", flush=True)
+if os.environ["RANK"] == os.environ.get("SLOW_RANK"):
+    load_batch()
+elif os.environ["RANK"] == os.environ.get("FAIL_RANK"):
+    time.sleep(2.0)
+    raise SystemExit(3)
+else:
+    all_reduce()
+"""
+
+
+def _lines(stream, into: list[str]) -> None:
+    threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True).start()
+
+
+def _wait(lines: list[str], test, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(test(line) for line in list(lines)):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {''.join(lines)[-3000:]}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F811
+    script = job.tmp / "job.py"
+    script.write_text(SCRIPT)
+    proc = job.start(backend, "--log_dir", str(job.tmp / "logs"), script_path=script, env={"SLOW_RANK": "3"})
+    out: list[str] = []
+    err: list[str] = []
+    _lines(proc.stdout, out)
+    _lines(proc.stderr, err)
+    _wait(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGQUIT)
+    _wait(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
+    node1 = job.cluster.nodes[1].name
+    assert f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch\n" in err
+    assert "xrun:   ranks 0-2, 4-5: job.py:6 all_reduce\n" in err
+    headline = next(line for line in err if "SIGQUIT: stacks of 6 ranks" in line)
+    assert str(job.tmp / "logs") in headline
+    assert proc.poll() is None, "the job goes on after a dump"
+    print(f"SIGQUIT to the merged view across 3 nodes: {time.monotonic() - started:.2f} s")
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode == 130
+    job.assert_clean()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failure_brings_the_other_nodes_stacks_into_their_reports(job, backend):  # noqa: F811
+    script = job.tmp / "job.py"
+    script.write_text(SCRIPT)
+    code, _, err = job.run(backend, script_path=script, env={"FAIL_RANK": "5", "SLOW_RANK": "3"}, timeout=90)
+    assert code == 3, err
+    lines = err.splitlines()
+    node1 = job.cluster.nodes[1].name
+    # each node's report (relayed to the head's stderr, possibly prefixed by the backend) has its own survivors
+    assert any(line.endswith(" ranks 0-1: job.py:6 all_reduce") for line in lines), err
+    assert any(line.endswith(f" rank 3 ({node1}, local 1): job.py:4 load_batch") for line in lines), err
+    at = lines.index("xrun: stacks of 5 rank(s) taken before the stop, outliers first:")  # the head's, merged
+    assert lines[at + 1 : at + 3] == [f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch",
+                                      "xrun:   ranks 0-2, 4: job.py:6 all_reduce"]
+    job.assert_clean()
