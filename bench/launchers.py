@@ -26,6 +26,7 @@ class LocalJob:
     master_port: int
     log_dir: str | None = None  # per-rank log files, where the launcher has them
     prefix: bool = True  # per-line rank prefixes on the console, where the launcher has them
+    xrun_flags: tuple[str, ...] = ()  # xrun's own options for a variant of it (``xrun:no_stacks``)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def xrun_argv(job: LocalJob) -> list[str]:
         argv += ["--log_dir", job.log_dir]
     if not job.prefix:
         argv.append("--no_prefix")
-    return [*argv, job.script, *job.args]
+    return [*argv, *job.xrun_flags, job.script, *job.args]
 
 
 # ---------------------------------------------------------------------------------------------------------------
