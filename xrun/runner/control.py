@@ -35,7 +35,7 @@ from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
 from xrun.launch.posix import signal_name
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
-from xrun.runner.job import Job, JobConfig
+from xrun.runner.job import NODE_FAILURE_EXIT, Job, JobConfig
 from xrun.runner.jobevents import (
     Admit,
     AgentError,
@@ -340,7 +340,8 @@ class ControlServer:
 
     def _send_spec(self, action: SendSpec) -> None:
         spec = self.plan.nodes[action.node].to_json()
-        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port))
+        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port,
+                                        master_port=action.master_port))
 
     def _send_all(self, nodes: Iterable[int], msg: Message) -> None:
         for node in nodes:
@@ -404,7 +405,7 @@ def agent_event(node: int, msg: Message) -> Event:
     if kind == Kind.DONE.value:
         return Done(node, exit_code=_int(msg, "exit_code") or 0)
     if kind == Kind.ERROR.value:
-        return AgentError(node, str(msg.get("message")))
+        return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
     return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
 
 
