@@ -45,7 +45,7 @@ from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
 from xrun.launch.devices import VISIBILITY, detect_devices
 from xrun.launch.errorfile import read_error_file
-from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
+from xrun.launch.output import Console, RankStream, grow_pipe, notice, open_logs, rank_prefix
 from xrun.launch.ranks import bind_ranks, rank_environment
 from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
@@ -191,6 +191,7 @@ class OutputRelay:
                 path = os.path.join(workdir, f"{name}{local_rank}")
                 os.mkfifo(path, 0o600)
                 fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+                grow_pipe(fd)
                 stream = RankStream(fd, console, keep_tail=console == 2)
                 self.streams[(local_rank, console)] = stream
                 self.paths[(local_rank, console)] = path
@@ -261,6 +262,7 @@ class OutputRelay:
                         self._exited(key.data)
                     elif key.data is not None and key.data.fd is not None:
                         self._console.drain(key.data, limit=16)
+            self._console.settle()  # outside the lock: the main thread may take the tails meanwhile
 
     def _exited(self, watch: _ExitWatch) -> None:
         if watch not in self._exit_watches:

@@ -9,6 +9,9 @@
   echoing, never logging.
 * ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
   ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
+* Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
+  read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
+  logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
@@ -28,7 +31,14 @@ from typing import IO
 
 from xrun.launch.posix import write_all
 
-CHUNK = 65536  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)
+# After a read that found only a trickle, the reader waits this long before reading again, so that a rank
+# printing line by line (python -u: one write per line) fills the pipe instead of waking the agent for every
+# line: one read, one log write and one console write per ~millisecond instead of per line (issue 15).
+# It is the most a console line is held back by it.
+SETTLE_S = 0.001
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ on Linux (the name exists in Python >= 3.10 only)
 _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
 _TAIL_WIDTH = 1000  # characters per tail line
@@ -63,6 +73,17 @@ def _prefix_cr_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
     if b"\r\n" in data:
         body = body.replace(b"\r" + prefix + b"\n", b"\r\n")
     return prefix + body[: -len(prefix)] if prefix else body, data[end:]
+
+
+def grow_pipe(fd: int) -> None:
+    """Give a rank pipe ``PIPE_BYTES`` of kernel buffer, so the rank keeps writing while the agent settles; where
+    the system refuses (``/proc/sys/fs/pipe-max-size``, not Linux), the default buffer does."""
+    try:
+        import fcntl  # noqa: PLC0415 - a builtin module; imported where it is used
+
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
 
 
 def rank_prefix(host: str, rank: int) -> bytes:
@@ -138,6 +159,8 @@ class Console:
         self._quiet = quiet
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
+        self._trickled = False  # a read since the last settle() returned less than a full chunk ...
+        self._flooded = False  # ... and none returned a full one (a flooding rank is read again at once)
 
     def read(self, stream: RankStream) -> bool:
         """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
@@ -148,10 +171,20 @@ class Console:
         except OSError:
             chunk = b""
         if chunk:
+            if len(chunk) < CHUNK:
+                self._trickled = True
+            else:
+                self._flooded = True
             self.consume(stream, chunk)
             return True
         self.close(stream)
         return False
+
+    def settle(self) -> None:
+        """After reads that found only a trickle, let the ranks' pipes fill for ``SETTLE_S`` (see there)."""
+        if self._trickled and not self._flooded:
+            time.sleep(SETTLE_S)
+        self._trickled = self._flooded = False
 
     def drain(self, stream: RankStream, limit: int = 64) -> None:
         """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""

@@ -33,7 +33,15 @@ from dataclasses import dataclass
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
-from xrun.launch.output import Console, RankStream, flush_python_output, notice, open_logs, rank_prefix
+from xrun.launch.output import (
+    Console,
+    RankStream,
+    flush_python_output,
+    grow_pipe,
+    notice,
+    open_logs,
+    rank_prefix,
+)
 from xrun.launch.posix import signal_name
 from xrun.launch.ranks import RankProcess
 from xrun.launch.reaper import RankState, Reaper
@@ -207,6 +215,7 @@ class RankGroup:
         for pipe, console in ((popen.stdout, 1), (popen.stderr, 2)):
             fd = pipe.fileno()
             os.set_blocking(fd, False)
+            grow_pipe(fd)
             log = logs[console - 1] if logs else None
             stream = RankStream(fd, console, prefix, log=log, keep_tail=console == 2, file=pipe)
             stream.echo = self._options.console_ranks is None or rank.spec.rank in self._options.console_ranks
@@ -231,6 +240,7 @@ class RankGroup:
                 self._handle_signal(self._signals.popleft())
             if self._progress or teardown.deadline is not None:
                 self._check_progress()
+            self._console.settle()
 
     def _check_progress(self) -> None:
         self._progress = False
