@@ -26,6 +26,7 @@ class LocalJob:
     master_port: int
     log_dir: str | None = None  # per-rank log files, where the launcher has them
     prefix: bool = True  # per-line rank prefixes on the console, where the launcher has them
+    dedupe: bool = True  # identical lines of several ranks shown once, where the launcher does it (xrun)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ def xrun_argv(job: LocalJob) -> list[str]:
         argv += ["--log_dir", job.log_dir]
     if not job.prefix:
         argv.append("--no_prefix")
+    if not job.dedupe and xrun_supports("--no_dedupe"):
+        argv.append("--no_dedupe")
     return [*argv, job.script, *job.args]
 
 

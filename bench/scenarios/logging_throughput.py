@@ -4,7 +4,9 @@ The launcher's console goes to a file (as when a job's output is redirected), an
 arrived. The floor is the same rank run directly with stdout to a file (and to /dev/null, the ceiling);
 ``floor:unbuffered`` runs it as xrun and deepspeed do (``python -u``: one write per line) to the file, and
 ``floor:unbuffered-devnull`` to /dev/null: the most any launcher that keeps output live that way can reach.
-xrun runs with its per-line rank prefixes and ``--log_dir`` (console + one file per rank), and plain
+xrun runs with its per-line rank prefixes and ``--log_dir`` (console + one file per rank), the same with
+``--no_dedupe`` (``xrun:nodedupe``: with ``--set nproc=2`` or more that is de-duplication's cost, every rank's
+lines being its own, tagged with its rank, so each goes through the merger and none merges), and plain
 (``--no_prefix``, no log dir); torchrun plain and with ``--log-dir --tee 3`` (its prefixed console + files).
 """
 
@@ -26,6 +28,7 @@ VARIANTS = (
     "floor:unbuffered",
     "floor:unbuffered-devnull",
     "xrun",
+    "xrun:nodedupe",
     "xrun:plain",
     "torchrun",
     "torchrun:logdir",
@@ -61,8 +64,10 @@ def run(ctx: Context) -> dict[str, Any]:
                 script=harness.rank_script("writer.py"),
                 args=(f"bytes={size}", "line=100"),
                 master_port=harness.free_port(),
-                log_dir=os.path.join(run.path, "logs") if flavour == "logdir" or variant == "xrun" else None,
+                log_dir=os.path.join(run.path, "logs") if flavour in ("logdir", "nodedupe") or variant == "xrun"
+                else None,
                 prefix=flavour != "plain",
+                dedupe=flavour != "nodedupe",
             )
             console = subprocess.DEVNULL if flavour.endswith("devnull") else None
             # floor:unbuffered = the rank as `python -u` (what xrun and deepspeed run), straight to the file

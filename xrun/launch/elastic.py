@@ -181,7 +181,9 @@ class OutputRelay:
         self.streams: dict[tuple[int, int], RankStream] = {}  # (local rank, console fd) -> its stream
         self._lock = threading.Lock()  # the thread reads while the main thread starts attempts and takes tails
         self._sel = selectors.DefaultSelector()
-        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister)
+        merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
+        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
+                                merge_as=host if merge else None)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
@@ -228,6 +230,7 @@ class OutputRelay:
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
                     stream.prefix = rank_prefix(self.host, rank)
+                    stream.rank = rank
                     stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None
 
@@ -253,10 +256,13 @@ class OutputRelay:
 
     def _loop(self) -> None:
         while True:
-            events = self._sel.select()
+            with self._lock:
+                timeout = self._console.wait()  # de-duplicated lines due (the merger is the lock's too)
+            events = self._sel.select(timeout)
             with self._lock:
                 if self._closed:
                     return
+                self._console.flush_due()
                 for key, _ in events:
                     if isinstance(key.data, _ExitWatch):
                         self._exited(key.data)
@@ -283,9 +289,11 @@ class OutputRelay:
     def _drain_locked(self) -> None:
         for stream in self.streams.values():
             self._console.drain(stream, limit=1 << 20)
+        self._console.flush_held()
 
     def _end_attempt(self, stream: RankStream) -> None:
         self._console.end_line(stream)
+        self._console.flush_held()
         stream.close_log()
         stream.clear_tail()
 

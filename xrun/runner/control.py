@@ -109,6 +109,7 @@ class ControlServer:
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
+        self.timers: list[tuple[Callable[[], float | None], Callable[[], None]]] = []  # add_timer
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -144,6 +145,10 @@ class ControlServer:
     def add_reader(self, fileobj: Any, callback: Callable[[], None]) -> None:
         self.sel.register(fileobj, selectors.EVENT_READ, callback)
 
+    def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None:
+        """``fire()`` after every wake-up; ``due()`` (a monotonic time, or None) bounds the wait for the next."""
+        self.timers.append((due, fire))
+
     def remove_reader(self, fileobj: Any) -> None:
         try:
             self.sel.unregister(fileobj)
@@ -164,6 +169,8 @@ class ControlServer:
                 while not self._finished(sessions):
                     for key, _ in self.sel.select(self._timeout()):
                         key.data()
+                    for _, fire in self.timers:
+                        fire()
                     while self.signals:
                         self._on_signal_received(self.signals.pop(0))
                     self._tick()
@@ -234,6 +241,7 @@ class ControlServer:
 
     def _timeout(self) -> float:
         deadlines = [self.job.next_deadline()]
+        deadlines += [due for due in (due() for due, _ in self.timers) if due is not None]
         deadlines += [c.opened + channel.HELLO_TIMEOUT for c in self.conns.values() if c.node is None]
         return max(0.0, min(deadlines) - time.monotonic())
 
