@@ -218,3 +218,23 @@ def test_a_failing_rank_among_chatty_ranks_has_its_own_complete_tail(tmp_path):
     tail = report[report.index("of rank 5's stderr:"):].splitlines()[1:]
     assert [line.strip() for line in tail[:3]] == ["| shared on stderr", "| own stderr of rank 5", "| rank 5 own error"]
     assert b"[localhost:5] rank 5 own error" in done.stderr
+
+
+def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
+    from xrun.launch.output import FLOOD_LINES, Console, RankStream
+
+    r, w = os.pipe()
+    try:
+        console = Console(prefix=True, quiet=False, merge_as="h")
+        console._ok[w] = True
+        quiet = RankStream(-1, w, b"[h:0] ", rank=0)
+        flood = RankStream(-1, w, b"[h:1] ", rank=1)
+        console.consume(quiet, b"held warning\n")
+        assert console.wait() is not None  # held for its twins
+        console.consume(flood, b"".join(b"line %d\n" % i for i in range(FLOOD_LINES + 1)))
+        assert console.wait() is None  # the flood pushed the held line out first, then went out whole
+        out = os.read(r, 1 << 16).splitlines()
+        assert out[0] == b"[h:0] held warning" and out[1] == b"[h:1] line 0" and len(out) == FLOOD_LINES + 2
+    finally:
+        os.close(r)
+        os.close(w)

@@ -63,6 +63,7 @@ class LineMerger:
         self._open: dict[tuple[int, bytes], _Group] = {}  # (fd, text) -> its latest open group
         self._last: dict[Hashable, int] = {}  # source -> seq of the last group it is in
         self._seq = 0
+        self._labels: dict[tuple[str, int], bytes] = {}  # one rank's label, made once
 
     def add(self, source: Hashable, fd: int, text: bytes, host: str, ranks: Iterable[int], now: float, *,
             mergeable: bool = True) -> None:
@@ -135,7 +136,14 @@ class LineMerger:
                 self._emit(group.fd if fd is None else fd, b"".join(parts))
                 parts = []
             fd = group.fd
-            parts.append(label(group.hosts, group.ranks))
+            if len(group.ranks) == 1:  # the common case, a line nobody repeated: its label is cached
+                key = (group.hosts[0], group.ranks[0])
+                mark = self._labels.get(key)
+                if mark is None:
+                    mark = self._labels[key] = label(group.hosts, group.ranks)
+                parts.append(mark)
+            else:
+                parts.append(label(group.hosts, group.ranks))
             parts.append(group.text)
         if parts and fd is not None:
             self._emit(fd, b"".join(parts))

@@ -48,6 +48,9 @@ _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
 _TAIL_WIDTH = 1000  # characters per tail line
 _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
+# A read of more lines than this is a rank flooding: written as it comes, prefixed per chunk, not merged.
+# De-duplication is for warnings and start-up noise; bulk output keeps the fast path (issue 15's throughput).
+FLOOD_LINES = 256
 
 
 def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
@@ -227,7 +230,11 @@ class Console:
             return
         if self._merger is not None and stream.rank is not None:
             self._merge(stream, chunk)
-            return
+        else:
+            self._echo(stream, chunk)
+
+    def _echo(self, stream: RankStream, chunk: bytes) -> None:
+        """Complete lines prefixed, one write per chunk."""
         prefix = self._prefix_of(stream)
         out, stream.pending = prefix_lines(prefix, stream.pending, chunk)
         if len(stream.pending) > _MAX_PENDING:
@@ -239,6 +246,10 @@ class Console:
     def _merge(self, stream: RankStream, chunk: bytes) -> None:
         """The de-duplicating path: complete lines go to the merger, which writes them within its window."""
         assert self._merger is not None and stream.rank is not None
+        if chunk.count(b"\n", 0, FLOOD_LINES * 256) > FLOOD_LINES:  # a flood: after what is held, as it comes
+            self._merger.flush_all()  # held lines (this rank's among them) go first: nothing is reordered
+            self._echo(stream, chunk)
+            return
         lines, stream.pending = split_lines(stream.pending, chunk)
         now = time.monotonic()
         add, console, host, ranks = self._merger.add, stream.console, self._host, (stream.rank,)
