@@ -261,10 +261,13 @@ class Console:
             add(source, console, stream.pending + b"\n", host, ranks, now, mergeable=False)
             stream.pending = b""
 
-    def wait(self) -> float | None:
-        """Seconds until held lines are due (None: none held): the event loop's longest sleep."""
+    def wait(self, cap: float | None = None) -> float | None:
+        """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner."""
         due = self._merger.next_deadline() if self._merger is not None else None
-        return None if due is None else max(0.0, due - time.monotonic())
+        if due is None:
+            return cap
+        held = max(0.0, due - time.monotonic())
+        return held if cap is None else min(cap, held)
 
     def flush_due(self) -> None:
         """Write the held lines whose window has passed."""

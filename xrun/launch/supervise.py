@@ -91,10 +91,7 @@ class RankGroup:
         self._readers: list[tuple[object, Callable[[], None]]] = []
         self._sel: selectors.BaseSelector | None = None
         self._ran = False
-        echoed = [p.rank for p in procs if options.console_ranks is None or p.rank in options.console_ranks]
-        merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
-        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._unregister,
-                                merge_as=options.host if merge else None)
+        self._console = _console(procs, options, on_close=self._unregister)
         self._reaper = Reaper(self._ranks, options.host, self._console, on_leftovers_gone=self._leftovers_gone)
         self._teardown = _Teardown(
             options, self._reaper, collect_exits=self._collect_exits, finish=lambda r: self._finish(r, stopped=True),
@@ -241,11 +238,8 @@ class RankGroup:
         self._check_progress()
         while not teardown.done:
             # Output is the hot path: a batch of reads alone needs neither the clock nor the bookkeeping.
-            timeout = None if teardown.deadline is None else teardown.timeout()
-            held = console.wait()  # de-duplicated lines due (None: none held)
-            if held is not None:
-                timeout = held if timeout is None else min(timeout, held)
-            for key, _ in select(timeout):
+            # until the next deadline, or until de-duplicated lines held on the console are due
+            for key, _ in select(console.wait(None if teardown.deadline is None else teardown.timeout())):
                 # An earlier callback of this batch may have closed this fd (and its number been reused).
                 if registered.get(key.fd) is key:
                     key.data()
@@ -446,6 +440,14 @@ class _Teardown:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small helpers.
+
+
+def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_close: Callable[[int], object]) -> Console:
+    """The node's console; it merges identical lines (``--dedupe``) only where several ranks are echoed."""
+    echoed = [p.rank for p in procs if options.console_ranks is None or p.rank in options.console_ranks]
+    merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
+    return Console(prefix=options.prefix, quiet=options.quiet, on_close=on_close,
+                   merge_as=options.host if merge else None)
 
 
 def _spawn(spec: RankProcess, affinity: frozenset[int] | None) -> subprocess.Popen[bytes]:
