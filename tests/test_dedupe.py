@@ -238,3 +238,10 @@ def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_held_bytes_are_bounded(monkeypatch):
+    from xrun.launch import dedupe
+
+    monkeypatch.setattr(dedupe, "MAX_HELD_BYTES", 10)
+    assert play([(0, 0, b"abcdef\n"), (0, 0, b"ghijkl\n")], flush_at=0) == [b"[h:0] abcdef\n"]

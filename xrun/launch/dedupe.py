@@ -19,7 +19,8 @@ The rules, each one a test in tests/test_dedupe.py:
   node, a node's stream on the head.
 * Lines that must stay their own (a ``\\r`` progress update, a piece of an endless line) open groups no other
   line joins: a progress bar is delayed by the window, never merged into another rank's or frozen.
-* Memory is bounded: past ``max_held`` held lines the oldest groups are written early.
+* Memory is bounded: past ``max_held`` held lines or ``MAX_HELD_BYTES`` of text the oldest groups are
+  written early.
 
 Cost: a dict lookup and one small object per line; ``Console`` only merges when more than one rank echoes.
 """
@@ -31,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 WINDOW_S = 0.2  # how long a line waits for its twins (8 ranks starting on 2 cores print ~0.15 s apart)
 MAX_HELD = 20000  # lines held at once; past it the oldest groups are written early
+MAX_HELD_BYTES = 16 << 20  # and bytes: a rank writing long lines slowly must not grow the agent
 
 
 class _Group:
@@ -64,6 +66,7 @@ class LineMerger:
         self._last: dict[Hashable, int] = {}  # source -> seq of the last group it is in
         self._seq = 0
         self._labels: dict[tuple[str, int], bytes] = {}  # one rank's label, made once
+        self._bytes = 0  # text held
 
     def add(self, source: Hashable, fd: int, text: bytes, host: str, ranks: Iterable[int], now: float, *,
             mergeable: bool = True) -> None:
@@ -74,6 +77,7 @@ class LineMerger:
             self._seq += 1
             group = _Group(self._seq, fd, text, now + self._window, mergeable)
             self._queue.append((group.seq, group))
+            self._bytes += len(text)
             if mergeable:
                 self._open[key] = group
         elif group.seq <= self._last.get(source, -1):  # joinable only once moved after this source's lines
@@ -85,6 +89,8 @@ class LineMerger:
         self._last[source] = group.seq
         if len(self._queue) > self._max_held:
             self._write(len(self._queue) - self._max_held)
+        while self._bytes > MAX_HELD_BYTES and self._queue:
+            self._write(1)
 
     def _may_join(self, group: _Group, source: Hashable, now: float) -> bool:
         if source in group.sources:
@@ -130,6 +136,7 @@ class LineMerger:
             seq, group = self._queue.popleft()
             if seq != group.seq:
                 continue  # moved: written from its new place
+            self._bytes -= len(group.text)
             if self._open.get((group.fd, group.text)) is group:
                 del self._open[(group.fd, group.text)]
             if group.fd != fd and parts:
