@@ -176,3 +176,21 @@ def test_pod_mode_with_the_default_port_taken_on_node_0_still_runs(tmp_path):
         assert code == 0, stderr
         ports.update(line.rsplit(" ", 1)[-1] for line in stdout.splitlines() if "port " in line)
     assert len(ports) == 1 and ports != {"29500"}, out
+
+
+def test_check_notes_a_busy_default_port_and_fails_a_busy_given_one():
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        try:
+            holder.bind(("127.0.0.1", 29500))
+            holder.listen()
+        except OSError:  # somebody else holds it already: busy all the same
+            pass
+        default = run_xrun("check")
+        assert default.returncode == 0, default.stdout + default.stderr
+        assert "port 29500 IN USE (no --master_port: a free one will be used)" in default.stdout
+        given = run_xrun("check", "--master_port", "29500")
+        assert given.returncode == 1 and "master port 29500 is in use on localhost" in given.stdout
+    finally:
+        holder.close()
