@@ -245,3 +245,79 @@ def test_held_bytes_are_bounded(monkeypatch):
 
     monkeypatch.setattr(dedupe, "MAX_HELD_BYTES", 10)
     assert play([(0, 0, b"abcdef\n"), (0, 0, b"ghijkl\n")], flush_at=0) == [b"[h:0] abcdef\n"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The head's merge in the control server's loop: agents of 3 "nodes" on this machine, their output relayed as
+# the ssh backend relays it (xrun.runner.backends.ssh.SshSessions: LineRelay + the job's merger + a timer).
+
+SHARED_AND_OWN = """
+import os
+print("the same on every node", flush=True)
+print("own", os.environ["RANK"], flush=True)
+"""
+
+
+class RelayedSessions:
+    def __init__(self, plan, endpoint, merger):
+        from xrun.runner.backends.channel import agent_connect_argv
+        from xrun.runner.relay import LineRelay
+
+        self.merger = merger
+        self.procs, self.relays = {}, {}
+        for node in plan.nodes:
+            argv = agent_connect_argv(sys.executable, endpoint, str(node.node_rank), token_on_stdin=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                                    env={**os.environ, "PYTHONPATH": ROOT})
+            proc.stdin.write(endpoint.token.encode() + b"\n")
+            proc.stdin.close()
+            self.procs[node.host] = proc
+            self.relays[node.host] = LineRelay(1, merger=merger, source=node.host)
+
+    def register(self, loop):
+        import time
+
+        for host, proc in self.procs.items():
+            loop.add_reader(proc.stdout, lambda h=host, p=proc: self._read(loop, h, p))
+        loop.add_timer(self.merger.next_deadline, lambda: self.merger.flush(time.monotonic()))
+
+    def _read(self, loop, host, proc):
+        data = os.read(proc.stdout.fileno(), 65536)
+        if data:
+            self.relays[host].feed(data)
+        else:
+            self.relays[host].flush()
+            loop.remove_reader(proc.stdout)
+
+    def finished(self, lost):
+        return all(p.poll() is not None for p in self.procs.values())
+
+    def terminate(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait()
+        self.merger.flush_all()
+
+
+def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
+    from xrun.launch.posix import write_all
+    from xrun.launch.spec import LaunchOptions
+    from xrun.runner.backends.channel import Endpoint
+    from xrun.runner.control import ControlServer
+    from xrun.runner.plan import JobRequest, make_plan
+    from xrun.runner.status import PlainStatus
+
+    script = tmp_path / "rank.py"
+    script.write_text(SHARED_AND_OWN)
+    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
+                         cwd=str(tmp_path))
+    plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
+    server = ControlServer(plan, "t0ken", join_timeout=30.0, status=PlainStatus(3))
+    port = server.listen(["127.0.0.1"])
+    merger = LineMerger(write_all, window=1.0)  # generous: agents start ~0.1-0.5 s apart on a loaded machine
+    assert server.run(RelayedSessions(plan, Endpoint("127.0.0.1", port, "t0ken"), merger)) == 0
+    out = [line for line in capfd.readouterr().out.splitlines() if not line.startswith("xrun")]
+    assert out.count("[ranks 0-3] the same on every node") == 1, out
+    assert sorted(line for line in out if " own " in line) == ["[a:0] own 0", "[a:1] own 1", "[b:2] own 2",
+                                                               "[c:3] own 3"]
