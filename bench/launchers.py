@@ -27,6 +27,7 @@ class LocalJob:
     log_dir: str | None = None  # per-rank log files, where the launcher has them
     prefix: bool = True  # per-line rank prefixes on the console, where the launcher has them
     xrun_flags: tuple[str, ...] = ()  # xrun's own options for a variant of it (``xrun:no_stacks``)
+    dedupe: bool = True  # identical lines of several ranks shown once, where the launcher does it (xrun)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ def xrun_argv(job: LocalJob) -> list[str]:
         argv += ["--log_dir", job.log_dir]
     if not job.prefix:
         argv.append("--no_prefix")
+    if not job.dedupe and xrun_supports("--no_dedupe"):
+        argv.append("--no_dedupe")
     return [*argv, *job.xrun_flags, job.script, *job.args]
 
 

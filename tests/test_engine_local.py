@@ -84,7 +84,8 @@ def test_a_rank_can_use_mpi_itself(tmp_path):
     args, env = engine("openmpi")
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    proc = run_xrun("--launcher", "openmpi", *args, "--num_gpus", "2", str(script), "--mpi",
+    # --no_dedupe: both ranks print the same line, and each must be seen (issue 17 shows it once by default)
+    proc = run_xrun("--launcher", "openmpi", *args, "--num_gpus", "2", "--no_dedupe", str(script), "--mpi",
                     env={**env, "MPI4PY_MPIABI": "openmpi"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(text for key, text in lines(proc.stdout).items() if text.startswith("MPI")) == ["MPI 1", "MPI 1"]

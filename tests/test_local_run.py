@@ -123,7 +123,8 @@ def test_bind_cores_real_affinity():
 def test_signal_to_xrun_stops_everything(tmp_path, sig):
     marker = f"xrun-test-{os.getpid()}-{sig}"
     script = tmp_path / "sleep.py"
-    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(120)\n")
+    # each rank's own line: two identical 'up' lines would be shown once (de-duplication, issue 17)
+    script.write_text("import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
     env = dict(os.environ, XRUN_TEST_MARKER=marker)
     proc = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", str(script)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

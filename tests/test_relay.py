@@ -34,3 +34,42 @@ def test_endless_line_is_passed_on_in_pieces():
         relay = LineRelay(sink.fileno())
         relay.feed(b"x" * (1 << 20))  # no newline, but at the bound: written without waiting for the end
         assert os.fstat(sink.fileno()).st_size == 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The head's merge across nodes (issue 17): agents' labelled lines, merged by the one merger of the job.
+
+
+def merged(pieces_by_host):
+    from xrun.launch.dedupe import LineMerger
+
+    with tempfile.TemporaryFile() as sink:
+        merger = LineMerger(os.write, window=10.0)
+        relays = {}
+        for host, piece in pieces_by_host:
+            relays.setdefault(host, LineRelay(sink.fileno(), merger=merger, source=host)).feed(piece)
+        for relay in relays.values():
+            relay.flush()
+        merger.flush_all()
+        sink.seek(0)
+        return sink.read().splitlines()
+
+
+def test_the_same_line_from_every_node_is_shown_once_with_its_ranks():
+    out = merged([("n1", b"[n1:0-1] warn\n[n1:0] own 0\n"), ("n2", b"[n2:2-3] wa"), ("n3", b"[n3:4] warn\n"),
+                  ("n2", b"rn\n[n2:2] own 2\n")])
+    assert out == [b"[ranks 0-4] warn", b"[n1:0] own 0", b"[n2:2] own 2"]
+
+
+def test_unlabelled_lines_pass_unmerged_in_their_place():
+    out = merged([("n1", b"[n1:0] a\nxrun[n1]: notice\n[n1:0] b\n"), ("n2", b"xrun[n2]: notice\n[n2:1] b\n")])
+    assert out == [b"[n1:0] a", b"xrun[n1]: notice", b"xrun[n2]: notice", b"[ranks 0-1] b"]
+
+
+def test_read_label():
+    from xrun.runner.relay import read_label
+
+    assert read_label(b"[h:0-2,5] text\n") == ("h", [0, 1, 2, 5], b"text\n")
+    assert read_label(b"[fe80::1:3] x\n") == ("fe80::1", [3], b"x\n")
+    assert read_label(b"[not a label] x\n") == ("", [], b"[not a label] x\n")
+    assert read_label(b"plain\n") == ("", [], b"plain\n")

@@ -74,7 +74,9 @@ def test_omp_threads_table(env, local_ranks, cpus, expected):
 
 def test_omp_num_threads_shares_the_cpus_between_local_ranks(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    result = run_xrun("--num_gpus", "2", "--no_python", "--no_local_rank", sys.executable, "-c", PRINT_OMP)
+    # --no_dedupe: both ranks print the same line, and each must be seen (issue 17 shows it once by default)
+    result = run_xrun("--num_gpus", "2", "--no_dedupe", "--no_python", "--no_local_rank", sys.executable, "-c",
+                      PRINT_OMP)
     assert result.returncode == 0, result.stderr
     share = str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert sorted(result.stdout.splitlines()) == [f"[localhost:0] {share}", f"[localhost:1] {share}"]
@@ -82,8 +84,9 @@ def test_omp_num_threads_shares_the_cpus_between_local_ranks(monkeypatch):
 
 
 def test_omp_num_threads_of_the_user_and_of_a_single_rank_are_kept(monkeypatch):
-    result = run_xrun("--num_gpus", "2", "--no_python", "--no_local_rank", sys.executable, "-c", PRINT_OMP,
-                      env={"OMP_NUM_THREADS": "3"})
+    # --no_dedupe: both ranks print the same line, and each must be seen (issue 17 shows it once by default)
+    result = run_xrun("--num_gpus", "2", "--no_dedupe", "--no_python", "--no_local_rank", sys.executable, "-c",
+                      PRINT_OMP, env={"OMP_NUM_THREADS": "3"})
     assert sorted(result.stdout.splitlines()) == ["[localhost:0] 3", "[localhost:1] 3"]
     assert "OMP_NUM_THREADS" not in result.stderr
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -200,7 +203,8 @@ def test_script_rejecting_local_rank_ends_the_report_with_the_fix(tmp_path):
     result = run_xrun("--num_gpus", "2", str(script))
     assert result.returncode == 2, result.stderr
     assert result.stderr.rstrip().splitlines()[-1] == f"xrun: node localhost: {LOCAL_RANK_FIX}"
-    result = run_xrun("--num_gpus", "2", "--no_local_rank", str(script))
+    # --no_dedupe: both ranks print the same line, and each must be seen (issue 17 shows it once by default)
+    result = run_xrun("--num_gpus", "2", "--no_dedupe", "--no_local_rank", str(script))
     assert result.returncode == 0 and result.stdout.count("ran") == 2
 
 
@@ -553,7 +557,8 @@ def test_rank_environment_says_the_slots_the_nodes_way(devices, base, expected):
 
 def test_uuid_slot_names_reach_the_ranks():
     script = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
-    result = run_xrun("--no_python", "--no_local_rank", sys.executable, "-c", script,
+    # --no_dedupe: both ranks print the same line, and each must be seen (issue 17 shows it once by default)
+    result = run_xrun("--no_dedupe", "--no_python", "--no_local_rank", sys.executable, "-c", script,
                       env={"CUDA_VISIBLE_DEVICES": f"{UUID_A},{UUID_B}"})
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == [f"[localhost:{r}] {UUID_A},{UUID_B}" for r in (0, 1)]

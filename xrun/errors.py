@@ -90,3 +90,15 @@ class UnknownHostError(XrunError):
         self.host = host
         self.reason = reason
         super().__init__(f"host {shown(host)}: {reason}")
+
+
+class PortBusyError(XrunError):
+    """An explicit ``--master_port`` that another process already holds on node 0 (issue 17)."""
+
+    def __init__(self, host: str, port: int, holder: str | None) -> None:
+        self.host = host
+        self.port = port
+        self.holder = holder
+        held = f" by {holder}" if holder else ""
+        super().__init__(f"--master_port: port {port} is already in use on {host}{held}; "
+                         "leave --master_port out to use a free port, or pick another")

@@ -1,12 +1,20 @@
-"""Socket questions both layers ask the kernel: a free TCP port, and the local address on the route to a peer.
+"""Socket questions both layers ask the kernel: a free TCP port, the master port a job will use, and the local
+address on the route to a peer.
 
 Stdlib only and free to import: the head (``xrun.runner``), the node agent (``xrun.launch``) and
-``xrun.discovery`` may all use it.
+``xrun.discovery`` may all use it. ``port_holder`` imports psutil, and only on the error path.
+
+``master_port`` is node 0's one decision about rank 0's store port (issue 17): a port the user gave must be free
+(else ``PortBusyError`` naming host, port and holder, before any rank starts); a default one is kept when free
+and replaced by a kernel-chosen free port when taken, so a busy 29500 never kills a job.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
+
+from xrun.errors import PortBusyError
 
 
 def _family(addr: str) -> socket.AddressFamily:
@@ -32,3 +40,50 @@ def route_source(addr: str, port: int = 22) -> str:
     with socket.socket(_family(addr), socket.SOCK_DGRAM) as probe:
         probe.connect((addr, port))
         return str(probe.getsockname()[0])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether binding ``port`` on every address would fail as rank 0's store would (EADDRINUSE).
+
+    SO_REUSEADDR as torch's TCPStore sets it: a port left in TIME_WAIT by an earlier job counts as free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+    return False
+
+
+def port_holder(port: int) -> str | None:
+    """``pid 123 (python)``: the process listening on ``port``, where the system says (psutil reads /proc; another
+    user's process shows no pid), else None."""
+    try:
+        import psutil  # noqa: PLC0415 - the error path only: the launch path stays lean
+
+        conns = psutil.net_connections(kind="tcp")
+    except Exception:  # noqa: BLE001 - no psutil, or psutil.AccessDenied: the system does not say
+        return None
+    for conn in conns:
+        if conn.status == "LISTEN" and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                name = psutil.Process(conn.pid).name()
+            except Exception:  # noqa: BLE001 - gone meanwhile, or not ours to read
+                return f"pid {conn.pid}"
+            return f"pid {conn.pid} ({name})"
+    return None
+
+
+def master_port(host: str, port: int, *, pick: bool, near: str = "0.0.0.0") -> int:  # noqa: S104 - see below
+    """Rank 0's store port on this node (node 0), decided before any rank starts.
+
+    ``pick``: ``port`` is only a preference (0: none): kept when free, else a kernel-chosen free port on every
+    address of ``near``'s family (rank 0's store listens on all of them). Otherwise ``port`` was given and must
+    be free: ``PortBusyError`` names the host, the port and its holder.
+    """
+    if port and not port_in_use(port):
+        return port
+    if pick:
+        return free_port(near, every_address=True)
+    raise PortBusyError(host, port, port_holder(port))

@@ -1,8 +1,12 @@
 """Scenario 6: logging throughput. One rank writes 20 MB as 100-byte lines (one write per line) to stdout.
 
 The launcher's console goes to a file (as when a job's output is redirected), and the bench checks every line
-arrived. The floor is the same rank run directly with stdout to a file (and to /dev/null, the ceiling).
-xrun runs with its per-line rank prefixes and ``--log_dir`` (console + one file per rank), and plain
+arrived. The floor is the same rank run directly with stdout to a file (and to /dev/null, the ceiling);
+``floor:unbuffered`` runs it as xrun and deepspeed do (``python -u``: one write per line) to the file, and
+``floor:unbuffered-devnull`` to /dev/null: the most any launcher that keeps output live that way can reach.
+xrun runs with its per-line rank prefixes and ``--log_dir`` (console + one file per rank), the same with
+``--no_dedupe`` (``xrun:nodedupe``: with ``--set nproc=2`` or more that is de-duplication's cost, every rank's
+lines being its own, tagged with its rank, so each goes through the merger and none merges), and plain
 (``--no_prefix``, no log dir); torchrun plain and with ``--log-dir --tee 3`` (its prefixed console + files).
 """
 
@@ -22,7 +26,9 @@ VARIANTS = (
     "floor",
     "floor:devnull",
     "floor:unbuffered",
+    "floor:unbuffered-devnull",
     "xrun",
+    "xrun:nodedupe",
     "xrun:plain",
     "torchrun",
     "torchrun:logdir",
@@ -58,12 +64,14 @@ def run(ctx: Context) -> dict[str, Any]:
                 script=harness.rank_script("writer.py"),
                 args=(f"bytes={size}", "line=100"),
                 master_port=harness.free_port(),
-                log_dir=os.path.join(run.path, "logs") if flavour == "logdir" or variant == "xrun" else None,
+                log_dir=os.path.join(run.path, "logs") if flavour in ("logdir", "nodedupe") or variant == "xrun"
+                else None,
                 prefix=flavour != "plain",
+                dedupe=flavour != "nodedupe",
             )
-            console = subprocess.DEVNULL if flavour == "devnull" else None
+            console = subprocess.DEVNULL if flavour.endswith("devnull") else None
             # floor:unbuffered = the rank as `python -u` (what xrun and deepspeed run), straight to the file
-            env = {"PYTHONUNBUFFERED": "1"} if flavour == "unbuffered" else None
+            env = {"PYTHONUNBUFFERED": "1"} if flavour.startswith("unbuffered") else None
             got = harness.run_local_job(LAUNCHERS[launcher], job, run, deadline_s=300.0, console=console, env_extra=env)
             lines = None if console is not None else _count(run.console)
             tail = run.tail(300) if got.exit_code else ""

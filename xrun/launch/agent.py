@@ -41,6 +41,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         host=spec.host,
         prefix=options.prefix,
         quiet=options.quiet,
+        dedupe=options.dedupe,
         log_dir=options.log_dir,
         shutdown_timeout=options.shutdown_timeout,
         console_ranks=frozenset(options.console_ranks) if options.console_ranks is not None else None,

@@ -89,6 +89,8 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="write per-rank logs under DIR/<host>/rank<N>/{stdout,stderr}.log")
     add(*spellings("--no_prefix"), action="store_true", help="print ranks' output without the [host:rank] prefix")
     add("--quiet", action="store_true", help="no console echo of rank output (logs only)")
+    add(*spellings("--no_dedupe"), action="store_true",
+        help="print identical lines of several ranks once per rank (default: once, with the rank set)")
     add(*spellings("--shutdown_timeout"), type=seconds_arg(high=MAX_SHUTDOWN_TIMEOUT), default=DEFAULT_SHUTDOWN_TIMEOUT,
         metavar="SECONDS",
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
@@ -209,6 +211,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
         quiet=ns.quiet,
+        dedupe=not ns.no_dedupe,
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,

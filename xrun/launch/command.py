@@ -90,6 +90,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
     argv += ["--no_prefix"] if not options.prefix else []
     argv += ["--quiet"] if options.quiet else []
+    argv += ["--no_dedupe"] if not options.dedupe else []
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
     argv += ["--bind_cores_to_rank"] if options.bind_cores else []

@@ -44,7 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from xrun import __version__
-from xrun.errors import UsageError, XrunError
+from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch import channel
 from xrun.launch.channel import STOP_STACKS, ChannelError, Kind, message
@@ -56,7 +56,7 @@ from xrun.launch.preflight import check_spec
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.launch.stackdump import RankStack
 from xrun.launch.summary import RankFigures
-from xrun.net import free_port
+from xrun.net import master_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
@@ -333,6 +333,17 @@ def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str
             return None
 
 
+def node0_port(host: str, first: Mapping[str, Any], *, near: str) -> int | None:
+    """Node 0's check of rank 0's port before it reports ready (issue 17): the port it will use when the runner
+    lets it pick (``pick_master_port``, the default kept where free), the given port when free, else
+    ``PortBusyError``. None for every other node (the spec says no port)."""
+    pick, port = bool(first.get("pick_master_port")), first.get("master_port")
+    port = port if isinstance(port, int) and not isinstance(port, bool) else 0
+    if not pick and not port:
+        return None
+    return master_port(host, port, pick=pick, near=near)
+
+
 def run_connected(host: str, port: int, node_rank: int, token: str, *, engine: bool = False) -> int:
     """This node's part of the job; its exit code (``engine``: see ``engine_exit_code``)."""
     sock = open_channel(host, port)
@@ -356,9 +367,12 @@ def run_connected(host: str, port: int, node_rank: int, token: str, *, engine: b
     except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
         channel.send(sock, message(Kind.ERROR, message=str(err)))
         return err.exit_code
-    # --master_port 0: a port free on every address for rank 0's store (it listens on all of them).
-    port_pick = free_port(sock.getsockname()[0], every_address=True) if first.get("pick_master_port") else None
-    channel.send(sock, message(Kind.READY, master_port=port_pick))
+    try:
+        rank0_port = node0_port(spec.host, first, near=sock.getsockname()[0])
+    except PortBusyError as err:  # an explicit --master_port taken here: the runner ends the job with exit 2
+        channel.send(sock, message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+        return err.exit_code
+    channel.send(sock, message(Kind.READY, master_port=rank0_port))
     start = wait_for_start(sock, reader)
     if start is None:
         return 128 + signal.SIGTERM

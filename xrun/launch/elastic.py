@@ -45,7 +45,7 @@ from xrun.launch import elastic_agent, rdzv
 from xrun.launch.binding import format_cpus
 from xrun.launch.devices import VISIBILITY, detect_devices
 from xrun.launch.errorfile import read_error_file
-from xrun.launch.output import Console, RankStream, notice, open_logs, rank_prefix
+from xrun.launch.output import Console, RankStream, grow_pipe, notice, open_logs, rank_prefix
 from xrun.launch.ranks import bind_ranks, rank_environment
 from xrun.launch.result import NodeResult, RankOutcome, describe, node_result
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
@@ -181,7 +181,9 @@ class OutputRelay:
         self.streams: dict[tuple[int, int], RankStream] = {}  # (local rank, console fd) -> its stream
         self._lock = threading.Lock()  # the thread reads while the main thread starts attempts and takes tails
         self._sel = selectors.DefaultSelector()
-        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister)
+        merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
+        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
+                                merge_as=host if merge else None)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
@@ -191,6 +193,7 @@ class OutputRelay:
                 path = os.path.join(workdir, f"{name}{local_rank}")
                 os.mkfifo(path, 0o600)
                 fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+                grow_pipe(fd)
                 stream = RankStream(fd, console, keep_tail=console == 2)
                 self.streams[(local_rank, console)] = stream
                 self.paths[(local_rank, console)] = path
@@ -227,6 +230,7 @@ class OutputRelay:
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
                     stream.prefix = rank_prefix(self.host, rank)
+                    stream.rank = rank
                     stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None
 
@@ -252,15 +256,19 @@ class OutputRelay:
 
     def _loop(self) -> None:
         while True:
-            events = self._sel.select()
+            with self._lock:
+                timeout = self._console.wait()  # de-duplicated lines due (the merger is the lock's too)
+            events = self._sel.select(timeout)
             with self._lock:
                 if self._closed:
                     return
+                self._console.flush_due()
                 for key, _ in events:
                     if isinstance(key.data, _ExitWatch):
                         self._exited(key.data)
                     elif key.data is not None and key.data.fd is not None:
                         self._console.drain(key.data, limit=16)
+            self._console.settle()  # outside the lock: the main thread may take the tails meanwhile
 
     def _exited(self, watch: _ExitWatch) -> None:
         if watch not in self._exit_watches:
@@ -281,9 +289,11 @@ class OutputRelay:
     def _drain_locked(self) -> None:
         for stream in self.streams.values():
             self._console.drain(stream, limit=1 << 20)
+        self._console.flush_held()
 
     def _end_attempt(self, stream: RankStream) -> None:
         self._console.end_line(stream)
+        self._console.flush_held()
         stream.close_log()
         stream.clear_tail()
 

@@ -6,9 +6,16 @@
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
   has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (whole lines without the
   prefix with ``--no_prefix``, nothing with ``--quiet``). A console whose reader went away (``| head``) stops
-  echoing, never logging.
+  echoing, never logging. Made with ``merge_as=host`` (de-duplication, the default when a node echoes several
+  ranks), it hands complete lines (``split_lines``) to a ``LineMerger`` (xrun.launch.dedupe) instead, which
+  writes identical lines of several ranks once, within its window; the event loop sleeps at most until
+  ``wait()`` and calls ``flush_due()``; ``flush_held()`` before the agent speaks and at the end. Logs and
+  tails are taken before any merging: always raw, always each rank's own.
 * ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
   ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
+* Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
+  read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
+  logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
@@ -28,13 +35,24 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from xrun.launch.dedupe import LineMerger
 from xrun.launch.posix import write_all
 
-CHUNK = 65536  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)
+# After a read that found only a trickle, the reader waits this long before reading again, so that a rank
+# printing line by line (python -u: one write per line) fills the pipe instead of waking the agent for every
+# line: one read, one log write and one console write per ~millisecond instead of per line (issue 15).
+# It is the most a console line is held back by it.
+SETTLE_S = 0.001
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ on Linux (the name exists in Python >= 3.10 only)
 _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
 _TAIL_WIDTH = 1000  # characters per tail line
 _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
+# A read of more lines than this is a rank flooding: written as it comes, prefixed per chunk, not merged.
+# De-duplication is for warnings and start-up noise; bulk output keeps the fast path (issue 15's throughput).
+FLOOD_LINES = 256
 
 
 def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
@@ -67,6 +85,30 @@ def _prefix_cr_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
     return prefix + body[: -len(prefix)] if prefix else body, data[end:]
 
 
+def grow_pipe(fd: int) -> None:
+    """Give a rank pipe ``PIPE_BYTES`` of kernel buffer, so the rank keeps writing while the agent settles; where
+    the system refuses (``/proc/sys/fs/pipe-max-size``, not Linux), the default buffer does."""
+    try:
+        import fcntl  # noqa: PLC0415 - a builtin module; imported where it is used
+
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
+def split_lines(pending: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
+    """``pending + chunk`` as complete lines with their ends (``\n``, ``\r\n`` or, as on the console, ``\r``) and
+    the unfinished rest; a final ``\r`` waits for the next byte in case it starts a ``\r\n``."""
+    data = pending + chunk if pending else chunk
+    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
+    end = data.rfind(b"\n", 0, stop) + 1
+    if b"\r" in data:  # a memchr: chunks without a progress bar skip the second search
+        end = max(end, data.rfind(b"\r", 0, stop) + 1)
+    if end == 0:
+        return [], data
+    return data[:end].splitlines(keepends=True), data[end:]
+
+
 def rank_prefix(host: str, rank: int) -> bytes:
     """``[host:rank] `` as bytes (a host name that is not valid UTF-8 passes through unchanged)."""
     return f"[{host}:{rank}] ".encode("utf-8", "surrogateescape")
@@ -75,7 +117,7 @@ def rank_prefix(host: str, rank: int) -> bytes:
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "echo", "prefix", "pending", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "prefix", "rank", "pending", "log", "tail", "total", "_file")
 
     def __init__(
         self,
@@ -86,11 +128,13 @@ class RankStream:
         log: int | None = None,
         keep_tail: bool = False,
         file: IO[bytes] | None = None,
+        rank: int | None = None,
     ) -> None:
         self.fd: int | None = fd
         self.console = console  # 1 or 2
         self.echo = True  # False: a rank --console_ranks leaves out (still logged, its tail still kept)
         self.prefix = prefix
+        self.rank = rank  # the global rank behind ``prefix``: its lines' source in de-duplication
         self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
         self.tail: bytes | None = b"" if keep_tail else None
@@ -135,12 +179,19 @@ class RankStream:
 class Console:
     """fd 1 and fd 2 of the node, shared by every rank stream; not thread-safe (the elastic relay locks)."""
 
-    def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None) -> None:
+    def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None,
+                 merge_as: str | None = None) -> None:
         self._prefix = prefix
         self._quiet = quiet
+        # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.dedupe).
+        # Only with prefixes: a line shown once must say which ranks said it.
+        self._host = merge_as or ""
+        self._merger = LineMerger(self.emit) if merge_as is not None and prefix and not quiet else None
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
         self.heard = False  # some rank wrote something since the hang doctor last looked
+        self._trickled = False  # a read since the last settle() returned less than a full chunk ...
+        self._flooded = False  # ... and none returned a full one (a flooding rank is read again at once)
 
     def read(self, stream: RankStream) -> bool:
         """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
@@ -151,10 +202,20 @@ class Console:
         except OSError:
             chunk = b""
         if chunk:
+            if len(chunk) < CHUNK:
+                self._trickled = True
+            else:
+                self._flooded = True
             self.consume(stream, chunk)
             return True
         self.close(stream)
         return False
+
+    def settle(self) -> None:
+        """After reads that found only a trickle, let the ranks' pipes fill for ``SETTLE_S`` (see there)."""
+        if self._trickled and not self._flooded:
+            time.sleep(SETTLE_S)
+        self._trickled = self._flooded = False
 
     def drain(self, stream: RankStream, limit: int = 64) -> None:
         """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""
@@ -171,6 +232,13 @@ class Console:
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
         if self._quiet or not stream.echo or not self._ok[stream.console]:
             return
+        if self._merger is not None and stream.rank is not None:
+            self._merge(stream, chunk)
+        else:
+            self._echo(stream, chunk)
+
+    def _echo(self, stream: RankStream, chunk: bytes) -> None:
+        """Complete lines prefixed, one write per chunk."""
         prefix = self._prefix_of(stream)
         out, stream.pending = prefix_lines(prefix, stream.pending, chunk)
         if len(stream.pending) > _MAX_PENDING:
@@ -179,9 +247,49 @@ class Console:
         if out:
             self.emit(stream.console, out)
 
+    def _merge(self, stream: RankStream, chunk: bytes) -> None:
+        """The de-duplicating path: complete lines go to the merger, which writes them within its window."""
+        assert self._merger is not None and stream.rank is not None
+        if chunk.count(b"\n", 0, FLOOD_LINES * 256) > FLOOD_LINES:  # a flood: after what is held, as it comes
+            self._merger.flush_all()  # held lines (this rank's among them) go first: nothing is reordered
+            self._echo(stream, chunk)
+            return
+        lines, stream.pending = split_lines(stream.pending, chunk)
+        now = time.monotonic()
+        add, console, host, ranks = self._merger.add, stream.console, self._host, (stream.rank,)
+        source = (stream.rank, console)  # order is kept per stream, as the pipes keep it
+        for line in lines:
+            # a \r progress update stays its own: never merged into another rank's, never frozen
+            add(source, console, line, host, ranks, now, mergeable=not line.endswith(b"\r"))
+        if len(stream.pending) > _MAX_PENDING:
+            add(source, console, stream.pending + b"\n", host, ranks, now, mergeable=False)
+            stream.pending = b""
+
+    def wait(self, cap: float | None = None) -> float | None:
+        """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner."""
+        due = self._merger.next_deadline() if self._merger is not None else None
+        if due is None:
+            return cap
+        held = max(0.0, due - time.monotonic())
+        return held if cap is None else min(cap, held)
+
+    def flush_due(self) -> None:
+        """Write the held lines whose window has passed."""
+        if self._merger is not None and self._merger.next_deadline() is not None:
+            self._merger.flush(time.monotonic())
+
+    def flush_held(self) -> None:
+        """Write every held line now (the run ends, or the agent is about to speak)."""
+        if self._merger is not None:
+            self._merger.flush_all()
+
     def end_line(self, stream: RankStream) -> None:
         """The last line had no newline: give it one, so the next line (another rank's) starts clean."""
-        if stream.pending:
+        if stream.pending and self._merger is not None and stream.rank is not None:
+            self._merger.add((stream.rank, stream.console), stream.console, stream.pending + b"\n", self._host,
+                             (stream.rank,), time.monotonic())
+            stream.pending = b""
+        elif stream.pending:
             self.emit(stream.console, self._prefix_of(stream) + stream.pending + b"\n")
             stream.pending = b""
 

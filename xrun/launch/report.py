@@ -50,7 +50,7 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
 def format_failure_report(result: NodeResult) -> str:
     """The report for stderr: what happened on this node, the root cause first, then its stderr tail."""
     root = result.root_cause
-    lines = [f"xrun: node {result.host}: {_headline(result)} (exit code {result.exit_code})"]
+    lines = [f"xrun: node {result.host}: {_headline(result)}{_exit_code(result)}"]
     ordered = ([root] if root else []) + [o for o in result.outcomes if o is not root and _notable(o)]
     shown = ordered[: _SHOWN_CONSEQUENCES + 1]
     for outcome in shown:
@@ -129,6 +129,14 @@ def _headline(result: NodeResult) -> str:
     if leftovers:
         return f"all ranks exited with code 0; {leftovers} leftover process(es) had to be stopped"
     return "all ranks exited with code 0"
+
+
+def _exit_code(result: NodeResult) -> str:
+    """`` (exit code N)``, unless the headline already said it (each fact once: issue 17)."""
+    root = result.root_cause
+    if root is not None and root.signal is None and root.returncode == result.exit_code:
+        return ""
+    return f" (exit code {result.exit_code})"
 
 
 def _notable(outcome: RankOutcome) -> bool:

@@ -112,6 +112,7 @@ class AgentOptions:
     log_dir: str | None = None
     prefix: bool = True
     quiet: bool = False
+    dedupe: bool = True  # identical console lines of several ranks shown once (xrun.launch.dedupe); --no_dedupe
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     bind_cores: bool = False
     bind_core_list: str | None = None
@@ -238,6 +239,8 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         "bind_cores": options.bind_cores,
         "bind_core_list": options.bind_core_list,
     } | ({"console_ranks": list(options.console_ranks)} if options.console_ranks is not None else {}) | (
+        {} if options.dedupe else {"dedupe": False}
+    ) | (
         {"forward_signals": [int(s) for s in options.forward_signals]}
         if options.forward_signals != DEFAULT_FORWARD_SIGNALS
         else {}

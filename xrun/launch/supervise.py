@@ -2,7 +2,9 @@
 
 ``RankGroup`` is the start and the stop policy. One single-threaded event loop (``selectors``) watches:
   * a pidfd per rank (xrun.launch.reaper) -> the rank's exit, seen at once;
-  * one pipe per rank stdout/stderr -> xrun.launch.output prefixes the lines for fd 1 / fd 2 and logs them;
+  * one pipe per rank stdout/stderr -> xrun.launch.output prefixes the lines for fd 1 / fd 2 and logs them
+    (with --dedupe, the default, identical lines of several ranks wait up to 0.1 s and are shown once: the
+    loop's timeout includes that deadline);
   * the wake-up pipe of xrun.launch.signals -> SIGINT/SIGTERM/SIGHUP (stop), SIGCHLD (reap) and the
     ``--forward_signals`` (SIGUSR1/SIGUSR2: passed on to every rank's main process, the job goes on);
   * readers, signals and timers the caller adds (the control channel; the hang doctor, xrun.launch.doctor:
@@ -35,7 +37,15 @@ from dataclasses import dataclass, field
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
-from xrun.launch.output import Console, RankStream, flush_python_output, notice, open_logs, rank_prefix
+from xrun.launch.output import (
+    Console,
+    RankStream,
+    flush_python_output,
+    grow_pipe,
+    notice,
+    open_logs,
+    rank_prefix,
+)
 from xrun.launch.posix import signal_name
 from xrun.launch.ranks import RankProcess
 from xrun.launch.reaper import RankState, Reaper
@@ -52,6 +62,7 @@ class SuperviseOptions:
     host: str  # used in the "[host:rank]" prefix, the log path and the report
     prefix: bool = True  # False = raw output (--no_prefix)
     quiet: bool = False  # no console echo (logs only)
+    dedupe: bool = False  # identical lines of several ranks shown once (the CLI's default is on: AgentOptions)
     log_dir: str | None = None  # {log_dir}/{host}/rank{N}/stdout.log and stderr.log, raw
     shutdown_timeout: float = 30.0  # one shared deadline between SIGTERM and SIGKILL
     console_ranks: frozenset[int] | None = None  # --console_ranks: the ranks echoed (None: all); all are logged
@@ -117,10 +128,11 @@ class RankGroup:
         self._readers: list[tuple[object, Callable[[], None]]] = []
         self._sel: selectors.BaseSelector | None = None
         self._ran = False
-        self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._unregister)
+        self._console = _console(procs, options, on_close=self._unregister)
         self._reaper = Reaper(self._ranks, options.host, self._console, on_leftovers_gone=self._leftovers_gone)
         self._teardown = _Teardown(
-            options, self._reaper, collect_exits=self._collect_exits, finish=lambda r: self._finish(r, stopped=True)
+            options, self._reaper, collect_exits=self._collect_exits, finish=lambda r: self._finish(r, stopped=True),
+            before_notice=self._console.flush_held,
         )
         self._watchdog: Watchdog | None = None
         self._have_pidfd = hasattr(os, "pidfd_open")  # Linux >= 5.3; without: SIGCHLD and a short poll
@@ -225,6 +237,7 @@ class RankGroup:
             for stream in rank.streams:
                 self._console.drain(stream)
                 self._console.close(stream)
+        self._console.flush_held()  # before the report: a rank's last lines come first
         return self._result()
 
     def _start(self, rank: RankState, affinity: frozenset[int] | None) -> None:
@@ -261,11 +274,14 @@ class RankGroup:
         select = self._sel.select
         registered = self._sel.get_map()
         teardown = self._teardown
+        console = self._console
         self._check_progress()
         timers = self.plugins.timers
         while not teardown.done:
             # Output is the hot path: a batch of reads alone needs neither the clock nor the bookkeeping.
-            for key, _ in select(timers.timeout(None if teardown.deadline is None else teardown.timeout())):
+            # until the next deadline or timer, or until de-duplicated lines held on the console are due
+            wait = console.wait(None if teardown.deadline is None else teardown.timeout())
+            for key, _ in select(timers.timeout(wait)):
                 # An earlier callback of this batch may have closed this fd (and its number been reused).
                 if registered.get(key.fd) is key:
                     key.data()
@@ -275,6 +291,8 @@ class RankGroup:
                 timers.run()
             if self._progress or teardown.deadline is not None:
                 self._check_progress()
+            console.flush_due()
+            console.settle()
 
     def _check_progress(self) -> None:
         self._progress = False
@@ -368,8 +386,10 @@ class _Teardown:
         *,
         collect_exits: Callable[[], None],
         finish: Callable[[RankState], None],
+        before_notice: Callable[[], None] = lambda: None,
     ) -> None:
         self._options = options
+        self._before_notice = before_notice  # held console lines go out before the agent speaks
         self._reaper = reaper
         self._collect_exits = collect_exits  # before signalling: who exited on its own in the same instant
         self._finish = finish  # a rank given up on
@@ -464,6 +484,7 @@ class _Teardown:
         self.done = True
 
     def _notice(self, text: str) -> None:
+        self._before_notice()
         notice(self._options.host, text)
 
 
@@ -485,11 +506,20 @@ def _watch_output(
     for pipe, fd_no in ((popen.stdout, 1), (popen.stderr, 2)):
         fd = pipe.fileno()
         os.set_blocking(fd, False)
+        grow_pipe(fd)
         log = logs[fd_no - 1] if logs else None
-        stream = RankStream(fd, fd_no, prefix, log=log, keep_tail=fd_no == 2, file=pipe)
+        stream = RankStream(fd, fd_no, prefix, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
         stream.echo = options.console_ranks is None or rank.spec.rank in options.console_ranks
         rank.streams.append(stream)
         sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))
+
+
+def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_close: Callable[[int], object]) -> Console:
+    """The node's console; it merges identical lines (``--dedupe``) only where several ranks are echoed."""
+    echoed = [p.rank for p in procs if options.console_ranks is None or p.rank in options.console_ranks]
+    merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
+    return Console(prefix=options.prefix, quiet=options.quiet, on_close=on_close,
+                   merge_as=options.host if merge else None)
 
 
 def _spawn(spec: RankProcess, affinity: frozenset[int] | None) -> subprocess.Popen[bytes]:

@@ -6,8 +6,9 @@ running the probe directly: no ssh (issue 13).
 For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
 version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does
 not hold the others up), accelerators found vs slots asked, and on the master (node 0) whether
-``--master_port`` is free. Exit 0 only when everything is reachable and consistent (same Python and torch
-everywhere, the runner's xrun version everywhere, enough accelerators, a free master port), else 1.
+``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and consistent (same Python
+and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given master port free),
+else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one (issue 17).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(*spellings("--num_gpus"), dest="num_gpus", type=int_arg(high=MAX_SLOTS_PER_HOST),
         metavar="N", help="use slots 0..N-1 of every host")
     add("--python", metavar="PATH", default=sys.executable, help="interpreter the job will use (default: this one)")
-    add(*spellings("--master_port"), type=port_arg, default=DEFAULT_MASTER_PORT, metavar="PORT",
-        help="check that this port is free on node 0 (0: skip)")
+    add(*spellings("--master_port"), type=port_arg, metavar="PORT",
+        help=f"check that this port is free on node 0 (default {DEFAULT_MASTER_PORT}, only noted: a job without "
+             "--master_port takes a free one; 0: skip)")
     add_remote_flags(parser, job=False)
     return parser
 
@@ -205,7 +207,7 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
     return reports
 
 
-def format_table(reports: list[HostReport], master_port: int) -> str:
+def format_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
     header = ("host", "reachable", "python", "version", "xrun", "torch", "accel/slots", "problems")
     rows = [header]
     for r in reports:
@@ -219,7 +221,8 @@ def format_table(reports: list[HostReport], master_port: int) -> str:
     if reports and master_port:
         free = reports[0].facts.get("port_free")
         state = "free" if free else "IN USE" if free is False else "unknown"
-        lines.append(f"master {reports[0].host}: port {master_port} {state}")
+        note = " (no --master_port: a free one will be used)" if free is False and not given else ""
+        lines.append(f"master {reports[0].host}: port {master_port} {state}{note}")
     return "\n".join(lines)
 
 
@@ -233,6 +236,8 @@ def _check_ports(ns: argparse.Namespace) -> None:
 def main(argv: Sequence[str]) -> int:
     try:
         ns = build_parser().parse_args(list(argv))
+        given = ns.master_port is not None
+        ns.master_port = DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port
         _check_ports(ns)
         selection = Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus)
         pool = read_hostfile(ns.hostfile).pool() if ns.hostfile else local_pool(os.environ, selection).pool
@@ -241,8 +246,8 @@ def main(argv: Sequence[str]) -> int:
     except XrunError as err:
         print(f"xrun check: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
-    reports = assess(world, probes, ns.master_port)
-    print(format_table(reports, ns.master_port))
+    reports = assess(world, probes, ns.master_port if given else 0)
+    print(format_table(reports, ns.master_port, given=given))
     bad = [r.host for r in reports if r.problems]
     if bad:
         print(f"xrun check: {len(bad)} of {len(reports)} host(s) need attention: {', '.join(bad)}", file=sys.stderr)

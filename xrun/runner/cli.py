@@ -30,6 +30,7 @@ from xrun.runner.local import local_pool
 from xrun.runner.plan import (
     JobRequest,
     Plan,
+    PortChoice,
     is_local_world,
     make_plan,
     with_exports,
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
     add(*spellings("--master_addr"), metavar="ADDR", help="rank 0's address (default: first host; 127.0.0.1 locally)")
     add(*spellings("--master_port"), type=port_arg, metavar="PORT",
-        help=f"rendezvous port (default {DEFAULT_MASTER_PORT}; 0 picks a free port)")
+        help=f"rendezvous port (default: a free one; {DEFAULT_MASTER_PORT} on several nodes when free on node 0)")
     add("--launcher", metavar="NAME", help=f"backend that starts the node agents: {', '.join(known_backends())}")
     add(*spellings("--run_id"), metavar="ID",
         help="job id (default: random; pod mode: xrun-MASTER-PORT), exported as TORCHELASTIC_RUN_ID")
@@ -106,6 +107,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus),
         master_addr=ns.master_addr,
         master_port=DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port,  # None: a platform's may win
+        master_port_choice=PortChoice.FREE if not ns.master_port else PortChoice.GIVEN,
         launcher=ns.launcher,
         launch=launch_options(ns, python=ns.python),
         options=agent_options(ns),

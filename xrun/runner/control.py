@@ -54,7 +54,7 @@ from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.stackview import merge, render
 from xrun.launch.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.headdoctor import HeadDoctor, Send, Show, Step
-from xrun.runner.job import Job, JobConfig, NodeState
+from xrun.runner.job import NODE_FAILURE_EXIT, Job, JobConfig, NodeState
 from xrun.runner.jobevents import (
     Admit,
     AgentError,
@@ -148,6 +148,7 @@ class ControlServer:
         self.feeding = False
         self.doers = self._action_table()
         self.extras = _Extras(self)  # the hang doctor and every rank's figures
+        self.timers: list[tuple[Callable[[], float | None], Callable[[], None]]] = []  # add_timer
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -183,6 +184,10 @@ class ControlServer:
     def add_reader(self, fileobj: Any, callback: Callable[[], None]) -> None:
         self.sel.register(fileobj, selectors.EVENT_READ, callback)
 
+    def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None:
+        """``fire()`` after every wake-up; ``due()`` (a monotonic time, or None) bounds the wait for the next."""
+        self.timers.append((due, fire))
+
     def remove_reader(self, fileobj: Any) -> None:
         try:
             self.sel.unregister(fileobj)
@@ -203,6 +208,8 @@ class ControlServer:
                 while not self._finished(sessions):
                     for key, _ in self.sel.select(self._timeout()):
                         key.data()
+                    for _, fire in self.timers:
+                        fire()
                     while self.signals:
                         self._on_signal_received(self.signals.pop(0))
                     self._tick()
@@ -277,6 +284,7 @@ class ControlServer:
 
     def _timeout(self) -> float:
         deadlines = [self.job.next_deadline(), self.pending.deadline(), self.extras.doctor.deadline()]
+        deadlines += [due() for due, _ in self.timers]
         return max(0.0, min(d for d in deadlines if d is not None) - time.monotonic())
 
     def _tick(self) -> None:
@@ -394,7 +402,8 @@ class ControlServer:
 
     def _send_spec(self, action: SendSpec) -> None:
         spec = self.plan.nodes[action.node].to_json()
-        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port))
+        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port,
+                                        master_port=action.master_port))
 
     def _send_all(self, nodes: Iterable[int], msg: Message) -> None:
         for node in nodes:
@@ -528,7 +537,7 @@ def agent_event(node: int, msg: Message) -> Event:
     if kind == Kind.DONE.value:
         return Done(node, exit_code=_int(msg, "exit_code") or 0)
     if kind == Kind.ERROR.value:
-        return AgentError(node, str(msg.get("message")))
+        return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
     return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
 
 

@@ -20,6 +20,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "world_size": plan.world_size,
         "master_addr": plan.rendezvous.master_addr,
         "master_port": plan.rendezvous.master_port,
+        "master_port_choice": port_choice(plan),
         "backend": plan.backend,
         "world_info": plan.world_info,
         "run_id": plan.rendezvous.run_id,
@@ -51,6 +52,25 @@ def _rank_json(rank: RankSpec, invocation: Invocation) -> dict[str, Any]:
     return data
 
 
+def port_choice(plan: Plan) -> str:
+    """``given`` (used as is), ``free`` (drawn by each local run) or ``node0`` (chosen by node 0's agent)."""
+    if plan.node0_picks_port:
+        return "node0"
+    return plan.request.master_port_choice.value
+
+
+def port_note(plan: Plan) -> list[str]:
+    """The dry run says when the port above is not the one every run will use (issue 17)."""
+    choice = port_choice(plan)
+    if choice == "free":
+        return ["master port: a free one, drawn again by each run (no --master_port)"]
+    if choice == "node0":
+        first = plan.rendezvous.master_port
+        tried = f"{first} if free on {plan.nodes[0].host}, else " if first else ""
+        return [f"master port: {tried}a free one there, chosen by node 0's agent at the start barrier"]
+    return []
+
+
 def plan_text(plan: Plan, invocation: Invocation) -> str:
     from xrun.runner.podplan import dry_run_lines  # platform detection and the digest: for dry runs only
 
@@ -59,6 +79,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         f"xrun dry run: {nodes} node{'s' * (nodes != 1)}, {plan.world_size} rank{'s' * (plan.world_size != 1)}, "
         f"backend {plan.backend}",
         f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
+        *port_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]

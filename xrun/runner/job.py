@@ -104,6 +104,7 @@ class JobConfig:
     world_size: int
     master_addr: str | None = None  # --master_addr; None: node 0's address as its agent saw it
     master_port: int = 0  # 0: node 0's agent picks a free one before the barrier
+    pick_master_port: bool = False  # master_port is node 0's first try; its agent reports the port it will use
     elastic: ElasticRule | None = None
     verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
 
@@ -117,6 +118,7 @@ class JobConfig:
             world_size=plan.world_size,
             master_addr=plan.request.master_addr,
             master_port=plan.rendezvous.master_port,
+            pick_master_port=plan.node0_picks_port,
             elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
         )
 
@@ -140,12 +142,15 @@ class HelloPolicy(Protocol):
 
 @dataclass(frozen=True)
 class SendSpecs:
-    """Head mode: every node gets its spec; node 0 picks the master port when the plan has none."""
+    """Head mode: every node gets its spec; node 0 checks rank 0's port (``master_port``) or picks one."""
 
     pick_master_port: bool
+    master_port: int = 0  # node 0's port to check, or its first try when picking
 
     def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
-        return SendSpec(hello.node, pick_master_port=self.pick_master_port and hello.node == 0)
+        node0 = hello.node == 0
+        return SendSpec(hello.node, pick_master_port=self.pick_master_port and node0,
+                        master_port=self.master_port if node0 else 0)
 
 
 def reachable(addr: str | None, host: str, nodes: int) -> str:
@@ -260,7 +265,8 @@ class Job:
 
     def __init__(self, config: JobConfig, *, now: float, policy: HelloPolicy | None = None) -> None:
         self.config = config
-        self.policy = policy if policy is not None else SendSpecs(pick_master_port=config.master_port == 0)
+        picks = config.pick_master_port or config.master_port == 0
+        self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = _Nodes(config.hosts)
         self.t0 = now
         self.now = now
@@ -386,7 +392,7 @@ class Job:
 
     def _agent_error(self, event: AgentError) -> None:
         node = self.nodes[event.node]
-        self._fail(Failure(node.host, f"agent on {node.host}: {event.message}", NODE_FAILURE_EXIT))
+        self._fail(Failure(node.host, f"agent on {node.host}: {event.message}", event.exit_code))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
 
     def _heard(self, event: Heard) -> None:
@@ -468,7 +474,8 @@ class Job:
     def _start_all(self) -> None:
         node0 = self.nodes[0]
         master_addr = self.config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
-        master_port = self.config.master_port or node0.master_port
+        picked = self.config.pick_master_port or not self.config.master_port
+        master_port = node0.master_port if picked and node0.master_port else self.config.master_port
         self.started_at = self.now
         elapsed = self.now - self.t0
         self._out.append(ShowStarted(len(self.nodes), self.config.world_size, elapsed, master_addr, master_port))

@@ -66,6 +66,7 @@ class Done:
 class AgentError:
     node: int
     message: str
+    exit_code: int = 1  # the job's code: 2 for what the user can fix (an explicit --master_port taken on node 0)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class TurnAway:
 class SendSpec:
     node: int
     pick_master_port: bool
+    master_port: int = 0  # node 0: rank 0's port to check (given) or to try first (picking); 0: none
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,11 @@
 ``make_plan`` asks the chosen backend's traits (``xrun.runner.backends.Traits``) what differs between backends:
 where the master is known, whether env travels, whether nodes plan alone. The two request steps that read
 the machine (a free port for a local run, the environment to export for a remote one) are at the end.
+
+Rank 0's port (issue 17): without ``--master_port`` (``PortChoice.FREE``) a local run draws a free port here, and
+a channel run lets node 0's agent keep the default when it is free there or take a free one, told to every node
+at the start barrier (``Plan.node0_picks_port``); only ``--elastic`` on several nodes keeps the fixed default,
+because its nodes meet at the endpoint without a barrier.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from xrun.errors import UsageError
 from xrun.launch.command import AgentCommand
@@ -37,6 +43,13 @@ from xrun.runner.selection import Selection
 from xrun.values import MAX_RANKS
 
 
+class PortChoice(Enum):
+    """Where rank 0's port comes from."""
+
+    GIVEN = "given"  # --master_port N, or a platform's: used as is; taken on node 0 -> exit 2 before any rank starts
+    FREE = "free"  # no --master_port (or 0): a free port, chosen by this run (the default kept where free)
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """What the user asked for, typed; built from the command line, consumed by the planner."""
@@ -47,6 +60,7 @@ class JobRequest:
     selection: Selection = field(default_factory=Selection)
     master_addr: str | None = None
     master_port: int = 29500
+    master_port_choice: PortChoice = PortChoice.GIVEN
     launcher: str | None = None
     launch: LaunchOptions = field(default_factory=LaunchOptions)
     options: AgentOptions = field(default_factory=AgentOptions)
@@ -73,6 +87,18 @@ class Plan:
     @property
     def world_size(self) -> int:
         return sum(len(slots) for slots in self.world.values())
+
+    @property
+    def node0_picks_port(self) -> bool:
+        """Node 0's agent chooses rank 0's port at the start barrier (the plan's port is only its first try).
+
+        Not for a local run (its free port is drawn into the plan) nor for ``--elastic`` (no barrier to tell it).
+        """
+        if self.rendezvous.master_port == 0:
+            return True
+        local = backend_traits(self.backend).local
+        elastic = bool(self.nodes) and self.nodes[0].elastic is not None
+        return self.request.master_port_choice is PortChoice.FREE and not local and not elastic
 
     def agent_command(self, node: NodeSpec) -> AgentCommand:
         """The stand-alone agent command line equivalent to running ``node`` in-process."""
@@ -148,8 +174,11 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
 
 
 def with_free_port(request: JobRequest) -> JobRequest:
-    """``--master_port 0`` on a local run: a port free on loopback now (remote runs agree on one at the barrier)."""
-    return replace(request, master_port=free_port(LOCAL_ADDR)) if request.master_port == 0 else request
+    """No ``--master_port`` (or 0) on a local run: a port free on loopback now, so two jobs on one machine never
+    meet on 29500 (remote runs agree on one at the barrier)."""
+    if request.master_port == 0 or request.master_port_choice is PortChoice.FREE:
+        return replace(request, master_port=free_port(LOCAL_ADDR), master_port_choice=PortChoice.FREE)
+    return request
 
 
 def with_local_exports(request: JobRequest) -> JobRequest:

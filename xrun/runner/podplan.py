@@ -32,7 +32,7 @@ from xrun.runner.batch_alloc import NODE_FILE_LIMIT, ReadFile
 from xrun.runner.digest import PlanDigest, plan_digest
 from xrun.runner.hostfile import read_hostfile
 from xrun.runner.local import local_pool
-from xrun.runner.plan import JobRequest, Plan
+from xrun.runner.plan import JobRequest, Plan, PortChoice
 from xrun.runner.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
 from xrun.runner.platforms import Detection, detect
 from xrun.runner.pod_options import PlatformChoice
@@ -115,14 +115,14 @@ def _pod(request: JobRequest, detection: Detection | None, io: NodeIO) -> Placem
     if master_addr is None and not hosts.named:
         raise UsageError("--master_addr", f"needed: {hosts.origin} gives a node count but no host names, so node "
                                           "0's address must be given (MASTER_ADDR or --master_addr)")
-    master_port = request.master_port
+    master_port, choice = request.master_port, request.master_port_choice
     if detection is not None and detection.master_port is not None and "--master_port" not in request.pod.explicit:
-        master_port = detection.master_port
+        master_port, choice = detection.master_port, PortChoice.GIVEN  # the platform opened that one
     run_id = request.run_id
     if "--run_id" not in request.pod.explicit:  # every node must compute the same id without talking
         run_id = f"xrun-{master_addr or next(iter(hosts.pool))}-{master_port}"
     placed = replace(
-        request, master_addr=master_addr, master_port=master_port, run_id=run_id,
+        request, master_addr=master_addr, master_port=master_port, master_port_choice=choice, run_id=run_id,
         remote=replace(request.remote, no_ssh=True, node_rank=node_rank),
         pod=replace(request.pod, detected=detection),
     )

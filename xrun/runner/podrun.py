@@ -5,6 +5,8 @@
     every node, node 0 included over loopback: connect (retrying quietly until --join_timeout) -> hello with
     the channel key and the plan digest -> accept -> ready -> (barrier, its status on this console) -> start
     -> run_node(this node's own spec, ChannelHooks) -> done -> the verdict -> exit with its code
+Node 0's ready carries rank 0's port (kept when free, else a free one; an explicit taken one is an error) and
+the start message gives it to every node, so a busy default port never kills a job (issue 17).
 
 Every rule is the job state machine's, on node 0 (``xrun.runner.job``): the barrier, the join timeout, the
 first failure stopping every node, keepalives, a refused digest (exit 2). This module only carries it out on
@@ -23,14 +25,16 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.errors import PortBusyError
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.net import master_port
 from xrun.runner.job import LINGER, STOP_GRACE
 from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
@@ -110,11 +114,12 @@ def run_agent(plan: Plan, setup: PodSetup, node0: _Node0) -> int:
     reader = channel.FrameReader()
     try:
         channel.send(sock, pod_hello(key, setup, sock))
-        if not barrier(sock, reader, status, node0):
+        start = barrier(sock, reader, status, node0, ready=lambda: ready_message(plan, setup))
+        if start is None:
             return _finish(setup, wait_verdict(sock, reader, node0))
-        status.started(setup.num_nodes, plan.world_size, time.monotonic() - t0, plan.rendezvous.master_addr,
-                       plan.rendezvous.master_port)
-        return run_ranks(plan, setup, sock, reader, node0)
+        port = start_port(plan, start)
+        status.started(setup.num_nodes, plan.world_size, time.monotonic() - t0, plan.rendezvous.master_addr, port)
+        return run_ranks(plan, setup, sock, reader, node0, port)
     finally:
         status.close()
         sock.close()
@@ -154,8 +159,29 @@ def connect_until(node0: _Node0, deadline: float, join_timeout: float) -> socket
         return sock
 
 
-def barrier(sock: socket.socket, reader: channel.FrameReader, status: PlainStatus, node0: _Node0) -> bool:
-    """Hello answered -> ready -> the start barrier. True: start the ranks; False: the job ended first."""
+def ready_message(plan: Plan, setup: PodSetup) -> Message:
+    """``ready``, and on node 0 of a static job the port rank 0 will use (issue 17): the default kept where free,
+    else a free one that the start message hands to every node; a ``--master_port`` taken here is an
+    ``error`` that ends the job with exit 2 before any rank starts."""
+    if setup.node_rank != 0 or plan.nodes[0].elastic is not None:
+        return message(Kind.READY)
+    try:
+        port = master_port(plan.nodes[0].host, setup.master_port, pick=plan.node0_picks_port)
+    except PortBusyError as err:
+        return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
+    return message(Kind.READY, master_port=port)
+
+
+def start_port(plan: Plan, start: Message) -> int:
+    """Rank 0's port as the start message says (node 0's pick), else the plan's."""
+    port = start.get("master_port")
+    return port if isinstance(port, int) and not isinstance(port, bool) and port else plan.rendezvous.master_port
+
+
+def barrier(sock: socket.socket, reader: channel.FrameReader, status: PlainStatus, node0: _Node0,
+            *, ready: Callable[[], Message]) -> Message | None:
+    """Hello answered -> ``ready()`` -> the start barrier. The start message: start the ranks; None: the job ended
+    first."""
     answered = False
     try:
         with _interruptible():
@@ -167,32 +193,36 @@ def barrier(sock: socket.socket, reader: channel.FrameReader, status: PlainStatu
                 answered = True
                 kind = msg.get("type")
                 if kind == Kind.ACCEPT.value:
-                    channel.send(sock, message(Kind.READY))
+                    channel.send(sock, ready())
                 elif kind == Kind.WAITING.value:
                     status.waiting(int(msg.get("ready") or 0), [str(h) for h in msg.get("missing") or ()],
                                    float(msg.get("elapsed") or 0.0))
                 elif kind == Kind.PING.value:
                     channel.send(sock, message(Kind.PONG))
                 elif kind == Kind.START.value:
-                    return True
+                    return msg
                 elif kind == Kind.STOP.value:  # refused, or another node failed or timed out
                     channel.send(sock, message(Kind.DONE, exit_code=128 + int(msg.get("signal") or signal.SIGTERM)))
-                    return False
+                    return None
     except _Interrupted as stop:  # evicted while waiting: this node fails the job, the verdict says how
         status.close()
         if not answered:
             raise PodEnd(128 + stop.signum, f"got {signal.Signals(stop.signum).name} before node 0 answered") from None
         channel.send(sock, message(Kind.DONE, exit_code=128 + stop.signum))
-        return False
+        return None
 
 
-def run_ranks(plan: Plan, setup: PodSetup, sock: socket.socket, reader: channel.FrameReader, node0: _Node0) -> int:
+def run_ranks(plan: Plan, setup: PodSetup, sock: socket.socket, reader: channel.FrameReader, node0: _Node0,
+              port: int) -> int:
     from xrun.launch.agent import run_node  # noqa: PLC0415 - the rank group loads once the barrier is passed
-    from xrun.launch.connect import ChannelHooks  # noqa: PLC0415
+    from xrun.launch.connect import ChannelHooks, with_rendezvous  # noqa: PLC0415
 
+    spec = plan.nodes[setup.node_rank]
+    if spec.elastic is None and port != plan.rendezvous.master_port:  # node 0 took another: every rank's env says so
+        spec = with_rendezvous(spec, plan.rendezvous.master_addr, port)
     hooks = ChannelHooks(sock, reader)
     try:
-        code = run_node(plan.nodes[setup.node_rank], hooks=hooks)
+        code = run_node(spec, hooks=hooks)
         # Done went out: the verdict follows once every node is over. A failure is over within the stop
         # deadline; a success waits for the slowest node (the keepalive notices a lost node 0 meanwhile).
         bound = None if code == 0 else plan.request.options.shutdown_timeout + STOP_GRACE + LINGER + 5.0

@@ -2,19 +2,30 @@
 
 The agents write whole lines, but a transport (an ssh channel's packets) may split them anywhere; each stream
 keeps its unfinished last line until the rest arrives.
+
+With a ``LineMerger`` (xrun.launch.dedupe; ``--dedupe``, the default, on a job of several nodes) the head
+merges too: every agent already wrote its node's identical lines once, labelled ``[host:0-7] ``; the relay
+reads that label back and hands the line to the one merger of the job, so the same line from every node is
+shown once as ``[ranks 0-15] text``. A line without a label (the agent's own ``xrun[host]: ...`` notices,
+``--no_prefix``) goes through the merger unmerged, so it never overtakes its node's held lines.
 """
 
 from __future__ import annotations
 
+import time
+
+from xrun.launch.dedupe import LineMerger, expand
 from xrun.launch.posix import write_all
 
 _MAX_PENDING = 1 << 20  # an endless line is passed on in pieces rather than held without bound
 
 
 class LineRelay:
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, merger: LineMerger | None = None, source: str = "") -> None:
         self.fd = fd
         self.pending = b""
+        self._merger = merger
+        self._source = (source, fd)  # a node's stream: its lines keep their order through the merger
 
     def feed(self, data: bytes) -> None:
         data = self.pending + data
@@ -25,10 +36,31 @@ class LineRelay:
         if cut == 0:
             cut = len(data)
         self.pending = data[cut:]
-        write_all(self.fd, data[:cut])
+        self._out(data[:cut])
 
     def flush(self) -> None:
         """At the end of the stream: the last line, even without its newline."""
         if self.pending:
-            write_all(self.fd, self.pending)
+            self._out(self.pending)
             self.pending = b""
+
+    def _out(self, data: bytes) -> None:
+        if self._merger is None:
+            write_all(self.fd, data)
+            return
+        now = time.monotonic()
+        add, source, fd = self._merger.add, self._source, self.fd
+        for line in data.splitlines(keepends=True):
+            host, ranks, text = read_label(line)
+            add(source, fd, text, host, ranks, now, mergeable=bool(ranks) and not text.endswith(b"\r"))
+
+
+def read_label(line: bytes) -> tuple[str, list[int], bytes]:
+    """``[host:0-7] text`` -> ("host", [0..7], b"text"); a line without such a label -> ("", [], line)."""
+    end = line.find(b"] ") if line.startswith(b"[") else -1
+    if end > 0:
+        host, sep, ranks = line[1:end].rpartition(b":")
+        found = expand(ranks.decode("ascii", "replace")) if sep and host else None
+        if found:
+            return host.decode("utf-8", "surrogateescape"), found, line[end + 2:]
+    return "", [], line

@@ -3,9 +3,10 @@ real run executes (one function for both, so a dry run that passes means the run
 
 On this machine: the nodes whose agent runs here (a local run; a ``--no_ssh``/pod node's own share) get the
 node preflight (``xrun.launch.preflight``: interpreter, program, log directory), a ``--control_addr`` must be an
-address the control server can listen on, and the job's open files must fit under this machine's hard limit
-(``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a remote node can tell (its
-script, its interpreter) is checked by its agent there and reported as one line naming the host.
+address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue 17), and
+the job's open files must fit under this machine's hard limit (``xrun.fdlimit``: a control channel per node, or
+the ranks that run here). What only a remote node can tell (its script, its interpreter) is checked by its agent
+there and reported as one line naming the host.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import socket
 from xrun.errors import UsageError
 from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
 from xrun.launch.preflight import check_node
+from xrun.net import master_port
 from xrun.runner.backends import Traits, backend_traits
-from xrun.runner.plan import Plan
+from xrun.runner.plan import Plan, PortChoice
 from xrun.values import shown
 
 
@@ -25,6 +27,9 @@ def validate(plan: Plan) -> None:
     request = plan.request
     if traits.local or traits.nodes_start_themselves:
         check_node(request.launch.python, request.launch.mode, request.script, request.options.log_dir)
+    if traits.local and request.master_port_choice is PortChoice.GIVEN:
+        # An explicit --master_port taken here: one line naming its holder, not rank 0's EADDRINUSE traceback.
+        master_port(plan.nodes[0].host, plan.rendezvous.master_port, pick=False)
     if traits.uses_channel and request.remote.control_addr is not None:
         check_listen_address(request.remote.control_addr)
     check_open_files("this job's head node", head_open_files(plan, traits))

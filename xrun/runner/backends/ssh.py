@@ -7,9 +7,11 @@ control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.ss
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from xrun.launch.dedupe import LineMerger
 from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
@@ -62,22 +64,25 @@ class SshBackend:
 
 
 class SshSessions:
-    """The exec channels that carry the agents; their output is relayed byte for byte."""
+    """The exec channels that carry the agents; their output is relayed in whole lines, and with ``merger``
+    identical lines of every node are shown once (xrun.runner.relay)."""
 
-    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints) -> None:
+    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints,
+                 merger: LineMerger | None = None) -> None:
         self.clients = {c.host: c for c in connected}
         self.commands = commands
         self.endpoints = endpoints
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
         self.relays: dict[str, tuple[LineRelay, LineRelay]] = {}
+        self.merger = merger
 
     @classmethod
     def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints) -> SshSessions:
         """Run every node's agent command on its connection (in parallel) and hand each its token."""
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
 
-        sessions = cls(connected, ssh_commands(plan, endpoints), endpoints)
+        sessions = cls(connected, ssh_commands(plan, endpoints), endpoints, head_merger(plan))
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:
             opened = list(pool.map(sessions._exec, sessions.commands))
         sessions.channels = dict(zip((c.host for c in sessions.commands), opened))
@@ -93,9 +98,15 @@ class SshSessions:
     def register(self, loop: Any) -> None:
         for host, chan in self.channels.items():
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
+        if self.merger is not None:
+            merger = self.merger
+            loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
-        out, err = self.relays.setdefault(host, (LineRelay(1), LineRelay(2)))
+        if host not in self.relays:
+            self.relays[host] = (LineRelay(1, merger=self.merger, source=host),
+                                 LineRelay(2, merger=self.merger, source=host))
+        out, err = self.relays[host]
         while chan.recv_ready():
             out.feed(chan.recv(65536))
         while chan.recv_stderr_ready():
@@ -116,3 +127,15 @@ class SshSessions:
     def terminate(self) -> None:
         for chan in self.channels.values():
             chan.close()
+        if self.merger is not None:  # before the report: every node's last lines come first
+            self.merger.flush_all()
+
+
+def head_merger(plan: Plan) -> LineMerger | None:
+    """The job's one merger for the lines of several nodes (``--dedupe`` with prefixes and an echo)."""
+    options = plan.request.options
+    if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
+        return None
+    from xrun.launch.posix import write_all  # noqa: PLC0415 - a real multi-node run only
+
+    return LineMerger(write_all)

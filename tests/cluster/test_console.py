@@ -1,0 +1,72 @@
+"""Issue 17 on real hosts (3 network-namespace nodes x 2 ranks): a line every rank prints is shown once on the
+head's console across nodes, and a busy default rendezvous port on node 0 does not stop the job.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from tests.cluster.test_multinode import job  # noqa: F401 - the fixture: xrun against the cluster
+from xrun.launch.dedupe import expand
+
+pytestmark = pytest.mark.cluster
+
+SHARED_SCRIPT = r"""
+import os, sys
+rank = os.environ["RANK"]
+print("UserWarning: every rank says this", flush=True)
+print(f"rank {rank} says its own", flush=True)
+print("stderr from every rank", file=sys.stderr, flush=True)
+print("port", os.environ["MASTER_PORT"], flush=True)
+"""
+
+HOLD_PORT = "import socket, time; s = socket.socket(); s.bind(('', 29500)); s.listen(); print('held', flush=True); time.sleep(120)"
+
+
+def _shown(text: str, lines: list[str]) -> list[int]:
+    """The ranks named by the lines that end in ``text`` (each label's rank set, expanded)."""
+    ranks: list[int] = []
+    for line in lines:
+        label, _, body = line.partition("] ")
+        if body == text:
+            ranks.extend(expand(label.rsplit(" ", 1)[-1].rsplit(":", 1)[-1].lstrip("[")) or [])
+    return ranks
+
+
+def test_a_line_every_rank_prints_is_shown_once_across_nodes(job):  # noqa: F811
+    script = job.tmp / "shared.py"
+    script.write_text(SHARED_SCRIPT)
+    code, out, err = job.run("ssh", script_path=script)
+    assert code == 0, err
+    lines = out.splitlines()
+    shown = [line for line in lines if line.endswith("] UserWarning: every rank says this")]
+    assert sorted(_shown("UserWarning: every rank says this", lines)) == list(range(6)), out
+    # once across nodes ("[ranks 0-5] ..."), or in two groups when the namespace nodes start far apart
+    assert shown[0].startswith("[ranks ") and len(shown) <= 2, out
+    assert sorted(_shown("stderr from every rank", err.splitlines())) == list(range(6)), err
+    for rank in range(6):
+        assert sum(1 for line in lines if line.endswith(f"] rank {rank} says its own")) == 1, out
+    job.assert_clean()
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_the_default_port_busy_on_node_0_still_runs(job, backend):  # noqa: F811
+    node0 = job.cluster.nodes[0]
+    holder = job.cluster.popen_on(node0, [sys.executable, "-c", HOLD_PORT], stdout=-1, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        script = job.tmp / "shared.py"
+        script.write_text(SHARED_SCRIPT)
+        started = time.monotonic()
+        code, out, err = job.run(backend, script_path=script)
+        assert code == 0, err
+        ports = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "] port " in line}
+        assert len(ports) == 1 and ports != {"29500"}, out  # one port for every rank, not the busy default
+        assert time.monotonic() - started < 60
+    finally:
+        holder.kill()
+        holder.wait()
+    job.assert_clean()
