@@ -377,7 +377,7 @@ def wait_for_lines(stream, count, *, contains, timeout):
 @needs_pyspy
 @pytest.mark.slow
 def test_sigquit_on_a_healthy_job_prints_every_stack_and_the_job_completes(tmp_path):
-    steady = "import os, time\ndef step():\n    time.sleep(0.1)\nprint('up', flush=True)\nfor i in range(25):\n" \
+    steady = "import os, time\ndef step():\n    time.sleep(0.1)\nprint('up', os.environ['RANK'], flush=True)\nfor i in range(25):\n" \
              "    step()\n"
     proc, _ = start_xrun(tmp_path, "--num_gpus", "3", "--log_dir", str(tmp_path / "logs"), script=steady)
     wait_for_lines(proc.stdout, 3, contains="up", timeout=30)
@@ -470,7 +470,7 @@ def test_the_survivors_stacks_are_in_the_failure_report(tmp_path, flag):
 def test_without_py_spy_one_line_says_why_and_the_job_is_undisturbed(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    steady = "import time\nprint('up', flush=True)\ntime.sleep(2)\n"
+    steady = "import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(2)\n"
     # an environment of its own without py-spy beside its python (xrun itself comes through PYTHONPATH), and a
     # PATH without one
     venv = tmp_path / "venv"
@@ -499,7 +499,7 @@ def test_without_ptrace_permission_one_line_says_what_to_grant(tmp_path):
     wrapper = tmp_path / "unprivileged-py-spy"
     wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {binary} \"$@\"\n")
     wrapper.chmod(0o755)
-    steady = "import time\nprint('up', flush=True)\ntime.sleep(3)\n"
+    steady = "import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(3)\n"
     proc, _ = start_xrun(tmp_path, "--num_gpus", "2", script=steady, env={"XRUN_PYSPY": str(wrapper)})
     wait_for_lines(proc.stdout, 2, contains="up", timeout=30)
     proc.send_signal(signal.SIGQUIT)
