@@ -259,9 +259,11 @@ REPORTS = [
     (Verdict(130, interrupted_by=2), 0, ["stopped by SIGINT (exit code 130)"]),
     (Verdict(143, Failure("b", "x", 7), interrupted_by=15), 0, ["stopped by SIGTERM (exit code 143)"]),
     (Verdict(1, Failure("c", "lost node c: gone", 1)), 0, ["job failed: lost node c: gone (exit code 1)"]),
+    (Verdict(1, Failure("c", "rank 0 (local 0) on c exited with code 17", 1)), 0,
+     ["job failed: rank 0 (local 0) on c exited with code 17 (exit code 1)"]),
     (Verdict(7, Failure("b", "rank 2 (local 0) on b exited with code 7", 7, rank=2, tail=TAIL), stopped_after=0.123), 1,
      ["closed 1 connection(s) that did not present this run's token",
-      "job failed: rank 2 (local 0) on b exited with code 7 (exit code 7); every node stopped 0.12 s later",
+      "job failed: rank 2 (local 0) on b exited with code 7; every node stopped 0.12 s later",
       *[f"  [b:2] l{i}" for i in range(2, 12)]]),
 ]
 
