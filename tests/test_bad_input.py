@@ -217,3 +217,20 @@ def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypat
     with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
         check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
     assert not list(tmp_path.glob("**/__pycache__"))
+
+
+def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, monkeypatch):
+    # nodes on one shared filesystem run the same preflight at once: one makes the directory between another's
+    # check and its mkdir
+    from xrun.launch import preflight
+
+    target = tmp_path / "logs" / "run"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path, *args):
+        real_mkdir(path, *args)  # "the other agent" was first
+        raise FileExistsError(17, "File exists", path)
+
+    monkeypatch.setattr(preflight.os, "mkdir", racing_mkdir)
+    preflight.check_log_dir(str(target))
+    assert target.is_dir()  # not ours to remove: the other agent's

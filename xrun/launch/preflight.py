@@ -111,14 +111,22 @@ def check_log_dir(path: str) -> None:
     created: list[str] = []
     try:
         for directory in missing:
-            os.mkdir(directory)
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise
+                continue  # another node's agent on a shared filesystem made it just now: not ours to remove
             created.append(directory)
     except OSError as err:
         reason = "path too long" if err.errno == errno.ENAMETOOLONG else err.strerror or str(err)
         raise UsageError("--log_dir", f"cannot create {shown(path)}: {reason}") from None
     finally:
         for directory in reversed(created):
-            os.rmdir(directory)
+            try:
+                os.rmdir(directory)
+            except OSError:  # another agent's files are in it already, or it removed it: either way, leave it
+                pass
 
 
 def _missing_dirs(path: str) -> list[str]:
