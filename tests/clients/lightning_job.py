@@ -31,3 +31,6 @@ trainer.fit(module, data)
 print(json.dumps({"rank": trainer.global_rank, "world": trainer.world_size, "pid": os.getpid(),
                   "ddp": module.wrapped,
                   "env": type(trainer.strategy.cluster_environment).__name__}), flush=True)
+# torch 2.13's gloo can abort at interpreter teardown after a finished run ("terminate called without an active
+# exception"; under torchrun too, see examples/train_ddp.py). The work is reported: leave without that teardown.
+os._exit(0)
