@@ -283,7 +283,9 @@ def test_local_crash_restarts_and_resumes_from_checkpoint(tmp_path, weird_args):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 1 (local 1) exited with code 7; restarting the worker group (restart 1 of 2)" in result.stderr
     assert "[localhost:0] resume rank 0 from step 2" in result.stdout
-    done = json.loads(result.stdout.strip().splitlines()[-1].split("] ", 1)[1])
+    # rank 0's summary; rank 1's last step line may come after it (two processes: no order across ranks)
+    [summary] = [line for line in result.stdout.splitlines() if '] {"done"' in line]
+    done = json.loads(summary.split("] ", 1)[1])
     assert done == {"done": True, "steps": 6, "resumed_from": 3, "world": 2, "restart": 1}
 
 
