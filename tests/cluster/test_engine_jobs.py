@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.test_console import SHARED_SCRIPT, assert_shown_once_across_nodes
 from tests.conftest import ROOT
 from xrun.runner import envpass
 
@@ -378,3 +379,15 @@ def test_discover_under_plain_srun(job):
 
 def test_openmpi_subnet_is_the_cluster_one():
     assert SUBNET == "10.77.0.0/24"  # OPENMPI_ARGS pin oob/btl to it: never any other network
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine):
+    # the engine's stdout carries every node's lines: the head reads each line's node from its label and merges
+    need_engine(engine)
+    script = job.tmp / "shared.py"
+    script.write_text(SHARED_SCRIPT)
+    code, out, err = job.run(engine, script=script)
+    assert code == 0, out + err
+    assert_shown_once_across_nodes(out, err)
+    job.assert_clean()

@@ -8,24 +8,33 @@ merges too: every agent already wrote its node's identical lines once, labelled 
 reads that label back and hands the line to the one merger of the job, so the same line from every node is
 shown once as ``[ranks 0-15] text``. A line without a label (the agent's own ``xrun[host]: ...`` notices,
 ``--no_prefix``) goes through the merger unmerged, so it never overtakes its node's held lines.
+
+A relay is one node's stream (the ssh backend: a channel per node) or, with ``source=None``, a launcher's stream
+that carries every node's lines (pdsh, mpirun, srun): there each line's node is read from its label, or from an
+agent notice's ``xrun[host]: ``, so a node's lines still keep their order through the merger.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from xrun.launch.dedupe import LineMerger, expand
 from xrun.launch.posix import write_all
+
+if TYPE_CHECKING:
+    from xrun.runner.plan import Plan
 
 _MAX_PENDING = 1 << 20  # an endless line is passed on in pieces rather than held without bound
 
 
 class LineRelay:
-    def __init__(self, fd: int, *, merger: LineMerger | None = None, source: str = "") -> None:
+    def __init__(self, fd: int, *, merger: LineMerger | None = None, source: str | None = "") -> None:
         self.fd = fd
         self.pending = b""
         self._merger = merger
-        self._source = (source, fd)  # a node's stream: its lines keep their order through the merger
+        # a node's stream: its lines keep their order through the merger (None: each line names its node)
+        self._source = None if source is None else (source, fd)
 
     def feed(self, data: bytes) -> None:
         data = self.pending + data
@@ -52,7 +61,8 @@ class LineRelay:
         add, source, fd = self._merger.add, self._source, self.fd
         for line in data.splitlines(keepends=True):
             host, ranks, text = read_label(line)
-            add(source, fd, text, host, ranks, now, mergeable=bool(ranks) and not text.endswith(b"\r"))
+            mergeable = bool(ranks) and not text.endswith(b"\r")
+            add(source or (host or notice_host(line), fd), fd, text, host, ranks, now, mergeable=mergeable)
 
 
 def read_label(line: bytes) -> tuple[str, list[int], bytes]:
@@ -64,3 +74,20 @@ def read_label(line: bytes) -> tuple[str, list[int], bytes]:
         if found:
             return host.decode("utf-8", "surrogateescape"), found, line[end + 2:]
     return "", [], line
+
+
+def notice_host(line: bytes) -> str:
+    """The node of an agent's own ``xrun[host]: ...`` line; "" for any other line."""
+    if line.startswith(b"xrun["):
+        end = line.find(b"]: ", 5)
+        if end > 5:
+            return line[5:end].decode("utf-8", "surrogateescape")
+    return ""
+
+
+def head_merger(plan: Plan) -> LineMerger | None:
+    """The job's one merger for the lines of several nodes (``--dedupe`` with prefixes and an echo)."""
+    options = plan.request.options
+    if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
+        return None
+    return LineMerger(write_all)

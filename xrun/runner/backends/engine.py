@@ -32,8 +32,9 @@ from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
-from xrun.runner.backends.launcher_process import LauncherProcess
+from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
 from xrun.runner.plan import Plan
+from xrun.runner.relay import head_merger
 from xrun.runner.routes import control_address
 from xrun.shell import render
 
@@ -114,16 +115,17 @@ class EngineBackend:
         # The token goes first: MPICH 4.0's hydra never exports the last variable of its environment by name
         # (-genvlist), measured on Debian 12.
         env = {TOKEN_ENV: endpoint.token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
+        merger = head_merger(plan)  # every node's lines come through the engine's stdout: merged here when on
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
             # wait in the queue and start agents with no runner to talk to).
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                    start_new_session=True,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_for(merger), stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True,
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
-        return EngineSession(proc, program)
+        return EngineSession(proc, program, merger)
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -1,6 +1,9 @@
 """One launcher process (pdsh, mpirun, mpiexec.hydra, srun) that carries every node's agent.
 
-Its stdout goes straight to ours; its exit is seen through a pidfd in the control server's event loop. Its
+Its stdout goes straight to ours, or, with the head's de-duplication (``--dedupe`` on a job of several nodes),
+through the control loop into the job's one ``LineMerger``: each line's node is read from its rank label
+(xrun.runner.relay), so the same line from every node is shown once (issue 17). Its exit is seen through a
+pidfd in the control server's event loop. Its
 stderr is relayed through that loop as it comes, because that is where a node that could not be reached is
 first told: hydra prints ``ssh: connect to host node1 port 22: Connection refused`` and then waits for the
 proxy that will never come, for as long as the start barrier lets it (issue 12). Such a line ends that
@@ -15,7 +18,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import IO, Any
+
+from xrun.launch.dedupe import LineMerger
+from xrun.runner.relay import LineRelay
 
 # What OpenSSH and pdsh print when a node cannot be reached, each naming the host (group 1).
 _UNREACHABLE = (
@@ -43,12 +50,19 @@ def _write_all(data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
+def stdout_for(merger: LineMerger | None) -> int | None:
+    """The launcher's stdout: a pipe into the head's merger, or (None) ours."""
+    return subprocess.PIPE if merger is not None else None
+
+
 class LauncherProcess:
-    def __init__(self, proc: subprocess.Popen[bytes], program: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], program: str, merger: LineMerger | None = None) -> None:
         self.proc = proc
         self.program = program
         self.pidfd: int | None = None
         self.partial = b""
+        self.merger = merger
+        self.out = LineRelay(1, merger=merger, source=None) if merger is not None else None
 
     def register(self, loop: Any) -> None:
         self.pidfd = os.pidfd_open(self.proc.pid)
@@ -57,6 +71,26 @@ class LauncherProcess:
             # Non-blocking: the launcher's children (ssh, proxies) may hold the pipe open after it exits.
             os.set_blocking(self.proc.stderr.fileno(), False)
             loop.add_reader(self.proc.stderr, lambda: self._relay(loop))
+        if self.proc.stdout is not None and self.merger is not None:
+            merger = self.merger
+            os.set_blocking(self.proc.stdout.fileno(), False)
+            loop.add_reader(self.proc.stdout, lambda: self._relay_out(loop))
+            loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
+
+    def _relay_out(self, loop: Any) -> bool:
+        """The nodes' lines on the launcher's stdout, into the merger."""
+        stdout: IO[bytes] | None = self.proc.stdout
+        assert stdout is not None and self.out is not None
+        try:
+            chunk = os.read(stdout.fileno(), 1 << 20)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            loop.remove_reader(stdout)
+            self.out.flush()
+            return False
+        self.out.feed(chunk)
+        return True
 
     def _relay(self, loop: Any) -> bool:
         """Copy what the launcher wrote to stderr; end the session of a node it says it cannot reach."""
@@ -84,6 +118,8 @@ class LauncherProcess:
         loop.remove_reader(self.pidfd)
         while self.proc.stderr is not None and self._relay(loop):  # its last words first
             pass
+        while self.out is not None and self.proc.stdout is not None and self._relay_out(loop):
+            pass
         code = self.proc.wait()
         loop.session_ended(None, code, f"{self.program} exited with code {code}")
 
@@ -100,6 +136,24 @@ class LauncherProcess:
             self.pidfd = None
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+        if self.out is not None and self.proc.stdout is not None and not self.proc.stdout.closed:
+            self._drain_out()
+            self.proc.stdout.close()
+        if self.merger is not None:  # before the report: every node's last lines come first
+            self.merger.flush_all()
+
+    def _drain_out(self) -> None:
+        """What the launcher's stdout still holds (its readers are gone with the loop): into the merger."""
+        assert self.out is not None and self.proc.stdout is not None
+        for _ in range(64):  # bounded: a surviving writer may keep writing
+            try:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            self.out.feed(chunk)
+        self.out.flush()
 
     def _stop(self) -> None:
         """Stop the running launcher and everything it started on this machine."""

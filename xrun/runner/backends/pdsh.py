@@ -18,10 +18,12 @@ import subprocess
 from typing import Any
 
 from xrun.errors import UsageError
+from xrun.launch.dedupe import LineMerger
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
-from xrun.runner.backends.launcher_process import LauncherProcess
+from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
 from xrun.runner.plan import Plan
+from xrun.runner.relay import head_merger
 from xrun.runner.remote_options import RemoteOptions, openssh_args
 from xrun.runner.routes import control_address
 from xrun.shell import render
@@ -79,19 +81,20 @@ class PdshBackend:
     def _start(self, pdsh: str, plan: Plan, endpoints: Endpoints) -> PdshSession:
         argv = (pdsh,) + pdsh_argv(plan, one_endpoint(plan, endpoints))[1:]
         env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(plan.request.remote))
+        merger = head_merger(plan)  # every node's lines come through pdsh's stdout: merged here when on
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # stderr through the control loop: its "ssh exited with exit code 255" ends that node's wait at once.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_for(merger), stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)
         except OSError as err:
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return PdshSession(proc)
+        return PdshSession(proc, merger)
 
 
 class PdshSession(LauncherProcess):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        super().__init__(proc, "pdsh")
+    def __init__(self, proc: subprocess.Popen[bytes], merger: LineMerger | None = None) -> None:
+        super().__init__(proc, "pdsh", merger)
 
     def _stop(self) -> None:
         """End pdsh and the ssh clients it forked (a node that is cut off keeps its ssh waiting for TCP)."""

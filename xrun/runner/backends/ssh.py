@@ -16,7 +16,7 @@ from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
 from xrun.runner.plan import Plan
-from xrun.runner.relay import LineRelay
+from xrun.runner.relay import LineRelay, head_merger
 from xrun.shell import render
 
 
@@ -129,13 +129,3 @@ class SshSessions:
             chan.close()
         if self.merger is not None:  # before the report: every node's last lines come first
             self.merger.flush_all()
-
-
-def head_merger(plan: Plan) -> LineMerger | None:
-    """The job's one merger for the lines of several nodes (``--dedupe`` with prefixes and an echo)."""
-    options = plan.request.options
-    if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
-        return None
-    from xrun.launch.posix import write_all  # noqa: PLC0415 - a real multi-node run only
-
-    return LineMerger(write_all)
