@@ -55,7 +55,8 @@ class Pod:
                 "--master_port", str(self.ports[0]), "--control_port", str(self.ports[1]),
                 "--join_timeout", str(self.join_timeout), script]
         self.procs[node] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, cwd=str(self.tmp))
+                                            stderr=subprocess.PIPE, text=True, errors="surrogateescape",
+                                            cwd=str(self.tmp))
         return self.procs[node]
 
     def finish(self, timeout=60):
@@ -176,3 +177,31 @@ def test_dry_run_shows_the_pod_plan_and_whether_the_channel_is_authenticated(tmp
     secret = subprocess.run(argv, env={**pod.env, "XRUN_TOKEN": "s3cret"}, capture_output=True, text=True,
                             cwd=str(tmp_path), timeout=30)
     assert "authenticated by the shared token" in secret.stdout and "s3cret" not in secret.stdout
+
+
+SHARED = r"""
+import os, sys
+rank = os.environ["RANK"]
+print("every rank says this", flush=True)
+sys.stdout.buffer.write(b"own \xff " + rank.encode() + b"\n")
+sys.stdout.flush()
+print("every rank on stderr", file=sys.stderr, flush=True)
+"""
+
+
+def test_node_0_shows_every_nodes_lines_merged_and_each_node_its_own(tmp_path):
+    pod = Pod(tmp_path)
+    (tmp_path / "train.py").write_bytes(SHARED.encode())
+    for node in (0, 1, 2):
+        pod.start(node)
+    out = {node: (code, stdout.encode("utf-8", "surrogateescape"), stderr)
+           for node, (code, stdout, stderr) in pod.finish().items()}
+    assert [out[n][0] for n in (0, 1, 2)] == [0, 0, 0], out
+    node0 = out[0][1].splitlines()
+    assert node0.count(b"[ranks 0-2] every rank says this") == 1, node0
+    for rank, host in enumerate(HOSTS):
+        assert node0.count(f"[{host}:{rank}] own ".encode() + b"\xff " + str(rank).encode()) == 1, node0  # raw bytes
+        if rank:  # every other node's console (its pod's log) keeps its own ranks' lines
+            assert out[rank][1].splitlines().count(f"[{host}:{rank}] every rank says this".encode()) == 1
+    assert "[ranks 0-2] every rank on stderr" in out[0][2]
+

@@ -73,3 +73,20 @@ def test_read_label():
     assert read_label(b"[fe80::1:3] x\n") == ("fe80::1", [3], b"x\n")
     assert read_label(b"[not a label] x\n") == ("", [], b"[not a label] x\n")
     assert read_label(b"plain\n") == ("", [], b"plain\n")
+
+
+def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
+    """Node 0's server (xrun.runner.podserver) gets each node's console writes as messages, split anywhere."""
+    from xrun.launch.dedupe import LineMerger
+    from xrun.runner.relay import NodeLines
+
+    with tempfile.TemporaryFile() as sink:
+        lines = NodeLines(LineMerger(lambda fd, data: os.write(sink.fileno(), data), window=10.0), ("n1", "n2"))
+        lines.feed(0, 1, b"[n1:0-1] warn\n[n1:0] ow")
+        lines.feed(1, 1, b"[n2:2-3] warn\nxrun[n2]: a notice\n")
+        lines.feed(0, 1, b"n 0\n[n1:1] last without newline")
+        lines.close()
+        sink.seek(0)
+        # n1's "own 0" was complete only after n2's notice
+        assert sink.read().splitlines() == [b"[ranks 0-3] warn", b"xrun[n2]: a notice", b"[n1:0] own 0",
+                                            b"[n1:1] last without newline"]

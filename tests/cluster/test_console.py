@@ -1,5 +1,6 @@
 """Issue 17 on real hosts (3 network-namespace nodes x 2 ranks): a line every rank prints is shown once on the
-head's console across nodes, and a busy default rendezvous port on node 0 does not stop the job.
+head's console across nodes (on node 0's in pod mode), and a busy default rendezvous port on node 0 does not stop
+the job, launched or in pod mode.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import time
 import pytest
 
 from tests.cluster.test_multinode import job  # noqa: F401 - the fixture: xrun against the cluster
+from tests.cluster.test_pod import PORT as POD_PORT
+from tests.cluster.test_pod import PodJob, codes
 from xrun.launch.dedupe import expand
 
 pytestmark = pytest.mark.cluster
@@ -77,3 +80,39 @@ def test_the_default_port_busy_on_node_0_still_runs(job, backend):  # noqa: F811
         holder.kill()
         holder.wait()
     job.assert_clean()
+
+
+def test_pod_mode_node_0_shows_a_line_every_rank_prints_once_across_nodes(cluster, tmp_path):
+    """Pod mode (every node's xrun started by hand): node 0's console is the job's, merged across nodes; every
+    other node's own console still shows its ranks (its pod's log)."""
+    hosts = cluster.hostfile(tmp_path / "hosts2", slots=2)
+    pod = PodJob(cluster, tmp_path, args=("-H", str(hosts), "--pod", "--master_port", str(POD_PORT)))
+    (tmp_path / "train.py").write_text(SHARED_SCRIPT)
+    for k in range(3):
+        pod.start(k)
+    out = pod.finish()
+    assert codes(out) == [0, 0, 0], {k: v[2] for k, v in out.items()}
+    assert_shown_once_across_nodes(out[0][1], out[0][2])
+    for k in (1, 2):
+        own = out[k][1].splitlines()
+        assert sorted(_shown("UserWarning: every rank says this", own)) == [2 * k, 2 * k + 1], out[k][1]
+        assert f"[node{k + 1}:{2 * k}-{2 * k + 1}] UserWarning: every rank says this" in own, out[k][1]
+
+
+def test_pod_mode_the_default_port_busy_on_node_0_still_runs(cluster, tmp_path):
+    holder = cluster.popen_on(cluster.nodes[0], [sys.executable, "-c", HOLD_PORT], stdout=-1, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        hosts = cluster.hostfile(tmp_path / "hosts2", slots=2)
+        # no --master_port: 29500, busy on node 0; the control channel on another port (pod mode needs one)
+        pod = PodJob(cluster, tmp_path, args=("-H", str(hosts), "--pod", "--control_port", str(POD_PORT)))
+        (tmp_path / "train.py").write_text(SHARED_SCRIPT)
+        for k in range(3):
+            pod.start(k)
+        out = pod.finish()
+        assert codes(out) == [0, 0, 0], {k: v[2] for k, v in out.items()}
+        ports = {line.rsplit(" ", 1)[-1] for k in out for line in out[k][1].splitlines() if "] port " in line}
+        assert len(ports) == 1 and ports != {"29500"}, out
+    finally:
+        holder.kill()
+        holder.wait()

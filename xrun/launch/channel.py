@@ -18,6 +18,8 @@ Agent -> runner                                   Runner -> agent
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
+  output(fd, text)   pod mode: the node's console
+                     lines, for node 0's console
                                                     stop(..., stacks)     stacks: take them before stopping
 
 Pod mode (``xrun.runner.podrun``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
@@ -81,6 +83,7 @@ class Kind(str, enum.Enum):
     WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
+    OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
@@ -104,6 +107,19 @@ def encode(msg: Message) -> bytes:
     if len(body) > MAX_FRAME:
         raise ChannelError(f"message {msg.get('type')!r} is {len(body)} bytes, over the {MAX_FRAME}-byte limit")
     return HEADER.pack(len(body)) + body
+
+
+def output_message(fd: int, data: bytes) -> Message:
+    """A console write as a message; its bytes survive the trip whatever they are (see ``output_bytes``)."""
+    return message(Kind.OUTPUT, fd=fd, text=data.decode("utf-8", "surrogateescape"))
+
+
+def output_bytes(msg: Message) -> tuple[int, bytes]:
+    """An output message's console fd and its bytes, as the node wrote them."""
+    fd, text = msg.get("fd"), msg.get("text")
+    if fd not in (1, 2) or isinstance(fd, bool) or not isinstance(text, str):
+        raise ChannelError(f"output: fd {fd!r} and text of type {type(text).__name__} (want 1 or 2, and a string)")
+    return fd, text.encode("utf-8", "surrogateescape")
 
 
 def decode_body(body: bytes) -> Message:

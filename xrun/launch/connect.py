@@ -242,6 +242,11 @@ class ChannelHooks:
         except OSError:
             self._connected = False  # the reader thread reports the loss
 
+    def forward_output(self, fd: int, data: bytes) -> bool:
+        """Pod mode: hand a console write to node 0 (xrun.launch.consoleroute). False: the channel is gone."""
+        self.send(channel.output_message(fd, data))
+        return self._connected
+
     def next_message(self, timeout: float | None) -> dict[str, Any] | None:
         """The next message the hooks do not handle themselves; None once the channel is lost.
         Raises ``queue.Empty`` after ``timeout`` seconds."""

@@ -19,6 +19,7 @@
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+* Both write through ``console_write`` (xrun.launch.consoleroute): in pod mode node 0's console shows them too.
 * ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
   (xrun.launch.doctor), so the output path never reads the clock for it.
 
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from xrun.launch.consoleroute import console_write
 from xrun.launch.dedupe import LineMerger
 from xrun.launch.posix import write_all
 
@@ -308,14 +310,14 @@ class Console:
         self.end_line(stream)
 
     def emit(self, fd: int, data: bytes) -> None:
-        if self._ok[fd] and not write_all(fd, data):
+        if self._ok[fd] and not console_write(fd, data):
             self._ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
 
 
 def notice(host: str, text: str) -> None:
     """One line of the agent's own on stderr, after what Python itself buffered for stdout."""
     flush_python_output()
-    write_all(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
+    console_write(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
 
 
 def flush_python_output() -> None:

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from xrun.launch import proctable
 from xrun.launch._watchdog import Watchdog
+from xrun.launch.consoleroute import console_write
 from xrun.launch.errorfile import read_error_file
 from xrun.launch.output import Console, RankStream
-from xrun.launch.posix import write_all
 from xrun.launch.proctable import ProcInfo
 from xrun.launch.ranks import RankProcess
 from xrun.launch.result import RankOutcome
@@ -171,7 +171,7 @@ class Reaper:
         for stream in rank.streams:
             self._console.drain(stream)  # what it wrote before exiting belongs before its outcome
         if rank.start_error:
-            write_all(2, (rank.start_error + "\n").encode("utf-8", "replace"))
+            console_write(2, (rank.start_error + "\n").encode("utf-8", "replace"))
         rank.outcome = rank.to_outcome(self._host, stopped=stopped, runtime_s=runtime_s)
         if rank.pid and self._watchdog is not None and not proctable.group_exists(rank.pid):
             self._watchdog.forget(rank.pid)  # its group is empty: the number may be reused

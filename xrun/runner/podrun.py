@@ -4,7 +4,7 @@
     node 0: the control server on a background thread (xrun.runner.podserver)
     every node, node 0 included over loopback: connect (retrying quietly until --join_timeout) -> hello with
     the channel key and the plan digest -> accept -> ready -> (barrier, its status on this console) -> start
-    -> run_node(this node's own spec, ChannelHooks) -> done -> the verdict -> exit with its code
+    -> run_node(this node's own spec, ChannelHooks; its console also to node 0's) -> done -> the verdict -> exit
 Node 0's ready carries rank 0's port (kept when free, else a free one; an explicit taken one is an error) and
 the start message gives it to every node, so a busy default port never kills a job (issue 17).
 
@@ -33,6 +33,7 @@ from typing import Any
 from xrun.errors import PortBusyError
 from xrun.launch import channel
 from xrun.launch.channel import ChannelError, Kind, Message, message
+from xrun.launch.consoleroute import Route, routed
 from xrun.launch.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.net import master_port
 from xrun.runner.job import LINGER, STOP_GRACE
@@ -40,6 +41,7 @@ from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
 from xrun.runner.plan import Plan
 from xrun.runner.podplan import PodSetup, pod_setup
+from xrun.runner.relay import head_merger
 from xrun.runner.secret import TOKEN_ENV, auth_notice, channel_key, load_token
 from xrun.runner.status import PlainStatus, make_status, say
 
@@ -222,13 +224,22 @@ def run_ranks(plan: Plan, setup: PodSetup, sock: socket.socket, reader: channel.
         spec = with_rendezvous(spec, plan.rendezvous.master_addr, port)
     hooks = ChannelHooks(sock, reader)
     try:
-        code = run_node(spec, hooks=hooks)
+        with routed(console_route(plan, setup, hooks)):
+            code = run_node(spec, hooks=hooks)
         # Done went out: the verdict follows once every node is over. A failure is over within the stop
         # deadline; a success waits for the slowest node (the keepalive notices a lost node 0 meanwhile).
         bound = None if code == 0 else plan.request.options.shutdown_timeout + STOP_GRACE + LINGER + 5.0
         return _finish(setup, _next_verdict(hooks, bound, node0, code))
     finally:
         hooks.close()
+
+
+def console_route(plan: Plan, setup: PodSetup, hooks: Any) -> Route | None:
+    """With ``--dedupe`` every node's console goes to node 0 too, which shows the job's lines merged across nodes;
+    node 0 shows its own only there (xrun.launch.consoleroute)."""
+    if head_merger(plan) is None:
+        return None
+    return Route(hooks.forward_output, keep_local=setup.node_rank != 0)
 
 
 def _next_verdict(hooks: Any, bound: float | None, node0: _Node0, code: int) -> Message:

@@ -9,7 +9,10 @@ from head mode (``xrun.runner.control.ControlServer``):
   shows it through node 0's own agent, so the server itself shows only its one-off lines;
 * the verdict goes to every node (``JobConfig.verdict_to_nodes``), and the server stays until every node has
   read it and closed its connection (or ``LINGER`` passed);
-* it runs off the main thread: node 0's own agent owns the signals there (``own_signals=False``).
+* it runs off the main thread: node 0's own agent owns the signals there (``own_signals=False``);
+* with ``--dedupe`` (the default) every node forwards its console writes (``output`` messages,
+  xrun.launch.consoleroute) and the server relays them through one merger onto node 0's console
+  (``xrun.runner.relay.NodeLines``), so a line every rank prints is shown there once across nodes (issue 17).
 
 Where it listens (``control_bind``): on the master address when it is one of this machine's, else on every
 address of its family (a Service name that resolves to a cluster IP, say); one line says which.
@@ -23,7 +26,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from xrun.launch.channel import ChannelError, Kind, Message, message
+from xrun.launch.channel import ChannelError, Kind, Message, message, output_bytes
 from xrun.runner.control import ControlServer, _Conn, hello_event
 from xrun.runner.digest import PlanDigest, PlanDigestError
 from xrun.runner.job import Job, JobConfig
@@ -31,6 +34,7 @@ from xrun.runner.jobevents import HelloReceived, ShowJoined, ShowStarted, ShowWa
 from xrun.runner.plan import Plan
 from xrun.runner.podhello import PodHello
 from xrun.runner.podplan import PodSetup
+from xrun.runner.relay import NodeLines, head_merger
 from xrun.runner.status import PlainStatus, say
 
 
@@ -51,6 +55,8 @@ class PodControlServer(ControlServer):
         self.doers[ShowWaiting] = self._send_waiting
         self.doers[ShowJoined] = lambda a: None
         self.doers[ShowStarted] = lambda a: None
+        merger = head_merger(plan)
+        self.lines = NodeLines(merger, tuple(n.host for n in plan.nodes)) if merger is not None else None
 
     def _make_job(self, plan: Plan, join_timeout: float) -> Job:
         config = replace(JobConfig.from_plan(plan, join_timeout=join_timeout), verdict_to_nodes=True)
@@ -64,6 +70,13 @@ class PodControlServer(ControlServer):
             return None
         key = msg.get("token")
         return replace(event, key=key if isinstance(key, str) else None, digest=_digest(msg.get("digest")))
+
+    def _agent_message(self, node: int, msg: Message) -> None:
+        if msg.get("type") != Kind.OUTPUT.value:
+            super()._agent_message(node, msg)
+        elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
+            fd, data = output_bytes(msg)
+            self.lines.feed(node, fd, data)
 
     def _send_waiting(self, action: ShowWaiting) -> None:
         waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),
@@ -79,19 +92,24 @@ def _digest(data: Any) -> PlanDigest | None:
 
 
 class _NoSessions:
-    """Pod mode has no backend sessions: the job is over once every node has closed its connection."""
+    """Pod mode has no backend sessions: the job is over once every node has closed its connection. The nodes'
+    console lines, when they come, are written as the loop goes and all of them before the report."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: NodeLines | None) -> None:
         self.server: ControlServer | None = None
+        self.lines = lines
 
     def register(self, loop: ControlServer) -> None:
         self.server = loop
+        if self.lines is not None:
+            self.lines.register(loop)
 
     def finished(self, lost: set[str]) -> bool:
         return self.server is not None and not self.server.node_conns
 
     def terminate(self) -> None:
-        pass
+        if self.lines is not None:
+            self.lines.close()
 
 
 @dataclass(frozen=True)
@@ -148,7 +166,7 @@ class ServerThread:
 
     def _serve(self) -> None:
         try:
-            self.code = self.server.run(_NoSessions(), own_signals=False)
+            self.code = self.server.run(_NoSessions(self.server.lines), own_signals=False)
         except Exception as err:  # noqa: BLE001 - the main thread reports it; a thread cannot raise to it
             say(f"node 0's control server failed: {err.__class__.__name__}: {err}")
             self.code = 1

@@ -9,6 +9,8 @@ reads that label back and hands the line to the one merger of the job, so the sa
 shown once as ``[ranks 0-15] text``. A line without a label (the agent's own ``xrun[host]: ...`` notices,
 ``--no_prefix``) goes through the merger unmerged, so it never overtakes its node's held lines.
 
+``NodeLines`` does the same for pod mode, where the nodes' console writes come as messages to node 0's server.
+
 A relay is one node's stream (the ssh backend: a channel per node) or, with ``source=None``, a launcher's stream
 that carries every node's lines (pdsh, mpirun, srun): there each line's node is read from its label, or from an
 agent notice's ``xrun[host]: ``, so a node's lines still keep their order through the merger.
@@ -17,7 +19,7 @@ agent notice's ``xrun[host]: ``, so a node's lines still keep their order throug
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xrun.launch.dedupe import LineMerger, expand
 from xrun.launch.posix import write_all
@@ -91,3 +93,30 @@ def head_merger(plan: Plan) -> LineMerger | None:
     if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
         return None
     return LineMerger(write_all)
+
+
+class NodeLines:
+    """The job's console where every node's lines come as messages (pod mode: node 0's server; see
+    xrun.launch.consoleroute): each node's stdout and stderr relayed in whole lines into the one merger."""
+
+    def __init__(self, merger: LineMerger, hosts: tuple[str, ...]) -> None:
+        self.merger = merger
+        self.hosts = hosts
+        self.relays: dict[tuple[int, int], LineRelay] = {}
+
+    def feed(self, node: int, fd: int, data: bytes) -> None:
+        relay = self.relays.get((node, fd))
+        if relay is None:
+            relay = self.relays[node, fd] = LineRelay(fd, merger=self.merger, source=self.hosts[node])
+        relay.feed(data)
+
+    def register(self, loop: Any) -> None:
+        """Held lines are written when due, from the loop that feeds them."""
+        merger = self.merger
+        loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
+
+    def close(self) -> None:
+        """Every node's last lines, before the job's report."""
+        for relay in self.relays.values():
+            relay.flush()
+        self.merger.flush_all()
