@@ -26,6 +26,7 @@ The job's exit code is decided in one place, ``_exit_code``, through ``Job._deci
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
@@ -392,7 +393,10 @@ class Job:
 
     def _agent_error(self, event: AgentError) -> None:
         node = self.nodes[event.node]
-        self._fail(Failure(node.host, f"agent on {node.host}: {event.message}", event.exit_code))
+        # name the host once: an error that names it already (a busy --master_port "in use on node1") stands alone
+        named = re.search(rf"(?<![\w.-]){re.escape(node.host)}(?![\w.-])", event.message)
+        reason = event.message if named else f"agent on {node.host}: {event.message}"
+        self._fail(Failure(node.host, reason, event.exit_code))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
 
     def _heard(self, event: Heard) -> None:
