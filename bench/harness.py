@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -204,6 +205,21 @@ def start(argv: list[str], *, env: dict[str, str], console: str | int) -> subpro
             out.close()
 
 
+@contextmanager
+def leave_nothing(proc: subprocess.Popen[bytes], tag: str) -> Iterator[None]:
+    """Around a trial's watch of ``proc``: if the trial is interrupted, nothing tagged ``tag`` is left behind;
+    either way the launcher is reaped (killed first if it still runs)."""
+    try:
+        yield
+    except BaseException:  # interrupted: leave nothing of this trial behind
+        procs.kill_all([proc.pid, *procs.tagged_pids(tag)])
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 @dataclass
 class JobRun:
     """What ``run_local_job`` observed, all times in seconds from just before the launcher was started."""
@@ -271,7 +287,7 @@ def run_command(
     next_scan = next_pss = 0.0
     pss_peak = 0
     known: set[int] = set()
-    try:
+    with leave_nothing(proc, tag):
         while True:
             code = proc.poll()
             now = time.monotonic()
@@ -291,13 +307,6 @@ def run_command(
                     pss_peak = max(pss_peak, sum(procs.pss_kib(p) or 0 for p in {proc.pid} | helpers))
                     next_pss = now + 0.02
             time.sleep(sample_every_s if sample_memory else 0.001)
-    except BaseException:  # interrupted: leave nothing of this trial behind
-        procs.kill_all([proc.pid, *procs.tagged_pids(tag)])
-        raise
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
     cpu_s = _children_cpu() - reaped
     ranks = procs.rank_pids(run.path)
     starts = sorted(ranks.values())

@@ -105,7 +105,7 @@ def teardown_trial(
         argv = make_argv(harness.rank_args(tag, run, args))
         env = {**harness.bench_env(tag), **(env_extra or {})}
         proc = harness.start(argv, env=env, console=run.console)
-        try:
+        with harness.leave_nothing(proc, tag):
             if not harness.wait_ranks(run, n, proc, timeout_s=start_timeout_s):
                 return harness.Trial(exit_code=proc.poll(), error=f"ranks did not start | console: {run.tail(300)!r}")
             ranks = list(procs.rank_pids(run.path))
@@ -115,13 +115,6 @@ def teardown_trial(
                 t_ref = time.time()
                 harness.send(proc, trigger)
             dead_at, exit_at, t_ref = _watch(proc, ranks, run, cap_s, t_ref)
-        except BaseException:  # interrupted: leave nothing of this trial behind
-            procs.kill_all([proc.pid, *procs.tagged_pids(tag)])
-            raise
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
         if exit_at is not None:
             time.sleep(max(0.0, exit_at + 0.1 - time.time()))  # leftovers: alive 100 ms after the launcher exited
         left = procs.tagged_pids(tag)

@@ -55,7 +55,7 @@ def trial(n: int, cap_s: float) -> harness.Trial:
         job = LocalJob(nproc=n, script=harness.rank_script("sleeper.py"), master_port=harness.free_port(),
                        args=harness.rank_args(tag, run, ("sleep=60",)))
         proc = harness.start(LAUNCHERS["xrun"].argv(job), env=harness.bench_env(tag), console=subprocess.PIPE)
-        try:
+        with harness.leave_nothing(proc, tag):
             if not harness.wait_ranks(run, n, proc, timeout_s=60):
                 return harness.Trial(exit_code=proc.poll(), error="ranks did not start")
             time.sleep(0.3)  # the agent's steady state, as scenario 4
@@ -65,13 +65,6 @@ def trial(n: int, cap_s: float) -> harness.Trial:
             view_s = None if shown is None else shown - started
             harness.send(proc, signal.SIGINT)
             proc.wait(timeout=60)
-        except BaseException:
-            procs.kill_all([proc.pid, *procs.tagged_pids(tag)])
-            raise
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         left = procs.tagged_pids(tag)
         procs.kill_all(left)
     return harness.Trial(metrics={"view_s": view_s, "leftovers": float(len(left))}, exit_code=proc.returncode)
