@@ -221,7 +221,8 @@ def test_a_failing_rank_among_chatty_ranks_has_its_own_complete_tail(tmp_path):
 
 
 def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
-    from xrun.launch.output import FLOOD_LINES, Console, RankStream
+    from xrun.launch.dedupe import FLOOD_LINES
+    from xrun.launch.output import Console, RankStream
 
     r, w = os.pipe()
     try:

@@ -90,3 +90,12 @@ def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
         # n1's "own 0" was complete only after n2's notice
         assert sink.read().splitlines() == [b"[ranks 0-3] warn", b"xrun[n2]: a notice", b"[n1:0] own 0",
                                             b"[n1:1] last without newline"]
+
+
+def test_a_flood_at_the_head_is_written_as_it_comes_after_what_is_held():
+    from xrun.launch.dedupe import FLOOD_LINES
+
+    flood = b"".join(b"[n1:0] line %d\n" % i for i in range(FLOOD_LINES + 1))
+    out = merged([("n2", b"[n2:1] held\n"), ("n1", flood), ("n2", b"[n2:1] after\n")])
+    assert out[0] == b"[n2:1] held" and out[1] == b"[n1:0] line 0" and out[-1] == b"[n2:1] after"
+    assert len(out) == FLOOD_LINES + 3

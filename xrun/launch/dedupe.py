@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable, Iterable
 WINDOW_S = 0.2  # how long a line waits for its twins (8 ranks starting on 2 cores print ~0.15 s apart)
 MAX_HELD = 20000  # lines held at once; past it the oldest groups are written early
 MAX_HELD_BYTES = 16 << 20  # and bytes: a rank writing long lines slowly must not grow the agent
+FLOOD_LINES = 256  # a read with more lines than this is a flood: written as it comes, after what is held
 
 
 class _Group:
@@ -123,6 +124,12 @@ class LineMerger:
         if count:
             self._write(count)
 
+    def write_through(self, fd: int, data: bytes) -> None:
+        """Write ``data`` as it is, right after everything held (a flood: merging is for warnings and start-up
+        noise, and a flood through the merger would cost Python work per line)."""
+        self.flush_all()
+        self._emit(fd, data)
+
     def flush_all(self) -> None:
         """Write everything held (the end of a run, or before output that must not overtake it)."""
         if self._queue:
@@ -154,6 +161,11 @@ class LineMerger:
             parts.append(group.text)
         if parts and fd is not None:
             self._emit(fd, b"".join(parts))
+
+
+def is_flood(chunk: bytes) -> bool:
+    """More than ``FLOOD_LINES`` lines in one read (counted in its first bytes only: a cheap test)."""
+    return chunk.count(b"\n", 0, FLOOD_LINES * 256) > FLOOD_LINES
 
 
 def label(hosts: list[str], ranks: list[int]) -> bytes:

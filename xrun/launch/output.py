@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import IO
 
 from xrun.launch.consoleroute import console_write
-from xrun.launch.dedupe import LineMerger
+from xrun.launch.dedupe import LineMerger, is_flood
 from xrun.launch.posix import write_all
 
 CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
@@ -52,9 +52,8 @@ _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
 _TAIL_WIDTH = 1000  # characters per tail line
 _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
-# A read of more lines than this is a rank flooding: written as it comes, prefixed per chunk, not merged.
-# De-duplication is for warnings and start-up noise; bulk output keeps the fast path (issue 15's throughput).
-FLOOD_LINES = 256
+# A read of more than FLOOD_LINES lines (xrun.launch.dedupe) is a rank flooding: written as it comes, prefixed per
+# chunk, not merged. De-duplication is for warnings and start-up noise; bulk output keeps the fast path (issue 15).
 
 
 def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
@@ -252,7 +251,7 @@ class Console:
     def _merge(self, stream: RankStream, chunk: bytes) -> None:
         """The de-duplicating path: complete lines go to the merger, which writes them within its window."""
         assert self._merger is not None and stream.rank is not None
-        if chunk.count(b"\n", 0, FLOOD_LINES * 256) > FLOOD_LINES:  # a flood: after what is held, as it comes
+        if is_flood(chunk):  # after what is held, as it comes
             self._merger.flush_all()  # held lines (this rank's among them) go first: nothing is reordered
             self._echo(stream, chunk)
             return

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from xrun.launch.dedupe import LineMerger, expand
+from xrun.launch.dedupe import LineMerger, expand, is_flood
 from xrun.launch.posix import write_all
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class LineRelay:
     def _out(self, data: bytes) -> None:
         if self._merger is None:
             write_all(self.fd, data)
+            return
+        if is_flood(data):  # as the node's console does: after what is held, as it comes, never line by line
+            self._merger.write_through(self.fd, data)
             return
         now = time.monotonic()
         add, source, fd = self._merger.add, self._source, self.fd
