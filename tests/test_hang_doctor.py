@@ -28,6 +28,7 @@ from xrun.launch.doctor import QuietWatch, Silence
 from xrun.launch.result import HANG_EXIT
 from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
 from xrun.launch.stackdump import (
+    EXITED,
     PTRACE_HINT,
     DumpTarget,
     Frame,
@@ -35,6 +36,7 @@ from xrun.launch.stackdump import (
     ThreadStack,
     dump_ranks,
     explain,
+    has_exited,
     parse_dump,
     pyspy_path,
     stack_problem,
@@ -340,12 +342,24 @@ def test_dump_ranks_reads_live_processes_without_stopping_them(tmp_path):
         assert time.monotonic() - started < 5.0
         assert render(merge(stacks[:3])) == ["rank 2 (h, local 2): sleeper.py:4 load_batch",
                                              "ranks 0-1: sleeper.py:6 all_reduce"]
-        assert stacks[3].error is not None and not stacks[3].threads  # no such process: named, not raised
+        assert stacks[3].error == EXITED and not stacks[3].threads  # no such process: named, not raised
         assert all(p.poll() is None for p in procs)  # still running
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_has_exited_tells_a_zombie_and_a_missing_pid_from_a_live_process():
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    zombie = subprocess.Popen(["true"])
+    try:
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: a zombie
+        assert has_exited(zombie.pid) and has_exited(2**22 + 7) and not has_exited(live.pid)
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
 
 
 def start_xrun(tmp_path, *flags, env=None, script=SLEEPER, python=sys.executable):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from xrun.launch.output import notice
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.launch.stackdump import (
+    EXITED,
     FAILURE_BUDGET,
     ON_DEMAND_BUDGET,
     RankStack,
@@ -143,7 +144,9 @@ class NodeDoctor:
             why = stack_problem(self.host, self._environ) or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
-        group.stacks = tuple(dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy))
+        stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
+        # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
+        group.stacks = tuple(s for s in stacks if s.error != EXITED)
 
     def _check_quiet(self) -> None:
         assert self._watch is not None

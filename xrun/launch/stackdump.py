@@ -29,6 +29,7 @@ PYSPY = "py-spy"
 PYSPY_ENV = "XRUN_PYSPY"  # another py-spy binary than the one on PATH (tests, odd installs)
 ON_DEMAND_BUDGET = 5.0  # SIGQUIT and the hang watchdog: a loaded node may need a while per process
 FAILURE_BUDGET = 2.0  # at the first failure the survivors wait for their stop: keep it short
+EXITED = "exited before its stack was taken"  # py-spy failed because the rank had ended meanwhile (no diagnosis)
 PTRACE_HINT = (
     "py-spy needs ptrace permission: run as the ranks' user with kernel.yama.ptrace_scope <= 1 "
     "(sysctl kernel.yama.ptrace_scope=0 for non-root), and in a container add the SYS_PTRACE capability "
@@ -156,12 +157,23 @@ def _collect(host: str, target: DumpTarget, proc: subprocess.Popen[str] | OSErro
         proc.communicate()
         return failed("no stack in time (py-spy did not finish within the budget)")
     if proc.returncode != 0:
-        return failed(explain(err))
+        return failed(EXITED if has_exited(target.pid) else explain(err))
     try:
         threads = parse_dump(out)
     except ValueError as bad:
         return failed(f"py-spy printed something unexpected ({bad})")
     return RankStack(host, target.rank, target.local_rank, target.pid, threads)
+
+
+def has_exited(pid: int) -> bool:
+    """The process is gone or a zombie (py-spy then fails with a confusing "Failed to get process executable
+    name"): it ended while its stack was being taken."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True
+    return state in ([b"Z"], [b"X"])
 
 
 def parse_dump(text: str) -> tuple[ThreadStack, ...]:
