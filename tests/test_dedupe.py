@@ -29,10 +29,10 @@ class Out:
         self.writes.extend((fd, line) for line in data.splitlines(keepends=True))
 
 
-def play(events, *, window=1.0, max_held=1000, flush_at=None):
+def play(events, *, window=1.0, max_held=1000, flush_at=None, expected=None, late_window=1.0):
     """events: (time, rank, text) or (time, rank, text, fd, mergeable); every rank on host h, fd 1 by default."""
     out = Out()
-    merger = LineMerger(out, window=window, max_held=max_held)
+    merger = LineMerger(out, window=window, max_held=max_held, expected=expected, late_window=late_window)
     for event in events:
         now, rank, text = event[:3]
         fd = event[3] if len(event) > 3 else 1
@@ -81,6 +81,39 @@ def test_a_line_is_written_once_its_window_passed_not_before():
     assert play([(0, 0, b"a\n")], window=0.2, flush_at=0.2) == [b"[h:0] a\n"]
 
 
+# With the number of ranks the console shows (``expected``): lines all ranks said go at once, shared lines wait
+# for the rest of the ranks, and late ranks' copies gather in one more line.
+@pytest.mark.parametrize(
+    "expected, events, flush_at, shown",
+    [
+        # every rank said it: written when the last one did, not a window later
+        (3, [(0, 0, b"w\n"), (0.05, 1, b"w\n"), (0.1, 2, b"w\n")], 0.1, [b"[h:0-2] w\n"]),
+        # ... but not before the groups ahead of it
+        (4, [(0, 3, b"own\n"), (0.05, 0, b"w\n"), (0.06, 1, b"w\n"), (0.07, 2, b"w\n"), (0.08, 3, b"w\n")], 0.1,
+         []),
+        # a line only one rank said waits one window
+        (4, [(0, 0, b"own\n")], 0.2, [b"[h:0] own\n"]),
+        # a line two of four said waits for the rest up to the late window (1 s) from its first copy ...
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n")], 0.9, []),
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n")], 1.0, [b"[h:0-1] w\n"]),
+        # ... and goes as soon as the last rank said it
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n"), (0.6, 2, b"w\n"), (0.9, 3, b"w\n")], 0.9, [b"[h:0-3] w\n"]),
+        # later than that, the late ranks' copies gather in a group of their own, which waits for every late rank
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n"), (1.5, 2, b"w\n"), (2.2, 3, b"w\n")], 2.2,
+         [b"[h:0-1] w\n", b"[h:2-3] w\n"]),
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n"), (1.5, 2, b"w\n")], 2.4, [b"[h:0-1] w\n"]),
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n"), (1.5, 2, b"w\n")], 2.5, [b"[h:0-1] w\n", b"[h:2] w\n"]),
+        # once every rank said it, the same line again is a new one: a single copy waits one window
+        (4, [(0, 0, b"w\n"), (0, 1, b"w\n"), (0, 2, b"w\n"), (0, 3, b"w\n"), (0.5, 0, b"w\n")], 0.7,
+         [b"[h:0-3] w\n", b"[h:0] w\n"]),
+        # a late copy long after (past RECALL_S) is a new line too
+        (4, [(0, 0, b"w\n"), (0.1, 1, b"w\n"), (9.0, 2, b"w\n")], 9.2, [b"[h:0-1] w\n", b"[h:2] w\n"]),
+    ],
+)
+def test_merge_table_knowing_the_ranks(expected, events, flush_at, shown):
+    assert play(events, window=0.2, expected=expected, flush_at=flush_at) == shown
+
+
 def test_held_lines_are_bounded():
     events = [(0, 0, f"{i}\n".encode()) for i in range(10)]
     assert play(events, max_held=3, flush_at=0) == [f"[h:0] {i}\n".encode() for i in range(7)]
@@ -116,14 +149,17 @@ _event = st.tuples(st.floats(0, 0.5), st.integers(0, 3), _line)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_event, max_size=40), st.integers(1, 50))
-def test_a_ranks_lines_are_never_reordered_lost_or_repeated(events, max_held):
-    events.sort(key=lambda e: e[0])  # time goes forward
+@given(st.lists(_event, max_size=40), st.integers(1, 50), st.sampled_from([None, 4]),
+       st.lists(st.floats(0, 3), max_size=5))
+def test_a_ranks_lines_are_never_reordered_lost_or_repeated(events, max_held, expected, flushes):
+    """With or without the rank count (early, late and stragglers' groups), and flushes at any time."""
+    events = sorted(events + [(t, None, None) for t in flushes], key=lambda e: e[0])  # time goes forward
     out = Out()
-    merger = LineMerger(out, window=0.1, max_held=max_held)
+    merger = LineMerger(out, window=0.1, max_held=max_held, expected=expected, late_window=0.3)
     for now, rank, text in events:
         merger.flush(now)
-        merger.add((rank, 1), 1, text, "h", (rank,), now, mergeable=not text.endswith(b"\r"))
+        if rank is not None:
+            merger.add((rank, 1), 1, text, "h", (rank,), now, mergeable=not text.endswith(b"\r"))
     merger.flush_all()
     seen: dict[int, list[bytes]] = {}
     for _, line in out.writes:
@@ -133,8 +169,40 @@ def test_a_ranks_lines_are_never_reordered_lost_or_repeated(events, max_held):
             seen.setdefault(rank, []).append(line[match.end():])
     wrote: dict[int, list[bytes]] = {}
     for _, rank, text in events:
-        wrote.setdefault(rank, []).append(text)
+        if rank is not None:
+            wrote.setdefault(rank, []).append(text)
     assert seen == wrote
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_event, min_size=1, max_size=30))
+def test_no_line_waits_more_than_the_late_window_and_one_window(events):
+    """The bound README states: each line is written at most late_window + window after its rank said it."""
+    events.sort(key=lambda e: e[0])
+    clock = [0.0]
+    waits: list[float] = []
+    pending: dict[int, list[float]] = {}  # rank -> when its lines came, oldest first (a rank's order is kept)
+
+    def emit(fd, data):
+        for line in data.splitlines(keepends=True):
+            match = re.match(rb"\[h:([0-9,-]+)\] ", line)
+            waits.extend(clock[0] - pending[rank].pop(0) for rank in expand(match.group(1).decode()))
+
+    merger = LineMerger(emit, window=0.1, expected=4, late_window=0.3)
+
+    def run_until(at):
+        while (due := merger.next_deadline()) is not None and due <= at:  # the loop wakes at every deadline
+            clock[0] = max(clock[0], due)
+            merger.flush(clock[0])
+
+    for at, rank, text in events:
+        run_until(at)
+        clock[0] = at
+        merger.add((rank, 1), 1, text, "h", (rank,), at, mergeable=not text.endswith(b"\r"))
+        pending.setdefault(rank, []).append(at)
+        merger.flush(at)
+    run_until(float("inf"))
+    assert len(waits) == len(events) and max(waits) <= 2 * 0.3 + 1e-9
 
 
 def test_no_line_waits_more_than_two_windows():

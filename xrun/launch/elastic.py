@@ -183,7 +183,8 @@ class OutputRelay:
         self._sel = selectors.DefaultSelector()
         merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
         self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
-                                merge_as=host if merge else None)
+                                merge_as=host if merge else None,
+                                ranks_shown=local_ranks if options.console_ranks is None else None)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt

@@ -181,13 +181,15 @@ class Console:
     """fd 1 and fd 2 of the node, shared by every rank stream; not thread-safe (the elastic relay locks)."""
 
     def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None,
-                 merge_as: str | None = None) -> None:
+                 merge_as: str | None = None, ranks_shown: int | None = None) -> None:
         self._prefix = prefix
         self._quiet = quiet
         # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.dedupe).
         # Only with prefixes: a line shown once must say which ranks said it.
         self._host = merge_as or ""
-        self._merger = LineMerger(self.emit) if merge_as is not None and prefix and not quiet else None
+        # ranks_shown: how many ranks this console echoes (None: unknown); a line all of them said goes out at once
+        merging = merge_as is not None and prefix and not quiet
+        self._merger = LineMerger(self.emit, expected=ranks_shown) if merging else None
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
         self.heard = False  # some rank wrote something since the hang doctor last looked

@@ -519,7 +519,7 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
     echoed = [p.rank for p in procs if options.console_ranks is None or p.rank in options.console_ranks]
     merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
     return Console(prefix=options.prefix, quiet=options.quiet, on_close=on_close,
-                   merge_as=options.host if merge else None)
+                   merge_as=options.host if merge else None, ranks_shown=len(echoed))
 
 
 def _spawn(spec: RankProcess, affinity: frozenset[int] | None) -> subprocess.Popen[bytes]:

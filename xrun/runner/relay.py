@@ -95,7 +95,17 @@ def head_merger(plan: Plan) -> LineMerger | None:
     options = plan.request.options
     if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
         return None
-    return LineMerger(write_all)
+    return LineMerger(write_all, expected=ranks_shown(plan))
+
+
+def ranks_shown(plan: Plan) -> int | None:
+    """How many ranks the head's console shows (a line all of them said goes out at once); None for an elastic
+    job, whose world changes."""
+    if any(node.elastic is not None for node in plan.nodes):
+        return None
+    ranks = {rank.rank for node in plan.nodes for rank in node.ranks}
+    shown = plan.request.options.console_ranks
+    return len(ranks if shown is None else ranks.intersection(shown))
 
 
 class NodeLines:
