@@ -129,14 +129,17 @@ class LineMerger:
     def _wait_for_the_rest(self, group: _Group, now: float, expected: int) -> None:
         """A line every rank said is due now; one that several but not all ranks said waits ``late_window`` from
         its first copy for the rest (ranks start apart: 8 importing torch on 2 cores, 0.1-0.7 s here)."""
-        if len(group.said.union(group.ranks)) >= expected:
+        said = len(group.ranks) if not group.said else len(group.said.union(group.ranks))  # ranks are unique
+        if said >= expected:
             group.deadline = min(group.deadline, now)
         elif len(group.sources) == 2:
             group.deadline = max(group.deadline, group.opened + self._late_window)
 
     def _remember(self, group: _Group) -> None:
-        """After a mergeable group is written: remember the ranks it was shown for, unless that was every rank."""
+        """After a shared line is written: remember the ranks it was shown for, unless that was every rank."""
         key = (group.fd, group.text)
+        if len(group.ranks) < 2 and not group.said:  # one rank's line: its twins, if any, merge among themselves
+            return
         said = group.said.union(group.ranks)
         self._shown.pop(key, None)
         if self._expected is None or len(said) >= self._expected:
