@@ -1,5 +1,6 @@
 import os
 import tempfile
+import time
 
 from xrun.runner.relay import LineRelay
 
@@ -99,3 +100,21 @@ def test_a_flood_at_the_head_is_written_as_it_comes_after_what_is_held():
     out = merged([("n2", b"[n2:1] held\n"), ("n1", flood), ("n2", b"[n2:1] after\n")])
     assert out[0] == b"[n2:1] held" and out[1] == b"[n1:0] line 0" and out[-1] == b"[n2:1] after"
     assert len(out) == FLOOD_LINES + 3
+
+
+def test_the_head_waits_for_the_other_nodes_copies_of_a_line_several_ranks_said():
+    """One node's copy of a shared line already names several ranks: the head waits up to the late window for the
+    other nodes' copies (nodes start apart), and writes the line as soon as every rank has said it."""
+    from xrun.launch.dedupe import LineMerger
+    from xrun.runner.relay import NodeLines
+
+    out = []
+    lines = NodeLines(LineMerger(lambda fd, data: out.append(data), expected=6), ("n1", "n2", "n3"))
+    started = time.monotonic()
+    lines.feed(0, 1, b"[n1:0-1] warn\n")
+    lines.merger.flush(started + 0.5)  # more than a window later: still held for the other nodes
+    assert out == []
+    lines.feed(1, 1, b"[n2:2-3] warn\n")
+    lines.feed(2, 1, b"[n3:4-5] warn\n")
+    lines.merger.flush(time.monotonic())  # complete: due at once
+    assert out == [b"[ranks 0-5] warn\n"]

@@ -132,7 +132,7 @@ class LineMerger:
         said = len(group.ranks) if not group.said else len(group.said.union(group.ranks))  # ranks are unique
         if said >= expected:
             group.deadline = min(group.deadline, now)
-        elif len(group.sources) == 2:
+        elif len(group.ranks) >= 2:  # on the head, one node's copy may already be several ranks'
             group.deadline = max(group.deadline, group.opened + self._late_window)
 
     def _remember(self, group: _Group) -> None:
