@@ -82,16 +82,23 @@ def test_the_default_port_busy_on_node_0_still_runs(job, backend):  # noqa: F811
     job.assert_clean()
 
 
-def test_pod_mode_node_0_shows_a_line_every_rank_prints_once_across_nodes(cluster, tmp_path):
-    """Pod mode (every node's xrun started by hand): node 0's console is the job's, merged across nodes; every
-    other node's own console still shows its ranks (its pod's log)."""
+def run_pod_job(cluster, tmp_path, *flags: str) -> dict[int, tuple[int, str, str]]:
+    """SHARED_SCRIPT as a pod-mode job, 2 ranks on each of the 3 nodes, every node's xrun started by hand;
+    every node exits 0."""
     hosts = cluster.hostfile(tmp_path / "hosts2", slots=2)
-    pod = PodJob(cluster, tmp_path, args=("-H", str(hosts), "--pod", "--master_port", str(POD_PORT)))
+    pod = PodJob(cluster, tmp_path, args=("-H", str(hosts), "--pod", *flags))
     (tmp_path / "train.py").write_text(SHARED_SCRIPT)
     for k in range(3):
         pod.start(k)
     out = pod.finish()
     assert codes(out) == [0, 0, 0], {k: v[2] for k, v in out.items()}
+    return out
+
+
+def test_pod_mode_node_0_shows_a_line_every_rank_prints_once_across_nodes(cluster, tmp_path):
+    """Pod mode: node 0's console is the job's, merged across nodes; every other node's own console still shows
+    its ranks (its pod's log)."""
+    out = run_pod_job(cluster, tmp_path, "--master_port", str(POD_PORT))
     assert_shown_once_across_nodes(out[0][1], out[0][2])
     for k in (1, 2):
         own = out[k][1].splitlines()
@@ -103,14 +110,8 @@ def test_pod_mode_the_default_port_busy_on_node_0_still_runs(cluster, tmp_path):
     holder = cluster.popen_on(cluster.nodes[0], [sys.executable, "-c", HOLD_PORT], stdout=-1, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        hosts = cluster.hostfile(tmp_path / "hosts2", slots=2)
         # no --master_port: 29500, busy on node 0; the control channel on another port (pod mode needs one)
-        pod = PodJob(cluster, tmp_path, args=("-H", str(hosts), "--pod", "--control_port", str(POD_PORT)))
-        (tmp_path / "train.py").write_text(SHARED_SCRIPT)
-        for k in range(3):
-            pod.start(k)
-        out = pod.finish()
-        assert codes(out) == [0, 0, 0], {k: v[2] for k, v in out.items()}
+        out = run_pod_job(cluster, tmp_path, "--control_port", str(POD_PORT))
         ports = {line.rsplit(" ", 1)[-1] for k in out for line in out[k][1].splitlines() if "] port " in line}
         assert len(ports) == 1 and ports != {"29500"}, out
     finally:
