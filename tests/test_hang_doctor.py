@@ -6,6 +6,7 @@ then real runs: local jobs through the xrun entry point, and three agents over t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -529,6 +530,8 @@ def test_without_ptrace_permission_one_line_says_what_to_grant(tmp_path):
 def run_channel_job(tmp_path, *, options=AgentOptions(), env=None, during=None):
     script = tmp_path / "job.py"
     script.write_text(SLEEPER)
+    if options.log_dir is None:  # the head's dump files go there, not into the test's working directory
+        options = dataclasses.replace(options, log_dir=str(tmp_path / "logs"))
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
                          env=env or {}, cwd=str(tmp_path), options=options)
     plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
