@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.launch.proctable import read_proc
+
 PYSPY = "py-spy"
 PYSPY_ENV = "XRUN_PYSPY"  # another py-spy binary than the one on PATH (tests, odd installs)
 ON_DEMAND_BUDGET = 5.0  # SIGQUIT and the hang watchdog: a loaded node may need a while per process
@@ -168,12 +170,8 @@ def _collect(host: str, target: DumpTarget, proc: subprocess.Popen[str] | OSErro
 def has_exited(pid: int) -> bool:
     """The process is gone or a zombie (py-spy then fails with a confusing "Failed to get process executable
     name"): it ended while its stack was being taken."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[:1]
-    except OSError:
-        return True
-    return state in ([b"Z"], [b"X"])
+    info = read_proc(pid)
+    return info is None or not info.alive
 
 
 def parse_dump(text: str) -> tuple[ThreadStack, ...]:
