@@ -55,12 +55,12 @@ class _Group:
 
     __slots__ = ("seq", "fd", "text", "opened", "deadline", "ranks", "hosts", "sources", "mergeable", "said")
 
-    def __init__(self, seq: int, fd: int, text: bytes, deadline: float, mergeable: bool,
-                 said: frozenset[int] = frozenset()) -> None:
+    def __init__(self, seq: int, fd: int, text: bytes, opened: float, deadline: float, mergeable: bool,
+                 said: frozenset[int]) -> None:
         self.seq = seq
         self.fd = fd
         self.text = text  # with its line end
-        self.opened = deadline  # set by the merger: when the first line of the group came
+        self.opened = opened  # when the group's first line came
         self.deadline = deadline
         self.ranks: list[int] = []
         self.hosts: list[str] = []
@@ -118,8 +118,7 @@ class LineMerger:
         if shown is not None and now - shown[0] <= RECALL_S and shown[1].isdisjoint(ranks):
             window, said = self._late_window, shown[1]  # late ranks: wait for the others that are late too
         self._seq += 1
-        group = _Group(self._seq, fd, text, now + window, mergeable, said)
-        group.opened = now
+        group = _Group(self._seq, fd, text, now, now + window, mergeable, said)
         self._queue.append((group.seq, group))
         self._bytes += len(text)
         if mergeable:
