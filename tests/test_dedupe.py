@@ -330,10 +330,10 @@ print("own", os.environ["RANK"], flush=True)
 class RelayedSessions:
     def __init__(self, plan, endpoint, merger):
         from xrun.runner.backends.channel import agent_connect_argv
-        from xrun.runner.relay import LineRelay
+        from xrun.runner.relay import NodeLines
 
-        self.merger = merger
-        self.procs, self.relays = {}, {}
+        self.lines = NodeLines(merger)
+        self.procs = {}
         for node in plan.nodes:
             argv = agent_connect_argv(sys.executable, endpoint, str(node.node_rank), token_on_stdin=True)
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
@@ -341,21 +341,18 @@ class RelayedSessions:
             proc.stdin.write(endpoint.token.encode() + b"\n")
             proc.stdin.close()
             self.procs[node.host] = proc
-            self.relays[node.host] = LineRelay(1, merger=merger, source=node.host)
 
     def register(self, loop):
-        import time
-
         for host, proc in self.procs.items():
             loop.add_reader(proc.stdout, lambda h=host, p=proc: self._read(loop, h, p))
-        loop.add_timer(self.merger.next_deadline, lambda: self.merger.flush(time.monotonic()))
+        self.lines.register(loop)
 
     def _read(self, loop, host, proc):
         data = os.read(proc.stdout.fileno(), 65536)
         if data:
-            self.relays[host].feed(data)
+            self.lines.feed(host, 1, data)
         else:
-            self.relays[host].flush()
+            self.lines.end(host)
             loop.remove_reader(proc.stdout)
 
     def finished(self, lost):
@@ -366,7 +363,7 @@ class RelayedSessions:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
-        self.merger.flush_all()
+        self.lines.close()
 
 
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):

@@ -82,10 +82,10 @@ def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
     from xrun.runner.relay import NodeLines
 
     with tempfile.TemporaryFile() as sink:
-        lines = NodeLines(LineMerger(lambda fd, data: os.write(sink.fileno(), data), window=10.0), ("n1", "n2"))
-        lines.feed(0, 1, b"[n1:0-1] warn\n[n1:0] ow")
-        lines.feed(1, 1, b"[n2:2-3] warn\nxrun[n2]: a notice\n")
-        lines.feed(0, 1, b"n 0\n[n1:1] last without newline")
+        lines = NodeLines(LineMerger(lambda fd, data: os.write(sink.fileno(), data), window=10.0))
+        lines.feed("n1", 1, b"[n1:0-1] warn\n[n1:0] ow")
+        lines.feed("n2", 1, b"[n2:2-3] warn\nxrun[n2]: a notice\n")
+        lines.feed("n1", 1, b"n 0\n[n1:1] last without newline")
         lines.close()
         sink.seek(0)
         # n1's "own 0" was complete only after n2's notice
@@ -109,12 +109,12 @@ def test_the_head_waits_for_the_other_nodes_copies_of_a_line_several_ranks_said(
     from xrun.runner.relay import NodeLines
 
     out = []
-    lines = NodeLines(LineMerger(lambda fd, data: out.append(data), expected=6), ("n1", "n2", "n3"))
+    lines = NodeLines(LineMerger(lambda fd, data: out.append(data), expected=6))
     started = time.monotonic()
-    lines.feed(0, 1, b"[n1:0-1] warn\n")
+    lines.feed("n1", 1, b"[n1:0-1] warn\n")
     lines.merger.flush(started + 0.5)  # more than a window later: still held for the other nodes
     assert out == []
-    lines.feed(1, 1, b"[n2:2-3] warn\n")
-    lines.feed(2, 1, b"[n3:4-5] warn\n")
+    lines.feed("n2", 1, b"[n2:2-3] warn\n")
+    lines.feed("n3", 1, b"[n3:4-5] warn\n")
     lines.merger.flush(time.monotonic())  # complete: due at once
     assert out == [b"[ranks 0-5] warn\n"]

@@ -56,7 +56,7 @@ class PodControlServer(ControlServer):
         self.doers[ShowJoined] = lambda a: None
         self.doers[ShowStarted] = lambda a: None
         merger = head_merger(plan)
-        self.lines = NodeLines(merger, tuple(n.host for n in plan.nodes)) if merger is not None else None
+        self.lines = NodeLines(merger) if merger is not None else None
 
     def _make_job(self, plan: Plan, join_timeout: float) -> Job:
         config = replace(JobConfig.from_plan(plan, join_timeout=join_timeout), verdict_to_nodes=True)
@@ -76,7 +76,7 @@ class PodControlServer(ControlServer):
             super()._agent_message(node, msg)
         elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
             fd, data = output_bytes(msg)
-            self.lines.feed(node, fd, data)
+            self.lines.feed(self.plan.nodes[node].host, fd, data)
 
     def _send_waiting(self, action: ShowWaiting) -> None:
         waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),

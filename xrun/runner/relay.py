@@ -109,27 +109,36 @@ def ranks_shown(plan: Plan) -> int | None:
 
 
 class NodeLines:
-    """The job's console where every node's lines come as messages (pod mode: node 0's server; see
-    xrun.launch.consoleroute): each node's stdout and stderr relayed in whole lines into the one merger."""
+    """Every node's stdout and stderr on the head's console, each stream relayed in whole lines, and with
+    ``merger`` (``--dedupe``) merged across nodes. The ssh backend feeds it what each node's channel carries;
+    node 0's pod server what each node forwards (xrun.launch.consoleroute)."""
 
-    def __init__(self, merger: LineMerger, hosts: tuple[str, ...]) -> None:
+    def __init__(self, merger: LineMerger | None) -> None:
         self.merger = merger
-        self.hosts = hosts
-        self.relays: dict[tuple[int, int], LineRelay] = {}
+        self.relays: dict[tuple[str, int], LineRelay] = {}
 
-    def feed(self, node: int, fd: int, data: bytes) -> None:
-        relay = self.relays.get((node, fd))
+    def feed(self, host: str, fd: int, data: bytes) -> None:
+        relay = self.relays.get((host, fd))
         if relay is None:
-            relay = self.relays[node, fd] = LineRelay(fd, merger=self.merger, source=self.hosts[node])
+            relay = self.relays[host, fd] = LineRelay(fd, merger=self.merger, source=host)
         relay.feed(data)
+
+    def end(self, host: str) -> None:
+        """``host``'s streams ended: their last lines, even without a newline."""
+        for fd in (1, 2):
+            relay = self.relays.get((host, fd))
+            if relay is not None:
+                relay.flush()
 
     def register(self, loop: Any) -> None:
         """Held lines are written when due, from the loop that feeds them."""
         merger = self.merger
-        loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
+        if merger is not None:
+            loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
 
     def close(self) -> None:
         """Every node's last lines, before the job's report."""
         for relay in self.relays.values():
             relay.flush()
-        self.merger.flush_all()
+        if self.merger is not None:
+            self.merger.flush_all()

@@ -7,7 +7,6 @@ control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.ss
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +15,7 @@ from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
 from xrun.runner.plan import Plan
-from xrun.runner.relay import LineRelay, head_merger
+from xrun.runner.relay import NodeLines, head_merger
 from xrun.shell import render
 
 
@@ -74,8 +73,7 @@ class SshSessions:
         self.endpoints = endpoints
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
-        self.relays: dict[str, tuple[LineRelay, LineRelay]] = {}
-        self.merger = merger
+        self.lines = NodeLines(merger)
 
     @classmethod
     def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints) -> SshSessions:
@@ -98,24 +96,17 @@ class SshSessions:
     def register(self, loop: Any) -> None:
         for host, chan in self.channels.items():
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
-        if self.merger is not None:
-            merger = self.merger
-            loop.add_timer(merger.next_deadline, lambda: merger.flush(time.monotonic()))
+        self.lines.register(loop)
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
-        if host not in self.relays:
-            self.relays[host] = (LineRelay(1, merger=self.merger, source=host),
-                                 LineRelay(2, merger=self.merger, source=host))
-        out, err = self.relays[host]
         while chan.recv_ready():
-            out.feed(chan.recv(65536))
+            self.lines.feed(host, 1, chan.recv(65536))
         while chan.recv_stderr_ready():
-            err.feed(chan.recv_stderr(65536))
+            self.lines.feed(host, 2, chan.recv_stderr(65536))
         if chan.exit_status_ready() or chan.closed or not chan.get_transport().is_active():
             if chan.recv_ready() or chan.recv_stderr_ready():
                 return
-            out.flush()
-            err.flush()
+            self.lines.end(host)
             loop.remove_reader(chan)
             self.ended.add(host)
             code = chan.recv_exit_status() if chan.exit_status_ready() else None
@@ -127,5 +118,4 @@ class SshSessions:
     def terminate(self) -> None:
         for chan in self.channels.values():
             chan.close()
-        if self.merger is not None:  # before the report: every node's last lines come first
-            self.merger.flush_all()
+        self.lines.close()  # before the report: every node's last lines come first
