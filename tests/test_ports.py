@@ -3,6 +3,7 @@ every node at the barrier (pod mode here, the head's channel in tests/cluster), 
 in one line naming its holder before any rank starts, and the failure report naming each fact once.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -154,23 +155,31 @@ class _DefaultPortPod(Pod):
         return self.procs[node]
 
 
-@pytest.mark.slow
-def test_pod_mode_with_the_default_port_taken_on_node_0_still_runs(tmp_path):
+@contextlib.contextmanager
+def default_port_held():
+    """29500 listened on here for the block (or already held by somebody else: busy all the same)."""
     holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         try:
             holder.bind(("127.0.0.1", 29500))
             holder.listen()
-        except OSError:  # somebody else holds it already: busy all the same
+        except OSError:
             pass
+        yield
+    finally:
+        holder.close()
+
+
+@pytest.mark.slow
+def test_pod_mode_with_the_default_port_taken_on_node_0_still_runs(tmp_path):
+    with default_port_held():
         assert port_in_use(29500)
         pod = _DefaultPortPod(tmp_path)
         (tmp_path / "train.py").write_text("import os; print('port', os.environ['MASTER_PORT'], flush=True)\n")
         for node in (0, 1, 2):
             pod.start(node)
         out = pod.finish()
-    finally:
-        holder.close()
     ports = set()
     for code, stdout, stderr in out.values():
         assert code == 0, stderr
@@ -179,18 +188,9 @@ def test_pod_mode_with_the_default_port_taken_on_node_0_still_runs(tmp_path):
 
 
 def test_check_notes_a_busy_default_port_and_fails_a_busy_given_one():
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        try:
-            holder.bind(("127.0.0.1", 29500))
-            holder.listen()
-        except OSError:  # somebody else holds it already: busy all the same
-            pass
+    with default_port_held():
         default = run_xrun("check")
         assert default.returncode == 0, default.stdout + default.stderr
         assert "port 29500 IN USE (no --master_port: a free one will be used)" in default.stdout
         given = run_xrun("check", "--master_port", "29500")
         assert given.returncode == 1 and "master port 29500 is in use on localhost" in given.stdout
-    finally:
-        holder.close()
