@@ -18,9 +18,8 @@ Agent -> runner                                   Runner -> agent
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
-  output(fd, text)   pod mode: the node's console
-                     lines, for node 0's console
-                                                    stop(..., stacks)     stacks: take them before stopping
+  output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
+                     shown on node 0's console
 
 Pod mode (``xrun.runner.podrun``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
 (``xrun.runner.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
