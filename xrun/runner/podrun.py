@@ -41,7 +41,7 @@ from xrun.runner.jobevents import Failure, Verdict
 from xrun.runner.jobreport import report_lines
 from xrun.runner.plan import Plan
 from xrun.runner.podplan import PodSetup, pod_setup
-from xrun.runner.relay import head_merger
+from xrun.runner.relay import merges_nodes
 from xrun.runner.secret import TOKEN_ENV, auth_notice, channel_key, load_token
 from xrun.runner.status import PlainStatus, make_status, say
 
@@ -237,7 +237,7 @@ def run_ranks(plan: Plan, setup: PodSetup, sock: socket.socket, reader: channel.
 def console_route(plan: Plan, setup: PodSetup, hooks: Any) -> Route | None:
     """With ``--dedupe`` every node's console goes to node 0 too, which shows the job's lines merged across nodes;
     node 0 shows its own only there (xrun.launch.consoleroute)."""
-    if head_merger(plan) is None:
+    if not merges_nodes(plan):
         return None
     return Route(hooks.forward_output, keep_local=setup.node_rank != 0)
 

@@ -92,10 +92,13 @@ def notice_host(line: bytes) -> str:
 
 def head_merger(plan: Plan) -> LineMerger | None:
     """The job's one merger for the lines of several nodes (``--dedupe`` with prefixes and an echo)."""
+    return LineMerger(write_all, expected=ranks_shown(plan)) if merges_nodes(plan) else None
+
+
+def merges_nodes(plan: Plan) -> bool:
+    """Whether the head merges the lines of several nodes: ``--dedupe`` with prefixes and an echo."""
     options = plan.request.options
-    if not options.dedupe or not options.prefix or options.quiet or len(plan.nodes) < 2:
-        return None
-    return LineMerger(write_all, expected=ranks_shown(plan))
+    return options.dedupe and options.prefix and not options.quiet and len(plan.nodes) > 1
 
 
 def ranks_shown(plan: Plan) -> int | None:
