@@ -14,7 +14,7 @@ import resource
 import sys
 from typing import Any
 
-from xrun.runner.control import ControlServer
+from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, Plan, make_plan
 
 

@@ -1,8 +1,8 @@
 """A load generator for the control plane: N simulated node agents in one process, one selector, no threads.
 
-Each ``SimAgent`` speaks the channel protocol (``xrun.launch.channel``) the way a real agent does (hello with the
+Each ``SimAgent`` speaks the channel protocol (``xrun.channel``) the way a real agent does (hello with the
 run token, ``spec`` -> ``ready``, ``start``, ``ping`` -> ``pong``, ``stop`` -> ``done``) but starts no rank, so
-10,000 of them fit in one process and what is measured is the control server (``xrun.runner.control``) alone.
+10,000 of them fit in one process and what is measured is the control server (``xrun.runner.job.server``) alone.
 Connections are opened ``connect_batch`` at a time (a listen backlog is finite; a burst of 10,000 SYNs would
 measure the kernel's SYN retry timer instead of xrun). Times are ``time.monotonic()`` in this process.
 
@@ -20,8 +20,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from xrun.launch import channel
-from xrun.launch.channel import Kind, Message, message
+from xrun import channel
+from xrun.channel import Kind, Message, message
 
 
 class SimAgent:

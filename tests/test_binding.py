@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xrun.errors import BindingError
-from xrun.launch.binding import (
+from xrun.launch.ranks.binding import (
     Cpu,
     RankBinding,
     Topology,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xrun.launch import channel
-from xrun.launch.channel import ChannelError, FrameReader, Kind, encode, message, token_matches
+from xrun import channel
+from xrun.channel import ChannelError, FrameReader, Kind, encode, message, token_matches
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -71,7 +71,7 @@ def test_blocking_recv_keeps_messages_that_arrive_together():
 
 @given(st.binary(max_size=512), st.sampled_from([1, 2]))
 def test_an_output_message_carries_any_bytes_unchanged(data, fd):
-    """Pod mode's console lines (xrun.launch.consoleroute): whatever a rank wrote reaches node 0 byte for byte."""
+    """Pod mode's console lines (xrun.launch.output.consoleroute): whatever a rank wrote reaches node 0 byte for byte."""
     frame = encode(channel.output_message(fd, data))
     (msg,) = FrameReader().feed(frame)
     assert channel.output_bytes(msg) == (fd, data)

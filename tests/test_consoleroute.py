@@ -1,9 +1,9 @@
-"""Where a node's console goes (xrun.launch.consoleroute): local fds, and in pod mode node 0's console too."""
+"""Where a node's console goes (xrun.launch.output.consoleroute): local fds, and in pod mode node 0's console too."""
 
 import os
 
-from xrun.launch import consoleroute
-from xrun.launch.consoleroute import Route, console_write, routed
+from xrun.launch.output import consoleroute
+from xrun.launch.output.consoleroute import Route, console_write, routed
 
 
 def _pipe_write(route, data=b"line\n"):

@@ -9,12 +9,12 @@ import threading
 import time
 
 from tests.conftest import ROOT
-from xrun.launch import channel
+from xrun import channel
 from xrun.launch.spec import LaunchOptions
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
-from xrun.runner.control import ControlServer
+from xrun.runner.job.server import ControlServer
+from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.status import PlainStatus
 
 RANK = """
 import os, sys, time

@@ -6,8 +6,8 @@ import threading
 
 from bench.control_server import NoSessions, world_plan
 from bench.loadgen import LoadGen
-from xrun.runner.control import ControlServer
-from xrun.runner.job import NodeState
+from xrun.runner.job.machine import NodeState
+from xrun.runner.job.server import ControlServer
 
 AGENTS = 300
 TOKEN = "s" * 64

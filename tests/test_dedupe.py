@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from xrun.launch.dedupe import WINDOW_S, LineMerger, compact, expand, label
-from xrun.launch.output import split_lines
+from xrun.launch.output.dedupe import WINDOW_S, LineMerger, compact, expand, label
+from xrun.launch.output.streams import split_lines
 
 
 class Out:
@@ -289,8 +289,8 @@ def test_a_failing_rank_among_chatty_ranks_has_its_own_complete_tail(tmp_path):
 
 
 def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
-    from xrun.launch.dedupe import FLOOD_LINES
-    from xrun.launch.output import Console, RankStream
+    from xrun.launch.output.dedupe import FLOOD_LINES
+    from xrun.launch.output.streams import Console, RankStream
 
     r, w = os.pipe()
     try:
@@ -310,8 +310,7 @@ def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
 
 
 def test_held_bytes_are_bounded(monkeypatch):
-    from xrun.launch import dedupe
-
+    from xrun.launch.output import dedupe
     monkeypatch.setattr(dedupe, "MAX_HELD_BYTES", 10)
     assert play([(0, 0, b"abcdef\n"), (0, 0, b"ghijkl\n")], flush_at=0) == [b"[h:0] abcdef\n"]
 
@@ -330,7 +329,7 @@ print("own", os.environ["RANK"], flush=True)
 class RelayedSessions:
     def __init__(self, plan, endpoint, merger):
         from xrun.runner.backends.channel import agent_connect_argv
-        from xrun.runner.relay import NodeLines
+        from xrun.runner.job.relay import NodeLines
 
         self.lines = NodeLines(merger)
         self.procs = {}
@@ -367,12 +366,12 @@ class RelayedSessions:
 
 
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
-    from xrun.launch.posix import write_all
+    from xrun.launch.procs.posix import write_all
     from xrun.launch.spec import LaunchOptions
     from xrun.runner.backends.channel import Endpoint
-    from xrun.runner.control import ControlServer
+    from xrun.runner.job.server import ControlServer
+    from xrun.runner.job.status import PlainStatus
     from xrun.runner.plan import JobRequest, make_plan
-    from xrun.runner.status import PlainStatus
 
     script = tmp_path / "rank.py"
     script.write_text(SHARED_AND_OWN)

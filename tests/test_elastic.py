@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import ROOT, run_xrun
 from xrun.errors import UsageError
-from xrun.launch import rdzv
 from xrun.launch.cli import parse_agent_argv
-from xrun.launch.elastic import attempt_result, failure_outcomes, rank_script, start_line
-from xrun.launch.result import RankOutcome
+from xrun.launch.elastic import rdzv
+from xrun.launch.elastic.run import attempt_result, failure_outcomes, rank_script, start_line
+from xrun.launch.result.outcome import RankOutcome
 from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
 from xrun.runner.cli import parse_request, plan_job
 

@@ -21,20 +21,14 @@ import pytest
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
 from tests.test_control import LocalSessions
+from xrun.channel import Kind, message
 from xrun.errors import XrunError
-from xrun.launch.channel import Kind, message
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import agent_argv
-from xrun.launch.doctor import QuietWatch, Silence
-from xrun.launch.result import HANG_EXIT
-from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
-from xrun.launch.stackdump import (
+from xrun.launch.doctor.node_doctor import QuietWatch, Silence
+from xrun.launch.doctor.stackdump import (
     EXITED,
     PTRACE_HINT,
-    DumpTarget,
-    Frame,
-    RankStack,
-    ThreadStack,
     dump_ranks,
     explain,
     has_exited,
@@ -42,14 +36,17 @@ from xrun.launch.stackdump import (
     pyspy_path,
     stack_problem,
 )
-from xrun.launch.stackview import compact, full_text, merge, rank_ranges, render
+from xrun.launch.result.outcome import HANG_EXIT
+from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
+from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
+from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
 from xrun.runner.backends.channel import Endpoint
-from xrun.runner.control import ControlServer
-from xrun.runner.headdoctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
-from xrun.runner.job import Job, JobConfig
-from xrun.runner.jobevents import Hung, SignalReceived
+from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
+from xrun.runner.job.events import Hung, SignalReceived
+from xrun.runner.job.machine import Job, JobConfig
+from xrun.runner.job.server import ControlServer
+from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.status import PlainStatus
 
 
 def thread(*frames: tuple[str, str, int]) -> ThreadStack:

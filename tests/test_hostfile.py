@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun.errors import HostfileError
-from xrun.runner.hostfile import parse_hostfile, read_hostfile
+from xrun.runner.hosts.hostfile import parse_hostfile, read_hostfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""The job state machine (xrun.runner.job) without sockets: tables of event sequences -> actions and exit code.
+"""The job state machine (xrun.runner.job.machine) without sockets: tables of event sequences -> actions and exit code.
 
 A step is an event, or a float that sets the clock for the events after it. Each row plays ``before`` (its
 actions are not checked), then ``steps``, and compares the actions that matter (sends, drops, lines: not the
@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun import __version__
-from xrun.runner.job import ElasticRule, Job, JobConfig, NodeState, Refusal, SendSpecs, reachable
-from xrun.runner.jobevents import (
+from xrun.runner.job.events import (
     Admit,
     AgentError,
     ConnectionLost,
@@ -38,7 +37,8 @@ from xrun.runner.jobevents import (
     TurnAway,
     Verdict,
 )
-from xrun.runner.jobreport import report_lines
+from xrun.runner.job.machine import ElasticRule, Job, JobConfig, NodeState, Refusal, SendSpecs, reachable
+from xrun.runner.job.report import report_lines
 
 HOSTS = ("a", "b", "c")
 STATIC = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_size=4)

@@ -1,4 +1,4 @@
-"""The job's counts (``xrun.runner.job._Tally``, issue 15) always equal a scan of its nodes: the rules read the
+"""The job's counts (``xrun.runner.job.machine._Tally``, issue 15) always equal a scan of its nodes: the rules read the
 counts after every message instead of scanning 10,000 nodes, so any drift would change a barrier or a verdict."""
 
 import signal
@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun import __version__
-from xrun.runner.job import _OVER, _UP, Job, JobConfig, NodeState
-from xrun.runner.jobevents import (
+from xrun.runner.job.events import (
     AgentError,
     ConnectionLost,
     Done,
@@ -19,6 +18,7 @@ from xrun.runner.jobevents import (
     SignalReceived,
     Tick,
 )
+from xrun.runner.job.machine import _OVER, _UP, Job, JobConfig, NodeState
 
 HOSTS = ("a", "b", "c", "c")  # two nodes on one host: a session ending names both
 CONFIG = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_size=4)

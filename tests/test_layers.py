@@ -2,7 +2,7 @@
 only for type checking.
 
 * ``xrun.launch`` (every node) never imports ``xrun.runner`` (the head), at any level;
-* only the elastic adapter (``xrun/launch/elastic*.py``) imports torch;
+* only the elastic adapter (``xrun/launch/elastic/``) imports torch;
 * the module-level imports inside ``xrun`` have no cycle, not even counting the type-checking ones (a
   function-level import may point back up: it runs after both modules are loaded);
 * reading every backend's traits loads nothing heavy (paramiko, psutil, rich, torch, the control server).
@@ -164,8 +164,97 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
         "import sys\n"
         "from xrun.runner.backends import backend_traits, known_backends\n"
         "traits = {name: backend_traits(name) for name in known_backends()}\n"
-        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.control', 'xrun.runner.sshconn')\n"
+        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.server', 'xrun.runner.backends.sshconn')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- folders by concept (issue 21) --------------------------------------------------------------------------------
+# Each layer's units, lowest first: a unit may import (at module level, or for type checking) only units of a
+# lower or the same rank; function-level imports may point up (they run after both sides are loaded). A folder is
+# one unit; a top-level module of a layer is a unit of its own. The head's backend registry (backends/__init__) is
+# the planner's to ask, so it ranks with the plan, below the backends it names (it loads them lazily).
+RANKS = {
+    "xrun.launch": [
+        {"xrun.launch.procs", "xrun.launch.spec"},
+        {"xrun.launch.output"},
+        {"xrun.launch.result"},
+        {"xrun.launch.ranks"},
+        {"xrun.launch.doctor"},
+        {"xrun.launch.elastic"},
+        {"xrun.launch.agent", "xrun.launch.cli", "xrun.launch.command", "xrun.launch.connect",
+         "xrun.launch.engine_env", "xrun.launch.preflight", "xrun.launch.__main__"},
+    ],
+    "xrun.runner": [
+        {"xrun.runner.hosts"},
+        {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.pod_options", "xrun.runner.envpass",
+         "xrun.runner.backends.__init__"},
+        {"xrun.runner.job"},
+        {"xrun.runner.pod"},
+        {"xrun.runner.backends"},
+        {"xrun.runner.cli", "xrun.runner.dryrun", "xrun.runner.validate", "xrun.runner.check"},
+    ],
+}
+LAYER_PACKAGES = set(RANKS) | {"xrun.channel"}
+
+
+def unit_of(module: str) -> str:
+    """The unit a module belongs to: its layer's folder, or itself for a layer's top-level module."""
+    if module == "xrun.runner.backends":
+        return "xrun.runner.backends.__init__"
+    parts = module.split(".")
+    layer = ".".join(parts[:2])
+    if layer not in RANKS or len(parts) < 3:
+        return module
+    folder = ".".join(parts[:3])
+    return folder if (PACKAGE.parent / folder.replace(".", "/") / "__init__.py").exists() else module
+
+
+def rank_of(unit: str) -> int:
+    layer = ".".join(unit.split(".")[:2])
+    for rank, units in enumerate(RANKS[layer]):
+        if unit in units:
+            return rank
+    raise AssertionError(f"{unit} is in no rank of tests/test_layers.py's RANKS: give it its place")
+
+
+def test_every_module_of_a_layer_has_its_place():
+    for module in all_modules():
+        if ".".join(module.split(".")[:2]) in RANKS and module not in RANKS:
+            rank_of(unit_of(module))
+
+
+def test_folders_depend_one_way():
+    upward = []
+    for edge in import_edges():
+        if edge.level is Level.FUNCTION or edge.target not in all_modules():
+            continue
+        source, target = unit_of(edge.source), unit_of(edge.target)
+        layer = ".".join(source.split(".")[:2])
+        if layer not in RANKS or source == target or not target.startswith(layer + ".") or target == layer:
+            continue
+        if rank_of(target) > rank_of(source):
+            upward.append(f"{edge.source} -> {edge.target}")
+    assert upward == []
+
+
+def test_the_channel_imports_neither_layer():
+    bad = [e for e in import_edges() if e.source.startswith("xrun.channel") and e.target.startswith(("xrun.runner", "xrun.launch"))]  # noqa: E501
+    assert bad == []
+
+
+def test_shared_modules_import_no_layer():
+    # errors, values, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
+    shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES and m != "xrun.__main__"]
+    assert "xrun.errors" in shared
+    layers = tuple(LAYER_PACKAGES) + tuple(p + "." for p in LAYER_PACKAGES)
+    bad = [e for e in import_edges() if e.source in shared and e.target.startswith(layers)]
+    assert bad == []
+
+
+def test_every_folder_says_what_it_is_for():
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, f"{init.relative_to(PACKAGE.parent)} has no docstring saying what the folder is for"

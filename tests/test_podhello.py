@@ -1,4 +1,4 @@
-"""Pod mode's hello policy (xrun.runner.podhello) inside the job state machine, as event tables: the channel
+"""Pod mode's hello policy (xrun.runner.pod.hello) inside the job state machine, as event tables: the channel
 key and plan digest decide accept / refuse (exit 2, named) / stray (no word), and the verdict goes to every node.
 """
 
@@ -7,9 +7,8 @@ from dataclasses import replace
 import pytest
 
 from xrun import __version__
-from xrun.runner.digest import make_digest
-from xrun.runner.job import REFUSED_EXIT, Job, JobConfig
-from xrun.runner.jobevents import (
+from xrun.runner.job.digest import make_digest
+from xrun.runner.job.events import (
     Admit,
     Done,
     HelloReceived,
@@ -22,7 +21,8 @@ from xrun.runner.jobevents import (
     Tick,
     TurnAway,
 )
-from xrun.runner.podhello import PodHello
+from xrun.runner.job.machine import REFUSED_EXIT, Job, JobConfig
+from xrun.runner.pod.hello import PodHello
 
 HOSTS = ("n0", "n1", "n2")
 FIELDS = {"xrun": __version__, "script": "train.py", "args": ["--lr", "0.1"], "launch": {"mode": "script"},

@@ -15,11 +15,11 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.test_pod_run import Pod
 from xrun.errors import PortBusyError
-from xrun.launch.report import format_failure_report
-from xrun.launch.result import NodeResult, RankOutcome
+from xrun.launch.result.outcome import NodeResult, RankOutcome
+from xrun.launch.result.report import format_failure_report
 from xrun.net import master_port, port_in_use
-from xrun.runner.job import Job, JobConfig, SendSpecs
-from xrun.runner.jobevents import AgentError, HelloReceived, Ready, SendSpec, SendStart
+from xrun.runner.job.events import AgentError, HelloReceived, Ready, SendSpec, SendStart
+from xrun.runner.job.machine import Job, JobConfig, SendSpecs
 
 
 @pytest.fixture

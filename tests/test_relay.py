@@ -2,7 +2,7 @@ import os
 import tempfile
 import time
 
-from xrun.runner.relay import LineRelay
+from xrun.runner.job.relay import LineRelay
 
 
 def relayed(pieces_by_stream):
@@ -42,7 +42,7 @@ def test_endless_line_is_passed_on_in_pieces():
 
 
 def merged(pieces_by_host):
-    from xrun.launch.dedupe import LineMerger
+    from xrun.launch.output.dedupe import LineMerger
 
     with tempfile.TemporaryFile() as sink:
         merger = LineMerger(os.write, window=10.0)
@@ -68,7 +68,7 @@ def test_unlabelled_lines_pass_unmerged_in_their_place():
 
 
 def test_read_label():
-    from xrun.runner.relay import read_label
+    from xrun.runner.job.relay import read_label
 
     assert read_label(b"[h:0-2,5] text\n") == ("h", [0, 1, 2, 5], b"text\n")
     assert read_label(b"[fe80::1:3] x\n") == ("fe80::1", [3], b"x\n")
@@ -77,9 +77,9 @@ def test_read_label():
 
 
 def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
-    """Node 0's server (xrun.runner.podserver) gets each node's console writes as messages, split anywhere."""
-    from xrun.launch.dedupe import LineMerger
-    from xrun.runner.relay import NodeLines
+    """Node 0's server (xrun.runner.pod.server) gets each node's console writes as messages, split anywhere."""
+    from xrun.launch.output.dedupe import LineMerger
+    from xrun.runner.job.relay import NodeLines
 
     with tempfile.TemporaryFile() as sink:
         lines = NodeLines(LineMerger(lambda fd, data: os.write(sink.fileno(), data), window=10.0))
@@ -94,7 +94,7 @@ def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
 
 
 def test_a_flood_at_the_head_is_written_as_it_comes_after_what_is_held():
-    from xrun.launch.dedupe import FLOOD_LINES
+    from xrun.launch.output.dedupe import FLOOD_LINES
 
     flood = b"".join(b"[n1:0] line %d\n" % i for i in range(FLOOD_LINES + 1))
     out = merged([("n2", b"[n2:1] held\n"), ("n1", flood), ("n2", b"[n2:1] after\n")])
@@ -105,8 +105,8 @@ def test_a_flood_at_the_head_is_written_as_it_comes_after_what_is_held():
 def test_the_head_waits_for_the_other_nodes_copies_of_a_line_several_ranks_said():
     """One node's copy of a shared line already names several ranks: the head waits up to the late window for the
     other nodes' copies (nodes start apart), and writes the line as soon as every rank has said it."""
-    from xrun.launch.dedupe import LineMerger
-    from xrun.runner.relay import NodeLines
+    from xrun.launch.output.dedupe import LineMerger
+    from xrun.runner.job.relay import NodeLines
 
     out = []
     lines = NodeLines(LineMerger(lambda fd, data: out.append(data), expected=6))

@@ -6,8 +6,8 @@ import json
 import os
 import signal
 
-from xrun.launch.report import failure_json, format_failure_report, write_failure_json
-from xrun.launch.result import NodeResult, RankOutcome, describe_status
+from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
+from xrun.launch.result.report import failure_json, format_failure_report, write_failure_json
 
 
 def outcome(rank: int, **kw) -> RankOutcome:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun.errors import UsageError
-from xrun.runner.secret import TOKEN_ENV, UNAUTHENTICATED_NOTICE, auth_notice, channel_key, load_token
+from xrun.runner.pod.secret import TOKEN_ENV, UNAUTHENTICATED_NOTICE, auth_notice, channel_key, load_token
 
 
 def test_no_token_means_unauthenticated():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xrun.runner.slurm_alloc import (
+from xrun.runner.hosts.slurm_alloc import (
     Allocation,
     SlurmAllocationError,
     allocation_hosts,

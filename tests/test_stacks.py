@@ -14,11 +14,13 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.test_control import LocalSessions
 from xrun.errors import SelectionError, UnknownHostError, UsageError
-from xrun.launch import ranks as ranks_module
-from xrun.launch.binding import Cpu, Topology, plan_binding
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.devices import (
+from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
+from xrun.launch.output.streams import prefix_lines
+from xrun.launch.ranks import processes as ranks_module
+from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
+from xrun.launch.ranks.devices import (
     VISIBILITY,
     Devices,
     Vendor,
@@ -27,11 +29,9 @@ from xrun.launch.devices import (
     hides_devices,
     visible_devices,
 )
-from xrun.launch.elastic import attempt_result, failure_outcomes, waiting_line
-from xrun.launch.errorfile import RankError, parse_error, read_error_file
-from xrun.launch.hints import LOCAL_RANK_FIX, failure_hint
-from xrun.launch.output import prefix_lines
-from xrun.launch.ranks import gpu_nodes, omp_threads, rank_environment
+from xrun.launch.ranks.processes import gpu_nodes, omp_threads, rank_environment
+from xrun.launch.result.errorfile import RankError, parse_error, read_error_file
+from xrun.launch.result.hints import LOCAL_RANK_FIX, failure_hint
 from xrun.launch.spec import (
     AgentOptions,
     ElasticOptions,
@@ -44,15 +44,15 @@ from xrun.launch.spec import (
 )
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.channel import Endpoint
-from xrun.runner.control import ControlServer
-from xrun.runner.jobevents import Failure, Verdict
-from xrun.runner.jobreport import report_lines
-from xrun.runner.local import local_pool
+from xrun.runner.backends.routes import peer_address
+from xrun.runner.hosts.local import local_pool
+from xrun.runner.hosts.selection import Selection
+from xrun.runner.job.events import Failure, Verdict
+from xrun.runner.job.report import report_lines
+from xrun.runner.job.server import ControlServer
+from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import SshSettings
-from xrun.runner.routes import peer_address
-from xrun.runner.selection import Selection
-from xrun.runner.status import PlainStatus
 
 PRINT_OMP = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
 

@@ -19,12 +19,12 @@ import uuid
 import pytest
 
 from tests.cluster.harness import processes_with_marker
-from xrun.launch import proctable
-from xrun.launch.output import prefix_lines
-from xrun.launch.ranks import RankProcess
-from xrun.launch.report import format_failure_report
-from xrun.launch.result import NodeResult, RankOutcome
-from xrun.launch.supervise import RankGroup, SuperviseOptions
+from xrun.launch.output.streams import prefix_lines
+from xrun.launch.procs import proctable
+from xrun.launch.ranks.processes import RankProcess
+from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
+from xrun.launch.result.outcome import NodeResult, RankOutcome
+from xrun.launch.result.report import format_failure_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_PY = os.path.join(HERE, "procs", "rank.py")

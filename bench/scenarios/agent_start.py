@@ -2,7 +2,7 @@
 ``python -m xrun.launch --connect`` with one ``/bin/true`` rank (import, hello, spec, preflight, ready, start,
 the rank's supervision, done, exit), against ``python -c pass``: what any Python process costs here.
 
-The runner is a stub in this process speaking the channel protocol (``xrun.launch.channel``): it accepts the
+The runner is a stub in this process speaking the channel protocol (``xrun.channel``): it accepts the
 agent's hello, sends a one-rank node spec (planned by xrun's own planner, the rank's argv replaced by
 ``/bin/true`` so that no second interpreter is counted), answers ``ready`` with ``start`` and reads until
 ``done``. CPU is user + system time from ``wait4``: the agent's own plus its reaped children's (the forked
@@ -116,8 +116,8 @@ def agent_trial(env: dict[str, str], spec: dict[str, Any], flags: list[str]) -> 
 
 def _serve_one(sock: socket.socket, spec: dict[str, Any], t0: float) -> tuple[float | None, str | None]:
     """The runner's side of one node's life; (seconds to ready, what went wrong)."""
-    from xrun.launch import channel
-    from xrun.launch.channel import Kind, message
+    from xrun import channel
+    from xrun.channel import Kind, message
 
     reader = channel.FrameReader()
     seen: list[str] = []

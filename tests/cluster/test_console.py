@@ -13,7 +13,7 @@ import pytest
 from tests.cluster.test_multinode import job  # noqa: F401 - the fixture: xrun against the cluster
 from tests.cluster.test_pod import PORT as POD_PORT
 from tests.cluster.test_pod import PodJob, codes
-from xrun.launch.dedupe import expand
+from xrun.launch.output.dedupe import expand
 
 pytestmark = pytest.mark.cluster
 

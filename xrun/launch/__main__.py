@@ -4,7 +4,7 @@ Either way the process ends with ``posix.leave`` (no interpreter teardown)."""
 
 import sys
 
-from xrun.launch.posix import leave
+from xrun.launch.procs.posix import leave
 
 if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # xrun.launch.cli.is_connect_mode, unimported
     from xrun.launch.connect import main as connect_main

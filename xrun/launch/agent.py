@@ -1,10 +1,10 @@
 """The node agent: one NodeSpec in, supervised rank processes, one exit code out.
 
-Pipeline: spec -> ranks (xrun.launch.ranks: environment, core binding, a per-run directory of
-``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.supervise: own
-sessions, event loop; xrun.launch.doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
-(xrun.launch.elastic) -> NodeResult -> report
-(xrun.launch.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding, a per-run directory of
+``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
+sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
+(xrun.launch.elastic.run) -> NodeResult -> report
+(xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-from xrun.launch.doctor import NodeDoctor
-from xrun.launch.errorfile import ErrorFiles
-from xrun.launch.ranks import rank_processes
-from xrun.launch.report import conclude
-from xrun.launch.result import NodeResult, RankOutcome
+from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.ranks.processes import rank_processes
+from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
+from xrun.launch.result.errorfile import ErrorFiles
+from xrun.launch.result.outcome import NodeResult, RankOutcome
+from xrun.launch.result.report import conclude
 from xrun.launch.spec import NodeSpec
-from xrun.launch.supervise import RankGroup, SuperviseOptions
 
 
 class AgentHooks(Protocol):
@@ -52,7 +52,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
 def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     """Run this node's ranks to the end; print the failure report; return the node's exit code."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
-        from xrun.launch.elastic import run_elastic
+        from xrun.launch.elastic.run import run_elastic
 
         result = run_elastic(spec, hooks=hooks)
     else:

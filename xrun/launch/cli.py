@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch import rdzv
 from xrun.launch.command import AgentCommand
-from xrun.launch.result import HANG_EXIT
+from xrun.launch.elastic import rdzv
+from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,

@@ -62,7 +62,7 @@ class AgentCommand:
     elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
-        from xrun.launch.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
+        from xrun.launch.elastic.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
 
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)

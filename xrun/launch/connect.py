@@ -12,8 +12,8 @@ value ever appear on a command line. Then:
 pings even while the event loop is busy and notices a silent runner after ``DEAD_AFTER`` s) and wakes the
 rank group's event loop through a pipe; ``stop`` and connection loss both become ``group.request_stop``
 (a ``stop`` with ``stacks`` after the survivors' stacks are taken for the report). It is also the hang doctor's
-link (xrun.launch.doctor): ``dump`` is answered with ``stacks``, and SIGQUIT, silence and speech go to the head
-as ``want_stacks``, ``quiet`` and ``spoke``.
+link (xrun.launch.doctor.node_doctor): ``dump`` is answered with ``stacks``, and SIGQUIT, silence and speech go to
+the head as ``want_stacks``, ``quiet`` and ``spoke``.
 Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down. Any other message
 (pod mode's ``verdict``) waits in an inbox for ``next_message``; a lost channel puts None there.
 
@@ -43,19 +43,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from xrun import __version__
+from xrun import __version__, channel
+from xrun.channel import STOP_STACKS, ChannelError, Kind, message
 from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch import channel
-from xrun.launch.channel import STOP_STACKS, ChannelError, Kind, message
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
-from xrun.launch.doctor import NodeDoctor
+from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity
-from xrun.launch.errorfile import error_lines
 from xrun.launch.preflight import check_spec
+from xrun.launch.result.errorfile import error_lines
+from xrun.launch.result.stacks import RankStack
+from xrun.launch.result.summary import RankFigures
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
-from xrun.launch.stackdump import RankStack
-from xrun.launch.summary import RankFigures
 from xrun.net import master_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
@@ -211,7 +210,7 @@ class ChannelHooks:
         ))
         self.result_delivered = self._connected
 
-    # -- the doctor's link (xrun.launch.doctor.DoctorLink) ---------------------------------------------------
+    # -- the doctor's link (xrun.launch.doctor.node_doctor.DoctorLink) -------------------------------------------
 
     def stacks_wanted(self, reason: str) -> None:
         self.send(message(Kind.WANT_STACKS, reason=reason))
@@ -243,7 +242,7 @@ class ChannelHooks:
             self._connected = False  # the reader thread reports the loss
 
     def forward_output(self, fd: int, data: bytes) -> bool:
-        """Pod mode: hand a console write to node 0 (xrun.launch.consoleroute). False: the channel is gone."""
+        """Pod mode: hand a console write to node 0 (xrun.launch.output.consoleroute). False: the channel is gone."""
         self.send(channel.output_message(fd, data))
         return self._connected
 

@@ -102,7 +102,7 @@ class HangAction(enum.Enum):
     """What ``--hang_timeout`` does once no rank anywhere has written output for that long (issue 14)."""
 
     DUMP = "dump"  # print the merged stacks and go on; again only after new output and another silence
-    STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.launch.result)
+    STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.launch.result.outcome)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class AgentOptions:
     log_dir: str | None = None
     prefix: bool = True
     quiet: bool = False
-    dedupe: bool = True  # identical console lines of several ranks shown once (xrun.launch.dedupe); --no_dedupe
+    dedupe: bool = True  # identical console lines of several ranks shown once (xrun.launch.output.dedupe); --no_dedupe
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     bind_cores: bool = False
     bind_core_list: str | None = None
@@ -134,7 +134,7 @@ class ElasticOptions:
     """``--elastic``: torch's elastic agent runs the node's ranks (restarts, nodes leaving and joining).
 
     ``min_nodes``/``max_nodes`` are None only in a request (the planner fills them from the world);
-    ``rdzv_conf`` holds the user's ``--rdzv_conf`` keys, already checked against ``xrun.launch.rdzv``.
+    ``rdzv_conf`` holds the user's ``--rdzv_conf`` keys, already checked against ``xrun.launch.elastic.rdzv``.
     """
 
     min_nodes: int | None = None

@@ -28,10 +28,10 @@ from xrun import __version__
 from xrun.argsplit import spellings
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.runner.hostfile import read_hostfile
-from xrun.runner.local import local_pool
+from xrun.runner.hosts.hostfile import read_hostfile
+from xrun.runner.hosts.local import local_pool
+from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
-from xrun.runner.selection import Selection, select
 from xrun.shell import render
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg
 
@@ -131,7 +131,7 @@ def probe_here(host: str, ns: argparse.Namespace) -> Probes:
 
 
 def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
-    from xrun.runner.sshconn import Connected, close_all, connect_all
+    from xrun.runner.backends.sshconn import Connected, close_all, connect_all
 
     results = connect_all(list(commands), settings)
     try:

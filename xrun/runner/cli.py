@@ -20,13 +20,15 @@ from xrun.launch.cli import (
     elastic_options,
     launch_options,
 )
-from xrun.launch.posix import leave
+from xrun.launch.procs.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.backends import backend_traits, engine_backends, known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
-from xrun.runner.hostfile import read_hostfile
-from xrun.runner.local import local_pool
+from xrun.runner.hosts.hostfile import read_hostfile
+from xrun.runner.hosts.local import local_pool
+from xrun.runner.hosts.selection import Pool, Selection, select
+from xrun.runner.hosts.slurm_alloc import discover_allocation, in_allocation
 from xrun.runner.plan import (
     JobRequest,
     Plan,
@@ -37,11 +39,9 @@ from xrun.runner.plan import (
     with_free_port,
     with_local_exports,
 )
-from xrun.runner.pod import place_job
+from xrun.runner.pod.place import place_job
 from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
-from xrun.runner.selection import Pool, Selection, select
-from xrun.runner.slurm_alloc import discover_allocation, in_allocation
 from xrun.runner.validate import validate
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
 
@@ -161,7 +161,7 @@ def choose_backend(request: JobRequest, world: Pool) -> str:
 
 
 def plan_job(request: JobRequest) -> Plan:
-    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod)
+    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod.place)
     world = select(pool if pool is not None else resource_pool(request), request.selection)
     backend = choose_backend(request, world)
     traits = backend_traits(backend)

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 from xrun.errors import EnvFileError, UsageError
-from xrun.runner.smallfile import SmallFileError, read_regular_bytes
+from xrun.runner.hosts.smallfile import SmallFileError, read_regular_bytes
 
 PREFIXES = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW", "GLOO", "TORCH", "CUDA", "HF_", "WANDB")
 BLOCKED_NAMES = frozenset({"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "HOME"})

@@ -20,7 +20,7 @@ from enum import Enum
 
 from xrun.errors import UsageError
 from xrun.launch.command import AgentCommand
-from xrun.launch.rdzv import resolve_elastic
+from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.spec import (
     AgentOptions,
     ElasticOptions,
@@ -36,10 +36,10 @@ from xrun.launch.spec import (
 from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits
-from xrun.runner.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.hosts.selection import Selection
 from xrun.runner.pod_options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
-from xrun.runner.selection import Selection
 from xrun.values import MAX_RANKS
 
 
@@ -69,7 +69,7 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
     cwd: str | None = None  # remote agents chdir here
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
-    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod)
+    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.place)
 
 
 @dataclass(frozen=True)

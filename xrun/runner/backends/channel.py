@@ -2,7 +2,7 @@
 agent command pointing at it, and ``run_over_channel``, which opens the control server around the backend's
 own way of starting the agents.
 
-    addresses (xrun.runner.routes) -> token -> ControlServer.listen -> start(endpoints) -> server.run(sessions)
+    addresses (xrun.runner.backends.routes) -> token -> ControlServer.listen -> start(endpoints) -> server.run(sessions)
 
 A backend's ``execute`` does only what differs: choose the addresses, then start its sessions (pdsh: one
 process; engines: one engine process; ssh: one exec channel per host) given the endpoints.
@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from xrun.channel import ChannelError
 from xrun.errors import UsageError
-from xrun.launch.channel import ChannelError
 from xrun.launch.command import TOKEN_ON_STDIN, connect_argv, connect_target
 
 if TYPE_CHECKING:
-    from xrun.runner.control import Sessions
+    from xrun.runner.job.server import Sessions
     from xrun.runner.plan import Plan
 
 TOKEN_BYTES = 32
@@ -64,7 +64,7 @@ def run_over_channel(plan: Plan, addrs: Mapping[str, str], start: Callable[[Endp
     ``start`` and run the job to its exit code. The server is closed if starting fails."""
     import secrets  # noqa: PLC0415 - only a real run needs a token (a dry run prints placeholders)
 
-    from xrun.runner.control import ControlServer  # noqa: PLC0415 - the server loads only for a real run
+    from xrun.runner.job.server import ControlServer  # noqa: PLC0415 - the server loads only for a real run
 
     token = secrets.token_hex(TOKEN_BYTES)
     server = ControlServer(plan, token, join_timeout=plan.request.remote.join_timeout)

@@ -2,7 +2,7 @@
 
 Its stdout goes straight to ours, or, with the head's de-duplication (``--dedupe`` on a job of several nodes),
 through the control loop into the job's one ``LineMerger``: each line's node is read from its rank label
-(xrun.runner.relay), so the same line from every node is shown once (issue 17). Its exit is seen through a
+(xrun.runner.job.relay), so the same line from every node is shown once (issue 17). Its exit is seen through a
 pidfd in the control server's event loop. Its
 stderr is relayed through that loop as it comes, because that is where a node that could not be reached is
 first told: hydra prints ``ssh: connect to host node1 port 22: Connection refused`` and then waits for the
@@ -21,8 +21,8 @@ import sys
 import time
 from typing import IO, Any
 
-from xrun.launch.dedupe import LineMerger
-from xrun.runner.relay import LineRelay
+from xrun.launch.output.dedupe import LineMerger
+from xrun.runner.job.relay import LineRelay
 
 # What OpenSSH and pdsh print when a node cannot be reached, each naming the host (group 1).
 _UNREACHABLE = (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from xrun.launch.binding import format_cpus
 from xrun.launch.command import agent_argv
-from xrun.launch.ranks import gpu_nodes, plan_bindings
+from xrun.launch.ranks.binding import format_cpus
+from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan

@@ -18,14 +18,14 @@ import subprocess
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.launch.dedupe import LineMerger
+from xrun.launch.output.dedupe import LineMerger
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
+from xrun.runner.backends.routes import control_address
+from xrun.runner.job.relay import head_merger
 from xrun.runner.plan import Plan
-from xrun.runner.relay import head_merger
 from xrun.runner.remote_options import RemoteOptions, openssh_args
-from xrun.runner.routes import control_address
 from xrun.shell import render
 
 TERMINATE_WAIT = 2.0

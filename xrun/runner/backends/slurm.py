@@ -17,8 +17,8 @@
 from __future__ import annotations
 
 from xrun.runner.backends.engine import EngineBackend, host_list
+from xrun.runner.hosts.slurm_alloc import in_allocation
 from xrun.runner.plan import Plan
-from xrun.runner.slurm_alloc import in_allocation
 
 
 class SlurmBackend(EngineBackend):

@@ -2,7 +2,7 @@
 
 Each node runs ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-`` and reads the run
 token from the session's stdin, so the token is in no argv on any machine. Everything else travels over the
-control channel (``xrun.runner.control``). Connection settings: ``xrun.runner.sshconn``.
+control channel (``xrun.runner.job.server``). Connection settings: ``xrun.runner.backends.sshconn``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xrun.launch.dedupe import LineMerger
+from xrun.launch.output.dedupe import LineMerger
 from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
+from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.plan import Plan
-from xrun.runner.relay import NodeLines, head_merger
 from xrun.shell import render
 
 
@@ -47,7 +47,7 @@ class SshBackend:
 
     def execute(self, plan: Plan) -> int:
         # paramiko loads here, only when the ssh backend really runs.
-        from xrun.runner.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
+        from xrun.runner.backends.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
 
         results = connect_all([node.host for node in plan.nodes], plan.request.remote.ssh)
         try:
@@ -64,7 +64,7 @@ class SshBackend:
 
 class SshSessions:
     """The exec channels that carry the agents; their output is relayed in whole lines, and with ``merger``
-    identical lines of every node are shown once (xrun.runner.relay)."""
+    identical lines of every node are shown once (xrun.runner.job.relay)."""
 
     def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints,
                  merger: LineMerger | None = None) -> None:

@@ -1,0 +1,81 @@
+"""The control channel's message kinds: what the runner and each node agent say to each other.
+
+The agent (``xrun.launch.connect``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
+import this package; neither defines a message of its own.
+
+Agent -> runner                                   Runner -> agent
+  hello(token, node_rank, host, pid, addr,          spec(spec)            after a valid hello only (head mode)
+        versions[, digest])                         accept                after a valid hello (pod mode)
+  ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
+  started                                           start(master_addr, master_port)   the start barrier
+  rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
+              tail, figures)
+  done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
+  pong / error(message)                                     stopped_after)   pod mode: how the job ended
+  want_stacks(reason)   SIGQUIT reached an agent    ping
+  stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
+    (id "stop": taken before a stop, sent before done)
+  quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
+  output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
+                     shown on node 0's console
+
+Pod mode (``xrun.runner.pod.run``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
+(``xrun.runner.pod.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
+exits with the code its ``verdict`` carries.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from xrun.channel.framing import ChannelError, Message
+
+
+class Kind(str, enum.Enum):
+    """Every message type on the wire (the ``"type"`` field)."""
+
+    HELLO = "hello"
+    SPEC = "spec"
+    READY = "ready"
+    START = "start"
+    STARTED = "started"
+    RANK_EXITED = "rank_exited"
+    DONE = "done"
+    STOP = "stop"
+    PING = "ping"
+    PONG = "pong"
+    ERROR = "error"
+    ACCEPT = "accept"  # pod mode: the hello's key and plan digest match node 0's
+    WAITING = "waiting"  # pod mode: the barrier's status, for every node's console
+    VERDICT = "verdict"  # pod mode: the job's exit code and root cause, once every node is over
+    SIGNAL = "signal"  # --forward_signals: pass this signal on to every rank; the job goes on
+    DUMP = "dump"  # the hang doctor (issue 14): take every live rank's stack, answer with stacks
+    STACKS = "stacks"  # a node's answer to dump: its ranks' stacks, or the problem that prevents them
+    WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
+    QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
+    SPOKE = "spoke"  # the first output after quiet
+    OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
+
+
+STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
+
+
+STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
+
+
+def message(kind: Kind, **fields: Any) -> Message:
+    return {"type": kind.value, **fields}
+
+
+def output_message(fd: int, data: bytes) -> Message:
+    """A console write as a message; its bytes survive the trip whatever they are (see ``output_bytes``)."""
+    return message(Kind.OUTPUT, fd=fd, text=data.decode("utf-8", "surrogateescape"))
+
+
+def output_bytes(msg: Message) -> tuple[int, bytes]:
+    """An output message's console fd and its bytes, as the node wrote them."""
+    fd, text = msg.get("fd"), msg.get("text")
+    if fd not in (1, 2) or isinstance(fd, bool) or not isinstance(text, str):
+        raise ChannelError(f"output: fd {fd!r} and text of type {type(text).__name__} (want 1 or 2, and a string)")
+    return fd, text.encode("utf-8", "surrogateescape")

@@ -1,0 +1,219 @@
+"""The hang doctor on one node: stacks on demand, the silence watch, and the survivors' stacks at a failure.
+
+``NodeDoctor`` plugs into a RankGroup (xrun.launch.ranks.supervise ``Plugins``) before it runs:
+
+* SIGQUIT (Ctrl-\\, as the JVM's thread dump) -> ``link.stacks_wanted``;
+* a timer every ``min(1 s, timeout / 4)`` reads and clears the console's ``heard`` flag (no clock on the output
+  path): after ``--hang_timeout`` seconds without output from any of the node's ranks -> ``link.quiet``, and
+  the first output after that -> ``link.spoke``;
+* at the first failure, before the others are stopped: their stacks within ``FAILURE_BUDGET`` seconds go into
+  the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off).
+
+The link decides what a request means. Alone (``LocalView``: the local backend, a stand-alone agent) this node
+is the whole job: the doctor takes the stacks, prints the merged view (xrun.launch.result.stackview) and writes the
+full dumps to a file; a silence is the job's hang, and ``--hang_action stop`` stops it (exit code
+``HANG_EXIT``). Under a head the link is the control channel (xrun.launch.connect.ChannelHooks): a SIGQUIT asks
+the head for a job-wide dump, silence and speech are reported to the head, which alone sees every node, and
+``dump`` answers the head's request. Where no stack can be taken (py-spy missing, no ptrace permission), one
+line says why and what to grant; the ranks never notice.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from xrun.launch.doctor.stackdump import (
+    EXITED,
+    FAILURE_BUDGET,
+    ON_DEMAND_BUDGET,
+    StackDumps,
+    dump_ranks,
+    pyspy_path,
+    stack_problem,
+)
+from xrun.launch.output.streams import notice
+from xrun.launch.result.stacks import RankStack
+from xrun.launch.result.stackview import full_text, merge, render
+from xrun.launch.spec import AgentOptions, HangAction
+
+if TYPE_CHECKING:
+    from xrun.launch.ranks.supervise import RankGroup
+
+DumpDone = Callable[[list[RankStack], "str | None"], None]  # the stacks, and why there are none (or None)
+_CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
+
+
+class DoctorLink(Protocol):
+    """Where a node's requests and silences go: this node itself (``LocalView``) or the head."""
+
+    def stacks_wanted(self, reason: str) -> None:
+        """SIGQUIT reached this node's agent."""
+
+    def quiet(self, silent_for: float) -> None:
+        """No rank of this node has written output for ``--hang_timeout`` seconds."""
+
+    def spoke(self) -> None:
+        """A rank wrote output again after ``quiet``."""
+
+
+class Silence(enum.Enum):
+    QUIET = "quiet"
+    SPOKE = "spoke"
+
+
+class QuietWatch:
+    """When a node's ranks went quiet, and when they speak again: one report per silence."""
+
+    def __init__(self, timeout: float, now: float) -> None:
+        self.timeout = timeout
+        self.interval = min(_CHECK_EVERY, timeout / 4)
+        self.last_output = now  # at the granularity of the checks
+        self.next_check = now + self.interval
+        self.reported = False
+
+    def check(self, now: float, heard: bool) -> Silence | None:
+        """``heard``: some output since the last check. Returns what changed, if anything."""
+        self.next_check = now + self.interval
+        if heard:
+            self.last_output = now
+            if self.reported:
+                self.reported = False
+                return Silence.SPOKE
+            return None
+        if not self.reported and now - self.last_output >= self.timeout:
+            self.reported = True
+            return Silence.QUIET
+        return None
+
+
+class NodeDoctor:
+    def __init__(self, host: str, options: AgentOptions, *, environ: Mapping[str, str] = os.environ) -> None:
+        self.host = host
+        self.options = options
+        self._environ = environ
+        self._pyspy = pyspy_path(environ)
+        self._dumps = StackDumps(host, self._pyspy) if self._pyspy is not None else None
+        self._group: RankGroup | None = None
+        self._watch: QuietWatch | None = None
+        self.link: DoctorLink = LocalView(self)
+
+    def attach(self, group: RankGroup) -> None:
+        self._group = group
+        group.plugins.signals[signal.SIGQUIT] = lambda: self.link.stacks_wanted("SIGQUIT")
+        if self._dumps is not None:
+            group.add_reader(self._dumps, self._dumps.ready)
+        if self.options.hang_timeout is not None:
+            self._watch = QuietWatch(self.options.hang_timeout, time.monotonic())
+            group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
+        if self.options.failure_stacks:
+            group.plugins.before_failure_stop = self.take_stop_stacks
+
+    def close(self) -> None:
+        if self._dumps is not None:
+            self._dumps.close()
+
+    @property
+    def group(self) -> RankGroup:
+        assert self._group is not None, "attach() first"
+        return self._group
+
+    def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
+        """Take every live rank's stack in the background; ``on_done(stacks, problem)`` runs in the loop."""
+        problem = stack_problem(self.host, self._environ)
+        if self._dumps is None or problem is not None:
+            on_done([], problem)
+            return
+        if not self._dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
+            notice(self.host, "a stack dump is already running; this request is dropped")
+
+    def take_stop_stacks(self) -> None:
+        """The live ranks' stacks, now and within FAILURE_BUDGET (blocking: they are about to be stopped), kept
+        for the failure report; once per run."""
+        group = self.group
+        if not self.options.failure_stacks or group.stacks or group.stopping:
+            return
+        targets = group.live_targets()
+        if not targets:
+            return
+        if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
+            why = stack_problem(self.host, self._environ) or "py-spy is missing"
+            group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
+            return
+        stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
+        # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
+        group.stacks = tuple(s for s in stacks if s.error != EXITED)
+
+    def _check_quiet(self) -> None:
+        assert self._watch is not None
+        console = self.group.console
+        heard, console.heard = console.heard, False
+        now = time.monotonic()
+        change = self._watch.check(now, heard)
+        if self.group.stopping:
+            return
+        if change is Silence.QUIET:
+            self.link.quiet(now - self._watch.last_output)
+        elif change is Silence.SPOKE:
+            self.link.spoke()
+
+
+class LocalView:
+    """The link of a node that is the whole job: it shows the view itself and acts on a hang."""
+
+    def __init__(self, doctor: NodeDoctor) -> None:
+        self._doctor = doctor
+
+    def stacks_wanted(self, reason: str) -> None:
+        self._doctor.dump(lambda stacks, problem: self._show(stacks, problem, reason))
+
+    def quiet(self, silent_for: float) -> None:
+        options = self._doctor.options
+        reason = f"no rank wrote output for {silent_for:.0f} s (--hang_timeout {options.hang_timeout:g})"
+        self._doctor.dump(lambda stacks, problem: self._hung(stacks, problem, reason))
+
+    def spoke(self) -> None:
+        notice(self._doctor.host, "output again after the silence; the hang watch is re-armed")
+
+    def _hung(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
+        self._show(stacks, problem, reason)
+        if self._doctor.options.hang_action is HangAction.STOP:
+            self._doctor.group.stacks = tuple(stacks)
+            self._doctor.group.stop_hung(f"{reason}; --hang_action stop")
+
+    def _show(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
+        host = self._doctor.host
+        for line in show_stacks(stacks, problem, reason, log_dir=self._doctor.options.log_dir):
+            notice(host, line)
+
+
+def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:
+    """The lines that show a dump: the headline naming the file with the full dumps, then the merged view.
+    Writes that file (under ``log_dir``, else the working directory)."""
+    if problem is not None:
+        return [problem]
+    if not stacks:
+        return [f"{reason}: no rank is running, no stacks to take"]
+    try:
+        path = write_stacks_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
+        where = f"full dumps in {path}"
+    except OSError as err:
+        where = f"full dumps not written: {err.strerror or err}"
+    lines = [f"{reason}: stacks of {len(stacks)} rank{'s' if len(stacks) != 1 else ''}, outliers first; {where}"]
+    return lines + [f"  {line}" for line in render(merge(stacks))]
+
+
+def write_stacks_file(log_dir: str | None, text: str) -> str:
+    """``{log_dir or cwd}/xrun-stacks-YYYYmmdd-HHMMSS-mmm.txt``; returns its path."""
+    directory = log_dir if log_dir is not None else os.getcwd()
+    os.makedirs(directory, exist_ok=True)
+    now = time.time()
+    name = f"xrun-stacks-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{int(now * 1000) % 1000:03d}.txt"
+    path = os.path.join(directory, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path

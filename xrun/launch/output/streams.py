@@ -1,0 +1,373 @@
+"""Rank output on a node: where a rank's lines get their ``[host:rank] `` prefix and reach the console and logs.
+
+* ``RankStream``: one of a rank's output pipes (or FIFOs): its fd, the console fd it is echoed to (1 or 2),
+  its prefix, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
+  stderr, the tail the failure report shows.
+* ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
+  has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (whole lines without the
+  prefix with ``--no_prefix``, nothing with ``--quiet``). A console whose reader went away (``| head``) stops
+  echoing, never logging. Made with ``merge_as=host`` (de-duplication, the default when a node echoes several
+  ranks), it hands complete lines (``split_lines``) to a ``LineMerger`` (xrun.launch.output.dedupe) instead, which
+  writes identical lines of several ranks once, within its window; the event loop sleeps at most until
+  ``wait()`` and calls ``flush_due()``; ``flush_held()`` before the agent speaks and at the end. Logs and
+  tails are taken before any merging: always raw, always each rank's own.
+* ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
+  ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
+* Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
+  read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
+  logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
+* ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
+  with their time.
+* ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+* Both write through ``console_write`` (xrun.launch.output.consoleroute): in pod mode node 0's console shows them too.
+* ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
+  (xrun.launch.doctor.node_doctor), so the output path never reads the clock for it.
+
+The static supervisor (xrun.launch.ranks.supervise) reads its ranks' pipes from its event loop; the elastic relay
+(xrun.launch.elastic.run) reads its FIFOs from a thread, with a new prefix and log files per attempt. Both go
+through the same ``Console``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import IO
+
+from xrun.launch.output.consoleroute import console_write
+from xrun.launch.output.dedupe import LineMerger, is_flood
+from xrun.launch.procs.posix import write_all
+
+CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
+PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)
+# After a read that found only a trickle, the reader waits this long before reading again, so that a rank
+# printing line by line (python -u: one write per line) fills the pipe instead of waking the agent for every
+# line: one read, one log write and one console write per ~millisecond instead of per line (issue 15).
+# It is the most a console line is held back by it.
+SETTLE_S = 0.001
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ on Linux (the name exists in Python >= 3.10 only)
+_TAIL_LINES = 20
+_TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
+_TAIL_WIDTH = 1000  # characters per tail line
+_MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
+# A read of more than FLOOD_LINES lines (xrun.launch.output.dedupe) is a rank flooding: written as it comes,
+# prefixed per chunk, not merged. De-duplication is for warnings and start-up noise; bulk output keeps the fast
+# path (issue 15).
+
+
+def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """Split ``pending + chunk`` into prefixed complete lines and the unfinished rest.
+
+    Bytes in, bytes out (non-UTF-8 output passes unchanged), and one ``replace`` over the whole chunk rather
+    than a Python loop per line: this is the hot path of a rank that prints a lot.
+    """
+    data = pending + chunk if pending else chunk
+    if b"\r" in data:  # a memchr: chunks without a progress bar stay on the one-replace path below
+        return _prefix_cr_lines(prefix, data)
+    end = data.rfind(b"\n") + 1
+    if end == 0:
+        return b"", data
+    body = data[: end - 1].replace(b"\n", b"\n" + prefix)
+    return b"".join((prefix, body, b"\n")), data[end:]
+
+
+def _prefix_cr_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
+    """``prefix_lines`` where ``\r`` also ends a line: a progress bar (tqdm) stays live on the console, every
+    update prefixed (issue 13). ``\r\n`` is one boundary, and a final ``\r`` waits for the next byte in case it
+    is the first half of one."""
+    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
+    end = max(data.rfind(b"\n", 0, stop), data.rfind(b"\r", 0, stop)) + 1
+    if end == 0:
+        return b"", data
+    body = data[:end].replace(b"\n", b"\n" + prefix).replace(b"\r", b"\r" + prefix)
+    if b"\r\n" in data:
+        body = body.replace(b"\r" + prefix + b"\n", b"\r\n")
+    return prefix + body[: -len(prefix)] if prefix else body, data[end:]
+
+
+def grow_pipe(fd: int) -> None:
+    """Give a rank pipe ``PIPE_BYTES`` of kernel buffer, so the rank keeps writing while the agent settles; where
+    the system refuses (``/proc/sys/fs/pipe-max-size``, not Linux), the default buffer does."""
+    try:
+        import fcntl  # noqa: PLC0415 - a builtin module; imported where it is used
+
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
+def split_lines(pending: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
+    """``pending + chunk`` as complete lines with their ends (``\n``, ``\r\n`` or, as on the console, ``\r``) and
+    the unfinished rest; a final ``\r`` waits for the next byte in case it starts a ``\r\n``."""
+    data = pending + chunk if pending else chunk
+    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
+    end = data.rfind(b"\n", 0, stop) + 1
+    if b"\r" in data:  # a memchr: chunks without a progress bar skip the second search
+        end = max(end, data.rfind(b"\r", 0, stop) + 1)
+    if end == 0:
+        return [], data
+    return data[:end].splitlines(keepends=True), data[end:]
+
+
+def rank_prefix(host: str, rank: int) -> bytes:
+    """``[host:rank] `` as bytes (a host name that is not valid UTF-8 passes through unchanged)."""
+    return f"[{host}:{rank}] ".encode("utf-8", "surrogateescape")
+
+
+class RankStream:
+    """One of a rank's output pipes or FIFOs, and what is kept of it."""
+
+    __slots__ = ("fd", "console", "echo", "prefix", "rank", "pending", "log", "tail", "total", "_file")
+
+    def __init__(
+        self,
+        fd: int,
+        console: int,
+        prefix: bytes = b"",
+        *,
+        log: int | None = None,
+        keep_tail: bool = False,
+        file: IO[bytes] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        self.fd: int | None = fd
+        self.console = console  # 1 or 2
+        self.echo = True  # False: a rank --console_ranks leaves out (still logged, its tail still kept)
+        self.prefix = prefix
+        self.rank = rank  # the global rank behind ``prefix``: its lines' source in de-duplication
+        self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
+        self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
+        self.tail: bytes | None = b"" if keep_tail else None
+        self.total = 0  # bytes seen by the tail, to know whether its first line was cut
+        # The file object that owns ``fd`` (a Popen pipe): closing the fd any other way would let its finalizer
+        # close the number later, when it may belong to somebody else.
+        self._file = file
+
+    def tail_lines(self) -> tuple[str, ...]:
+        """The last lines as a terminal would show them: a progress bar's ``\\r`` rewrites its line."""
+        if not self.tail:
+            return ()
+        lines = self.tail.decode("utf-8", "replace").split("\n")
+        if self.total > len(self.tail):
+            lines = lines[1:]  # the first one was cut
+        if lines and lines[-1] == "":
+            lines.pop()
+        shown = (line.rstrip("\r").rsplit("\r", 1)[-1] for line in lines[-_TAIL_LINES:])
+        return tuple(line if len(line) <= _TAIL_WIDTH else line[: _TAIL_WIDTH - 3] + "..." for line in shown)
+
+    def clear_tail(self) -> None:
+        if self.tail is not None:
+            self.tail = b""
+        self.total = 0
+
+    def close_log(self) -> None:
+        if self.log is not None:
+            os.close(self.log)
+            self.log = None
+
+    def close_fd(self) -> None:
+        """Close the reading end (its owner's way); idempotent."""
+        if self.fd is None:
+            return
+        if self._file is not None:
+            self._file.close()
+        else:
+            os.close(self.fd)
+        self.fd = None
+
+
+class Console:
+    """fd 1 and fd 2 of the node, shared by every rank stream; not thread-safe (the elastic relay locks)."""
+
+    def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None,
+                 merge_as: str | None = None, ranks_shown: int | None = None) -> None:
+        self._prefix = prefix
+        self._quiet = quiet
+        # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.output.dedupe).
+        # Only with prefixes: a line shown once must say which ranks said it.
+        self._host = merge_as or ""
+        # ranks_shown: how many ranks this console echoes (None: unknown); a line all of them said goes out at once
+        merging = merge_as is not None and prefix and not quiet
+        self._merger = LineMerger(self.emit, expected=ranks_shown) if merging else None
+        self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
+        self._ok = {1: True, 2: True}
+        self.heard = False  # some rank wrote something since the hang doctor last looked
+        self._trickled = False  # a read since the last settle() returned less than a full chunk ...
+        self._flooded = False  # ... and none returned a full one (a flooding rank is read again at once)
+
+    def read(self, stream: RankStream) -> bool:
+        """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
+        try:
+            chunk = os.read(stream.fd, CHUNK)  # type: ignore[arg-type]  # only open streams are read
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if chunk:
+            if len(chunk) < CHUNK:
+                self._trickled = True
+            else:
+                self._flooded = True
+            self.consume(stream, chunk)
+            return True
+        self.close(stream)
+        return False
+
+    def settle(self) -> None:
+        """After reads that found only a trickle, let the ranks' pipes fill for ``SETTLE_S`` (see there)."""
+        if self._trickled and not self._flooded:
+            time.sleep(SETTLE_S)
+        self._trickled = self._flooded = False
+
+    def drain(self, stream: RankStream, limit: int = 64) -> None:
+        """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""
+        for _ in range(limit):
+            if stream.fd is None or not self.read(stream):
+                return
+
+    def consume(self, stream: RankStream, chunk: bytes) -> None:
+        self.heard = True  # the hang doctor's silence check reads and clears it: no clock on the hot path
+        if stream.log is not None:
+            write_all(stream.log, chunk)
+        if stream.tail is not None:
+            stream.total += len(chunk)
+            stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]
+        if self._quiet or not stream.echo or not self._ok[stream.console]:
+            return
+        if self._merger is not None and stream.rank is not None:
+            self._merge(stream, chunk)
+        else:
+            self._echo(stream, chunk)
+
+    def _echo(self, stream: RankStream, chunk: bytes) -> None:
+        """Complete lines prefixed, one write per chunk."""
+        prefix = self._prefix_of(stream)
+        out, stream.pending = prefix_lines(prefix, stream.pending, chunk)
+        if len(stream.pending) > _MAX_PENDING:
+            out += prefix + stream.pending + b"\n"
+            stream.pending = b""
+        if out:
+            self.emit(stream.console, out)
+
+    def _merge(self, stream: RankStream, chunk: bytes) -> None:
+        """The de-duplicating path: complete lines go to the merger, which writes them within its window."""
+        assert self._merger is not None and stream.rank is not None
+        if is_flood(chunk):  # after what is held, as it comes
+            self._merger.flush_all()  # held lines (this rank's among them) go first: nothing is reordered
+            self._echo(stream, chunk)
+            return
+        lines, stream.pending = split_lines(stream.pending, chunk)
+        now = time.monotonic()
+        add, console, host, ranks = self._merger.add, stream.console, self._host, (stream.rank,)
+        source = (stream.rank, console)  # order is kept per stream, as the pipes keep it
+        for line in lines:
+            # a \r progress update stays its own: never merged into another rank's, never frozen
+            add(source, console, line, host, ranks, now, mergeable=not line.endswith(b"\r"))
+        if len(stream.pending) > _MAX_PENDING:
+            add(source, console, stream.pending + b"\n", host, ranks, now, mergeable=False)
+            stream.pending = b""
+
+    def wait(self, cap: float | None = None) -> float | None:
+        """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner."""
+        due = self._merger.next_deadline() if self._merger is not None else None
+        if due is None:
+            return cap
+        held = max(0.0, due - time.monotonic())
+        return held if cap is None else min(cap, held)
+
+    def flush_due(self) -> None:
+        """Write the held lines whose window has passed."""
+        if self._merger is not None and self._merger.next_deadline() is not None:
+            self._merger.flush(time.monotonic())
+
+    def flush_held(self) -> None:
+        """Write every held line now (the run ends, or the agent is about to speak)."""
+        if self._merger is not None:
+            self._merger.flush_all()
+
+    def end_line(self, stream: RankStream) -> None:
+        """The last line had no newline: give it one, so the next line (another rank's) starts clean."""
+        if stream.pending and self._merger is not None and stream.rank is not None:
+            self._merger.add((stream.rank, stream.console), stream.console, stream.pending + b"\n", self._host,
+                             (stream.rank,), time.monotonic())
+            stream.pending = b""
+        elif stream.pending:
+            self.emit(stream.console, self._prefix_of(stream) + stream.pending + b"\n")
+            stream.pending = b""
+
+    def _prefix_of(self, stream: RankStream) -> bytes:
+        # --no_prefix drops the prefix, not the line buffering: two ranks' writes never share a console line
+        # (print() under python -u writes 'out', ' ', '0' and '\n' separately)
+        return stream.prefix if self._prefix else b""
+
+    def close(self, stream: RankStream) -> None:
+        """The stream ended: stop watching it, close it, finish its last line."""
+        if stream.fd is None:
+            return
+        if self._on_close is not None:
+            self._on_close(stream.fd)
+        stream.close_fd()
+        self.end_line(stream)
+
+    def emit(self, fd: int, data: bytes) -> None:
+        if self._ok[fd] and not console_write(fd, data):
+            self._ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
+
+
+def notice(host: str, text: str) -> None:
+    """One line of the agent's own on stderr, after what Python itself buffered for stdout."""
+    flush_python_output()
+    console_write(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
+
+
+def flush_python_output() -> None:
+    """Flush ``sys.stdout``/``sys.stderr`` so the agent's earlier prints come before the ranks' lines."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-rank log files.
+
+
+def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
+    """Open ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, keeping earlier runs' files."""
+    directory = os.path.join(log_dir, _safe_name(host), f"rank{rank}")
+    os.makedirs(directory, exist_ok=True)
+    fds: list[int] = []
+    try:
+        for name in ("stdout", "stderr"):
+            path = os.path.join(directory, f"{name}.log")
+            _rotate(path, name)
+            fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds[0], fds[1]
+
+
+def _rotate(path: str, name: str) -> None:
+    """Rename an existing ``stdout.log`` to ``stdout.<its mtime as YYYYmmdd-HHMMSS>.log``."""
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
+    directory = os.path.dirname(path)
+    target = os.path.join(directory, f"{name}.{stamp}.log")
+    n = 1
+    while os.path.exists(target):  # two runs in the same second
+        target = os.path.join(directory, f"{name}.{stamp}.{n}.log")
+        n += 1
+    os.rename(path, target)
+
+
+def _safe_name(host: str) -> str:
+    name = host.replace(os.sep, "_")
+    return name if name not in ("", ".", "..") else "_"

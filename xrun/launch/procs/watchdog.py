@@ -1,0 +1,136 @@
+"""The watchdog: a forked copy of the agent that stops every rank session if the agent is ``kill -9``'d.
+
+The watchdog keeps only the read end of a pipe. The agent writes ``+SID`` for each rank it starts (a rank's
+session id is its pid), ``-SID`` once that session is empty, and ``done`` when it has cleaned up. EOF without
+``done`` means the agent died (SIGKILL, OOM killer), so the watchdog stops every session it was told about:
+TERM, wait, KILL, by process group (xrun.launch.procs.proctable), never by name or pattern.
+(horovod's runner uses a middleman per rank for the same reason; one per node is enough.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Collection
+
+from xrun.launch.procs.proctable import live_members, signal_sessions
+
+
+class Watchdog:
+    """The agent's end of the watchdog: a pid and the write end of its pipe."""
+
+    def __init__(self, pid: int, fd: int) -> None:
+        self.pid = pid
+        self._fd: int | None = fd
+        self._reaped = False
+
+    @classmethod
+    def start(cls, grace: float) -> Watchdog:
+        """Fork the watchdog. Call before the agent installs its signal handlers and opens rank pipes."""
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the watchdog: never return into the agent's code, never run its atexit hooks
+            code = 1
+            try:
+                code = _watchdog_main(read_fd, grace)
+            finally:
+                os._exit(code)
+        os.close(read_fd)
+        return cls(pid, write_fd)
+
+    def watch(self, sid: int) -> None:
+        self._send(b"+%d\n" % sid)
+
+    def forget(self, sid: int) -> None:
+        self._send(b"-%d\n" % sid)
+
+    def finish(self, clean: bool) -> None:
+        """Release the watchdog: ``done`` if every session is gone; otherwise EOF alone makes it clean up."""
+        if clean:
+            self._send(b"done\n")
+        self._close()
+        # After "done" it exits at once; after a bare EOF it may still be sweeping, so do not block then.
+        self._reap(blocking=clean)
+
+    def lost(self) -> None:
+        """The watchdog exited before its time (somebody killed it): reap it, carry on without it."""
+        self._reap(blocking=False)
+        self._close()
+
+    def _send(self, message: bytes) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, message)  # a few bytes: atomic on a pipe
+        except BrokenPipeError:  # it was killed; the agent carries on without it
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _reap(self, *, blocking: bool) -> None:
+        if self._reaped:
+            return
+        try:
+            pid, _ = os.waitpid(self.pid, 0 if blocking else os.WNOHANG)
+        except ChildProcessError:
+            pid = self.pid
+        self._reaped = pid == self.pid
+
+
+def _watchdog_main(read_fd: int, grace: float) -> int:
+    os.setsid()  # out of the agent's process group: a terminal's Ctrl-C or a killpg of the agent misses it
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(devnull, std)
+    # Keep only the pipe: holding the agent's other pipes (its stdout, the ranks' output) would keep
+    # readers waiting for an EOF that never comes.
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != read_fd:
+            try:
+                os.close(fd)
+            except OSError:  # the directory's own fd, already closed
+                pass
+    os.chdir("/")
+
+    sids: set[int] = set()
+    pending = b""
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if line == b"done":
+                return 0
+            if line[:1] == b"+":
+                sids.add(int(line[1:]))
+            elif line[:1] == b"-":
+                sids.discard(int(line[1:]))
+    stop_sessions(sids, grace)
+    return 0
+
+
+def stop_sessions(sids: Collection[int], grace: float, *, tick: float = 0.02) -> None:
+    """TERM every group in ``sids``, wait up to ``grace`` for them to go, KILL what is left.
+
+    A bounded poll, used only by the watchdog after the agent died: the agent itself is event-driven.
+    """
+    if not signal_sessions(sids, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        time.sleep(tick)
+        if not live_members(sids):
+            return
+    signal_sessions(sids, signal.SIGKILL)

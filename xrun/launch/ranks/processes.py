@@ -1,0 +1,172 @@
+"""What a node starts, rank by rank: each local rank's environment, core binding and argv.
+
+spec -> ``rank_environment`` (the user's environment, the runner's exports, the rank contract) -> ``bind_ranks``
+(``--bind_cores_to_rank``: a numactl prefix, or an affinity mask; without it ``omp_threads`` gives a node of several
+ranks ``OMP_NUM_THREADS`` = its CPUs // its ranks, issue 13) -> ``rank_processes`` (``RankProcess``: what
+the static supervisor, xrun.launch.ranks.supervise, starts). The elastic adapter (xrun.launch.elastic.run) writes its
+rank scripts from the same environment and binding. Each rank may get its own ``TORCHELASTIC_ERROR_FILE``
+(xrun.launch.result.errorfile). Reads /sys for the binding; starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xrun.launch.ranks import binding
+from xrun.launch.ranks.binding import RankBinding
+from xrun.launch.ranks.devices import (
+    NVIDIA_VISIBLE,
+    Devices,
+    detect_devices,
+    device_names,
+    gpu_numa_nodes,
+    hides_devices,
+    rank_slot,
+    visible_devices,
+)
+from xrun.launch.result import errorfile
+from xrun.launch.result.errorfile import ErrorFiles
+from xrun.launch.spec import NodeSpec, RankSpec
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """One rank to start: its complete argv and environment (the caller merged them)."""
+
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cpus: frozenset[int] | None = None  # the exact CPU affinity the child starts with
+    cwd: str | None = None
+    error_file: str | None = None  # its TORCHELASTIC_ERROR_FILE, read if it fails
+
+
+@dataclass(frozen=True)
+class BoundRank:
+    """A rank after binding: the argv may gain a numactl prefix, or the cpus travel as an affinity mask."""
+
+    argv: tuple[str, ...]
+    cpus: frozenset[int] | None
+    extra_env: Mapping[str, str]
+
+
+def rank_environment(
+    base: Mapping[str, str], spec: NodeSpec, rank: RankSpec, node_devices: Devices | None = None
+) -> dict[str, str]:
+    """The user's environment, then the runner's exports, then the rank contract (which always wins), with the
+    slot list said the node's way (xrun.launch.ranks.devices): GPUs the user hid stay hidden, UUID/MIG names replace
+    positions, and a node of another vendor gets its own visibility variable instead of CUDA_VISIBLE_DEVICES."""
+    env = dict(base)
+    env.update(spec.env)
+    variable = node_devices.variable if node_devices is not None else NVIDIA_VISIBLE
+    inherited = _inherited_visibility(env, variable)
+    env.update(rank.env)
+    planned = rank.env.get(NVIDIA_VISIBLE)
+    if planned is None:
+        return env
+    visible = visible_devices(inherited, planned)
+    if variable != NVIDIA_VISIBLE and not hides_devices(visible):
+        del env[NVIDIA_VISIBLE]  # HIP and others honour it too: set twice, the list would filter itself
+    env[variable if not hides_devices(visible) else NVIDIA_VISIBLE] = visible
+    return env
+
+
+def _inherited_visibility(env: Mapping[str, str], variable: str) -> str | None:
+    """The node's own visibility list for ``variable``; a CUDA_VISIBLE_DEVICES that hides the GPUs counts too."""
+    cuda = env.get(NVIDIA_VISIBLE)
+    if cuda is not None and hides_devices(cuda):
+        return cuda
+    return env.get(variable)
+
+
+def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
+    """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
+    if not spec.options.bind_cores:
+        return None
+    binding.check_binding_env(env)
+    allowed = frozenset(os.sched_getaffinity(0))
+    return binding.plan_binding(
+        binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list, gpu_nodes(spec, env)
+    )
+
+
+def gpu_nodes(spec: NodeSpec, env: Mapping[str, str], root: str = "/") -> tuple[int | None, ...] | None:
+    """Local rank -> the NUMA node of its GPU (None: no NVIDIA GPU here, none with a known node, or GPUs named by
+    UUID, whose PCI order xrun does not know)."""
+    near = gpu_numa_nodes(root)
+    if not near or device_names(env.get(NVIDIA_VISIBLE) or "0") is not None:
+        return None
+    slots = (rank_slot(r.env.get(NVIDIA_VISIBLE), r.local_rank) for r in spec.ranks)
+    return tuple(near.get(slot) if slot is not None else None for slot in slots)
+
+
+def omp_threads(env: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for unbound ranks: unset, every rank would start a thread per core (minGPT ran 4x
+    slower than under torchrun, issue 13); share the CPUs instead. The user's value, or a single rank, is left alone.
+    """
+    if "OMP_NUM_THREADS" in env or local_ranks <= 1:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cpus // local_ranks))}
+
+
+def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
+    """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
+    bindings = plan_bindings(spec, env)
+    if bindings is None:
+        threads = omp_threads(env, len(spec.ranks), len(os.sched_getaffinity(0)))
+        if threads:
+            print(
+                f"xrun: {spec.host}: OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} for each of {len(spec.ranks)} "
+                "ranks (the CPUs this agent may use / local ranks; set OMP_NUM_THREADS to choose)",
+                file=sys.stderr,
+            )
+        return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
+    pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
+    note = binding.binding_note(bindings, pool)
+    if note:
+        print(f"xrun: {spec.host}: {note}", file=sys.stderr)
+    numactl = binding.find_numactl()
+    if numactl is None:
+        print(
+            f"xrun: {spec.host}: numactl not found; binding CPUs by affinity only, memory is not bound "
+            "(apt-get install numactl)",
+            file=sys.stderr,
+        )
+    return tuple(
+        BoundRank(
+            argv=binding.numactl_argv(b, r.argv, numactl) if numactl else r.argv,
+            cpus=None if numactl else frozenset(b.cpus),
+            extra_env=binding.binding_env(b, env),
+        )
+        for r, b in zip(spec.ranks, bindings)
+    )
+
+
+def rank_processes(
+    spec: NodeSpec, base_env: Mapping[str, str], error_files: ErrorFiles | None = None
+) -> tuple[RankProcess, ...]:
+    """Every local rank as a ``RankProcess``: its environment merged, its binding applied and, given
+    ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's)."""
+    node_devices = detect_devices()
+    envs = [rank_environment(base_env, spec, rank, node_devices) for rank in spec.ranks]
+    bound = bind_ranks(spec, envs[0] if envs else base_env)
+    procs = []
+    for rank, env, b in zip(spec.ranks, envs, bound):
+        error_file = error_files.path(rank.rank) if error_files is not None else None
+        extra = {errorfile.VARIABLE: error_file} if error_file else {}
+        procs.append(
+            RankProcess(
+                rank=rank.rank,
+                local_rank=rank.local_rank,
+                argv=b.argv,
+                env={**env, **b.extra_env, **extra},
+                cpus=b.cpus,
+                cwd=spec.cwd,
+                error_file=error_file,
+            )
+        )
+    return tuple(procs)

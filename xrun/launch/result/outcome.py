@@ -1,0 +1,131 @@
+"""A node's result as data, the one rule for its exit code, and the words for a rank's end.
+
+``RankOutcome`` is how one rank ended (exit code or signal, runtime, the CPU time and peak RSS the kernel
+accounted for it when it was reaped, stderr tail, the exception it recorded with torch's ``@record``
+(xrun.launch.result.errorfile), whether xrun stopped it);
+``NodeResult`` is the node's ranks in rank order with the root cause, the first rank that failed on its own,
+why the hang watchdog stopped it (``--hang_action stop``: exit code ``HANG_EXIT``) and the other ranks' stacks
+taken before the stop.
+The static supervisor (xrun.launch.ranks.supervise) and the elastic adapter (xrun.launch.elastic.run) both build their
+result with ``node_result``, so a node's exit code is decided here and nowhere else. ``describe`` (a verb
+phrase, for notices: "exited with code 7") and ``describe_status`` (a noun phrase, for the report's columns:
+"exit code 7") are the only wording of an outcome on the node side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.errorfile import RankError
+
+if TYPE_CHECKING:
+    from xrun.launch.result.stacks import RankStack
+
+# --hang_action stop: no rank wrote output for --hang_timeout seconds (timeout(1)'s "timed out" code)
+HANG_EXIT = 124
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    host: str
+    rank: int
+    local_rank: int
+    pid: int  # 0 when the rank was never started
+    returncode: int | None  # exit status when it exited normally (126/127 when it could not be started)
+    signal: int | None  # signal number when it was killed by a signal
+    runtime_s: float
+    stderr_tail: tuple[str, ...]
+    stopped_by_xrun: bool  # xrun signalled it (or never started it): a consequence, not the root cause
+    leftovers: tuple[int, ...] = ()  # pids of its session that outlived it and had to be stopped
+    error: RankError | None = None  # the exception it recorded in TORCHELASTIC_ERROR_FILE (torch's @record)
+    cpu_s: float | None = None  # user + system CPU time from the kernel's accounting at reaping (wait4)
+    peak_rss_bytes: int | None = None  # the largest resident set of the rank or a child it waited for (wait4)
+
+    @property
+    def failed(self) -> bool:
+        """A non-zero exit code, a signal, or no status at all."""
+        return self.returncode != 0
+
+    @property
+    def started(self) -> bool:
+        return self.pid > 0
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    host: str
+    outcomes: tuple[RankOutcome, ...]  # in rank order
+    root_cause: RankOutcome | None  # the first rank that failed on its own
+    interrupted_by: int | None  # the signal that told the agent to stop (or request_stop's)
+    exit_code: int
+    hang: str | None = None  # --hang_action stop stopped the node: why (the silence), for the report
+    stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
+
+
+def node_result(
+    host: str,
+    outcomes: Sequence[RankOutcome],
+    root_cause: RankOutcome | None,
+    interrupted_by: int | None,
+    *,
+    hang: str | None = None,
+    stacks: Sequence[RankStack] = (),
+) -> NodeResult:
+    """The node's result from its outcomes (any order; kept in rank order) with the exit code decided."""
+    return NodeResult(
+        host=host,
+        outcomes=tuple(sorted(outcomes, key=lambda o: o.rank)),
+        root_cause=root_cause,
+        interrupted_by=interrupted_by,
+        exit_code=node_exit_code(outcomes, root_cause, interrupted_by, hang=hang),
+        hang=hang,
+        stacks=tuple(stacks),
+    )
+
+
+def node_exit_code(
+    outcomes: Sequence[RankOutcome],
+    root_cause: RankOutcome | None,
+    interrupted_by: int | None,
+    *,
+    hang: str | None = None,
+) -> int:
+    """HANG_EXIT when the hang watchdog stopped the node; else the root cause's code; else 128 + the signal that
+    stopped the node; else 1 if any rank failed; else 0."""
+    if hang is not None:
+        return HANG_EXIT
+    if root_cause is not None:
+        return exit_code_of(root_cause)
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    if any(o.failed for o in outcomes):
+        return 1
+    return 0
+
+
+def exit_code_of(outcome: RankOutcome) -> int:
+    """The shell's convention: the exit code, or 128 + the signal number."""
+    if outcome.signal is not None:
+        return 128 + outcome.signal
+    if outcome.returncode is None:
+        return 1
+    return outcome.returncode
+
+
+def describe(outcome: RankOutcome) -> str:
+    """``exited with code 7`` or ``was killed by SIGSEGV``: what follows "rank N" in a notice."""
+    if outcome.signal is not None:
+        return f"was killed by {signal_name(outcome.signal)}"
+    return f"exited with code {outcome.returncode}"
+
+
+def describe_status(outcome: RankOutcome) -> str:
+    """``exit code 7``, ``signal SIGSEGV (11)``, ``not started`` or ``status unknown``."""
+    if outcome.signal is not None:
+        return f"signal {signal_name(outcome.signal)} ({outcome.signal})"
+    if outcome.returncode is not None:
+        return f"exit code {outcome.returncode}"
+    return "not started" if outcome.pid == 0 else "status unknown"

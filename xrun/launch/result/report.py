@@ -1,0 +1,188 @@
+"""A node's result as a failure report: a few lines for a human on stderr, the same data as JSON for tools.
+
+The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
+consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
+``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
+failure with a known fix (xrun.launch.result.hints) ends the report with it.
+Every rank's figures (xrun.launch.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
+stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them.
+``conclude`` is the end of every node agent run, static or elastic: the report and
+``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
+the whole job: with a head, the head says it for every node); ``{log_dir}/{host}/summary.json`` either way;
+then the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+from xrun.launch.output.streams import notice
+from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.errorfile import error_lines
+from xrun.launch.result.hints import failure_hint
+from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
+from xrun.launch.result.stackview import merge, render
+from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+
+_SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
+
+
+def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) -> int:
+    """Report a node's result where something went wrong (a root cause or a stop signal), or its success line
+    (``announce``: this node is the whole job); write its summary under ``log_dir``; return its exit code."""
+    figures = [RankFigures.of(o) for o in result.outcomes]
+    if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
+        sys.stderr.write(format_failure_report(result) + "\n")
+        if log_dir is not None:
+            write_failure_json(os.path.join(log_dir, result.host, "failure.json"), result)
+    elif announce and result.exit_code == 0 and figures:
+        notice(result.host, success_line(figures))
+    if log_dir is not None:
+        write_json(os.path.join(log_dir, result.host, "summary.json"),
+                   summary_json(figures, exit_code=result.exit_code))
+    return result.exit_code
+
+
+def format_failure_report(result: NodeResult) -> str:
+    """The report for stderr: what happened on this node, the root cause first, then its stderr tail."""
+    root = result.root_cause
+    lines = [f"xrun: node {result.host}: {_headline(result)}{_exit_code(result)}"]
+    ordered = ([root] if root else []) + [o for o in result.outcomes if o is not root and _notable(o)]
+    shown = ordered[: _SHOWN_CONSEQUENCES + 1]
+    for outcome in shown:
+        lines.append(_rank_line(outcome, outcome is root))
+    if len(ordered) > len(shown):
+        lines.append(f"  ... and {len(ordered) - len(shown)} more ranks")
+    ok = sum(1 for o in result.outcomes if not _notable(o))
+    if ok:
+        lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
+    lines.extend(table_lines([RankFigures.of(o) for o in result.outcomes]))
+    if result.stacks:
+        lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
+        lines.extend(f"    {line}" for line in render(merge(result.stacks)))
+    if root is not None:
+        if root.error is not None:
+            lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
+        lines.extend(_tail_lines(root))
+    hint = next((h for o in ordered if o.failed for h in (failure_hint(o.stderr_tail),) if h), None)
+    if hint:
+        lines.append(f"xrun: node {result.host}: {hint}")
+    return "\n".join(lines)
+
+
+def failure_json(result: NodeResult) -> dict[str, Any]:
+    """The same facts as the report, as JSON-able data (one entry per rank, in rank order)."""
+    root = result.root_cause
+    return {
+        "host": result.host,
+        "exit_code": result.exit_code,
+        "interrupted_by": _signal_json(result.interrupted_by),
+        "root_cause": root.rank if root is not None else None,
+        "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
+        "hang": result.hang,
+        "stacks": [s.to_json() for s in result.stacks],
+    }
+
+
+def write_failure_json(path: str, result: NodeResult) -> None:
+    """Write ``failure_json(result)`` to ``path`` atomically (a reader never sees half a file)."""
+    write_json(path, failure_json(result))
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, making its directory (a reader never sees half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _headline(result: NodeResult) -> str:
+    if result.hang is not None:
+        return f"stopped as hung: {result.hang}"
+    root = result.root_cause
+    if root is not None:
+        return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s"
+    if result.interrupted_by is not None:
+        return f"stopped by {signal_name(result.interrupted_by)}"
+    failed = sum(1 for o in result.outcomes if o.failed)
+    if failed:
+        return f"{failed} rank{'s' if failed != 1 else ''} failed"
+    leftovers = sum(len(o.leftovers) for o in result.outcomes)
+    if leftovers:
+        return f"all ranks exited with code 0; {leftovers} leftover process(es) had to be stopped"
+    return "all ranks exited with code 0"
+
+
+def _exit_code(result: NodeResult) -> str:
+    """`` (exit code N)``, unless the headline already said it (each fact once: issue 17)."""
+    root = result.root_cause
+    if root is not None and root.signal is None and root.returncode == result.exit_code:
+        return ""
+    return f" (exit code {result.exit_code})"
+
+
+def _notable(outcome: RankOutcome) -> bool:
+    return outcome.failed or bool(outcome.leftovers)
+
+
+def _rank_line(outcome: RankOutcome, is_root: bool) -> str:
+    mark = "root cause" if is_root else ("stopped" if outcome.stopped_by_xrun else "failed" if outcome.failed else "")
+    pid = f"pid {outcome.pid}" if outcome.pid else "pid -"
+    text = (
+        f"  {mark:<10}  rank {outcome.rank} (local {outcome.local_rank}, {pid})  "
+        f"{describe_status(outcome)}  {outcome.runtime_s:.2f} s"
+    )
+    if outcome.leftovers:
+        text += f"  leftovers stopped: {', '.join(str(p) for p in outcome.leftovers)}"
+    return text
+
+
+def _tail_lines(outcome: RankOutcome) -> list[str]:
+    if not outcome.stderr_tail:
+        return [f"  rank {outcome.rank} wrote nothing to stderr"]
+    lines = [f"  last {len(outcome.stderr_tail)} line(s) of rank {outcome.rank}'s stderr:"]
+    lines.extend(f"    | {line}" for line in outcome.stderr_tail)
+    return lines
+
+
+def _signal_json(signum: int | None) -> dict[str, Any] | None:
+    return None if signum is None else {"number": signum, "name": signal_name(signum)}
+
+
+def _outcome_json(outcome: RankOutcome, is_root: bool) -> dict[str, Any]:
+    return {
+        "host": outcome.host,
+        "rank": outcome.rank,
+        "local_rank": outcome.local_rank,
+        "pid": outcome.pid,
+        "exit_code": outcome.returncode,
+        "signal": _signal_json(outcome.signal),
+        "status": describe_status(outcome),
+        "failed": outcome.failed,
+        "root_cause": is_root,
+        "stopped_by_xrun": outcome.stopped_by_xrun,
+        "runtime_s": round(outcome.runtime_s, 6),
+        "cpu_s": None if outcome.cpu_s is None else round(outcome.cpu_s, 6),
+        "peak_rss_bytes": outcome.peak_rss_bytes,
+        "leftovers": list(outcome.leftovers),
+        "stderr_tail": list(outcome.stderr_tail),
+        "error": outcome.error.to_json() if outcome.error is not None else None,
+    }

@@ -1,0 +1,150 @@
+"""Slurm allocation discovery: inside ``salloc``/``sbatch``, the allocation is the hostfile.
+
+Pure functions over an environment mapping (``os.environ`` at the edge, literal dicts in tests). The variables
+(sbatch(1), salloc(1), srun(1) "OUTPUT ENVIRONMENT VARIABLES"):
+
+* ``SLURM_JOB_ID`` marks an allocation; ``SLURM_JOB_NODELIST`` (older: ``SLURM_NODELIST``) names its hosts in
+  hostlist syntax, e.g. ``node[01-03,07],gpu-a[1-2]``, in Slurm's order;
+* slots per host, first that is set:
+  ``SLURM_GPUS_PER_NODE`` (``--gpus-per-node``: ``2``, ``a100:2``, ``a100:2,v100:1``) - the same on every node;
+  ``SLURM_JOB_GPUS`` / ``SLURM_GPUS_ON_NODE`` (the GPUs on the node running the batch script; GPU jobs are
+  homogeneous, so they count for every node);
+  ``SLURM_TASKS_PER_NODE`` (``2(x3),1``: per node, in node order; ``--ntasks-per-node`` or the default of one
+  task per node), for CPU-only jobs.
+
+Inside a job step (``srun xrun ...``) every task would start a whole job of its own: that is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xrun.errors import XrunError
+from xrun.hostlist import HostlistSyntaxError, expand_hostlist
+from xrun.runner.hosts.selection import Pool
+
+
+class SlurmAllocationError(XrunError):
+    """A Slurm variable that cannot be read as documented, or an allocation xrun cannot use."""
+
+    def __init__(self, variable: str, value: str, reason: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{variable}={value!r}: {reason}")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A Slurm allocation seen from inside it: hosts in Slurm's order, slots per host, and where they came from."""
+
+    job_id: str
+    hosts: tuple[str, ...]
+    slots: tuple[int, ...]  # per host, same order
+    source: str  # the variable the slot counts came from
+
+    def pool(self) -> Pool:
+        """``{host: (0, .., n-1)}``: slot ids are device indices within each node's allocation."""
+        return {host: tuple(range(count)) for host, count in zip(self.hosts, self.slots)}
+
+    def describe(self) -> str:
+        total = sum(self.slots)
+        return (f"xrun: using Slurm allocation {self.job_id}: {len(self.hosts)} node(s), {total} slot(s) "
+                f"from {self.source}")
+
+
+def in_allocation(env: Mapping[str, str]) -> bool:
+    return bool(env.get("SLURM_JOB_ID", "").strip())
+
+
+def expand_counts(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """``2(x3),1`` -> ``[2, 2, 2, 1]`` (Slurm's compressed per-node count lists)."""
+    counts: list[int] = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", item)
+        if match is None:
+            raise SlurmAllocationError(variable, text, f"{item!r} is not N or N(xK)")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def gpus_per_node(text: str, variable: str = "SLURM_GPUS_PER_NODE") -> int:
+    """``2``, ``a100:2``, ``a100:2,v100:1`` -> 2, 2, 3 (the sum over GPU types)."""
+    total = 0
+    for item in text.split(","):
+        count = item.strip().rpartition(":")[2]
+        if not count.isdigit():
+            raise SlurmAllocationError(variable, text, f"{item!r} is not [TYPE:]COUNT")
+        total += int(count)
+    return total
+
+
+def _gpu_list_count(text: str) -> int:
+    """``0,1`` or ``0-3`` (SLURM_JOB_GPUS is a list of indices) -> how many."""
+    count = 0
+    for item in text.split(","):
+        low, dash, high = item.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise SlurmAllocationError("SLURM_JOB_GPUS", text, f"{item!r} is not a GPU index or range")
+        count += int(high) - int(low) + 1 if dash else 1
+    return count
+
+
+def allocation_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    for variable in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        text = env.get(variable, "").strip()
+        if text:
+            try:
+                hosts = expand_hostlist(text)
+            except HostlistSyntaxError as err:
+                raise SlurmAllocationError(variable, text, str(err)) from None
+            if len(set(hosts)) != len(hosts):
+                raise SlurmAllocationError(variable, text, "names a host twice")
+            return tuple(hosts)
+    raise SlurmAllocationError("SLURM_JOB_NODELIST", "", "not set although SLURM_JOB_ID is; pass --hostfile")
+
+
+def allocation_slots(env: Mapping[str, str], nodes: int) -> tuple[tuple[int, ...], str]:
+    """Slots per node and the variable they came from (see the module doc for the order)."""
+    per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
+    if per_node:
+        return (gpus_per_node(per_node),) * nodes, "SLURM_GPUS_PER_NODE"
+    job_gpus = env.get("SLURM_JOB_GPUS", "").strip()
+    if job_gpus:
+        return (_gpu_list_count(job_gpus),) * nodes, "SLURM_JOB_GPUS"
+    on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if on_node.isdigit() and int(on_node) > 0:
+        return (int(on_node),) * nodes, "SLURM_GPUS_ON_NODE"
+    tasks = env.get("SLURM_TASKS_PER_NODE", "").strip()
+    if tasks:
+        counts = expand_counts(tasks)
+        if len(counts) != nodes:
+            raise SlurmAllocationError(
+                "SLURM_TASKS_PER_NODE", tasks, f"lists {len(counts)} node(s) but the allocation has {nodes}"
+            )
+        return tuple(counts), "SLURM_TASKS_PER_NODE"
+    return (1,) * nodes, "one slot per node (no GPU or task counts set)"
+
+
+def check_not_in_step(env: Mapping[str, str]) -> None:
+    """``srun xrun ...`` with several tasks would start one whole job per task."""
+    ntasks = env.get("SLURM_STEP_NUM_TASKS") or ""
+    if env.get("SLURM_STEP_ID", "").strip() and ntasks.isdigit() and int(ntasks) > 1:
+        raise SlurmAllocationError(
+            "SLURM_STEP_NUM_TASKS", ntasks,
+            "xrun is running as one of several srun tasks; run it once (in the batch script or the salloc "
+            "shell): it starts one agent per node itself",
+        )
+
+
+def discover_allocation(env: Mapping[str, str]) -> Allocation:
+    """The allocation this process runs in; call only when ``in_allocation(env)``."""
+    check_not_in_step(env)
+    hosts = allocation_hosts(env)
+    slots, source = allocation_slots(env, len(hosts))
+    zero = [host for host, count in zip(hosts, slots) if count <= 0]
+    if zero:
+        raise SlurmAllocationError(source, env.get(source, ""), f"host {zero[0]!r} has no slots")
+    return Allocation(job_id=env["SLURM_JOB_ID"].strip(), hosts=hosts, slots=slots, source=source)

@@ -1,0 +1,152 @@
+"""The hang doctor at the head: job-wide stack dumps and the job's hang watch (issue 14).
+
+``HeadDoctor`` sits beside the job state machine in xrun.runner.job.server, which feeds it what concerns stacks and
+silence and carries out what it returns (``Send``: a message to nodes; ``Show``: lines for the user; ``Hang``:
+``--hang_action stop`` fires, the machine's ``Hung`` event). It holds no socket and reads no clock: ``now`` is
+passed in, so it is tested with literal sequences; its only I/O is the file of full dumps a shown view names.
+
+* A dump (SIGQUIT to xrun, or ``want_stacks`` from an agent whose xrun got it: pod mode) sends ``dump`` to every
+  running node and collects their ``stacks`` until all have answered or ``COLLECT_FOR`` seconds have passed
+  (a node that has not answered by then is named); the merged view (xrun.launch.result.stackview) is shown, outliers
+  first, and the full dumps go to a file. One dump at a time.
+* The hang watch: each agent says ``quiet`` once its own ranks have been silent for ``--hang_timeout`` and
+  ``spoke`` at their next output. That is two messages per silence per node, rather than a periodic report
+  from every node whether or not anything is wrong; the head needs nothing more, because a node only reports
+  quiet after a full timeout of its own silence. When every running node is quiet the job is hung: one dump,
+  then (``stop``) the stop; with ``dump`` the next dump waits until some node has spoken and gone quiet again.
+* After a failure every node sends the stacks its ranks had before they were stopped (``stacks`` with id
+  ``stop``): ``stop_stacks`` holds them for the job's failure report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+from xrun.channel import STOP_STACKS, Kind, Message, message
+from xrun.launch.doctor.node_doctor import show_stacks
+from xrun.launch.doctor.stackdump import ON_DEMAND_BUDGET
+from xrun.launch.result.stacks import RankStack
+from xrun.launch.spec import HangAction
+
+COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
+
+
+@dataclass(frozen=True)
+class Send:
+    nodes: tuple[int, ...]
+    message: Message
+
+
+@dataclass(frozen=True)
+class Show:
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Hang:
+    """--hang_action stop: stop the job as hung, for ``reason``."""
+
+    reason: str
+
+
+Step = Union[Send, Show, Hang]
+
+
+@dataclass
+class _Collection:
+    serial: int
+    reason: str
+    hang: bool  # taken because the job is hung: the stop (if asked for) follows the view
+    waiting: set[int]  # node ranks not yet answered
+    deadline: float
+    stacks: list[RankStack] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class HeadDoctor:
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        *,
+        hang_timeout: float | None,
+        hang_action: HangAction,
+        log_dir: str | None,
+    ) -> None:
+        self._hosts = hosts
+        self._hang_timeout = hang_timeout
+        self._hang_action = hang_action
+        self._log_dir = log_dir
+        self._serial = 0
+        self._collection: _Collection | None = None
+        self._quiet: set[int] = set()
+        self._hang_shown = False  # this silence was dumped already: wait for some node to speak
+        self.stop_stacks: list[RankStack] = []  # what the nodes took before their ranks were stopped
+
+    def want(self, reason: str, running: Iterable[int], now: float, *, hang: bool = False) -> list[Step]:
+        """Start a job-wide dump of the ``running`` nodes (a dump already collecting absorbs the request)."""
+        nodes = tuple(sorted(running))
+        if self._collection is not None:
+            return [Show((f"{reason}: a stack dump is already being collected",))]
+        if not nodes:
+            return [Show((f"{reason}: no node is running, no stacks to take",))]
+        self._serial += 1
+        self._collection = _Collection(self._serial, reason, hang, set(nodes), now + COLLECT_FOR)
+        return [Send(nodes, message(Kind.DUMP, id=self._serial, reason=reason))]
+
+    def stacks(self, node: int, msg: Message, now: float) -> list[Step]:
+        """A node's ``stacks``; a malformed one raises ValueError (a protocol error)."""
+        found = [RankStack.from_json(item) for item in msg.get("stacks") or []]
+        if msg.get("id") == STOP_STACKS:
+            self.stop_stacks.extend(found)
+            return []
+        problem = msg.get("problem")
+        collection = self._collection
+        if collection is None or msg.get("id") != collection.serial or node not in collection.waiting:
+            return []  # late: that dump was shown without it
+        collection.waiting.discard(node)
+        collection.stacks.extend(found)
+        if problem:
+            collection.problems.append(str(problem))
+        return self.check(now, ()) if not collection.waiting else []
+
+    def quiet(self, node: int, running: Iterable[int], now: float) -> list[Step]:
+        self._quiet.add(node)
+        return self._hung(running, now)
+
+    def spoke(self, node: int) -> None:
+        self._quiet.discard(node)
+        self._hang_shown = False
+
+    def check(self, now: float, running: Iterable[int]) -> list[Step]:
+        """Time passed (or the last answer came): show a complete or overdue dump; a node that left the
+        running set may complete a hang."""
+        collection = self._collection
+        if collection is not None and (not collection.waiting or now >= collection.deadline):
+            return self._finish(collection)
+        return self._hung(running, now) if running else []
+
+    def deadline(self) -> float | None:
+        return None if self._collection is None else self._collection.deadline
+
+    def _hung(self, running: Iterable[int], now: float) -> list[Step]:
+        nodes = set(running)
+        if self._hang_timeout is None or self._hang_shown or not nodes or not nodes <= self._quiet:
+            return []
+        self._hang_shown = True
+        reason = f"no rank on any node wrote output for {self._hang_timeout:g} s (--hang_timeout)"
+        return self.want(reason, nodes, now, hang=True)
+
+    def _finish(self, collection: _Collection) -> list[Step]:
+        self._collection = None
+        problems = list(dict.fromkeys(collection.problems))
+        missing = [self._hosts[n] for n in sorted(collection.waiting)]
+        if missing:
+            problems.append(f"no answer in time from {', '.join(missing)}")
+        lines = show_stacks(collection.stacks, None, collection.reason, log_dir=self._log_dir) if collection.stacks \
+            else [f"{collection.reason}: no stacks came back"]
+        steps: list[Step] = [Show(tuple(lines + problems))]
+        if collection.hang and self._hang_action is HangAction.STOP:
+            steps.append(Hang(f"{collection.reason}; --hang_action stop"))
+        return steps

@@ -1,0 +1,241 @@
+"""The job state machine's vocabulary (``xrun.runner.job.machine``): events in, actions out, and the job's verdict.
+
+Every value here is a frozen dataclass of plain fields: no sockets, no clocks. Nodes are named by their node
+rank (the index into the plan's nodes); connections by the number the socket layer gave them, so an action can
+say which connection to keep or close without the machine holding one.
+
+Events come from the socket layer (``xrun.runner.job.server``): what an agent said, a connection that dropped, a
+backend session that ended, a signal to xrun, the hang doctor's ``Hung`` (xrun.runner.job.doctor), and ``Tick``
+(time passed). Actions go back to it: what to send
+to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
+exit code and its root cause, as data the report prints and (pod mode, ``SendVerdict``) every node is sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from xrun.runner.job.digest import PlanDigest
+
+# -- events ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HelloReceived:
+    """An agent presented this run's token for ``node`` on connection ``conn`` (not yet admitted)."""
+
+    node: int
+    conn: int
+    addr: str  # the node's address as its agent saw it on the route here (else the peer address)
+    peer: str
+    xrun_version: str | None = None
+    key: str | None = None  # pod mode: the channel key offered (the socket layer checked nothing)
+    digest: PlanDigest | None = None  # pod mode: the node's plan digest (None: absent or malformed)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The node's agent is ready to start its ranks; node 0's reports the master port it checked or picked."""
+
+    node: int
+    master_port: int | None = None
+
+
+@dataclass(frozen=True)
+class RankExited:
+    node: int
+    rank: int | None
+    local_rank: int | None
+    code: int | None = None
+    signal: int | None = None
+    stopped: bool = False  # xrun stopped it: a consequence, never a root cause
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    """The node's agent finished; ``exit_code`` is its node's exit code."""
+
+    node: int
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class AgentError:
+    node: int
+    message: str
+    exit_code: int = 1  # the job's code: 2 for what the user can fix (an explicit --master_port taken on node 0)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """Any other message from the node's agent (started, pong): it is alive."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class ConnectionLost:
+    """The node's connection closed or broke (the socket layer has already closed it)."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SessionEnded:
+    """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
+
+    host: str | None
+    code: int | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    signum: int
+
+
+@dataclass(frozen=True)
+class Hung:
+    """--hang_action stop: every running node was silent for --hang_timeout and the stacks were shown."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: deadlines (join, stop, keepalive, linger) are checked against the ``now`` it is fed with."""
+
+
+# Sent by an admitted agent: the machine ignores them from a node without a connection.
+AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
+Event = Union[
+    HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Hung,
+    Tick,
+]
+
+# -- actions --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Connection ``conn`` is ``node``'s from now on."""
+
+    node: int
+    conn: int
+
+
+@dataclass(frozen=True)
+class TurnAway:
+    """Close connection ``conn`` without a word back."""
+
+    conn: int
+
+
+@dataclass(frozen=True)
+class SendSpec:
+    node: int
+    pick_master_port: bool
+    master_port: int = 0  # node 0: rank 0's port to check (given) or to try first (picking); 0: none
+
+
+@dataclass(frozen=True)
+class SendAccept:
+    """Pod mode: the node's hello is admitted; it runs its own command line, no spec is sent."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class SendStart:
+    nodes: tuple[int, ...]
+    master_addr: str
+    master_port: int | None
+
+
+@dataclass(frozen=True)
+class SendStop:
+    nodes: tuple[int, ...]
+    signal: int
+    deadline: float  # the agents' own shutdown deadline, seconds
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendPing:
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Close ``node``'s connection (the node is lost)."""
+
+    node: int
+
+
+@dataclass(frozen=True)
+class ShowLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class ShowJoined:
+    host: str
+    ready: int
+    total: int
+
+
+@dataclass(frozen=True)
+class ShowWaiting:
+    ready: int
+    missing: tuple[str, ...]
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class ShowStarted:
+    nodes: int
+    ranks: int
+    elapsed: float
+    master_addr: str
+    master_port: int | None
+
+
+@dataclass(frozen=True)
+class SendVerdict:
+    """Pod mode: how the job ended, to every node still connected (each exits with its code)."""
+
+    nodes: tuple[int, ...]
+    verdict: Verdict
+
+
+Action = Union[
+    Admit, TurnAway, SendSpec, SendAccept, SendStart, SendStop, SendPing, SendVerdict, Drop, ShowLine, ShowJoined,
+    ShowWaiting, ShowStarted,
+]
+
+# -- the outcome ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first thing that went wrong: a rank's exit, or a node-level problem (rank is None)."""
+
+    host: str
+    reason: str
+    exit_code: int
+    rank: int | None = None
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the job ended, decided once every node is over."""
+
+    exit_code: int
+    failure: Failure | None = None  # the root cause (the first failure)
+    interrupted_by: int | None = None  # the signal that stopped the job, if one did
+    stopped_after: float | None = None  # seconds from the first failure until every node was over

@@ -1,0 +1,39 @@
+"""The runner's last words: the job's verdict as the lines printed on stderr when the run ends.
+
+``job failed: <root cause> (exit code N); every node stopped X s later`` (the code only where the cause did not
+say it) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
+``stopped by SIGINT (exit code 130)``; before either, how many connections were turned away for not presenting
+the run's token. A job that succeeded says nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.hints import failure_hint
+from xrun.runner.job.events import Verdict
+
+TAIL_SHOWN = 10  # of the failing rank's last output lines
+
+
+def _exit_code(reason: str, code: int) -> str:
+    """`` (exit code N)``, unless the root cause already said that code (each fact once: issue 17)."""
+    return "" if re.search(rf"\bcode {code}\b", reason) else f" (exit code {code})"
+
+
+def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
+    lines = []
+    if strays:
+        lines.append(f"closed {strays} connection(s) that did not present this run's token")
+    failure, code = verdict.failure, verdict.exit_code
+    if verdict.interrupted_by is not None:
+        lines.append(f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})")
+    elif failure is not None:
+        stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
+        lines.append(f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{stopped}")
+        lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
+        hint = failure_hint(failure.tail)
+        if hint:
+            lines.append(hint)
+    return lines

@@ -1,0 +1,5 @@
+"""Pod mode: every node starts xrun itself (Kubernetes, PAI, Volcano, a batch system, a person on each node).
+
+Placement from the platform's variables, the shared secret, node 0's server and the hello policy, the run.
+May import ``runner.hosts``, ``runner.job``, the head's plan modules, ``xrun.launch`` and ``xrun.channel``.
+"""

@@ -1,0 +1,176 @@
+"""Node 0's side of a pod-mode job: the control server (pod flavour) on a background thread.
+
+Every node's xrun (node 0's included, over loopback) connects to it as agents connect to a head. What differs
+from head mode (``xrun.runner.job.server.ControlServer``):
+
+* a hello is judged by the machine's policy (``xrun.runner.pod.hello.PodHello``: channel key, plan digest):
+  the socket layer passes the offered key and the digest on instead of checking a one-time token;
+* the barrier's status goes to every connected node (``waiting``), whose console shows it; node 0's console
+  shows it through node 0's own agent, so the server itself shows only its one-off lines;
+* the verdict goes to every node (``JobConfig.verdict_to_nodes``), and the server stays until every node has
+  read it and closed its connection (or ``LINGER`` passed);
+* it runs off the main thread: node 0's own agent owns the signals there (``own_signals=False``);
+* with ``--dedupe`` (the default) every node forwards its console writes (``output`` messages,
+  xrun.launch.output.consoleroute) and the server relays them through one merger onto node 0's console
+  (``xrun.runner.job.relay.NodeLines``), so a line every rank prints is shown there once across nodes (issue 17).
+
+Where it listens (``control_bind``): on the master address when it is one of this machine's, else on every
+address of its family (a Service name that resolves to a cluster IP, say); one line says which.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.runner.job.digest import PlanDigest, PlanDigestError
+from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
+from xrun.runner.job.machine import Job, JobConfig
+from xrun.runner.job.relay import NodeLines, head_merger
+from xrun.runner.job.server import ControlServer, _Conn, hello_event
+from xrun.runner.job.status import PlainStatus, say
+from xrun.runner.plan import Plan
+from xrun.runner.pod.hello import PodHello
+from xrun.runner.pod.plan import PodSetup
+
+
+class _LinesOnly(PlainStatus):
+    """Node 0's server console: one-off lines only; the barrier's status is its agent's to show."""
+
+    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
+        pass
+
+    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
+        pass
+
+
+class PodControlServer(ControlServer):
+    def __init__(self, plan: Plan, setup: PodSetup, *, join_timeout: float) -> None:
+        self.setup = setup
+        super().__init__(plan, "", join_timeout=join_timeout, status=_LinesOnly(setup.num_nodes))
+        self.doers[ShowWaiting] = self._send_waiting
+        self.doers[ShowJoined] = lambda a: None
+        self.doers[ShowStarted] = lambda a: None
+        merger = head_merger(plan)
+        self.lines = NodeLines(merger) if merger is not None else None
+
+    def _make_job(self, plan: Plan, join_timeout: float) -> Job:
+        config = replace(JobConfig.from_plan(plan, join_timeout=join_timeout), verdict_to_nodes=True)
+        hosts = tuple(node.host for node in plan.nodes)
+        policy = PodHello(self.setup.digest, plan.request.run_id, hosts, token=self.setup.token)
+        return Job(config, now=time.monotonic(), policy=policy)
+
+    def _hello_event(self, conn: _Conn, msg: Message) -> HelloReceived | None:
+        event = hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
+        if event is None:
+            return None
+        key = msg.get("token")
+        return replace(event, key=key if isinstance(key, str) else None, digest=_digest(msg.get("digest")))
+
+    def _agent_message(self, node: int, msg: Message) -> None:
+        if msg.get("type") != Kind.OUTPUT.value:
+            super()._agent_message(node, msg)
+        elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
+            fd, data = output_bytes(msg)
+            self.lines.feed(self.plan.nodes[node].host, fd, data)
+
+    def _send_waiting(self, action: ShowWaiting) -> None:
+        waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),
+                          elapsed=round(action.elapsed, 1))
+        self._send_all(list(self.node_conns), waiting)
+
+
+def _digest(data: Any) -> PlanDigest | None:
+    try:
+        return PlanDigest.from_json(data)
+    except PlanDigestError:
+        return None
+
+
+class _NoSessions:
+    """Pod mode has no backend sessions: the job is over once every node has closed its connection. The nodes'
+    console lines, when they come, are written as the loop goes and all of them before the report."""
+
+    def __init__(self, lines: NodeLines | None) -> None:
+        self.server: ControlServer | None = None
+        self.lines = lines
+
+    def register(self, loop: ControlServer) -> None:
+        self.server = loop
+        if self.lines is not None:
+            self.lines.register(loop)
+
+    def finished(self, lost: set[str]) -> bool:
+        return self.server is not None and not self.server.node_conns
+
+    def terminate(self) -> None:
+        if self.lines is not None:
+            self.lines.close()
+
+
+@dataclass(frozen=True)
+class Bind:
+    addr: str  # what the server listens on
+    connect: str  # where node 0's own agent connects
+    note: str  # the one line that says which
+
+
+def control_bind(master: str, port: int) -> Bind:
+    """The master address if it is this machine's, else every address of its family."""
+    try:
+        infos = socket.getaddrinfo(master, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        return Bind("0.0.0.0", "127.0.0.1", f"node 0 hosts the control channel on every IPv4 address, port {port} "  # noqa: S104
+                    f"({master} does not resolve here: {err.strerror})")
+    for family, _, _, _, sockaddr in infos:
+        if _is_local(family, str(sockaddr[0])):
+            return Bind(str(sockaddr[0]), str(sockaddr[0]),
+                        f"node 0 hosts the control channel on {sockaddr[0]}:{port} ({master})")
+    v6 = infos[0][0] == socket.AF_INET6
+    wildcard, loopback = ("::", "::1") if v6 else ("0.0.0.0", "127.0.0.1")  # noqa: S104 - the point
+    return Bind(wildcard, loopback, f"node 0 hosts the control channel on every IPv{6 if v6 else 4} address, port "
+                f"{port} ({master} is {infos[0][4][0]}, not an address of this machine)")
+
+
+def _is_local(family: int, addr: str) -> bool:
+    """Only an address of this machine can be bound."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((addr, 0))
+        except OSError:
+            return False
+    return True
+
+
+class ServerThread:
+    """The pod server listening on its port, served on a daemon thread; ``join`` gives the job's exit code."""
+
+    def __init__(self, plan: Plan, setup: PodSetup, *, join_timeout: float) -> None:
+        self.bind = control_bind(setup.control_addr, setup.control_port)
+        self.server = PodControlServer(plan, setup, join_timeout=join_timeout)
+        try:
+            self.server.listen([self.bind.addr], port=setup.control_port)
+        except ChannelError as err:
+            raise ChannelError(f"node 0 cannot host the control channel: {err.reason} (--control_port PORT picks "
+                               "another port)") from None
+        say(self.bind.note)
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._serve, name="xrun-pod-server", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self.code = self.server.run(_NoSessions(self.server.lines), own_signals=False)
+        except Exception as err:  # noqa: BLE001 - the main thread reports it; a thread cannot raise to it
+            say(f"node 0's control server failed: {err.__class__.__name__}: {err}")
+            self.code = 1
+
+    def join(self, timeout: float) -> int | None:
+        self.thread.join(timeout)
+        return self.code
