@@ -11,9 +11,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from xrun.launch.ranks import RankProcess  # noqa: E402
-from xrun.launch.report import failure_json, format_failure_report  # noqa: E402
-from xrun.launch.supervise import RankGroup, SuperviseOptions  # noqa: E402
+from xrun.launch.ranks.processes import RankProcess  # noqa: E402
+from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions  # noqa: E402
+from xrun.launch.result.report import failure_json, format_failure_report  # noqa: E402
 
 
 def peak_rss_kib() -> int:
