@@ -19,29 +19,25 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from xrun.errors import UsageError
+from xrun.launch.spec import World
+from xrun.net import free_port
+from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends
 from xrun.runner.hosts.batch_alloc import NODE_FILE_LIMIT
 from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import local_pool
+from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST, local_pool
 from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.selection import Pool, Selection, select
 from xrun.runner.hosts.slurm_alloc import Allocation, discover_allocation, in_allocation
 from xrun.runner.hosts.smallfile import read_small_file
-from xrun.runner.plan import (
-    JobRequest,
-    Plan,
-    is_local_world,
-    make_plan,
-    with_exports,
-    with_free_port,
-    with_local_exports,
-)
+from xrun.runner.plan import JobRequest, Plan, PortChoice, make_plan
 from xrun.runner.pod.place import place_job
 
 
@@ -55,14 +51,15 @@ class Hosts:
 
 
 def plan_job(request: JobRequest) -> Plan:
-    hosts = find_hosts(request, os.environ)
+    environ = os.environ  # read here and passed down: the steps below take it as an argument
+    hosts = find_hosts(request, environ)
     request = hosts.request
     world = select(hosts.pool, request.selection)
     backend = choose_backend(request, world, slurm=hosts.allocation is not None)
     traits = backend_traits(backend)
     if request.remote.launcher_args and not traits.engine:
         raise UsageError("--launcher_args", f"applies to {', '.join(engine_backends())}, not to {backend!r}")
-    request = with_local_exports(with_free_port(request)) if traits.local else with_exports(request)
+    request = with_local_exports(with_free_port(request), environ) if traits.local else with_exports(request, environ)
     return make_plan(request, world, backend)
 
 
@@ -124,3 +121,45 @@ def choose_backend(request: JobRequest, world: Pool, *, slurm: bool) -> str:
     if local:
         return "local"
     return "pdsh" if shutil.which("pdsh") else "ssh"
+
+
+def is_local_world(world: World, hostfile: str | None) -> bool:
+    """Runs without any remote launcher: no hostfile, or a hostfile naming only this machine."""
+    if hostfile is None:
+        return True
+    return len(world) == 1 and next(iter(world)) in _local_names()
+
+
+def _local_names() -> set[str]:
+    return {LOCALHOST, LOCAL_ADDR, socket.gethostname(), socket.getfqdn()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request steps that read the machine (I/O at the edge, before the pure make_plan).
+
+
+def with_free_port(request: JobRequest) -> JobRequest:
+    """No ``--master_port`` (or 0) on a local run: a port free on loopback now, so two jobs on one machine never
+    meet on 29500 (remote runs agree on one at the barrier)."""
+    if request.master_port == 0 or request.master_port_choice is PortChoice.FREE:
+        return replace(request, master_port=free_port(LOCAL_ADDR), master_port_choice=PortChoice.FREE)
+    return request
+
+
+def with_local_exports(request: JobRequest, environ: Mapping[str, str]) -> JobRequest:
+    """A local run's ``--export``: checked like a remote run's, and set for the ranks (the rest of the environment
+    is theirs already)."""
+    exports = dict(envpass.parse_export(spec, environ) for spec in request.remote.exports)
+    return replace(request, env=exports) if exports else request
+
+
+def with_exports(request: JobRequest, environ: Mapping[str, str]) -> JobRequest:
+    """Collect the environment for remote nodes (``environ`` and the env files)."""
+    cwd = request.cwd or os.getcwd()
+    env = envpass.collect(
+        environ,
+        exports=request.remote.exports,
+        files=envpass.env_files(environ.get("HOME"), cwd),
+        cwd=cwd,
+    )
+    return replace(request, env=env)
