@@ -30,10 +30,9 @@ from xrun.launch.spec import World
 from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends
-from xrun.runner.hosts.batch_alloc import NODE_FILE_LIMIT
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST, local_pool
-from xrun.runner.hosts.nodeio import NodeIO
+from xrun.runner.hosts.nodeio import NODE_FILE_LIMIT, NodeIO
 from xrun.runner.hosts.selection import Pool, Selection, select
 from xrun.runner.hosts.slurm_alloc import Allocation, discover_allocation, in_allocation
 from xrun.runner.hosts.smallfile import read_small_file

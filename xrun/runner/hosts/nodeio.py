@@ -7,10 +7,13 @@ applies, so each source is read one way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from xrun.runner.hosts.batch_alloc import ReadFile
-from xrun.runner.hosts.selection import Pool
+if TYPE_CHECKING:  # a plain run (no platform variable) loads no batch or platform code
+    from xrun.runner.hosts.batch_alloc import ReadFile
+    from xrun.runner.hosts.selection import Pool
+
+NODE_FILE_LIMIT = 16 << 20  # a line per slot: 16 MiB is some 500 000 slots of 32-character names
 
 
 @dataclass(frozen=True)
