@@ -50,6 +50,7 @@ class Hosts:
 
 
 def plan_job(request: JobRequest) -> Plan:
+    """The request -> the plan (see the module doc for the steps); prints where the nodes came from."""
     environ = os.environ  # read here and passed down: the steps below take it as an argument
     hosts = find_hosts(request, environ)
     request = hosts.request
