@@ -16,7 +16,8 @@ from xrun.launch.elastic import rdzv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, rank_script, start_line
 from xrun.launch.result.outcome import RankOutcome
 from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
-from xrun.runner.cli import parse_request, plan_job
+from xrun.runner.cli import parse_request
+from xrun.runner.planner import plan_job
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_elastic.py")
 

@@ -20,8 +20,9 @@ from xrun.runner.backends.mpich import MpichBackend
 from xrun.runner.backends.mvapich import MvapichBackend
 from xrun.runner.backends.openmpi import OpenMpiBackend
 from xrun.runner.backends.slurm import SlurmBackend
-from xrun.runner.cli import choose_backend, parse_request, plan_job
+from xrun.runner.cli import parse_request
 from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.planner import plan_job
 from xrun.runner.remote_options import RemoteOptions
 from xrun.shell import render
 
@@ -217,7 +218,7 @@ def test_a_hostfile_wins_over_the_allocation(in_allocation, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a slots=1\nb slots=1\n")
     request, _ = parse_request(["-H", str(hostfile), "train.py"])
-    assert choose_backend(request, {"a": (0,), "b": (0,)}) != "slurm"
+    assert plan_job(request).backend != "slurm"
 
 
 def test_dry_run_inside_an_allocation():

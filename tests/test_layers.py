@@ -194,7 +194,7 @@ RANKS = {
         {"xrun.runner.job"},
         {"xrun.runner.pod"},
         {"xrun.runner.backends"},
-        {"xrun.runner.cli", "xrun.runner.dryrun", "xrun.runner.validate", "xrun.runner.check"},
+        {"xrun.runner.cli", "xrun.runner.planner", "xrun.runner.dryrun", "xrun.runner.validate", "xrun.runner.check"},
     ],
 }
 LAYER_PACKAGES = set(RANKS) | {"xrun.channel"}

@@ -9,7 +9,8 @@ from xrun.launch.spec import AgentOptions, LaunchOptions, PythonMode, Rendezvous
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.hosts.selection import Selection
-from xrun.runner.plan import JobRequest, is_local_world, make_plan
+from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.planner import is_local_world
 from xrun.shell import render
 
 WORLD = {"worker-0": (1, 3), "worker-1": (0,)}

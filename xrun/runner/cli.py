@@ -1,10 +1,10 @@
-"""``xrun``: the head-node command line. ``main`` is wiring; each step is a function of its own."""
+"""``xrun``: the head-node command line. ``parse_request`` turns argv into a ``JobRequest``; ``main`` is wiring:
+parse -> plan (``xrun.runner.planner``) -> validate -> print the dry run or execute."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 
@@ -22,24 +22,12 @@ from xrun.launch.cli import (
 )
 from xrun.launch.procs.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.runner.backends import backend_traits, engine_backends, known_backends
+from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
-from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import local_pool
-from xrun.runner.hosts.selection import Pool, Selection, select
-from xrun.runner.hosts.slurm_alloc import discover_allocation, in_allocation
-from xrun.runner.plan import (
-    JobRequest,
-    Plan,
-    PortChoice,
-    is_local_world,
-    make_plan,
-    with_exports,
-    with_free_port,
-    with_local_exports,
-)
-from xrun.runner.pod.place import place_job
+from xrun.runner.hosts.selection import Selection
+from xrun.runner.plan import JobRequest, PortChoice
+from xrun.runner.planner import plan_job
 from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.validate import validate
@@ -118,57 +106,6 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         pod=pod_request(ns),
     )
     return request, ns.dry_run
-
-
-def uses_slurm_allocation(request: JobRequest) -> bool:
-    """No hostfile inside salloc/sbatch: the allocation is the hostfile (``--launcher local`` opts out)."""
-    return (
-        request.hostfile is None
-        and request.pod.hosts is None
-        and not request.remote.no_ssh
-        and in_allocation(os.environ)
-        and (request.launcher is None or not backend_traits(request.launcher).local)
-    )
-
-
-def resource_pool(request: JobRequest) -> Pool:
-    if request.hostfile is not None:
-        return read_hostfile(request.hostfile).pool()
-    if uses_slurm_allocation(request):
-        allocation = discover_allocation(os.environ)
-        print(allocation.describe(), file=sys.stderr)
-        return allocation.pool()
-    found = local_pool(os.environ, request.selection)
-    if found.notice:
-        print(found.notice, file=sys.stderr)
-    return found.pool
-
-
-def choose_backend(request: JobRequest, world: Pool) -> str:
-    if request.remote.no_ssh:
-        return "no_ssh"
-    local = is_local_world(world, request.hostfile or request.pod.hosts)
-    if request.launcher is not None:
-        if backend_traits(request.launcher).local and not local:
-            raise UsageError("--launcher", f"{request.launcher!r} runs on this machine only, "
-                             f"but the world has {len(world)} hosts")
-        return request.launcher
-    if uses_slurm_allocation(request):
-        return "slurm"
-    if local:
-        return "local"
-    return "pdsh" if shutil.which("pdsh") else "ssh"
-
-
-def plan_job(request: JobRequest) -> Plan:
-    request, pool = place_job(request, os.environ)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod.place)
-    world = select(pool if pool is not None else resource_pool(request), request.selection)
-    backend = choose_backend(request, world)
-    traits = backend_traits(backend)
-    if request.remote.launcher_args and not traits.engine:
-        raise UsageError("--launcher_args", f"applies to {', '.join(engine_backends())}, not to {backend!r}")
-    request = with_local_exports(with_free_port(request)) if traits.local else with_exports(request)
-    return make_plan(request, world, backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,19 +1,18 @@
 """The job plan: which hosts, which slots, which ranks, with what env and argv. Pure, and printed by --dry-run.
 
 ``make_plan`` asks the chosen backend's traits (``xrun.runner.backends.Traits``) what differs between backends:
-where the master is known, whether env travels, whether nodes plan alone. The two request steps that read
-the machine (a free port for a local run, the environment to export for a remote one) are at the end.
+where the master is known, whether env travels, whether nodes plan alone. The request steps that read the
+machine before it (a free port for a local run, the environment to export for a remote one) are the planner's
+(``xrun.runner.planner``), which also chooses the hosts and the backend.
 
-Rank 0's port (issue 17): without ``--master_port`` (``PortChoice.FREE``) a local run draws a free port here, and
-a channel run lets node 0's agent keep the default when it is free there or take a free one, told to every node
-at the start barrier (``Plan.node0_picks_port``); only ``--elastic`` on several nodes keeps the fixed default,
-because its nodes meet at the endpoint without a barrier.
+Rank 0's port (issue 17): without ``--master_port`` (``PortChoice.FREE``) a local run draws a free port in the
+planner, and a channel run lets node 0's agent keep the default when it is free there or take a free one, told to
+every node at the start barrier (``Plan.node0_picks_port``); only ``--elastic`` on several nodes keeps the fixed
+default, because its nodes meet at the endpoint without a barrier.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -33,10 +32,8 @@ from xrun.launch.spec import (
     node_ranks,
     world_shape,
 )
-from xrun.net import free_port
-from xrun.runner import envpass
 from xrun.runner.backends import backend_traits
-from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST
+from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.pod_options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
@@ -114,17 +111,6 @@ class Plan:
         )
 
 
-def is_local_world(world: World, hostfile: str | None) -> bool:
-    """Runs without any remote launcher: no hostfile, or a hostfile naming only this machine."""
-    if hostfile is None:
-        return True
-    return len(world) == 1 and next(iter(world)) in _local_names()
-
-
-def _local_names() -> set[str]:
-    return {LOCALHOST, LOCAL_ADDR, socket.gethostname(), socket.getfqdn()}
-
-
 def master_placeholder(first_host: str) -> str:
     """MASTER_ADDR in the plan of a channel backend: node 0's agent reports the real address at the barrier."""
     return f"<{first_host} address>"
@@ -159,7 +145,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape),
             options=request.options,
-            env=dict(request.env),  # a local run: only its --export (with_local_exports)
+            env=dict(request.env),  # a local run: only its --export (planner.with_local_exports)
             cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
@@ -168,33 +154,3 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     )
     return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Request steps that read the machine (I/O at the edge, before the pure planning above).
-
-
-def with_free_port(request: JobRequest) -> JobRequest:
-    """No ``--master_port`` (or 0) on a local run: a port free on loopback now, so two jobs on one machine never
-    meet on 29500 (remote runs agree on one at the barrier)."""
-    if request.master_port == 0 or request.master_port_choice is PortChoice.FREE:
-        return replace(request, master_port=free_port(LOCAL_ADDR), master_port_choice=PortChoice.FREE)
-    return request
-
-
-def with_local_exports(request: JobRequest) -> JobRequest:
-    """A local run's ``--export``: checked like a remote run's, and set for the ranks (the rest of the environment
-    is theirs already)."""
-    exports = dict(envpass.parse_export(spec, os.environ) for spec in request.remote.exports)
-    return replace(request, env=exports) if exports else request
-
-
-def with_exports(request: JobRequest) -> JobRequest:
-    """Collect the environment for remote nodes (reads os.environ and the env files)."""
-    cwd = request.cwd or os.getcwd()
-    env = envpass.collect(
-        os.environ,
-        exports=request.remote.exports,
-        files=envpass.env_files(os.environ.get("HOME"), cwd),
-        cwd=cwd,
-    )
-    return replace(request, env=env)

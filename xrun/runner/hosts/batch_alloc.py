@@ -28,8 +28,6 @@ from xrun.runner.hosts.platform_values import (
 from xrun.runner.hosts.selection import Pool
 from xrun.runner.hosts.smallfile import SmallFileError
 
-NODE_FILE_LIMIT = 16 << 20  # a line per slot: 16 MiB is some 500 000 slots of 32-character names
-
 _SHOWN = 80  # characters of a bad line quoted in an error
 
 ReadFile = Callable[[str], str]  # path -> text; raises SmallFileError

@@ -2,7 +2,8 @@
 
 It imports ``xrun.runner.pod.plan`` (which turns request + detection into the world; ``xrun.runner.hosts.platforms``
 detects) only when a pod flag is given or a platform's marker variable is set, so that a plain run pays nothing
-for platform detection. The request's pod part and its flags live in ``xrun.runner.pod_options``.
+for platform detection; otherwise the answer is None and the planner (``xrun.runner.planner``) looks the pool up
+itself. The request's pod part and its flags live in ``xrun.runner.pod_options``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from typing import TYPE_CHECKING
 from xrun.runner.pod_options import PlatformChoice
 
 if TYPE_CHECKING:
-    from xrun.runner.hosts.selection import Pool
+    from xrun.runner.hosts.nodeio import NodeIO
     from xrun.runner.plan import JobRequest
+    from xrun.runner.pod.plan import Placement
 
 # Without one of these (or a VC_<TASK>_HOSTS) no platform is detected (tests/test_platforms.py checks it).
 PLATFORM_MARKERS = ("PET_NNODES", "WORLD_SIZE", "VC_TASK_INDEX", "LWS_GROUP_SIZE", "SKYPILOT_NODE_IPS",
                     "JOB_COMPLETION_INDEX", "PBS_JOBID", "LSB_JOBID")
-
 
 
 def platform_markers_present(env: Mapping[str, str]) -> bool:
@@ -29,13 +30,13 @@ def platform_markers_present(env: Mapping[str, str]) -> bool:
     )
 
 
-def place_job(request: JobRequest, environ: Mapping[str, str]) -> tuple[JobRequest, Pool | None]:
-    """The request in planner terms and the host pool (None: the CLI's own lookup); see xrun.runner.pod.plan."""
+def place_job(request: JobRequest, environ: Mapping[str, str], io: NodeIO) -> Placement | None:
+    """``xrun.runner.pod.plan.place``'s answer, or None when no pod flag is given and no platform can be detected."""
     pod = request.pod
     asked = pod.pod or pod.hosts is not None or pod.control_port is not None or pod.token_file is not None
     asked = asked or request.remote.no_ssh or request.remote.node_rank is not None
     if not asked and (pod.platform is PlatformChoice.NONE or not platform_markers_present(environ)):
-        return request, None
-    from xrun.runner.pod.plan import place_here  # detection and its files: only when they can matter
+        return None
+    from xrun.runner.pod.plan import place  # detection and its files: only when they can matter
 
-    return place_here(request, environ)
+    return place(request, environ, io)

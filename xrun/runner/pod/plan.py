@@ -1,11 +1,12 @@
 """Where the nodes come from: request + platform detection -> the host pool, and the request in planner terms.
 
-``place`` is pure (the environment and every file or device read come in as arguments); ``place_here`` is
-its edge (``xrun.runner.pod.place.place_job``, the CLI's call, imports this module only when a pod flag or a
-platform variable is present). Three outcomes:
+``place`` is pure (the environment and every file or device read come in as arguments: ``NodeIO``); the
+planner (``xrun.runner.planner``) calls it through ``xrun.runner.pod.place.place_job``, which imports this
+module only when a pod flag or a platform variable is present. The platform is detected here, once. Three
+outcomes:
 
 * **head mode** (xrun fans out): ``--hosts PATTERN`` or a PBS/LSF allocation gives the pool; otherwise the
-  pool is left to the CLI (hostfile, Slurm allocation, this machine) and nothing changes;
+  pool is left to the planner (hostfile, Slurm allocation, this machine) and nothing changes;
 * **pod mode** (``--pod``, ``--no_ssh``, or a detected pod platform: every node runs xrun itself): the pool is
   ``-H``/``--hosts``/the platform's host list, else ``node0..nodeN-1`` when the platform gives only a count
   (the master address must then come from the platform or ``--master_addr``), else this machine. Flags win
@@ -19,22 +20,18 @@ platform variable is present). Three outcomes:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from xrun.errors import SelectionError, UsageError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
 from xrun.launch.spec import World
-from xrun.runner.hosts.batch_alloc import NODE_FILE_LIMIT, ReadFile
-from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import local_pool
+from xrun.runner.hosts.batch_alloc import ReadFile
+from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
 from xrun.runner.hosts.platforms import Detection, detect
 from xrun.runner.hosts.selection import Pool
-from xrun.runner.hosts.smallfile import read_small_file
 from xrun.runner.job.digest import PlanDigest, plan_digest
 from xrun.runner.plan import JobRequest, Plan, PortChoice
 from xrun.runner.pod.secret import load_token
@@ -42,18 +39,9 @@ from xrun.runner.pod_options import PlatformChoice
 
 
 @dataclass(frozen=True)
-class NodeIO:
-    """The reads ``place`` may need, passed in so that it stays pure."""
-
-    read_file: ReadFile  # platform files: node lists, /etc/volcano/*.host
-    local_pool: Callable[[], Pool]  # this machine: {"localhost": its slots}
-    hostfile_pool: Callable[[str], Pool]  # -H PATH
-
-
-@dataclass(frozen=True)
 class Placement:
     request: JobRequest  # pod mode: rewritten as no_ssh + node rank + master + run id
-    pool: Pool | None  # None: the CLI's own lookup (hostfile, Slurm allocation, this machine)
+    pool: Pool | None  # None: the planner's own lookup (hostfile, Slurm allocation, this machine)
     announcement: str | None = None  # the one line for stderr
 
 
@@ -300,23 +288,3 @@ def dry_run_lines(plan: Plan) -> list[str]:
                      f"{pod['control_port']}, plan digest {pod['digest'][:16]}; {auth}")
     return lines
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# The edge.
-
-
-def place_here(request: JobRequest, environ: Mapping[str, str]) -> tuple[JobRequest, Pool | None]:
-    """``place`` with this node's files and devices; prints the platform's one line on stderr."""
-
-    def this_machine() -> Pool:
-        found = local_pool(environ, request.selection)
-        if found.notice:
-            print(found.notice, file=sys.stderr)
-        return found.pool
-
-    io = NodeIO(read_file=partial(read_small_file, limit=NODE_FILE_LIMIT), local_pool=this_machine,
-                hostfile_pool=lambda path: read_hostfile(path).pool())
-    placement = place(request, environ, io)
-    if placement.announcement:
-        print(placement.announcement, file=sys.stderr)
-    return placement.request, placement.pool
