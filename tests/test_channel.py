@@ -124,9 +124,10 @@ def test_any_bytes_decode_to_a_message_or_a_channel_error(body, strict):
 
 @given(ANY_JSON | AS_OBJECT, st.booleans(), st.booleans())
 def test_any_json_decodes_to_a_message_or_a_channel_error(value, ascii_only, strict):
-    msg = _decoded_or_refused(_dump(value, ascii_only), strict)
-    if msg is not None:
-        assert msg == value
+    body = _dump(value, ascii_only)
+    msg = _decoded_or_refused(body, strict)
+    if msg is not None:  # what JSON says (escaped "\ud800\udcff" is one character: a pair)
+        assert msg == json.loads(body.decode("utf-8", "surrogatepass"))
 
 
 def _frames(draw_bodies):
