@@ -27,6 +27,7 @@ from xrun.channel.framing import (
     recv,
     send,
 )
+from xrun.channel.handshake import ClientHandshake, ServerHandshake
 from xrun.channel.messages import STOP_STACKS, Kind, message, output_bytes, output_message
 from xrun.channel.sockets import (
     DEAD_AFTER,
@@ -56,11 +57,13 @@ __all__ = [
     "STOP_STACKS",
     "USER_TIMEOUT",
     "ChannelError",
+    "ClientHandshake",
     "Field",
     "FieldKind",
     "FrameReader",
     "Kind",
     "Message",
+    "ServerHandshake",
     "decode_body",
     "encode",
     "fields_error",
