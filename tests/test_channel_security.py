@@ -580,3 +580,124 @@ def test_loopback_a_tls12_client_is_refused(identity):
         served = server.result(timeout=10)
     assert served.received == [] and "TLS handshake failed" in served.error
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# admission.py
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _admission(**limits):
+    clock = _Clock()
+    return channel.Admission(channel.PendingLimits(**limits), clock=clock), clock
+
+
+def test_pending_connections_are_capped_per_source_and_in_total():
+    admission, _ = _admission(total=5, per_source=2)
+    assert [admission.admit("10.0.0.1") for _ in range(3)] == [True, True, False]
+    assert admission.admit("10.0.0.2") and admission.admit("10.0.0.3") and admission.admit("10.0.0.3")
+    assert admission.full and not admission.admit("10.0.0.4")  # total reached
+    admission.release("10.0.0.1")
+    assert not admission.full and admission.admit("10.0.0.1") and admission.pending == 5
+
+
+def test_a_release_too_many_does_not_make_room_that_is_not_there():
+    admission, _ = _admission(total=2, per_source=2)
+    assert admission.admit("10.0.0.1")
+    admission.release("10.0.0.1")
+    admission.release("10.0.0.1")
+    admission.release("10.0.0.9")
+    assert admission.pending == 0 and admission.admit("10.0.0.1") and admission.admit("10.0.0.1")
+    assert not admission.admit("10.0.0.1")
+
+
+def test_failures_are_rate_limited_per_source_five_then_one_a_second():
+    admission, clock = _admission(failure_burst=5, failures_per_second=1.0)
+    for _ in range(5):
+        assert admission.admit("10.0.0.1")
+        admission.release("10.0.0.1")
+        admission.failed("10.0.0.1")
+    assert not admission.admit("10.0.0.1")  # bucket empty: refused at accept
+    assert admission.admit("10.0.0.2")  # another source is not punished
+    clock.now += 0.5
+    assert not admission.admit("10.0.0.1")
+    clock.now += 0.5
+    assert admission.admit("10.0.0.1")
+    admission.failed("10.0.0.1")
+    assert not admission.admit("10.0.0.1")  # one more guess a second, no burst
+
+
+def test_a_refilled_bucket_is_forgotten():
+    admission, clock = _admission()
+    admission.failed("10.0.0.1")
+    clock.now += 5
+    assert admission.admit("10.0.0.1") and admission._buckets == {}
+
+
+def test_the_failure_table_stays_bounded(monkeypatch):
+    monkeypatch.setattr("xrun.channel.admission.MAX_TRACKED", 8)
+    admission, clock = _admission()
+    for i in range(100):
+        clock.now += 0.001
+        admission.failed(f"10.0.{i}.1")
+    assert len(admission._buckets) == 8 and "10.0.99.1" in admission._buckets and "10.0.0.1" not in admission._buckets
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("2001:db8::1", "2001:db8::ffff:1", True),  # one /64: one host can hold all of it
+    ("2001:db8::1", "2001:db8:0:1::1", False),
+    ("::ffff:10.0.0.1", "10.0.0.1", True),
+    ("fe80::1%eth0", "fe80::2%eth1", True),
+    ("10.0.0.1", "10.0.0.2", False),
+])
+def test_sources_count_by_address_and_ipv6_by_its_64(a, b, same):
+    from xrun.channel.admission import source_key
+
+    assert (source_key(a) == source_key(b)) is same
+
+
+def test_an_ipv6_host_cannot_dodge_the_per_source_cap_by_changing_address():
+    admission, _ = _admission(per_source=2)
+    assert admission.admit("2001:db8::1") and admission.admit("2001:db8::2") and not admission.admit("2001:db8::3")
+
+
+def test_fd_headroom_keeps_the_agents_descriptors():
+    assert channel.fd_headroom(1024, 100, keep=128) == 796
+    assert channel.fd_headroom(1024, 1000, keep=128) == 0
+
+
+SHED = r"""
+import errno, resource, socket
+from xrun.channel import SpareFd
+
+listener = socket.create_server(("127.0.0.1", 0))
+listener.setblocking(False)
+spare = SpareFd()
+clients = [socket.create_connection(listener.getsockname()) for _ in range(2)]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+hog = []
+try:
+    while True:
+        hog.append(open("/dev/null"))
+except OSError as err:
+    assert err.errno == errno.EMFILE
+try:
+    listener.accept()
+except OSError as err:
+    print("accept", errno.errorcode[err.errno])
+print("shed", spare.shed(listener), spare.shed(listener), spare.shed(listener))
+print("spare held", spare._fd is not None)
+"""
+
+
+def test_at_emfile_the_spare_descriptor_sheds_queued_connections():
+    """A listener with a queued connection stays readable: without a spare, a selector loop at EMFILE spins."""
+    out = subprocess.run([sys.executable, "-c", SHED], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.splitlines() == ["accept EMFILE", "shed True True False", "spare held True"]

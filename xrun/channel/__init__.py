@@ -12,6 +12,7 @@ when), ``admission`` (how many strangers, how many failed guesses). ``tls`` is n
 ``ssl`` (~5-7 ms), so code that opens a channel imports ``xrun.channel.tls`` itself, and a local run never does.
 """
 
+from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.auth import token_matches
 from xrun.channel.fields import AUTH_FIELDS, CHALLENGE_FIELDS, HELLO_FIELDS, Field, FieldKind, fields_error
 from xrun.channel.framing import (
@@ -56,6 +57,7 @@ __all__ = [
     "PING_INTERVAL",
     "STOP_STACKS",
     "USER_TIMEOUT",
+    "Admission",
     "ChannelError",
     "ClientHandshake",
     "Field",
@@ -63,9 +65,12 @@ __all__ = [
     "FrameReader",
     "Kind",
     "Message",
+    "PendingLimits",
     "ServerHandshake",
+    "SpareFd",
     "decode_body",
     "encode",
+    "fd_headroom",
     "fields_error",
     "message",
     "output_bytes",
