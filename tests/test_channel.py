@@ -276,3 +276,8 @@ def test_the_challenge_proof_is_optional_but_shaped():
 def test_any_object_gets_a_verdict_never_an_exception(msg, table):
     verdict = channel.fields_error(msg, getattr(channel, table))
     assert verdict is None or isinstance(verdict, ChannelError)
+
+
+def test_a_strangers_strings_in_a_refusal_are_short_and_escaped():
+    err = channel.fields_error({"type": "\x1b[2J" + "x" * 100}, channel.AUTH_FIELDS)
+    assert "\x1b" not in err.reason and "\\x1b" in err.reason and len(err.reason) < 60

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from xrun import channel
-from xrun.channel import ChannelError, ClientHandshake, Kind, ServerHandshake, message, proof
+from xrun.channel import ChannelError, ClientHandshake, Kind, ServerHandshake, message, proof, tls, tls_server
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -251,16 +251,14 @@ def test_import_xrun_channel_loads_neither_ssl_nor_cryptography():
 
 def test_an_agent_opening_a_channel_does_not_load_cryptography():
     code = ("import sys\nfrom xrun.channel import tls\ntls.client_context()\n"
-            "print('ssl' in sys.modules, 'cryptography' in sys.modules)")
+            "print('ssl' in sys.modules, 'cryptography' in sys.modules, 'xrun.channel.tls_server' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out.split() == ["True", "False"]
+    assert out.split() == ["True", "False", "False"]
 
 
 @pytest.fixture(scope="module")
 def identity():
-    from xrun.channel import tls
-
-    return tls.ServerIdentity.mint()
+    return tls_server.ServerIdentity.mint()
 
 
 def test_the_fingerprint_is_the_sha256_of_the_der_certificate(identity):
@@ -272,17 +270,13 @@ def test_each_run_mints_its_own_p256_key_and_the_repr_hides_it(identity):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-    from xrun.channel import tls
-
     key = load_pem_private_key(identity.key_pem, password=None)
     assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
-    assert tls.ServerIdentity.mint().fingerprint != identity.fingerprint
+    assert tls_server.ServerIdentity.mint().fingerprint != identity.fingerprint
     assert "PRIVATE" not in repr(identity) and identity.fingerprint in repr(identity)
 
 
 def test_contexts_speak_tls13_only_and_the_client_pins_instead_of_checking_names(identity):
-    from xrun.channel import tls
-
     server, client = identity.server_context(), tls.client_context()
     assert server.minimum_version == client.minimum_version == ssl.TLSVersion.TLSv1_3
     assert (client.check_hostname, client.verify_mode) == (False, ssl.CERT_NONE)
@@ -303,8 +297,6 @@ def test_without_memfd_the_key_file_is_gone_once_loaded(identity, tmp_path, monk
 @pytest.mark.parametrize(("actual", "ok"), [("a1" * 32, True), ("A1" * 32, False), ("a1" * 31, False), (None, False),
                                             ("a1" * 31 + "a2", False), ("\ud800" * 64, False)])
 def test_pin_ok(actual, ok):
-    from xrun.channel import tls
-
     assert tls.pin_ok("a1" * 32, actual) is ok
 
 
@@ -334,15 +326,13 @@ def _address(listener):
 
 def _tls_accept(listener, ctx, timeout=5.0):
     """Accept one connection and run the server's TLS handshake non-blocking, as a selector loop would."""
-    from xrun.channel import tls
-
     conn, _ = listener.accept()
     conn.setblocking(False)
-    sock = tls.wrap_server(ctx, conn)
+    sock = tls_server.wrap_server(ctx, conn)
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as selector:
-        while (step := tls.handshake_step(sock)) is not tls.Step.DONE:
-            selector.register(sock, selectors.EVENT_READ if step is tls.Step.READ else selectors.EVENT_WRITE)
+        while (step := tls_server.handshake_step(sock)) is not tls_server.Step.DONE:
+            selector.register(sock, selectors.EVENT_READ if step is tls_server.Step.READ else selectors.EVENT_WRITE)
             ready = selector.select(deadline - time.monotonic())
             selector.unregister(sock)
             if not ready:
@@ -375,8 +365,6 @@ def _serve(listener, ctx, handshake):
 
 def _client(addr, key, node_rank=1, *, pin=None, pod=False):
     """The agent's side; returns the server's answer to its hello, or raises ChannelError."""
-    from xrun.channel import tls
-
     raw = socket.create_connection(addr, timeout=5)
     try:
         sock = tls.connect_client(raw, tls.client_context(), timeout=5)
@@ -469,8 +457,6 @@ def test_loopback_pod_mode_a_fake_server_learns_nothing(identity, answer):
 
 def _relay(listener, identity, upstream):
     """A man in the middle with a certificate of its own, passing messages both ways (two rounds)."""
-    from xrun.channel import tls
-
     passed = []
     try:
         with _tls_accept(listener, identity.server_context()) as down:
@@ -490,9 +476,7 @@ def _relay(listener, identity, upstream):
 def test_loopback_a_man_in_the_middle_gets_nowhere(identity, pod):
     """The client saw the middleman's certificate: pod mode, the server's proof does not match it (the client
     hangs up); head mode, even a client that forgot to pin makes a proof the real server refuses."""
-    from xrun.channel import tls
-
-    middleman = tls.ServerIdentity.mint()
+    middleman = tls_server.ServerIdentity.mint()
     with _listen() as real, _listen() as fake:
         server = _in_thread(_serve, real, identity.server_context(), _server_handshake(identity, KEY, pod=pod))
         relay = _in_thread(_relay, fake, middleman, _address(real))
@@ -551,8 +535,6 @@ def test_loopback_nothing_readable_on_the_wire_and_a_recording_replays_to_nothin
 
 def test_loopback_recorded_messages_replayed_inside_a_fresh_connection_are_refused(identity):
     """Even someone who could read the old messages (they cannot: see above) gets nothing from them."""
-    from xrun.channel import tls
-
     with _listen() as listener:
         server = _in_thread(_serve, listener, identity.server_context(), _server_handshake(identity, KEY, pod=False))
         _client(_address(listener), KEY, 1, pin=identity.fingerprint)

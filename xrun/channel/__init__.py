@@ -1,15 +1,15 @@
 """The control channel: the wire both layers speak (framing, message kinds, socket liveness, authentication).
 
 The bottom layer: ``xrun.runner`` and ``xrun.launch`` both import it; it imports neither (only the standard
-library, ``cryptography`` in ``tls.ServerIdentity.mint``, and ``xrun``'s shared modules). What it offers is
-re-exported here, so ``from xrun import channel`` then ``channel.send(sock, channel.message(channel.Kind.READY))``
+library, ``cryptography`` in ``tls_server.ServerIdentity.mint``, and ``xrun``'s shared modules). What it offers
+is re-exported here, so ``from xrun import channel`` then ``channel.send(sock, channel.message(channel.Kind.READY))``
 reads as the protocol does.
 
 Security (issue 22), one module per question: ``framing`` (any bytes give a message or a ``ChannelError``),
-``fields`` (a stranger's fields have sane shapes), ``tls`` (TLS 1.3, a per-run certificate, pinning),
-``proof`` (challenge-response over fresh nonces, bound to the certificate), ``handshake`` (who proves what,
-when), ``admission`` (how many strangers, how many failed guesses). ``tls`` is not re-exported: it imports
-``ssl`` (~5-7 ms), so code that opens a channel imports ``xrun.channel.tls`` itself, and a local run never does.
+``fields`` (a stranger's fields have sane shapes), ``tls`` and ``tls_server`` (TLS 1.3, a per-run certificate,
+pinning), ``proof`` (challenge-response over fresh nonces, bound to the certificate), ``handshake`` (who proves
+what, when), ``admission`` (how many strangers, how many failed guesses). Neither TLS module is re-exported: both
+import ``ssl`` (~5-7 ms), so code that opens a channel imports them itself, and a local run never does.
 """
 
 from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom

@@ -65,14 +65,15 @@ def _printable(text: str) -> bool:
 
 def fields_error(msg: Message, fields: Mapping[str, Field]) -> ChannelError | None:
     """The first field of ``msg`` that is missing or misshapen, as a ChannelError; None when all fit."""
+    kind = repr(str(msg.get("type"))[:16])  # a stranger's string: short, and escaped before any console sees it
     for name, field in fields.items():
         if name not in msg:
             if field.required:
-                return ChannelError(f"{msg.get('type')!s:.16}: no {name!r}")
+                return ChannelError(f"{kind}: no {name!r}")
             continue
         problem = field.problem(msg[name])
         if problem:
-            return ChannelError(f"{msg.get('type')!s:.16}: {name!r}: {problem}")
+            return ChannelError(f"{kind}: {name!r}: {problem}")
     return None
 
 

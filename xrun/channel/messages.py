@@ -3,7 +3,8 @@
 The agent (``xrun.launch.connect``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
 import this package; neither defines a message of its own.
 
-Every connection is TLS 1.3 (``xrun.channel.tls``); inside it, before anything else (``xrun.channel.handshake``):
+Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
+(``xrun.channel.handshake``):
 
 Agent -> runner                                   Runner -> agent
   auth(client_nonce, node_rank)   the first frame  challenge(server_nonce[, server_proof])   the answer to auth;
