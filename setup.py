@@ -13,7 +13,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["xrun", "xrun.*"]),
-    install_requires=["psutil>=5.9", "py-spy>=0.3.14"],  # py-spy: the hang doctor's stacks (issue 14)
+    # py-spy: the hang doctor's stacks (issue 14); cryptography: the control channel's per-run TLS certificate
+    # (issue 22; paramiko needed it already, wheels for every platform)
+    install_requires=["psutil>=5.9", "py-spy>=0.3.14", "cryptography>=3.4"],
     extras_require={
         "ssh": ["paramiko>=3"],
         "mpi": ["mpi4py>=4"],

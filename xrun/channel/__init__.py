@@ -1,13 +1,23 @@
 """The control channel: the wire both layers speak (framing, message kinds, socket liveness, authentication).
 
 The bottom layer: ``xrun.runner`` and ``xrun.launch`` both import it; it imports neither (only the standard
-library and ``xrun``'s shared modules). What it offers is re-exported here, so ``from xrun import channel`` then
-``channel.send(sock, channel.message(channel.Kind.READY))`` reads as the protocol does.
+library, ``cryptography`` in ``tls_server.ServerIdentity.mint``, and ``xrun``'s shared modules). What it offers
+is re-exported here, so ``from xrun import channel`` then ``channel.send(sock, channel.message(channel.Kind.READY))``
+reads as the protocol does.
+
+Security (issue 22), one module per question: ``framing`` (any bytes give a message or a ``ChannelError``),
+``fields`` (a stranger's fields have sane shapes), ``tls`` and ``tls_server`` (TLS 1.3, a per-run certificate,
+pinning), ``proof`` (challenge-response over fresh nonces, bound to the certificate), ``handshake`` (who proves
+what, when), ``admission`` (how many strangers, how many failed guesses). Neither TLS module is re-exported: both
+import ``ssl`` (~5-7 ms), so code that opens a channel imports them itself, and a local run never does.
 """
 
+from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.auth import token_matches
+from xrun.channel.fields import AUTH_FIELDS, CHALLENGE_FIELDS, HELLO_FIELDS, Field, FieldKind, fields_error
 from xrun.channel.framing import (
     HEADER,
+    MAX_DEPTH,
     MAX_FRAME,
     MAX_HELLO,
     ChannelError,
@@ -18,6 +28,7 @@ from xrun.channel.framing import (
     recv,
     send,
 )
+from xrun.channel.handshake import ClientHandshake, ServerHandshake
 from xrun.channel.messages import STOP_STACKS, Kind, message, output_bytes, output_message
 from xrun.channel.sockets import (
     DEAD_AFTER,
@@ -31,23 +42,36 @@ from xrun.channel.sockets import (
 )
 
 __all__ = [
+    "AUTH_FIELDS",
+    "CHALLENGE_FIELDS",
     "DEAD_AFTER",
     "HEADER",
+    "HELLO_FIELDS",
     "HELLO_TIMEOUT",
     "KEEPALIVE_COUNT",
     "KEEPALIVE_IDLE",
     "KEEPALIVE_INTERVAL",
+    "MAX_DEPTH",
     "MAX_FRAME",
     "MAX_HELLO",
     "PING_INTERVAL",
     "STOP_STACKS",
     "USER_TIMEOUT",
+    "Admission",
     "ChannelError",
+    "ClientHandshake",
+    "Field",
+    "FieldKind",
     "FrameReader",
     "Kind",
     "Message",
+    "PendingLimits",
+    "ServerHandshake",
+    "SpareFd",
     "decode_body",
     "encode",
+    "fd_headroom",
+    "fields_error",
     "message",
     "output_bytes",
     "output_message",

@@ -3,8 +3,13 @@
 The agent (``xrun.launch.connect``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
 import this package; neither defines a message of its own.
 
+Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
+(``xrun.channel.handshake``):
+
 Agent -> runner                                   Runner -> agent
-  hello(token, node_rank, host, pid, addr,          spec(spec)            after a valid hello only (head mode)
+  auth(client_nonce, node_rank)   the first frame  challenge(server_nonce[, server_proof])   the answer to auth;
+                                                                          server_proof: pod mode, checked first
+  hello(proof, node_rank, host, pid, addr,          spec(spec)            after a valid hello only (head mode)
         versions[, digest])                         accept                after a valid hello (pod mode)
   ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
   started                                           start(master_addr, master_port)   the start barrier
@@ -19,9 +24,14 @@ Agent -> runner                                   Runner -> agent
   output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
                      shown on node 0's console
 
-Pod mode (``xrun.runner.pod.run``): node 0's xrun hosts the server; the hello's ``token`` is the channel key
-(``xrun.runner.pod.secret.channel_key``) and ``digest`` the node's plan digest; no spec is ever sent, and every node
-exits with the code its ``verdict`` carries.
+Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel as 64 lowercase hex digits. Head
+mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).
+Until the hello's proof checks out, the server reads with ``FrameReader.stranger()`` (64 KiB frames, strict text)
+and checks field shapes (``xrun.channel.fields``); a connection that fails any check is closed without a word.
+
+Pod mode (``xrun.runner.pod.run``): node 0's xrun hosts the server; both sides prove the key derived from the
+shared secret (the server first, in the challenge) and ``digest`` is the node's plan digest; no spec is ever sent,
+and every node exits with the code its ``verdict`` carries.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ from xrun.channel.framing import ChannelError, Message
 class Kind(str, enum.Enum):
     """Every message type on the wire (the ``"type"`` field)."""
 
+    AUTH = "auth"  # the client's first frame: its nonce and the node rank it will prove
+    CHALLENGE = "challenge"  # the server's nonce (and, pod mode, its own proof)
     HELLO = "hello"
     SPEC = "spec"
     READY = "ready"
@@ -56,9 +68,6 @@ class Kind(str, enum.Enum):
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
     OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
-
-
-STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

@@ -1,0 +1,96 @@
+"""The shapes of the messages a peer sends before it has proven itself: auth, challenge, hello.
+
+A stranger's message is checked field by field (type, length, range) before any of its values is used, so
+the checks that follow (a proof comparison, a node-rank lookup, a line on the console) see only sane values:
+``fields_error(msg, AUTH_FIELDS)`` returns a ``ChannelError`` naming the first odd field, or None. Fields not
+listed are ignored (a newer peer may add some); a listed field that is required must be there.
+
+Pure and cheap: no import beyond the standard library's ``dataclasses`` and ``enum``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xrun.channel.framing import ChannelError, Message
+
+HEX_DIGITS = frozenset("0123456789abcdef")
+NONCE_HEX = 64  # 32 random bytes, lowercase hex
+PROOF_HEX = 64  # an HMAC-SHA256, lowercase hex
+MAX_NODE_RANK = 1 << 20  # far beyond any job; keeps a stranger's number small
+
+
+class FieldKind(enum.Enum):
+    HEX = "lowercase hex of exactly `limit` characters"
+    TEXT = "printable text of at most `limit` characters"
+    INT = "an integer from 0 to `limit`"
+    OBJECT = "a JSON object of at most `limit` entries"
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: FieldKind
+    limit: int
+    required: bool = True
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` does not fit, or None."""
+        if self.kind is FieldKind.HEX:
+            ok = isinstance(value, str) and len(value) == self.limit and HEX_DIGITS.issuperset(value)
+            return None if ok else f"expected {self.limit} lowercase hex digits"
+        if self.kind is FieldKind.INT:
+            # bool is an int in Python, not in the protocol
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= self.limit
+            return None if ok else f"expected an integer from 0 to {self.limit}"
+        if self.kind is FieldKind.OBJECT:
+            ok = isinstance(value, dict) and len(value) <= self.limit
+            return None if ok else f"expected an object of at most {self.limit} entries"
+        ok = isinstance(value, str) and len(value) <= self.limit and _printable(value)
+        return None if ok else f"expected printable text of at most {self.limit} characters"
+
+
+def _printable(text: str) -> bool:
+    """No control character (a host name reaches the console) and no lone surrogate (it reaches an encoder)."""
+    if text.isascii():
+        return text.isprintable()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return text.isprintable()
+
+
+def fields_error(msg: Message, fields: Mapping[str, Field]) -> ChannelError | None:
+    """The first field of ``msg`` that is missing or misshapen, as a ChannelError; None when all fit."""
+    kind = repr(str(msg.get("type"))[:16])  # a stranger's string: short, and escaped before any console sees it
+    for name, field in fields.items():
+        if name not in msg:
+            if field.required:
+                return ChannelError(f"{kind}: no {name!r}")
+            continue
+        problem = field.problem(msg[name])
+        if problem:
+            return ChannelError(f"{kind}: {name!r}: {problem}")
+    return None
+
+
+NONCE = Field(FieldKind.HEX, NONCE_HEX)
+NODE_RANK = Field(FieldKind.INT, MAX_NODE_RANK)
+
+AUTH_FIELDS: Mapping[str, Field] = {"client_nonce": NONCE, "node_rank": NODE_RANK}
+CHALLENGE_FIELDS: Mapping[str, Field] = {
+    "server_nonce": NONCE,
+    "server_proof": Field(FieldKind.HEX, PROOF_HEX, required=False),  # pod mode only
+}
+HELLO_FIELDS: Mapping[str, Field] = {
+    "proof": Field(FieldKind.HEX, PROOF_HEX),
+    "node_rank": NODE_RANK,
+    "host": Field(FieldKind.TEXT, 255),  # HOST_NAME_MAX is 64; an FQDN may reach 255
+    "pid": Field(FieldKind.INT, (1 << 31) - 1),
+    "addr": Field(FieldKind.TEXT, 128),  # an IPv6 address with a zone id
+    "versions": Field(FieldKind.OBJECT, 16),
+    "digest": Field(FieldKind.OBJECT, 8, required=False),  # pod mode: the plan digest
+}

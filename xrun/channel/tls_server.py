@@ -1,0 +1,117 @@
+"""The server's half of the channel's TLS: this run's identity, and a handshake a selector loop can drive.
+
+``ServerIdentity.mint()`` makes a fresh EC P-256 key and a self-signed certificate (well under a millisecond
+once ``cryptography`` is loaded; loading it costs ~30 ms, once, on the head or node 0 only). The key stays in
+memory: ``ssl`` can load a key only from a path, so ``server_context`` hands it over through an anonymous
+memory file (Linux's ``memfd``), else through a private temp file (``O_EXCL``, 0600) removed as soon as it is
+read. Clients pin ``fingerprint`` (head mode: it may travel on argv, it is public) or bind their proof to it
+(pod mode): see ``xrun.channel.tls``.
+
+For a selector-driven server: ``wrap_server`` gives a non-blocking ``SSLSocket`` whose handshake advances with
+``handshake_step`` each time the socket is ready (``Step.READ``/``Step.WRITE`` says for what); after it, read
+until ``SSLWantReadError`` on each wake-up, because TLS may hold decrypted bytes (``pending()``) that the
+selector cannot see. A handshake counts against the connection's hello deadline like any pending byte.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import socket
+import ssl
+from dataclasses import dataclass, field
+
+from xrun.channel.framing import ChannelError
+from xrun.channel.tls import reason
+
+CERT_DAYS = 365  # nothing checks the dates (clients pin); a run may last weeks
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """This run's certificate and key, in memory; ``fingerprint``: SHA-256 of the DER certificate, hex."""
+
+    cert_pem: bytes
+    fingerprint: str
+    key_pem: bytes = field(repr=False)
+
+    @classmethod
+    def mint(cls, common_name: str = "xrun") -> ServerIdentity:
+        """A fresh EC P-256 key and a self-signed certificate for it (a few ms)."""
+        import datetime  # noqa: PLC0415 - only a server mints
+
+        from cryptography import x509  # noqa: PLC0415 - only a server needs cryptography
+        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+        from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))  # a node whose clock lags still accepts it
+            .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+            .sign(key, hashes.SHA256())
+        )
+        der = cert.public_bytes(serialization.Encoding.DER)
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return cls(cert.public_bytes(serialization.Encoding.PEM), hashlib.sha256(der).hexdigest(), key_pem)
+
+    def server_context(self) -> ssl.SSLContext:
+        """A TLS 1.3 server context holding this identity (build it once per run: it loads the key)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.num_tickets = 0
+        _load_chain(ctx, self.cert_pem + self.key_pem)
+        return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, pem: bytes) -> None:
+    """``ssl`` loads a key only from a path: an anonymous memory file where Linux has one, else a private
+    temp file (O_EXCL, 0600: ``mkstemp``) removed as soon as it is read."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("xrun-tls", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, pem)
+            ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        return
+    import tempfile  # noqa: PLC0415 - rarely needed (no memfd), and it loads random and shutil
+
+    fd, path = tempfile.mkstemp(prefix="xrun-tls-", suffix=".pem")
+    try:
+        os.write(fd, pem)
+        os.close(fd)
+        ctx.load_cert_chain(path)
+    finally:
+        os.unlink(path)
+
+
+class Step(enum.Enum):
+    DONE = "done"
+    READ = "read"  # wait until the socket is readable, then step again
+    WRITE = "write"  # wait until it is writable
+
+
+def wrap_server(ctx: ssl.SSLContext, sock: socket.socket) -> ssl.SSLSocket:
+    """An accepted (non-blocking) connection as a TLS server socket whose handshake is still to do."""
+    return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+
+
+def handshake_step(tls: ssl.SSLSocket) -> Step:
+    """Advance a non-blocking handshake as far as the bytes at hand allow; a failure is a ChannelError."""
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        return Step.READ
+    except ssl.SSLWantWriteError:
+        return Step.WRITE
+    except (OSError, ValueError) as err:
+        raise ChannelError(f"TLS handshake failed: {reason(err)}") from None
+    return Step.DONE
