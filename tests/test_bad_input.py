@@ -4,6 +4,7 @@ flag, no traceback, and a bounded time (every run is a real ``xrun`` subprocess 
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -116,6 +117,33 @@ def test_bad_flag(args, needle, dry_run):
     args = [a for a in args if a != "no_such_module_xyz"]
     result = run_xrun(*(["--dry-run"] if dry_run else []), *args, *script, *module, timeout=TIME_BOUND)
     assert_one_line_error(result, needle)
+
+
+# (command, its arguments, the one line it prints): a misspelled flag is named with the flag meant; a flag the
+# command does not have says where a script's own flags go (issue 25 §7).
+UNKNOWN_FLAG_ROWS = {
+    "num-gpu": ([], ["--num-gpu", "2", "hello.py"], "xrun: unknown flag --num-gpu (did you mean --num-gpus?)"),
+    "nnode": ([], ["--nnode", "2", "hello.py"], "xrun: unknown flag --nnode (did you mean --nnodes?)"),
+    "lr": ([], ["--lr", "3", "hello.py"], "xrun: unknown flag --lr: not a flag of xrun; "
+                                          "arguments for the script go after it (xrun hello.py --lr 3)"),
+    "check": ([], ["check", "--num-gpu", "2"], "xrun check: unknown flag --num-gpu (did you mean --num-gpus?)"),
+    "agent-lr": (["-m", "xrun.launch"], ["--lr", "3", "t.py"],
+                 "xrun.launch: unknown flag --lr: not a flag of python -m xrun.launch; "
+                 "arguments for the script go after it (python -m xrun.launch t.py --lr 3)"),
+    "agent-abbrev": (["-m", "xrun.launch"], ["--world_inf=x", "t.py"],
+                     "xrun.launch: unknown flag --world_inf (did you mean --world_info?)"),
+}
+
+
+@pytest.mark.parametrize("command, args, line", list(UNKNOWN_FLAG_ROWS.values()), ids=list(UNKNOWN_FLAG_ROWS))
+def test_unknown_flag_is_named_with_what_was_meant(command, args, line):
+    if command:  # the node agent, as a user would type it
+        result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT,
+                                timeout=TIME_BOUND)
+    else:
+        result = run_xrun(*args, timeout=TIME_BOUND)
+    assert_one_line_error(result, line)
+    assert result.stderr == line + "\n"
 
 
 @pytest.mark.parametrize("script", ["nope.py", "-weird.py"])

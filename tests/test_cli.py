@@ -93,7 +93,7 @@ def test_flag_spellings(flag):
         (["--master_port", "70000", "t.py"], "xrun: --master_port: 70000 is not a TCP port"),
         (["--dry-run=yaml", "t.py"], "xrun: --dry-run: unknown format 'yaml'"),
         (["--launcher", "pdhs", "t.py"], "xrun: --launcher: unknown backend 'pdhs'; known: impi, local, mpich, mvapich, no_ssh, openmpi, pdsh, slurm, ssh"),
-        (["--bogus-flag", "t.py"], "xrun: unrecognized arguments: --bogus-flag"),
+        (["--bogus-flag", "t.py"], "xrun: unknown flag --bogus-flag: not a flag of xrun; arguments for the script go after it (xrun t.py --bogus-flag)"),
         ([], "xrun: missing SCRIPT"),
         (["--bind_core_list", "0-1", "t.py"], "xrun: --bind_core_list: only applies with --bind_cores_to_rank"),
     ],
@@ -104,6 +104,72 @@ def test_bad_input_is_one_line_exit_2(args, message):
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith(message), result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, flag, meant",
+    [
+        (["--num-gpu", "2", "hello.py"], "--num-gpu", "--num-gpus"),
+        (["--nnode", "2", "hello.py"], "--nnode", "--nnodes"),
+        (["--num_gpu=2", "hello.py"], "--num_gpu", "--num_gpus"),
+        (["--master_ad", "1.2.3.4", "hello.py"], "--master_ad", "--master_addr"),  # an abbreviation argparse took
+        (["--lr", "3", "hello.py"], "--lr", None),
+        (["-x", "hello.py"], "-x", None),
+    ],
+)
+def test_the_splitter_names_an_unknown_flag(argv, flag, meant):
+    from xrun.argsplit import split_argv
+    from xrun.errors import UnknownFlagError
+    from xrun.runner.cli import build_parser
+
+    with pytest.raises(UnknownFlagError) as caught:
+        split_argv(build_parser(), argv)
+    assert (caught.value.flag, caught.value.meant) == (flag, meant)
+
+
+@pytest.mark.parametrize(
+    "argv, example",
+    [
+        (["--lr", "3", "hello.py", "--epochs", "2"], "(xrun hello.py --lr 3)"),
+        (["--lr=3", "hello.py"], "(xrun hello.py --lr=3)"),
+        (["--verbose", "hello.py", "x"], "(xrun hello.py --verbose)"),
+        (["--lr", "3", "train"], "(xrun train --lr 3)"),
+        (["--lr"], "(xrun SCRIPT --lr)"),
+        (["--lr", "--epochs"], "(xrun SCRIPT --lr)"),
+    ],
+)
+def test_a_scripts_flag_before_the_script_says_where_it_goes(argv, example):
+    from xrun.argsplit import split_argv
+    from xrun.errors import UnknownFlagError
+    from xrun.runner.cli import build_parser
+
+    with pytest.raises(UnknownFlagError, match="arguments for the script go after it") as caught:
+        split_argv(build_parser(), argv)
+    assert str(caught.value).endswith(example), str(caught.value)
+
+
+@pytest.mark.parametrize("argv", [["-Hhf", "t.py"], ["--num-gpus=2", "t.py"], ["--dry-run=json", "t.py"]])
+def test_known_flags_in_every_form_still_split(argv):
+    from xrun.argsplit import split_argv
+    from xrun.runner.cli import build_parser
+
+    split = split_argv(build_parser(), argv)
+    assert (split.options, split.program) == (tuple(argv[:-1]), "t.py")
+
+
+def test_no_parser_takes_an_abbreviation():
+    from xrun.errors import XrunError
+    from xrun.launch.cli import build_parser as agent_parser
+    from xrun.launch.connect import build_parser as connect_parser
+    from xrun.runner.check import build_parser as check_parser
+    from xrun.runner.cli import build_parser
+
+    cases = [(build_parser(), ["--num_gp", "2"]), (agent_parser(), ["--world_inf", "x", "--node_rank", "0"]),
+             (check_parser(), ["--num_gp", "2"]), (connect_parser(), ["--connect", "h:1", "--node_ran", "0"])]
+    for parser, argv in cases:
+        assert parser.allow_abbrev is False, parser.prog
+        with pytest.raises(XrunError):
+            parser.parse_args(argv)
 
 
 def test_bad_hostfile_line_named(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -103,7 +104,7 @@ def test_last_call_stays_short_when_nodes_may_join_later():
 
 def test_user_keys_win_and_static_gets_rank_and_timeout():
     assert rdzv.rendezvous_configs(opts(rdzv_conf={"read_timeout": "7"}), 0)["read_timeout"] == "7"
-    assert rdzv.rendezvous_configs(opts(rdzv_backend="static"), 2) == {"timeout": "1800", "rank": "2"}
+    assert rdzv.rendezvous_configs(opts(rdzv_backend="static"), 2) == {"timeout": "1800", "rank": 2}
     assert rdzv.rendezvous_configs(opts(rdzv_backend="etcd"), 2) == {"timeout": "1800"}
 
 
@@ -115,6 +116,19 @@ def test_configs_are_what_torch_reads():
 
     params = RendezvousParameters("c10d", "localhost:0", "r", 1, 1, **rdzv.rendezvous_configs(opts(join_timeout=42), 0))
     assert params.get_as_int("read_timeout") == 42 and params.get_as_int("join_timeout") == 42
+
+
+def test_static_node_0_hosts_the_store():
+    """torch's static handler serves the store where ``rank == 0``: a string "0" made every node a client of a
+    store nobody served, and the job never started (issue 25)."""
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    for node_rank in (0, 1):
+        conf = rdzv.rendezvous_configs(opts(rdzv_backend="static"), node_rank)
+        handler = create_rdzv_handler(RendezvousParameters("static", "127.0.0.1:1", "r", 2, 2, **conf))
+        assert (handler.rank == 0) is (node_rank == 0)
 
 
 @pytest.mark.parametrize(
@@ -305,6 +319,24 @@ def test_local_exhausted_restarts_fail_with_the_real_exit_code(tmp_path):
     assert report["root_cause"] == 1 and report["exit_code"] == 9
     # Both attempts' logs are kept (the first one renamed with its time).
     assert len(list((tmp_path / "logs" / "localhost" / "rank1").glob("stderr*.log"))) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_every_rendezvous_backend_starts_at_once(tmp_path, backend):
+    # static used to wait out --join_timeout and then torch's own retries: nobody served its store (issue 25).
+    pytest.importorskip("torch")
+    started = time.monotonic()
+    # No --rdzv_conf: static reads none of c10d's keys.
+    result = run_xrun("--elastic", "--rdzv_backend", backend, "--num_gpus", "2", "--master_port", "0",
+                      "--join_timeout", "60", EXAMPLE, "--checkpoint", str(tmp_path / "ckpt.pt"), "--steps", "2",
+                      "--step_time", "0.05", cwd=str(tmp_path), timeout=60, env={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{backend} rendezvous at" in result.stderr
+    assert "rendezvous complete: node 0 of 1, ranks 0-1 of 2" in result.stderr
+    assert elapsed < 45, elapsed  # ~7 s idle; the bound is for 2 loaded cores, and still under --join_timeout
 
 
 def test_dry_run_shows_the_elastic_agent_command():

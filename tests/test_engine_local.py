@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import pytest
 
@@ -115,3 +116,53 @@ def test_engine_exit_code_is_zero_only_once_the_runner_has_the_result():
 
     assert engine_exit_code(9, delivered=True) == 0
     assert engine_exit_code(9, delivered=False) == 9
+
+
+# -- an engine that cannot reach a node ends the start barrier at once (issue 25 §2) ------------------------------
+
+UNREACHABLE = "127.0.0.5"  # a loopback address where nothing listens on port 22: ssh is refused at once
+# hydra's ssh for the reachable node runs its command here instead: hydra then keeps waiting for the proxy it
+# could not start, as it does on a cluster with one node down.
+HALF_SSH = f"""#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -x|-q) shift;; -o|-p|-l) shift 2;; *) host=$1; shift; break;; esac; done
+[ "$host" = "{UNREACHABLE}" ] && exec ssh -o BatchMode=yes "$host" "$@"
+exec sh -c "$*"
+"""
+
+
+def refused(address, port=22):
+    import socket
+
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, half", [("mpich", False), ("mpich", True), ("openmpi", False)],
+                         ids=["mpich", "mpich-one-node-up", "openmpi"])
+def test_engine_that_cannot_reach_a_node_ends_the_barrier_at_once(name, half, tmp_path):
+    args, env = engine(name)
+    if shutil.which("ssh") is None or not refused(UNREACHABLE):
+        pytest.skip(f"needs ssh and nothing listening on {UNREACHABLE}:22")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"up slots=1\n{UNREACHABLE} slots=1\n" if half else f"{UNREACHABLE} slots=1\n")
+    if half:
+        wrapper = tmp_path / "half-ssh"
+        wrapper.write_text(HALF_SSH)
+        wrapper.chmod(0o755)
+        args = [*args, f"--launcher_args=-launcher ssh -launcher-exec {wrapper}"]
+    (tmp_path / "quick.py").write_text("print('ran')\n")
+    started = time.monotonic()
+    proc = run_xrun("--launcher", name, *args, "-H", str(hosts), "--control_addr", "127.0.0.1",
+                    "--join_timeout", "60", "quick.py", env=env, cwd=str(tmp_path), timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 255, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (f"the session to {UNREACHABLE} exited with code 255 before its agent connected "
+            f"(") in proc.stderr and f"ssh: connect to host {UNREACHABLE} port 22: Connection refused)" in proc.stderr
+    assert elapsed < 15, elapsed  # ~3.5 s: the barrier does not wait out --join_timeout

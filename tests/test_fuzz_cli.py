@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
-from xrun.runner.cli import main
+from xrun.runner.cli import build_parser, main
 
 pytestmark = pytest.mark.fuzz
 
@@ -134,6 +134,26 @@ def test_argument_bytes(before, after):
     assert_contract(code, stderr)
     if not before:
         assert code == 0, stderr  # the script's own arguments are never xrun's business
+
+
+KNOWN_FLAGS = frozenset(option for action in build_parser()._actions for option in action.option_strings)
+UNKNOWN_FLAG = st.one_of(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-", min_size=1, max_size=14).map(lambda name: "--" + name),
+    st.sampled_from(["--num-gpu", "--nnode", "--lr", "--num_gpu", "--hostf", "--master", "-x", "-1", "--\u0663",
+                     "--a\nb", "--" + "n" * 5000]),
+).filter(lambda flag: flag.split("=", 1)[0] not in KNOWN_FLAGS and flag[:2] not in KNOWN_FLAGS)
+
+
+@FAST
+@given(flag=UNKNOWN_FLAG, value=st.one_of(st.none(), st.sampled_from(["2", "x", "-3", "t.py"]), ARG),
+       attached=st.booleans(), known=st.sampled_from([[], ["--num_gpus", "1"], ["-H", TWO_WORKERS]]))
+def test_unknown_flags_are_one_line_naming_them(flag, value, attached, known):
+    """A flag xrun does not have, before the script, with or without a value: exit 2, one line naming it."""
+    words = [flag] if value is None else [f"{flag}={value}"] if attached and flag.startswith("--") else [flag, value]
+    code, stderr = run_main("--dry-run", *known, *words, "t.py", "--lr", "1")
+    assert_contract(code, stderr)
+    assert code == 2, stderr
+    assert stderr.startswith("xrun: unknown flag "), stderr
 
 
 @SUBPROCESS

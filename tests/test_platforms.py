@@ -242,6 +242,12 @@ def test_mcpu_hosts():
     assert mcpu_hosts("hA 4 hB 4") == (("hA", "hB"), (4, 4))
 
 
+def test_mcpu_hosts_bound_the_ranks_in_all_before_the_pool():
+    text = " ".join(f"h{i} 1024" for i in range(200))  # 204,800 slots: every host within its own limit
+    with pytest.raises(PlatformError, match="the most ranks xrun accepts"):
+        mcpu_hosts(text)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The file reader: regular files only, capped, symlinks followed (Kubernetes mounts are symlinks).
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 
+from xrun.launch.output.streams import open_logs
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
-from xrun.launch.result.report import failure_json, format_failure_report, write_failure_json
+from xrun.launch.result.report import conclude, failure_json, format_failure_report, write_failure_json
 
 
 def outcome(rank: int, **kw) -> RankOutcome:
@@ -84,6 +86,19 @@ def test_failure_json_carries_the_same_facts():
     assert root["root_cause"] is True and root["failed"] is True and root["exit_code"] is None
     assert root["stderr_tail"] == ["loading shard 3", "Fatal Python error"]
     assert data["ranks"][0]["stopped_by_xrun"] is True and data["ranks"][0]["root_cause"] is False
+
+
+def test_failure_and_summary_go_to_the_folder_of_the_nodes_logs(tmp_path, capsys):
+    # A host name with a path separator: the rank logs were under "a_b", failure.json under "a/b" (issue 25 §5).
+    result = dataclasses.replace(segv_result(), host="a/b")
+    fds = open_logs(str(tmp_path), "a/b", 5)
+    for fd in fds:
+        os.close(fd)
+    conclude(result, str(tmp_path), announce=False)
+    capsys.readouterr()
+    assert sorted(os.listdir(tmp_path)) == ["a_b"]
+    assert sorted(os.listdir(tmp_path / "a_b")) == ["failure.json", "rank5", "summary.json"]
+    assert json.loads((tmp_path / "a_b" / "failure.json").read_text())["exit_code"] == 139
 
 
 def test_write_failure_json_creates_directories_and_leaves_no_temp_files(tmp_path):

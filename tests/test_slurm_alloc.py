@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tests.conftest import run_xrun
 from xrun.runner.hosts.slurm_alloc import (
     Allocation,
     SlurmAllocationError,
@@ -14,6 +17,7 @@ from xrun.runner.hosts.slurm_alloc import (
     gpus_per_node,
     in_allocation,
 )
+from xrun.values import MAX_RANKS
 
 
 @pytest.mark.parametrize(
@@ -118,3 +122,68 @@ def test_discover_refuses_to_run_as_one_of_many_srun_tasks():
 def test_discover_allows_a_single_task_step():
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}
     assert discover_allocation(env).hosts == ("n1",)
+
+
+# -- every count is bounded before it is expanded (issue 25): one line naming the variable, never a MemoryError --
+
+HUGE_ROWS = {
+    "tasks-per-node": ({"SLURM_TASKS_PER_NODE": "99999999999(x99999999999)"}, "SLURM_TASKS_PER_NODE"),
+    "tasks-repeat": ({"SLURM_TASKS_PER_NODE": "1(x99999999999)"}, "SLURM_TASKS_PER_NODE"),
+    "tasks-unicode": ({"SLURM_TASKS_PER_NODE": "\u0663"}, "SLURM_TASKS_PER_NODE"),
+    "gpus-per-node": ({"SLURM_GPUS_PER_NODE": "a100:99999999999"}, "SLURM_GPUS_PER_NODE"),
+    "gpus-per-node-sum": ({"SLURM_GPUS_PER_NODE": "a:1000,b:1000"}, "SLURM_GPUS_PER_NODE"),
+    "gpus-superscript": ({"SLURM_GPUS_PER_NODE": "\u00b2"}, "SLURM_GPUS_PER_NODE"),
+    "job-gpus-range": ({"SLURM_JOB_GPUS": "0-99999999999"}, "SLURM_JOB_GPUS"),
+    "job-gpus-down": ({"SLURM_JOB_GPUS": "5-1"}, "SLURM_JOB_GPUS"),
+    "gpus-on-node": ({"SLURM_GPUS_ON_NODE": "99999999999"}, "SLURM_GPUS_ON_NODE"),
+    "nodelist": ({"SLURM_JOB_NODELIST": "n[0-99999999999]"}, "SLURM_JOB_NODELIST"),
+    "ranks-in-all": ({"SLURM_JOB_NODELIST": "n[0-65535]", "SLURM_GPUS_PER_NODE": "1024"}, "SLURM_GPUS_PER_NODE"),
+}
+
+
+@pytest.mark.parametrize(("env", "variable"), list(HUGE_ROWS.values()), ids=list(HUGE_ROWS))
+def test_counts_are_bounded_before_they_are_expanded(env, variable):
+    with pytest.raises(SlurmAllocationError) as err:
+        discover_allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", **env})
+    assert err.value.variable == variable
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_step_task_count_in_other_digits_is_no_step():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "\u00b2"}
+    assert discover_allocation(env).hosts == ("n1",)  # int('²') used to raise ValueError
+
+
+COUNT = st.one_of(st.integers(min_value=0, max_value=10**20).map(str), st.sampled_from(["\u0663", "\u00b2", "", " "]))
+TASKS = st.lists(st.tuples(COUNT, st.one_of(st.none(), COUNT)).map(
+    lambda t: t[0] if t[1] is None else f"{t[0]}(x{t[1]})"), min_size=1, max_size=4).map(",".join)
+SLURM_ENV = st.fixed_dictionaries({"SLURM_JOB_ID": st.just("7")}, optional={
+    "SLURM_JOB_NODELIST": st.one_of(st.sampled_from(["n1", "n[1-4]", "n[0-99999999999]", "n[1-3],m"]),
+                                    st.text(max_size=12)),
+    "SLURM_TASKS_PER_NODE": st.one_of(TASKS, st.text(max_size=12)),
+    "SLURM_GPUS_PER_NODE": st.one_of(COUNT, COUNT.map(lambda c: f"a100:{c}")),
+    "SLURM_JOB_GPUS": st.one_of(st.tuples(COUNT, COUNT).map("-".join), COUNT),
+    "SLURM_GPUS_ON_NODE": COUNT,
+    "SLURM_STEP_ID": st.sampled_from(["", "0"]),
+    "SLURM_STEP_NUM_TASKS": COUNT,
+})
+
+
+@settings(max_examples=300, deadline=1000)
+@given(env=SLURM_ENV)
+def test_any_slurm_environment_is_an_allocation_or_one_line(env):
+    try:
+        allocation = discover_allocation(env)
+    except SlurmAllocationError as err:
+        assert "\n" not in str(err) and len(str(err)) < 400
+        return
+    assert len(allocation.hosts) <= 65536 and sum(allocation.slots) <= MAX_RANKS
+    assert len(allocation.pool()) == len(allocation.hosts)
+
+
+def test_dry_run_inside_a_huge_allocation_is_one_line():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "99999999999(x99999999999)"}
+    result = run_xrun("--dry-run", "t.py", env=env, timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and "MemoryError" not in result.stderr
+    assert result.stderr.startswith("xrun: SLURM_TASKS_PER_NODE='99999999999(x99999999999)': "), result.stderr

@@ -33,6 +33,18 @@ class UsageError(XrunError):
         super().__init__(f"{flag}: {reason}")
 
 
+class UnknownFlagError(XrunError):
+    """A flag the command does not have: the one it probably meant, or where the script's own flags go."""
+
+    def __init__(self, flag: str, *, meant: str | None = None, hint: str = "") -> None:
+        self.flag = flag
+        self.meant = meant
+        self.hint = hint
+        shown_flag = flag if len(flag) <= 100 else flag[:100] + "..."
+        said = f" (did you mean {meant}?)" if meant is not None else f": {hint}" if hint else ""
+        super().__init__(f"unknown flag {shown_flag}{said}")
+
+
 class HostfileError(XrunError):
     """A hostfile that cannot be read or has a bad line."""
 

@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m xrun.launch",
         usage="python -m xrun.launch --world_info=B64 --node_rank=N [options] SCRIPT [ARGS...]",
         description="xrun node agent: starts and supervises this node's ranks.",
+        allow_abbrev=False,  # a flag means the same in every release
     )
     add = parser.add_argument
     add(*spellings("--world_info"), required=True, help="base64 JSON {host: [slots]} (DeepSpeed format)")

@@ -69,7 +69,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m xrun.launch --connect", add_help=True)
+    parser = _Parser(prog="python -m xrun.launch --connect", add_help=True, allow_abbrev=False)
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
     rank = parser.add_mutually_exclusive_group(required=True)
     rank.add_argument("--node_rank", "--node-rank", type=int_arg(high=MAX_HOSTS), help="this node's index")

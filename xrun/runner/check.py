@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xrun import __version__
-from xrun.argsplit import spellings
+from xrun.argsplit import spellings, unknown_flag
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
@@ -83,11 +83,12 @@ class HostReport:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError("xrun check", f"{message}; see xrun check --help")
+        raise XrunError(f"{message}; see xrun check --help")  # main says "xrun check:" once
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="xrun check", description="Preflight: reach every host and compare what it has.")
+    parser = _Parser(prog="xrun check", description="Preflight: reach every host and compare what it has.",
+                     allow_abbrev=False)  # a flag means the same in every release
     add = parser.add_argument
     add("-H", "--hostfile", metavar="PATH",
         help="hostfile with lines 'HOST slots=N' (default: this machine, checked without ssh)")
@@ -233,9 +234,21 @@ def _check_ports(ns: argparse.Namespace) -> None:
     ssh_settings(ns)  # --ssh_port
 
 
+def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The flags; one it does not have is named with the closest it has (check runs no script)."""
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(list(argv))
+    flags = [index for index, word in enumerate(extra) if word.startswith("-") and word != "-"]
+    if flags:
+        raise unknown_flag(parser, extra, flags[0], has_script=False)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return ns
+
+
 def main(argv: Sequence[str]) -> int:
     try:
-        ns = build_parser().parse_args(list(argv))
+        ns = parse_check_args(argv)
         given = ns.master_port is not None
         ns.master_port = DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port
         _check_ports(ns)

@@ -176,7 +176,7 @@ def seconds(value: float) -> str:
     return str(max(1, math.ceil(value)))
 
 
-def rendezvous_configs(options: ElasticOptions, node_rank: int) -> dict[str, str]:
+def rendezvous_configs(options: ElasticOptions, node_rank: int) -> dict[str, str | int]:
     """The ``rdzv_configs`` torch gets: ``--join_timeout`` on every start-up timeout, then the user's keys.
 
     * c10d / etcd-v2: ``join_timeout`` (the whole rendezvous), ``read_timeout`` (every store operation,
@@ -185,10 +185,13 @@ def rendezvous_configs(options: ElasticOptions, node_rank: int) -> dict[str, str
       (then it only delays nothing; with fewer minimum nodes it is the wait for *extra* nodes and stays
       torch's 30 s so an elastic job starts with what it has and scales up later).
     * static / etcd: ``timeout`` (static: the store and every rank-assignment read).
+
+    static's ``rank`` is an int, as torchrun passes it: torch's static handler hosts the store only where
+    ``rank == 0``, so a string "0" left every node a client of a store nobody served (issue 25).
     """
     jt = seconds(options.join_timeout)
     backend = options.rdzv_backend
-    conf: dict[str, str] = {}
+    conf: dict[str, str | int] = {}
     if backend in ("c10d", "etcd-v2"):
         conf = {"join_timeout": jt, "read_timeout": jt}
         if options.min_nodes == options.max_nodes:
@@ -196,14 +199,14 @@ def rendezvous_configs(options: ElasticOptions, node_rank: int) -> dict[str, str
     elif backend == "etcd":
         conf = {"timeout": jt}
     elif backend == "static":
-        conf = {"timeout": jt, "rank": str(node_rank)}
+        conf = {"timeout": jt, "rank": node_rank}
     conf.update(options.rdzv_conf)
     return conf
 
 
 def effective_timeouts(options: ElasticOptions, node_rank: int) -> dict[str, str]:
     """Every start-up timeout that will apply (xrun's, the user's, torch's defaults), for the start-up line."""
-    shown = dict(TORCH_DEFAULTS.get(options.rdzv_backend, {}))
+    shown: dict[str, str | int] = dict(TORCH_DEFAULTS.get(options.rdzv_backend, {}))
     shown.update(rendezvous_configs(options, node_rank))
     shown.pop("rank", None)
-    return {k: v for k, v in sorted(shown.items()) if k.endswith("timeout")}
+    return {k: str(v) for k, v in sorted(shown.items()) if k.endswith("timeout")}

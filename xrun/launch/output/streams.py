@@ -337,7 +337,7 @@ def flush_python_output() -> None:
 
 def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
     """Open ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, keeping earlier runs' files."""
-    directory = os.path.join(log_dir, _safe_name(host), f"rank{rank}")
+    directory = os.path.join(host_log_dir(log_dir, host), f"rank{rank}")
     os.makedirs(directory, exist_ok=True)
     fds: list[int] = []
     try:
@@ -368,6 +368,8 @@ def _rotate(path: str, name: str) -> None:
     os.rename(path, target)
 
 
-def _safe_name(host: str) -> str:
+def host_log_dir(log_dir: str, host: str) -> str:
+    """``{log_dir}/{host}``, the one folder of a node's logs, ``failure.json`` and ``summary.json``: the host
+    name with path separators replaced, so that no host name can point outside ``log_dir``."""
     name = host.replace(os.sep, "_")
-    return name if name not in ("", ".", "..") else "_"
+    return os.path.join(log_dir, name if name not in ("", ".", "..") else "_")

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Any
 
-from xrun.launch.output.streams import notice
+from xrun.launch.output.streams import host_log_dir, notice
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import failure_hint
@@ -38,11 +38,11 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
     if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
         sys.stderr.write(format_failure_report(result) + "\n")
         if log_dir is not None:
-            write_failure_json(os.path.join(log_dir, result.host, "failure.json"), result)
+            write_failure_json(os.path.join(host_log_dir(log_dir, result.host), "failure.json"), result)
     elif announce and result.exit_code == 0 and figures:
         notice(result.host, success_line(figures))
     if log_dir is not None:
-        write_json(os.path.join(log_dir, result.host, "summary.json"),
+        write_json(os.path.join(host_log_dir(log_dir, result.host), "summary.json"),
                    summary_json(figures, exit_code=result.exit_code))
     return result.exit_code
 

@@ -27,6 +27,7 @@ from xrun.runner.hosts.platform_values import (
 )
 from xrun.runner.hosts.selection import Pool
 from xrun.runner.hosts.smallfile import SmallFileError
+from xrun.values import MAX_RANKS
 
 _SHOWN = 80  # characters of a bad line quoted in an error
 
@@ -91,6 +92,8 @@ def mcpu_hosts(text: str, variable: str = "LSB_MCPU_HOSTS") -> tuple[tuple[str, 
         if name in hosts:
             raise PlatformError(variable, text, f"names host {name!r} twice")
         hosts[name] = parse_count(variable, count, low=1, high=MAX_SLOTS_PER_NODE, what=f"the slots of {name}")
+    if sum(hosts.values()) > MAX_RANKS:  # before the pool lists every slot
+        raise PlatformError(variable, text, f"more than {MAX_RANKS} slots in all, the most ranks xrun accepts")
     return tuple(hosts), tuple(hosts.values())
 
 

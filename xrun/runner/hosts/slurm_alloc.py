@@ -13,6 +13,10 @@ Pure functions over an environment mapping (``os.environ`` at the edge, literal 
   task per node), for CPU-only jobs.
 
 Inside a job step (``srun xrun ...``) every task would start a whole job of its own: that is refused.
+
+Every count is ASCII digits and bounded by xrun's own limits (``MAX_NODES``, ``MAX_SLOTS_PER_NODE``) before
+anything is expanded: ``SLURM_TASKS_PER_NODE='99999999999(x99999999999)'`` is one line naming the variable,
+not a ``MemoryError`` (issue 25).
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ from dataclasses import dataclass
 
 from xrun.errors import XrunError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
+from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE
 from xrun.runner.hosts.selection import Pool
+from xrun.values import MAX_RANKS
+
+_NUMBER = "[0-9]{1,18}"  # ASCII digits only: re's \d and str.isdigit also take '٣' and '²'
+_COUNTS_ITEM = re.compile(rf"\s*({_NUMBER})\s*(?:\(x({_NUMBER})\))?\s*")
+_SHOWN = 60  # characters of a bad value quoted in an error
 
 
 class SlurmAllocationError(XrunError):
@@ -33,7 +43,8 @@ class SlurmAllocationError(XrunError):
         self.variable = variable
         self.value = value
         self.reason = reason
-        super().__init__(f"{variable}={value!r}: {reason}")
+        shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
+        super().__init__(f"{variable}={shown!r}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -63,11 +74,23 @@ def expand_counts(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int
     """``2(x3),1`` -> ``[2, 2, 2, 1]`` (Slurm's compressed per-node count lists)."""
     counts: list[int] = []
     for item in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", item)
+        match = _COUNTS_ITEM.fullmatch(item)
         if match is None:
-            raise SlurmAllocationError(variable, text, f"{item!r} is not N or N(xK)")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+            raise SlurmAllocationError(variable, text, f"{item[:_SHOWN]!r} is not N or N(xK)")
+        count, repeat = _slots(variable, text, int(match.group(1))), int(match.group(2) or 1)
+        if len(counts) + repeat > MAX_NODES:  # before expanding: the list is as long as it says
+            raise SlurmAllocationError(variable, text, f"lists more than {MAX_NODES} nodes, the most xrun accepts")
+        counts.extend([count] * repeat)
     return counts
+
+
+def _slots(variable: str, text: str, count: int) -> int:
+    """``count`` slots on one node, refused beyond what xrun accepts per host."""
+    if count > MAX_SLOTS_PER_NODE:
+        raise SlurmAllocationError(
+            variable, text, f"{count} slots on one node; {MAX_SLOTS_PER_NODE} is the most xrun accepts per host"
+        )
+    return count
 
 
 def gpus_per_node(text: str, variable: str = "SLURM_GPUS_PER_NODE") -> int:
@@ -75,9 +98,9 @@ def gpus_per_node(text: str, variable: str = "SLURM_GPUS_PER_NODE") -> int:
     total = 0
     for item in text.split(","):
         count = item.strip().rpartition(":")[2]
-        if not count.isdigit():
-            raise SlurmAllocationError(variable, text, f"{item!r} is not [TYPE:]COUNT")
-        total += int(count)
+        if not re.fullmatch(_NUMBER, count):
+            raise SlurmAllocationError(variable, text, f"{item[:_SHOWN]!r} is not [TYPE:]COUNT")
+        total = _slots(variable, text, total + int(count))
     return total
 
 
@@ -86,9 +109,11 @@ def _gpu_list_count(text: str) -> int:
     count = 0
     for item in text.split(","):
         low, dash, high = item.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise SlurmAllocationError("SLURM_JOB_GPUS", text, f"{item!r} is not a GPU index or range")
-        count += int(high) - int(low) + 1 if dash else 1
+        if not re.fullmatch(_NUMBER, low) or (dash and not re.fullmatch(_NUMBER, high)):
+            raise SlurmAllocationError("SLURM_JOB_GPUS", text, f"{item[:_SHOWN]!r} is not a GPU index or range")
+        if dash and int(high) < int(low):
+            raise SlurmAllocationError("SLURM_JOB_GPUS", text, f"{item!r} is a range that goes down")
+        count = _slots("SLURM_JOB_GPUS", text, count + (int(high) - int(low) + 1 if dash else 1))
     return count
 
 
@@ -97,7 +122,7 @@ def allocation_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
         text = env.get(variable, "").strip()
         if text:
             try:
-                hosts = expand_hostlist(text)
+                hosts = expand_hostlist(text, limit=MAX_NODES)
             except HostlistSyntaxError as err:
                 raise SlurmAllocationError(variable, text, str(err)) from None
             if len(set(hosts)) != len(hosts):
@@ -115,8 +140,8 @@ def allocation_slots(env: Mapping[str, str], nodes: int) -> tuple[tuple[int, ...
     if job_gpus:
         return (_gpu_list_count(job_gpus),) * nodes, "SLURM_JOB_GPUS"
     on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
-    if on_node.isdigit() and int(on_node) > 0:
-        return (int(on_node),) * nodes, "SLURM_GPUS_ON_NODE"
+    if re.fullmatch(_NUMBER, on_node) and int(on_node) > 0:
+        return (_slots("SLURM_GPUS_ON_NODE", on_node, int(on_node)),) * nodes, "SLURM_GPUS_ON_NODE"
     tasks = env.get("SLURM_TASKS_PER_NODE", "").strip()
     if tasks:
         counts = expand_counts(tasks)
@@ -131,7 +156,7 @@ def allocation_slots(env: Mapping[str, str], nodes: int) -> tuple[tuple[int, ...
 def check_not_in_step(env: Mapping[str, str]) -> None:
     """``srun xrun ...`` with several tasks would start one whole job per task."""
     ntasks = env.get("SLURM_STEP_NUM_TASKS") or ""
-    if env.get("SLURM_STEP_ID", "").strip() and ntasks.isdigit() and int(ntasks) > 1:
+    if env.get("SLURM_STEP_ID", "").strip() and re.fullmatch(_NUMBER, ntasks) and int(ntasks) > 1:
         raise SlurmAllocationError(
             "SLURM_STEP_NUM_TASKS", ntasks,
             "xrun is running as one of several srun tasks; run it once (in the batch script or the salloc "
@@ -147,4 +172,7 @@ def discover_allocation(env: Mapping[str, str]) -> Allocation:
     zero = [host for host, count in zip(hosts, slots) if count <= 0]
     if zero:
         raise SlurmAllocationError(source, env.get(source, ""), f"host {zero[0]!r} has no slots")
+    if sum(slots) > MAX_RANKS:  # before the pool lists every slot
+        raise SlurmAllocationError(source, env.get(source, ""), f"{len(hosts)} nodes with {sum(slots)} slots; "
+                                   f"{MAX_RANKS} is the most ranks xrun accepts")
     return Allocation(job_id=env["SLURM_JOB_ID"].strip(), hosts=hosts, slots=slots, source=source)
