@@ -53,6 +53,7 @@ from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.report import write_json
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import (
     Admit,
@@ -83,9 +84,11 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
-from xrun.runner.job.machine import NODE_FAILURE_EXIT, Job, JobConfig, NodeState
+from xrun.runner.job.machine import Job
+from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 from xrun.runner.job.status import PlainStatus, make_status, say
+from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.plan import Plan
 
 

@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.digest import PlanDigest, PlanDigestError
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
-from xrun.runner.job.machine import Job, JobConfig
+from xrun.runner.job.machine import Job
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer, _Conn, hello_event
 from xrun.runner.job.status import PlainStatus, say
