@@ -6,7 +6,7 @@ import threading
 
 from bench.control_server import NoSessions, world_plan
 from bench.loadgen import LoadGen
-from xrun.runner.job.machine import NodeState
+from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.server import ControlServer
 
 AGENTS = 300

@@ -41,9 +41,10 @@ from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
 from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
 from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
 from xrun.runner.backends.channel import Endpoint
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
 from xrun.runner.job.events import Hung, SignalReceived
-from xrun.runner.job.machine import Job, JobConfig
+from xrun.runner.job.machine import Job
 from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun import __version__
+from xrun.runner.job.barrier import reachable
+from xrun.runner.job.config import ElasticRule, JobConfig
 from xrun.runner.job.events import (
     Admit,
     AgentError,
@@ -37,7 +39,8 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
-from xrun.runner.job.machine import ElasticRule, Job, JobConfig, NodeState, Refusal, SendSpecs, reachable
+from xrun.runner.job.machine import Job, Refusal, SendSpecs
+from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 
 HOSTS = ("a", "b", "c")

@@ -1,4 +1,4 @@
-"""The job's counts (``xrun.runner.job.machine._Tally``, issue 15) always equal a scan of its nodes: the rules read the
+"""The job's counts (``xrun.runner.job.nodes.Tally``, issue 15) always equal a scan of its nodes: the rules read the
 counts after every message instead of scanning 10,000 nodes, so any drift would change a barrier or a verdict."""
 
 import signal
@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun import __version__
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import (
     AgentError,
     ConnectionLost,
@@ -18,7 +19,8 @@ from xrun.runner.job.events import (
     SignalReceived,
     Tick,
 )
-from xrun.runner.job.machine import _OVER, _UP, Job, JobConfig, NodeState
+from xrun.runner.job.machine import Job
+from xrun.runner.job.nodes import OVER, UP, NodeState
 
 HOSTS = ("a", "b", "c", "c")  # two nodes on one host: a session ending names both
 CONFIG = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_size=4)
@@ -46,8 +48,8 @@ def test_counts_match_a_scan(steps):
         clock += delay
         job.handle(event, clock)
         nodes = job.nodes
-        assert nodes.up() == sum(1 for n in nodes if n.state in _UP)
-        assert nodes.left() == sum(1 for n in nodes if n.state not in _OVER)
+        assert nodes.up() == sum(1 for n in nodes if n.state in UP)
+        assert nodes.left() == sum(1 for n in nodes if n.state not in OVER)
         assert nodes.running() == sum(1 for n in nodes if n.state is NodeState.RUNNING)
         for stopping in (False, True):
             scan = all(n.over or (stopping and not n.connected) for n in nodes)

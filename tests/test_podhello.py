@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from xrun import __version__
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.digest import make_digest
 from xrun.runner.job.events import (
     Admit,
@@ -21,7 +22,8 @@ from xrun.runner.job.events import (
     Tick,
     TurnAway,
 )
-from xrun.runner.job.machine import REFUSED_EXIT, Job, JobConfig
+from xrun.runner.job.machine import Job
+from xrun.runner.job.verdict import REFUSED_EXIT
 from xrun.runner.pod.hello import PodHello
 
 HOSTS = ("n0", "n1", "n2")

@@ -18,8 +18,9 @@ from xrun.errors import PortBusyError
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.result.report import format_failure_report
 from xrun.net import master_port, port_in_use
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import AgentError, HelloReceived, Ready, SendSpec, SendStart
-from xrun.runner.job.machine import Job, JobConfig, SendSpecs
+from xrun.runner.job.machine import Job, SendSpecs
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ machine's; the wire format lives in ``xrun.channel``, the status display in ``xr
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
+Each connection reads its own frames and hands them here (``xrun.runner.job.connections``); the selector, the
+timers and the signals' recording are the loop's (``xrun.runner.job.loop``).
 
 Beside the machine, ``_Extras`` reads what concerns neither the barrier nor the verdict: every rank's figures
 from ``rank_exited`` (xrun.launch.result.summary: one success line, the table after a failure, ``summary.json``), and
@@ -32,27 +34,26 @@ the one-time token being checked here).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
+import functools
 import os
-import selectors
 import signal
 import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Callable, Protocol
 
 from xrun import channel
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.launch.procs.posix import signal_name
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.report import write_json
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.connections import Conn, Connections, accepted, listener
 from xrun.runner.job.doctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import (
     Admit,
@@ -83,9 +84,12 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
-from xrun.runner.job.machine import NODE_FAILURE_EXIT, Job, JobConfig, NodeState
+from xrun.runner.job.loop import SelectLoop
+from xrun.runner.job.machine import Job
+from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 from xrun.runner.job.status import PlainStatus, make_status, say
+from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.plan import Plan
 
 
@@ -102,53 +106,23 @@ class Sessions(Protocol):
         """End every session still open (called once, at the end)."""
 
 
-@dataclass(eq=False)
-class _Conn:
-    serial: int
-    sock: socket.socket
-    peer: str
-    opened: float
-    reader: channel.FrameReader = field(default_factory=lambda: channel.FrameReader(channel.MAX_HELLO))
-    node: int | None = None  # set once the machine admits its hello
-
-
-_ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
-
-
-class _Unadmitted(dict[int, _Conn]):
-    """Connections whose hello is not yet admitted, in the order they opened: the oldest times out first, so
-    neither the loop's timeout nor its tick scans every connection (issue 15)."""
-
-    def deadline(self) -> float | None:
-        oldest = next(iter(self.values()), None)
-        return None if oldest is None else oldest.opened + channel.HELLO_TIMEOUT
-
-    def expired(self, now: float) -> Iterator[_Conn]:
-        """The connections past ``HELLO_TIMEOUT``, oldest first (the caller drops each as it comes)."""
-        while self and now - (oldest := next(iter(self.values()))).opened > channel.HELLO_TIMEOUT:
-            yield oldest
-
-
 class ControlServer:
     def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
         self.token = token
         self.job = self._make_job(plan, join_timeout)
-        self.sel = selectors.DefaultSelector()
+        self.loop = SelectLoop()
         self.listeners: list[socket.socket] = []
-        self.conns: dict[int, _Conn] = {}
-        self.pending = _Unadmitted()
-        self.node_conns: dict[int, _Conn] = {}
-        self.serials = itertools.count()
+        self.links = Connections()
+        # what the tests and the pod flavour read: every open connection, the unadmitted ones, the admitted by node
+        self.conns, self.pending, self.node_conns = self.links.all, self.links.pending, self.links.by_node
         self.status = status if status is not None else make_status(len(plan.nodes))
-        self.signals: list[int] = []
         self.forwarded = frozenset(plan.request.options.forward_signals)  # passed on, not a stop
         self.strays = 0
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
         self.extras = _Extras(self)  # the hang doctor and every rank's figures
-        self.timers: list[tuple[Callable[[], float | None], Callable[[], None]]] = []  # add_timer
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -172,27 +146,24 @@ class ControlServer:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
         for addr in dict.fromkeys(addrs):
             try:
-                sock = _listener(addr, port, backlog=len(self.plan.nodes))
+                sock = listener(addr, port, backlog=len(self.plan.nodes))
             except ChannelError:
                 self.close()
                 raise
             port = sock.getsockname()[1]
             self.listeners.append(sock)
-            self.sel.register(sock, selectors.EVENT_READ, lambda s=sock: self._accept(s))
+            self.add_reader(sock, functools.partial(self._accept, sock))
         return port
 
     def add_reader(self, fileobj: Any, callback: Callable[[], None]) -> None:
-        self.sel.register(fileobj, selectors.EVENT_READ, callback)
+        self.loop.add_reader(fileobj, callback)
 
     def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None:
         """``fire()`` after every wake-up; ``due()`` (a monotonic time, or None) bounds the wait for the next."""
-        self.timers.append((due, fire))
+        self.loop.add_timer(due, fire)
 
     def remove_reader(self, fileobj: Any) -> None:
-        try:
-            self.sel.unregister(fileobj)
-        except (KeyError, ValueError):
-            pass
+        self.loop.remove_reader(fileobj)
 
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
@@ -202,16 +173,14 @@ class ControlServer:
 
     def run(self, sessions: Sessions, *, own_signals: bool = True) -> int:
         """Serve until every node is over; the job's exit code. ``own_signals`` needs the main thread."""
+        owned = (*SHUTDOWN_SIGNALS, signal.SIGQUIT, *sorted(self.forwarded)) if own_signals else ()
         try:
-            with self._signals(own_signals):
+            with self.loop.owning(owned):
                 sessions.register(self)
                 while not self._finished(sessions):
-                    for key, _ in self.sel.select(self._timeout()):
-                        key.data()
-                    for _, fire in self.timers:
-                        fire()
-                    while self.signals:
-                        self._on_signal_received(self.signals.pop(0))
+                    self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.extras.doctor.deadline()])
+                    for signum in self.loop.take_signals():
+                        self._on_signal_received(signum)
                     self._tick()
         finally:
             self.status.close()
@@ -235,7 +204,7 @@ class ControlServer:
         """How each of the machine's actions is carried out."""
         status = self.status
         return {
-            Admit: self._admit,
+            Admit: lambda a: self.links.admit(a.conn, a.node),
             TurnAway: lambda a: self._drop_if_open(self.conns.get(a.conn)),
             Drop: lambda a: self._drop_if_open(self.node_conns.get(a.node)),
             SendSpec: self._send_spec,
@@ -252,25 +221,6 @@ class ControlServer:
             ShowStarted: lambda a: status.started(a.nodes, a.ranks, a.elapsed, a.master_addr, a.master_port),
         }
 
-    @contextlib.contextmanager
-    def _signals(self, own: bool) -> Iterator[None]:
-        if not own:
-            yield
-            return
-        with owned_signals((*SHUTDOWN_SIGNALS, signal.SIGQUIT, *sorted(self.forwarded)), self._on_signal) as owned:
-
-            def drain() -> None:
-                owned.drain()  # the wake-up only ends select(); _on_signal has recorded the signal
-
-            self.add_reader(owned.wake_fd, drain)
-            try:
-                yield
-            finally:
-                self.remove_reader(owned.wake_fd)
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self.signals.append(signum)  # acted on by the loop
-
     def _on_signal_received(self, signum: int) -> None:
         if signum == signal.SIGQUIT:
             self.extras.want("SIGQUIT")
@@ -281,11 +231,6 @@ class ControlServer:
         nodes = sorted(self.node_conns)
         say(f"forwarding {signal_name(signum)} to the ranks of {len(nodes)} node(s)")
         self._send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
-
-    def _timeout(self) -> float:
-        deadlines = [self.job.next_deadline(), self.pending.deadline(), self.extras.doctor.deadline()]
-        deadlines += [due() for due, _ in self.timers]
-        return max(0.0, min(d for d in deadlines if d is not None) - time.monotonic())
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -312,52 +257,18 @@ class ControlServer:
         finally:
             self.feeding = False
 
-    # -- connections ----------------------------------------------------------------------------------------
+    # -- connections: what each one reads comes here (``ConnOwner``) ----------------------------------------
 
-    def _accept(self, listener: socket.socket) -> None:
-        for _ in range(_ACCEPTS_PER_WAKEUP):
-            try:
-                sock, peer = listener.accept()
-            except OSError:  # none left (EAGAIN), or one that went away before we took it
-                return
-            self._opened(sock, peer)
+    def _accept(self, sock: socket.socket) -> None:
+        for new, peer in accepted(sock):
+            conn = self.links.open(new, peer, now=time.monotonic(), owner=self)
+            self.add_reader(conn.sock, conn.read)
 
-    def _opened(self, sock: socket.socket, peer: Any) -> None:
-        sock.setblocking(True)
-        sock.settimeout(5.0)  # bounds a send to a peer that stopped reading; reads happen only when readable
-        channel.tune_socket(sock)
-        conn = _Conn(serial=next(self.serials), sock=sock, peer=str(peer[0]), opened=time.monotonic())
-        self.conns[conn.serial] = conn
-        self.pending[conn.serial] = conn
-        self.add_reader(sock, lambda: self._read(conn))
-
-    def _read(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except socket.timeout:
-            return
-        except OSError as err:
-            self._closed(conn, f"connection error: {err.strerror or err}")
-            return
-        if not data:
-            self._closed(conn, "connection closed")
-            return
-        try:
-            for msg in conn.reader.feed(data):
-                if conn.node is None:
-                    self._hello(conn, msg)
-                    if conn.node is None:
-                        return
-                else:
-                    self._agent_message(conn.node, msg)
-        except ChannelError as err:
-            self._closed(conn, f"protocol error: {err.reason}")
-
-    def _agent_message(self, node: int, msg: Message) -> None:
+    def on_message(self, node: int, msg: Message) -> None:
         self.extras.message(node, msg)
         self._feed(agent_event(node, msg))
 
-    def _hello(self, conn: _Conn, msg: Message) -> None:
+    def on_hello(self, conn: Conn, msg: Message) -> None:
         event = self._hello_event(conn, msg)
         if event is None:
             self.strays += 1
@@ -365,38 +276,25 @@ class ControlServer:
             return
         self._feed(event)
 
-    def _hello_event(self, conn: _Conn, msg: Message) -> HelloReceived | None:
+    def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
         """The hello as the machine's event; None: a stray (here: the one-time token does not match)."""
         if not channel.token_matches(self.token, msg.get("token")):
             return None
         return hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
 
-    def _closed(self, conn: _Conn, reason: str) -> None:
+    def on_closed(self, conn: Conn, reason: str) -> None:
         self._drop(conn)
         if conn.node is not None:
             self._feed(ConnectionLost(conn.node, reason))
 
-    def _drop(self, conn: _Conn) -> None:
+    def _drop(self, conn: Conn) -> None:
         self.remove_reader(conn.sock)
-        self.conns.pop(conn.serial, None)
-        self.pending.pop(conn.serial, None)
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
-        if conn.node is not None and self.node_conns.get(conn.node) is conn:
-            del self.node_conns[conn.node]
+        self.links.forget(conn)
+        conn.close()
 
     # -- actions --------------------------------------------------------------------------------------------
 
-    def _admit(self, action: Admit) -> None:
-        conn = self.conns[action.conn]
-        del self.pending[conn.serial]
-        conn.node = action.node
-        conn.reader.limit = channel.MAX_FRAME
-        self.node_conns[action.node] = conn
-
-    def _drop_if_open(self, conn: _Conn | None) -> None:
+    def _drop_if_open(self, conn: Conn | None) -> None:
         if conn is not None:
             self._drop(conn)
 
@@ -414,9 +312,9 @@ class ControlServer:
         if conn is None:
             return
         try:
-            channel.send(conn.sock, msg)
+            conn.send(msg)
         except OSError as err:
-            self._closed(conn, f"send failed: {err.strerror or err}")
+            self.on_closed(conn, f"send failed: {err.strerror or err}")
 
 
 class _Extras:
@@ -487,20 +385,6 @@ class _Extras:
         log_dir = self.server.plan.request.options.log_dir
         if log_dir is not None:
             write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
-
-
-def _listener(addr: str, port: int, *, backlog: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((addr, port))
-    except OSError as err:
-        sock.close()
-        raise ChannelError(f"cannot listen on {addr}:{port}: {err.strerror}") from None
-    sock.listen(max(256, backlog))  # every node may connect at once; the kernel caps it at net.core.somaxconn
-    sock.setblocking(False)
-    return sock
 
 
 def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:

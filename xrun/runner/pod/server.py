@@ -27,11 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.connections import Conn
 from xrun.runner.job.digest import PlanDigest, PlanDigestError
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
-from xrun.runner.job.machine import Job, JobConfig
+from xrun.runner.job.machine import Job
 from xrun.runner.job.relay import NodeLines, head_merger
-from xrun.runner.job.server import ControlServer, _Conn, hello_event
+from xrun.runner.job.server import ControlServer, hello_event
 from xrun.runner.job.status import PlainStatus, say
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello
@@ -64,16 +66,16 @@ class PodControlServer(ControlServer):
         policy = PodHello(self.setup.digest, plan.request.run_id, hosts, token=self.setup.token)
         return Job(config, now=time.monotonic(), policy=policy)
 
-    def _hello_event(self, conn: _Conn, msg: Message) -> HelloReceived | None:
+    def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
         event = hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
         if event is None:
             return None
         key = msg.get("token")
         return replace(event, key=key if isinstance(key, str) else None, digest=_digest(msg.get("digest")))
 
-    def _agent_message(self, node: int, msg: Message) -> None:
+    def on_message(self, node: int, msg: Message) -> None:
         if msg.get("type") != Kind.OUTPUT.value:
-            super()._agent_message(node, msg)
+            super().on_message(node, msg)
         elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
             fd, data = output_bytes(msg)
             self.lines.feed(self.plan.nodes[node].host, fd, data)

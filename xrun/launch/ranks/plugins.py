@@ -1,0 +1,42 @@
+"""What a RankGroup's caller plugs into its loop (``xrun.launch.ranks.supervise``) besides readers: timers, signals
+that stop nothing, and a hook before the first failure stops the other ranks (xrun.launch.doctor.node_doctor)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Timers(list[tuple[Callable[[], float | None], Callable[[], None]]]):
+    """Timers in a RankGroup's loop: each a due time (monotonic, None: not now) and what to call then."""
+
+    def add(self, due: Callable[[], float | None], on_due: Callable[[], None]) -> None:
+        self.append((due, on_due))
+
+    def timeout(self, timeout: float | None) -> float | None:
+        """``timeout`` (the teardown's; None: none), shortened to the next timer's due time."""
+        if not self:
+            return timeout
+        now = time.monotonic()
+        for due, _ in self:
+            at = due()
+            if at is not None:
+                timeout = max(0.0, at - now) if timeout is None else min(timeout, max(0.0, at - now))
+        return timeout
+
+    def run(self) -> None:
+        now = time.monotonic()
+        for due, on_due in self:
+            at = due()
+            if at is not None and now >= at:
+                on_due()
+
+
+@dataclass
+class Plugins:
+    """What xrun.launch.doctor.node_doctor plugs into a RankGroup's loop besides readers (``add_reader``)."""
+
+    signals: dict[int, Callable[[], None]] = field(default_factory=dict)  # owned too; they stop nothing
+    timers: Timers = field(default_factory=Timers)
+    before_failure_stop: Callable[[], None] | None = None  # the first failure, before the others are stopped

@@ -1,0 +1,85 @@
+"""The job's start barrier (``xrun.runner.job.machine``): when the nodes are told to start, and with which endpoint.
+
+A static job holds every node until all are ready, or until ``--join_timeout`` passes (naming the missing hosts),
+with a status line every ``STATUS_EVERY`` while it holds. ``--elastic`` starts each node as soon as it is ready:
+torch's rendezvous is the barrier, and the job counts as started once ``--min_nodes`` run. Pure: the caller feeds
+the time and carries out the actions.
+"""
+
+from __future__ import annotations
+
+from xrun.runner.job.config import ElasticRule, JobConfig
+from xrun.runner.job.events import Action, Failure, SendStart, ShowLine, ShowStarted, ShowWaiting
+from xrun.runner.job.nodes import Node, Nodes, NodeState
+from xrun.runner.job.verdict import NODE_FAILURE_EXIT
+
+STATUS_EVERY = 1.0  # the waiting-for-nodes status while the barrier holds
+
+
+def reachable(addr: str | None, host: str, nodes: int) -> str:
+    """Node 0's address as its agent saw it on the route to the head; loopback only helps a one-node job."""
+    if addr is None or (nodes > 1 and (addr.startswith("127.") or addr == "::1")):
+        return host
+    return addr
+
+
+class Barrier:
+    """Holds the nodes until they may start; ``started_at`` is when the job started (None: not yet)."""
+
+    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float) -> None:
+        self.config = config
+        self.nodes = nodes
+        self.t0 = t0
+        self.started_at: float | None = None
+        self.next_status = t0
+
+    def holding(self, *, stopping: bool) -> bool:
+        """Still waiting for the nodes to start (a stopping job waits for nothing)."""
+        return self.started_at is None and not stopping
+
+    def deadlines(self) -> list[float]:
+        """While holding: the next status line and the join timeout."""
+        return [self.next_status, self.t0 + self.config.join_timeout]
+
+    def ready(self, node: Node, now: float) -> list[Action]:
+        """``node`` is ready (and the job not stopping): start it (elastic), or every node once all are."""
+        if self.config.elastic is not None:
+            return self._start_elastic(node, self.config.elastic, now)
+        if self.nodes.up() == len(self.nodes):
+            return self._start_all(now)
+        return []
+
+    def timed_out(self, now: float) -> Failure | None:
+        """The join timeout, naming the hosts not ready, once ``--join_timeout`` has passed."""
+        if now - self.t0 < self.config.join_timeout:
+            return None
+        missing = self.nodes.missing()
+        timeout = f"not ready within --join_timeout {self.config.join_timeout:g} s: {', '.join(missing)}"
+        return Failure(", ".join(missing), timeout, NODE_FAILURE_EXIT)
+
+    def status(self, now: float) -> list[Action]:
+        """The waiting line, when due (every tick asks: the scan happens only once per line)."""
+        if now < self.next_status:
+            return []
+        self.next_status = now + STATUS_EVERY
+        return [ShowWaiting(self.nodes.up(), tuple(self.nodes.missing()), now - self.t0)]
+
+    def _start_all(self, now: float) -> list[Action]:
+        node0, config = self.nodes[0], self.config
+        master_addr = config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
+        picked = config.pick_master_port or not config.master_port
+        master_port = node0.master_port if picked and node0.master_port else config.master_port
+        self.started_at = now
+        started = ShowStarted(len(self.nodes), config.world_size, now - self.t0, master_addr, master_port)
+        for node in self.nodes:
+            node.state = NodeState.RUNNING
+        return [started, SendStart(self.nodes.reachable(), master_addr, master_port)]
+
+    def _start_elastic(self, node: Node, rule: ElasticRule, now: float) -> list[Action]:
+        node.state = NodeState.RUNNING
+        start = SendStart((node.rank,), rule.master_addr, self.config.master_port)
+        started = self.nodes.running()
+        if self.started_at is None and started >= rule.min_nodes:
+            self.started_at = now
+        return [start, ShowLine(f"{node.host} up after {now - self.t0:.1f} s: its elastic agent joins the rendezvous "
+                                f"({started}/{len(self.nodes)} nodes up, --min_nodes {rule.min_nodes})")]

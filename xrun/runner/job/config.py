@@ -1,0 +1,45 @@
+"""What the job state machine (``xrun.runner.job.machine``) is told about a run: its nodes, its deadlines, its
+rendezvous endpoint, and whether it is elastic (issue 6) or pod mode (the verdict goes to every node)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xrun.runner.plan import Plan
+
+
+@dataclass(frozen=True)
+class ElasticRule:
+    """--elastic: no barrier; the endpoint is the plan's (every node must know it before node 0 is up)."""
+
+    min_nodes: int
+    master_addr: str
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    hosts: tuple[str, ...]  # by node rank
+    join_timeout: float
+    shutdown_timeout: float  # the agents' own deadline to stop their ranks, sent with every stop
+    world_size: int
+    master_addr: str | None = None  # --master_addr; None: node 0's address as its agent saw it
+    master_port: int = 0  # 0: node 0's agent picks a free one before the barrier
+    pick_master_port: bool = False  # master_port is node 0's first try; its agent reports the port it will use
+    elastic: ElasticRule | None = None
+    verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
+
+    @classmethod
+    def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
+        elastic = plan.nodes[0].elastic if plan.nodes else None
+        return cls(
+            hosts=tuple(node.host for node in plan.nodes),
+            join_timeout=join_timeout,
+            shutdown_timeout=plan.request.options.shutdown_timeout,
+            world_size=plan.world_size,
+            master_addr=plan.request.master_addr,
+            master_port=plan.rendezvous.master_port,
+            pick_master_port=plan.node0_picks_port,
+            elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
+        )

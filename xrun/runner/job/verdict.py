@@ -1,0 +1,113 @@
+"""The job's failure and verdict rules (``xrun.runner.job.machine``): what counts as a failure, which one is the
+root cause, and the job's exit code, decided in one place (``exit_code``) once every node is over.
+
+The first failure (a rank's own exit, an agent error, a lost node, a session that ended before its agent
+connected, or ``Hung``: every node silent for --hang_timeout with --hang_action stop, exit code ``HANG_EXIT``) is
+the root cause; a signal to xrun that stopped the job comes before any failure. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.outcome import HANG_EXIT
+from xrun.runner.job.events import AgentError, Done, Failure, Hung, RankExited, SessionEnded, Verdict
+from xrun.runner.job.nodes import Node, NodeState
+
+NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
+REFUSED_EXIT = 2  # a node the hello policy refused: the job was started inconsistently (a usage error)
+
+
+class RootCause:
+    """The first failure and the signal that stopped the job; the verdict, fixed once every node is over."""
+
+    def __init__(self, *, elastic: bool) -> None:
+        self.elastic = elastic
+        self.failure: Failure | None = None
+        self.failure_at: float | None = None
+        self.interrupted_by: int | None = None
+        self.fixed: Verdict | None = None  # set once: it stays whatever arrives during the last linger
+
+    def failed(self, failure: Failure, now: float) -> None:
+        if self.failure is None and self.interrupted_by is None:  # the first one is the root cause
+            self.failure, self.failure_at = failure, now
+
+    def interrupted(self, signum: int) -> None:
+        if self.interrupted_by is None:
+            self.interrupted_by = signum
+
+    def decide(self, nodes: Sequence[Node], all_over_at: float | None) -> Verdict:
+        """The job's exit code and its root cause: the one place either is decided."""
+        stopped_after = None
+        if self.failure_at is not None and all_over_at is not None:
+            stopped_after = all_over_at - self.failure_at
+        code = exit_code(nodes, self.failure, self.interrupted_by, elastic=self.elastic)
+        return Verdict(code, self.failure, self.interrupted_by, stopped_after)
+
+    def fix(self, nodes: Sequence[Node], all_over_at: float) -> Verdict:
+        self.fixed = self.decide(nodes, all_over_at)
+        return self.fixed
+
+
+def exit_code(nodes: Sequence[Node], failure: Failure | None, interrupted_by: int | None, *, elastic: bool) -> int:
+    """The signal that stopped the job, else the root cause's code, else what the nodes finished with."""
+    if interrupted_by is not None:
+        return 128 + interrupted_by
+    if failure is not None:
+        return failure.exit_code or NODE_FAILURE_EXIT
+    done = [n.exit_code or 0 for n in nodes if n.state is NodeState.DONE]
+    if elastic and done:
+        return max(done)  # a lost node was torch's to handle
+    if any(n.state is NodeState.LOST for n in nodes):
+        return NODE_FAILURE_EXIT
+    return max((n.exit_code or 0 for n in nodes), default=0)
+
+
+# -- what counts as a failure, and how it reads -------------------------------------------------------------
+
+
+def rank_failure(event: RankExited, host: str) -> Failure | None:
+    """A rank that ended on its own, other than with 0 (one xrun stopped is a consequence, never a cause)."""
+    if event.stopped or (event.code == 0 and event.signal is None):
+        return None
+    if event.signal is not None:
+        code, how = 128 + event.signal, f"was killed by {signal_name(event.signal)}"
+    else:
+        code, how = NODE_FAILURE_EXIT if event.code is None else event.code, f"exited with code {event.code}"
+    reason = f"rank {event.rank} (local {event.local_rank}) on {host} {how}"
+    return Failure(host, reason, code, rank=event.rank, tail=event.tail)
+
+
+def done_failure(event: Done, host: str) -> Failure | None:
+    if event.exit_code == 0:
+        return None
+    return Failure(host, f"agent on {host} exited with code {event.exit_code}", event.exit_code)
+
+
+def agent_failure(event: AgentError, host: str) -> Failure:
+    # name the host once: an error that names it already (a busy --master_port "in use on node1") stands alone
+    named = re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])", event.message)
+    reason = event.message if named else f"agent on {host}: {event.message}"
+    return Failure(host, reason, event.exit_code)
+
+
+def session_failure(event: SessionEnded, host: str) -> Failure:
+    """A session that ended before its node's agent connected."""
+    what = f"exited with code {event.code}" if event.code is not None else "ended"
+    hint = f" ({event.detail})" if event.detail else " (see its output above)"
+    return Failure(host, f"the session to {host} {what} before its agent connected{hint}",
+                   event.code or NODE_FAILURE_EXIT)
+
+
+def lost_failure(host: str, reason: str) -> Failure:
+    return Failure(host, f"lost node {host}: {reason}", NODE_FAILURE_EXIT)
+
+
+def hang_failure(event: Hung) -> Failure:
+    return Failure("every node", event.reason, HANG_EXIT)
+
+
+def refused_failure(host: str, reason: str) -> Failure:
+    return Failure(host, reason, REFUSED_EXIT)
