@@ -42,6 +42,10 @@ class ProbeServer:
         threading.Thread(target=self._accept, name="xrun-netprobe-accept", daemon=True).start()
 
     def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread; close alone leaves it listening
+        except OSError:
+            pass
         self._sock.close()
 
     def _accept(self) -> None:

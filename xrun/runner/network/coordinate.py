@@ -4,7 +4,9 @@ Two rounds (``rounds``), each a wave or two of pairs; each pair is measured both
 other, with every pair of the wave at once. Then every failed probe is settled against a third node
 (``verdict.blame``), and a node left without figures (all its partners were bad) gets a pair with a good node of
 its own. With N nodes that is 2 rounds x 2 waves at most x 2 directions, plus one batch of settling probes and
-one of cover pairs: the time does not grow with N (the probes of a wave run in parallel on different nodes).
+one of cover pairs (and, when pairs failed, one wave pairing the nodes still without figures among
+themselves, so that a node that cannot connect out does not hide every partner it had): the time does not grow
+with N (the probes of a wave run in parallel on different nodes).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Check:
             self._round(rounds.neighbour_round(len(alive)), alive)
             order = speed_order(best_figures(self._pairs), alive)
             self._round(rounds.extremes_round(range(len(order))), order)
+            self._measure_pairs(rounds.untried_pairs(self._bare(alive), [pair for pair, _ in self._pairs]))
         unreachable = {**self._down, **self._settle(alive)}
         if len(alive) < 2:
             unreachable.update({n: "no other node came up to test against" for n in alive})
@@ -86,6 +89,10 @@ class Check:
         found = self._prober.run(requests)
         self._probes += found
         return found
+
+    def _bare(self, alive: Sequence[int]) -> list[int]:
+        best = best_figures(self._pairs)
+        return [n for n in alive if n not in best]
 
     def _helpers(self, alive: Sequence[int]) -> list[int]:
         """Nodes with a pair that passed both ways (so they accept and open connections), fastest first: the

@@ -10,7 +10,7 @@ round 1: the fastest), so every node is in at least one pair of every round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 Pair = tuple[int, int]
 Wave = tuple[Pair, ...]
@@ -38,3 +38,18 @@ def extremes_round(order: Sequence[int]) -> Round:
 def covered(round_: Round) -> set[int]:
     """Every node that is in a pair of the round."""
     return {node for wave in round_ for pair in wave for node in pair}
+
+
+def untried_pairs(nodes: Sequence[int], tried: Iterable[tuple[int, int]]) -> list[Pair]:
+    """One wave pairing ``nodes`` among themselves, greedily, never a pair already tried (after failures: two
+    good nodes that were each paired only with a bad one still get to prove themselves)."""
+    seen = {frozenset(pair) for pair in tried}
+    free = list(nodes)
+    wave = []
+    while free:
+        a = free.pop(0)
+        b = next((x for x in free if frozenset((a, x)) not in seen), None)
+        if b is not None:
+            free.remove(b)
+            wave.append((a, b))
+    return wave
