@@ -99,18 +99,26 @@ def read_routes(path: str = "/proc/net/route") -> tuple[Route, ...]:
         return ()
 
 
-def read_addresses() -> dict[str, tuple[str, ...]]:
-    """Every interface and its addresses: psutil's view when installed (secondary and IPv6 addresses too),
-    else each interface's primary IPv4 address from the kernel (``SIOCGIFADDR``)."""
+def read_addresses(*, wide: bool = False) -> dict[str, tuple[str, ...]]:
+    """Every interface and its primary IPv4 address from the kernel (``SIOCGIFADDR``, stdlib); ``wide``: psutil's
+    view instead when installed (secondary and IPv6 addresses too; it costs an import at agent start)."""
+    if wide:
+        wider = _psutil_addresses()
+        if wider is not None:
+            return wider
+    return {name: _primary_ipv4(name) for _, name in socket.if_nameindex()}
+
+
+def _psutil_addresses() -> dict[str, tuple[str, ...]] | None:
     try:
         import psutil  # noqa: PLC0415 - optional: widens the view, never required
 
-        return {
-            name: tuple(a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
-            for name, addrs in psutil.net_if_addrs().items()
-        }
-    except Exception:  # noqa: BLE001 - no psutil, or it cannot read: the stdlib view below
-        return {name: _primary_ipv4(name) for _, name in socket.if_nameindex()}
+        found = psutil.net_if_addrs()
+    except Exception:  # noqa: BLE001 - no psutil, or it cannot read: the caller keeps the stdlib view
+        return None
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {name: tuple(a.address.split("%")[0] for a in addrs if a.family in families)
+            for name, addrs in found.items()}
 
 
 def _primary_ipv4(name: str) -> tuple[str, ...]:
@@ -157,6 +165,8 @@ def interface_toward(host: str) -> Choice:
         return Choice(None, None, None)
     source = _source_toward(dest)
     addresses = read_addresses()
+    if holder(dest, addresses) is None and (source is None or holder(source, addresses) is None):
+        addresses = read_addresses(wide=True)  # a secondary or IPv6 address: only psutil lists those
     chosen = select_interface(dest, source, read_routes(), addresses)
     if holder(dest, addresses) is not None:
         source = dest  # the master's own node: peers reach it at the master address, not over lo
