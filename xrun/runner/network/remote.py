@@ -27,6 +27,7 @@ from xrun.shell import render
 HELLO_TIMEOUT = 30.0  # ssh handshake + interpreter start on a loaded node
 CONNECT_TIMEOUT = 3.0  # per probe connection: a firewall that drops SYNs costs this much, not TCP's minutes
 SECONDS = 0.5  # throughput: send for this long (or 256 MB)
+MAX_PARALLEL = 1024  # probing nodes driven at once: a wave of 1,000 nodes is 500 pairs, all at the same time
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,8 @@ class LinkProber:
             for i in indices:
                 results[i] = self._one(requests[i])
 
-        with ThreadPoolExecutor(max_workers=min(64, len(by_src) or 1)) as pool:
+        # one waiting thread per probing node: every pair of a wave runs at once (they only wait on a queue)
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(by_src) or 1)) as pool:
             list(pool.map(one_node, by_src.values()))
         return [results[i] for i in range(len(requests))]
 
