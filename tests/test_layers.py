@@ -178,7 +178,7 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
 # the planner's to ask, so it ranks with the plan, below the backends it names (it loads them lazily).
 RANKS = {
     "xrun.launch": [
-        {"xrun.launch.procs", "xrun.launch.spec"},
+        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.network"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},
@@ -191,7 +191,7 @@ RANKS = {
         {"xrun.runner.hosts"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.pod_options", "xrun.runner.envpass",
          "xrun.runner.backends.__init__"},
-        {"xrun.runner.job"},
+        {"xrun.runner.job", "xrun.runner.network"},
         {"xrun.runner.pod"},
         {"xrun.runner.backends"},
         {"xrun.runner.cli", "xrun.runner.planner", "xrun.runner.dryrun", "xrun.runner.validate", "xrun.runner.check"},

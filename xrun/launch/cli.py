@@ -18,6 +18,8 @@ from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
+from xrun.launch.network.interfaces import AUTO
+from xrun.launch.network.ranks_env import check_mode
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -111,6 +113,10 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         f"(exit code {HANG_EXIT})")
     add(*spellings("--no_failure_stacks"), action="store_true",
         help="when a rank fails, do not put the other ranks' stacks in the failure report")
+    add(*spellings("--network_interface"), metavar="NAME|auto|none",
+        help="the interface for GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of every rank: auto (default: on a job "
+        "of several nodes, each node's interface on the route to the master address), NAME (every node; also "
+        "btl_tcp_if_include / -iface for mpirun and hydra), none (set nothing). A value you set is kept")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -225,6 +231,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         hang_timeout=ns.hang_timeout,
         hang_action=HangAction(ns.hang_action or HangAction.DUMP.value),
         failure_stacks=not ns.no_failure_stacks,
+        network_interface=check_mode("--network_interface", ns.network_interface or AUTO),
     )
 
 

@@ -18,6 +18,7 @@ from importlib.machinery import PathFinder
 
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
+from xrun.launch.network.interfaces import AUTO, NONE, check_interface_name, interface_names
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.values import shown
 
@@ -55,6 +56,8 @@ def check_spec(spec: NodeSpec) -> None:
     if not spec.ranks:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
+    if spec.options.network_interface not in (AUTO, NONE):  # before the barrier: the runner says it, exit 2
+        check_interface_name(spec.host, spec.options.network_interface, interface_names())
     argv = spec.ranks[0].argv
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
         module = len(argv) >= 4 and argv[2] == "-m"

@@ -121,6 +121,7 @@ class AgentOptions:
     hang_timeout: float | None = None  # --hang_timeout: seconds of silence from every rank that make a hang
     hang_action: HangAction = HangAction.DUMP
     failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
+    network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
@@ -245,7 +246,10 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         if options.forward_signals != DEFAULT_FORWARD_SIGNALS
         else {}
     ) | ({"hang_timeout": options.hang_timeout, "hang_action": options.hang_action.value}
-         if options.hang_timeout is not None else {}) | ({} if options.failure_stacks else {"failure_stacks": False})
+         if options.hang_timeout is not None else {}) | (
+        {} if options.failure_stacks else {"failure_stacks": False}) | (
+        {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
+    )
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

@@ -1,5 +1,7 @@
 """``xrun check [-H HOSTFILE] [filters]``: preflight every host in parallel before a long job.
 
+``--network`` measures the links between the hosts instead (pairwise rounds: xrun.runner.network, issue 24).
+
 Without a hostfile it checks this machine (its local slots, as ``xrun`` without ``-H`` would use them), by
 running the probe directly: no ssh (issue 13).
 
@@ -65,9 +67,15 @@ def port_free(port):
             return True
         except OSError:
             return False
+def interface(toward):
+    try:
+        from xrun.launch.network.interfaces import interface_toward
+        return interface_toward(toward).interface
+    except Exception:
+        return None
 print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
     "version": sys.version.split()[0], "xrun": version("xrun"), "torch": version("torch"),
-    "accelerators": accelerators(), "port_free": port_free(int(sys.argv[1]))}))
+    "accelerators": accelerators(), "port_free": port_free(int(sys.argv[1])), "interface": interface(sys.argv[2])}))
 """
 
 
@@ -101,17 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     add(*spellings("--master_port"), type=port_arg, metavar="PORT",
         help=f"check that this port is free on node 0 (default {DEFAULT_MASTER_PORT}, only noted: a job without "
              "--master_port takes a free one; 0: skip)")
+    add("--network", nargs="?", const="tcp", metavar="MODE",
+        help="measure the links between the hosts instead, in pairwise rounds (latency, throughput), and name "
+             "every slow or unreachable node; exit 1 if any. Slow: best throughput < 0.5 x the median of the "
+             "nodes' bests, or best latency > 2 x the median + 5 ms. MODE: tcp (default); docs/network-check.md")
+    add("--json", action="store_true", help="with --network: print one JSON object with every node")
     add_remote_flags(parser, job=False)
     return parser
 
 
-def probe_command(python: str, master_port: int) -> str:
-    return render([python, "-c", PROBE, str(master_port)])
+def probe_command(python: str, master_port: int, master: str) -> str:
+    return render([python, "-c", PROBE, str(master_port), master])
 
 
 def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
     """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
-    commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0) for i, h in enumerate(hosts)}
+    commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0, hosts[0]) for i, h in enumerate(hosts)}
     settings = ssh_settings(ns)
     try:
         import paramiko  # noqa: F401
@@ -123,7 +136,7 @@ def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[
 def probe_here(host: str, ns: argparse.Namespace) -> Probes:
     """This machine: the probe as a child process, no ssh."""
     try:
-        done = subprocess.run([ns.python, "-c", PROBE, str(ns.master_port)], capture_output=True, text=True,
+        done = subprocess.run([ns.python, "-c", PROBE, str(ns.master_port), host], capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return {host: (True, "", f"cannot run {ns.python}: {err}")}
@@ -209,14 +222,15 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
 
 
 def format_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
-    header = ("host", "reachable", "python", "version", "xrun", "torch", "accel/slots", "problems")
+    header = ("host", "reachable", "interface", "python", "version", "xrun", "torch", "accel/slots", "problems")
     rows = [header]
     for r in reports:
         f = r.facts
         count = f.get("accelerators")
         accel = f"{count}/{len(r.slots)}" + (" (cpu)" if count == 0 else "") if f else "-"
-        rows.append((r.host, "yes" if r.reachable else "NO", f.get("python", "-"), f.get("version", "-"),
-                     str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel, "; ".join(r.problems) or "ok"))
+        rows.append((r.host, "yes" if r.reachable else "NO", f.get("interface") or "-", f.get("python", "-"),
+                     f.get("version", "-"), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
+                     "; ".join(r.problems) or "ok"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows]
     if reports and master_port:
@@ -246,15 +260,34 @@ def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
     return ns
 
 
+def _check_network_flags(ns: argparse.Namespace) -> None:
+    if ns.network is not None:
+        from xrun.runner.network.cli import check_mode
+
+        check_mode(ns.network)
+    elif ns.json:
+        raise UsageError("--json", "only applies with --network")
+
+
+def _network(hosts: list[str], ns: argparse.Namespace) -> int:
+    from xrun.runner.network.cli import check_hosts, run_network_check
+
+    check_hosts(hosts)
+    return run_network_check(hosts, python=ns.python, settings=ssh_settings(ns), as_json=ns.json)
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         ns = parse_check_args(argv)
         given = ns.master_port is not None
         ns.master_port = DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port
         _check_ports(ns)
+        _check_network_flags(ns)
         selection = Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus)
         pool = read_hostfile(ns.hostfile).pool() if ns.hostfile else local_pool(os.environ, selection).pool
         world = dict(select(pool, selection))
+        if ns.network is not None:
+            return _network(list(world), ns)
         probes = run_probes(list(world), ns) if ns.hostfile else probe_here(next(iter(world)), ns)
     except XrunError as err:
         print(f"xrun check: {one_line(str(err))}", file=sys.stderr)

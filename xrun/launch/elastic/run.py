@@ -43,11 +43,12 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
+from xrun.launch.network.interfaces import VARIABLES as IFNAME_VARIABLES
 from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice, open_logs, rank_prefix
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.devices import VISIBILITY, detect_devices
-from xrun.launch.ranks.processes import bind_ranks, rank_environment
+from xrun.launch.ranks.processes import bind_ranks, rank_environment, with_network
 from xrun.launch.result.errorfile import read_error_file
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec
@@ -365,7 +366,7 @@ class _NodeRun:
 
 def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None:
     """``WORKDIR/rank<L>.sh`` for every local rank L: the binding and the environment of the static path."""
-    envs = [rank_environment(os.environ, spec, r, detect_devices()) for r in spec.ranks]
+    envs = with_network(spec, [rank_environment(os.environ, spec, r, detect_devices()) for r in spec.ranks])
     bound = bind_ranks(spec, envs[0] if envs else os.environ)
     taskset, setpriv = shutil.which("taskset"), shutil.which("setpriv")
     if any(b.cpus is not None for b in bound) and taskset is None:
@@ -373,6 +374,7 @@ def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None
     for local_rank, (merged, b) in enumerate(zip(envs, bound)):
         env = {k: merged[k] for k in VISIBILITY.values() if k in merged}  # the contract's, or the user's -1
         env.update(b.extra_env)
+        env.update({k: merged[k] for k in IFNAME_VARIABLES if k in merged})  # --network_interface (issue 24)
         text = rank_script(b.argv, env, stdout=relay.fifo(local_rank, 1), stderr=relay.fifo(local_rank, 2),
                            cpus=b.cpus, taskset=taskset, setpriv=setpriv)
         with open(os.path.join(workdir, f"rank{local_rank}.sh"), "w", encoding="utf-8") as f:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from xrun.launch.network.ranks_env import rank_network_env
 from xrun.launch.ranks import binding
 from xrun.launch.ranks.binding import RankBinding
 from xrun.launch.ranks.devices import (
@@ -73,6 +74,19 @@ def rank_environment(
         del env[NVIDIA_VISIBLE]  # HIP and others honour it too: set twice, the list would filter itself
     env[variable if not hides_devices(visible) else NVIDIA_VISIBLE] = visible
     return env
+
+
+def with_network(spec: NodeSpec, envs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Every rank's env with this node's ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` (--network_interface,
+    issue 24); decided once per node, from the first rank's env (the same master, the same user settings)."""
+    if not envs:
+        return envs
+    first = envs[0]
+    nodes = int(first.get("GROUP_WORLD_SIZE") or 1)
+    if spec.elastic is not None:
+        nodes = max(nodes, spec.elastic.max_nodes or 0)
+    extra = rank_network_env(spec.host, spec.options.network_interface, first, nodes)
+    return [{**env, **extra} for env in envs]
 
 
 def _inherited_visibility(env: Mapping[str, str], variable: str) -> str | None:
@@ -152,7 +166,7 @@ def rank_processes(
     """Every local rank as a ``RankProcess``: its environment merged, its binding applied and, given
     ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's)."""
     node_devices = detect_devices()
-    envs = [rank_environment(base_env, spec, rank, node_devices) for rank in spec.ranks]
+    envs = with_network(spec, [rank_environment(base_env, spec, rank, node_devices) for rank in spec.ranks])
     bound = bind_ranks(spec, envs[0] if envs else base_env)
     procs = []
     for rank, env, b in zip(spec.ranks, envs, bound):

@@ -54,6 +54,16 @@ def agent_argv(python: str, endpoint: Endpoint | None, rank_variables: Sequence[
     )
 
 
+def interface_args(plan: Plan, option: tuple[str, ...], given: str) -> tuple[str, ...]:
+    """``option NAME`` for an explicit ``--network_interface NAME`` (issue 24), unless the user's
+    ``--launcher_args`` already mention ``given``; ``auto``/``none`` add nothing (the head cannot know each
+    node's interface name in advance)."""
+    name = plan.request.options.network_interface
+    if name in ("auto", "none") or any(given in arg for arg in plan.request.remote.launcher_args):
+        return ()
+    return (*option, name)
+
+
 class EngineBackend:
     """Base class: one engine command for every node; see the module doc."""
 

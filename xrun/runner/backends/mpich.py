@@ -5,7 +5,8 @@
 * ``-genvlist XRUN_TOKEN`` exports the token by name and, unlike hydra's default (every variable), nothing
   else: the agents start in the nodes' own environment, as over ssh, and the job's variables travel in the
   node spec, byte-exact.
-* No interface is chosen for you: ``--launcher_args '-iface eth1'`` picks the one hydra's proxies use to reach
+* ``--network_interface NAME`` adds ``-iface NAME`` unless ``--launcher_args`` has an ``-iface`` already.
+* Otherwise no interface is chosen for you: ``--launcher_args '-iface eth1'`` picks the one hydra's proxies use to reach
   mpiexec (needed where this machine's own hostname resolves to a loopback address); ``-launcher ssh`` /
   ``-launcher slurm`` choose the bootstrap.
 
@@ -14,7 +15,7 @@ Intel MPI and MVAPICH2 launch through hydra as well: ``impi.py`` and ``mvapich.p
 
 from __future__ import annotations
 
-from xrun.runner.backends.engine import TOKEN_ENV, EngineBackend, host_list
+from xrun.runner.backends.engine import TOKEN_ENV, EngineBackend, host_list, interface_args
 from xrun.runner.plan import Plan
 
 
@@ -27,7 +28,7 @@ class HydraBackend(EngineBackend):
             "-ppn", "1",
             "-n", str(len(plan.nodes)),
             "-genvlist", TOKEN_ENV,
-        )
+        ) + interface_args(plan, ("-iface",), "-iface")
 
 
 class MpichBackend(HydraBackend):

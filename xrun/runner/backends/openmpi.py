@@ -7,14 +7,16 @@
   inherit that mask. Binding is the agent's (``--bind_cores_to_rank``).
 * ``-x XRUN_TOKEN`` exports the token by name; OpenMPI forwards nothing else of our environment (all of it
   travels in the node spec).
-* No interface is chosen for you: pass ``--launcher_args '--mca oob_tcp_if_include NET --mca
+* ``--network_interface NAME`` adds ``--mca btl_tcp_if_include NAME`` unless ``--launcher_args`` names
+  btl_tcp_if_include already (``auto`` cannot: the head does not know each node's interface name in advance).
+* Otherwise no interface is chosen for you: pass ``--launcher_args '--mca oob_tcp_if_include NET --mca
   btl_tcp_if_include NET'`` (a CIDR or an interface name) on hosts with several networks, and
   ``--allow-run-as-root`` (or ``OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``) as root.
 """
 
 from __future__ import annotations
 
-from xrun.runner.backends.engine import TOKEN_ENV, EngineBackend, host_list
+from xrun.runner.backends.engine import TOKEN_ENV, EngineBackend, host_list, interface_args
 from xrun.runner.plan import Plan
 
 
@@ -36,4 +38,4 @@ class OpenMpiBackend(EngineBackend):
             "--map-by", "ppr:1:node",
             "--bind-to", "none",
             "-x", TOKEN_ENV,
-        )
+        ) + interface_args(plan, ("--mca", "btl_tcp_if_include"), "btl_tcp_if_include")

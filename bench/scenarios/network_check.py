@@ -1,0 +1,75 @@
+"""Opt-in scenario: ``xrun check --network`` on 4, 8, 16 and 32 namespace nodes (issue 24).
+
+Measured: the wall time of the whole check (ssh start of every node's probe, two rounds of pairs, the report)
+and whether every node came out ok. The rounds run their pairs in parallel, so the time should stay nearly flat
+as the node count doubles (docs/network-check.md has the model); on this 2-core machine every probe shares the
+same CPUs, so the throughput figures fall with the count while the time does not grow with the square of it.
+The remote interpreter is a wrapper that puts this checkout first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench import cluster, harness
+from bench.scenarios.base import Context, finish, median, section, target, unavailable
+
+NAME = "network_check"
+TITLE = "11. xrun check --network: time of the pairwise check by node count"
+TABLE = {"metrics": [["check_s", "whole check", "s"]], "ratio": "check_s", "references": []}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _wrapper(path: str) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def _trial(c: Any, hostfile: str, python: str) -> harness.Trial:
+    argv = [sys.executable, "-m", "xrun", "check", "--network", "--json", "-H", hostfile, "--python", python,
+            "--ssh_config", str(c.ssh_config)]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    elapsed = time.monotonic() - start
+    try:
+        nodes = json.loads(done.stdout)["nodes"]
+    except (ValueError, KeyError):
+        return harness.Trial(metrics={"check_s": elapsed}, exit_code=done.returncode, error=done.stderr[-300:])
+    rates = sorted(n["throughput_mbs"] or 0.0 for n in nodes)
+    return harness.Trial(metrics={"check_s": elapsed}, exit_code=done.returncode,
+                         notes={"bad": [n["host"] for n in nodes if n["verdict"] != "ok"],
+                                "median_mbs": rates[len(rates) // 2]})
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    counts = ctx.option("nodes", (4, 8), (4, 8, 16, 32))
+    rounds = ctx.rounds(1, 3)
+    sec = section(NAME, TITLE, params={"nodes": list(counts), "rounds": rounds}, skipped={}, table=TABLE,
+                  groups=[], targets=[])
+    try:
+        for k in counts:
+            with cluster.cluster(k, busy_timeout_s=ctx.option("busy_timeout_s", 20.0, 300.0)) as c, \
+                    harness.RunDir() as files:
+                hostfile = str(c.hostfile(os.path.join(files.path, "hostfile"), slots=1,
+                                          nodes=cluster.node_names(k)))
+                python = _wrapper(os.path.join(files.path, "python"))
+                results = harness.run_rounds(["xrun:check"], rounds,
+                                             lambda _v, c=c, h=hostfile, p=python: _trial(c, h, p),
+                                             rng=ctx.rng, label=f"{NAME} {k}")
+            group = harness.summarize_group(results, references=())
+            sec["groups"].append({"label": f"{k} nodes", "params": {"nodes": k}, **group})
+    except cluster.Unavailable as why:
+        return unavailable(NAME, TITLE, str(why))
+    for group in sec["groups"]:
+        if group["params"]["nodes"] <= 5:
+            sec["targets"].append(target(f"{group['label']}: whole check", median(group, "xrun:check", "check_s"),
+                                         30.0, "s"))
+    return finish(sec)

@@ -1,0 +1,50 @@
+"""``xrun check --network``: the wiring from the selected hosts to the verdicts (see the package doc)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from xrun.errors import UsageError
+from xrun.runner.network import report
+from xrun.runner.network.coordinate import Check
+from xrun.runner.remote_options import SshSettings
+
+MODES = ("tcp",)
+NOT_BUILT = ("allreduce",)
+
+
+def check_mode(mode: str) -> None:
+    """``--network[=MODE]``: tcp (the default); allreduce is named as not built yet, anything else refused."""
+    if mode in NOT_BUILT:
+        raise UsageError("--network", f"mode {mode!r} is not built yet; use --network (tcp: latency and throughput)")
+    if mode not in MODES:
+        raise UsageError("--network", f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+
+
+def check_hosts(hosts: Sequence[str]) -> None:
+    if len(hosts) < 2:
+        raise UsageError("--network", f"needs at least 2 hosts to pair, the selection has {len(hosts)} "
+                         f"({', '.join(hosts) or 'none'}); pass -H HOSTFILE")
+
+
+def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSettings, as_json: bool) -> int:
+    """Start the probes, run the rounds, print; 0 when every node is ok, 1 when any is bad."""
+    from xrun.runner.network.remote import Down, Link, LinkProber, start_links  # noqa: PLC0415 - ssh is heavy
+
+    start = time.monotonic()
+    started = start_links(hosts, python, settings)
+    links = {i: s for i, s in enumerate(started) if isinstance(s, Link)}
+    down = {i: f"the probe did not start: {s.reason}" for i, s in enumerate(started) if isinstance(s, Down)}
+    try:
+        outcome = Check(LinkProber(links), range(len(hosts)), down).run()
+    finally:
+        for link in links.values():
+            link.close()
+    elapsed = time.monotonic() - start
+    rows = report.node_rows(hosts, {i: link.hello for i, link in links.items()}, outcome.verdicts)
+    print(report.format_json(rows, elapsed) if as_json else report.format_table(rows))
+    quiet_stdout = as_json or report.bad(rows)  # --json: stdout holds exactly one object
+    print(report.summary(rows, elapsed), file=sys.stderr if quiet_stdout else sys.stdout)
+    return 1 if report.bad(rows) else 0

@@ -1,0 +1,129 @@
+"""Run the rounds of the network check against any ``Prober`` and name every node's verdict.
+
+Two rounds (``rounds``), each a wave or two of pairs; each pair is measured both ways, one direction after the
+other, with every pair of the wave at once. Then every failed probe is settled against a third node
+(``verdict.blame``), and a node left without figures (all its partners were bad) gets a pair with a good node of
+its own. With N nodes that is 2 rounds x 2 waves at most x 2 directions, plus one batch of settling probes and
+one of cover pairs (and, when pairs failed, one wave pairing the nodes still without figures among
+themselves, so that a node that cannot connect out does not hide every partner it had): the time does not grow
+with N (the probes of a wave run in parallel on different nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from xrun.runner.network import rounds
+from xrun.runner.network.verdict import (
+    Figures,
+    NodeVerdict,
+    Probe,
+    best_figures,
+    blame,
+    judge,
+    pair_figures,
+    speed_order,
+)
+
+MEASURE = "measure"
+REACH = "reach"
+
+
+@dataclass(frozen=True)
+class Request:
+    """``src`` probes ``dst``'s server: ``measure`` (latency and throughput) or ``reach`` (connect only)."""
+
+    src: int
+    dst: int
+    mode: str = MEASURE
+
+
+class Prober(Protocol):
+    def run(self, requests: Sequence[Request]) -> list[Probe]:
+        """Every request's result, in order; requests of different ``src`` run at once, of one ``src`` in turn."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdicts: dict[int, NodeVerdict]
+    probes: tuple[Probe, ...]  # every probe that ran, in order
+
+
+class Check:
+    """One network check over ``nodes`` (indices the prober knows); ``down`` are nodes that never came up."""
+
+    def __init__(self, prober: Prober, nodes: Sequence[int], down: Mapping[int, str] | None = None) -> None:
+        self._prober = prober
+        self._nodes = list(nodes)
+        self._down = dict(down or {})
+        self._pairs: list[tuple[tuple[int, int], Figures | None]] = []
+        self._probes: list[Probe] = []
+
+    def run(self) -> Outcome:
+        alive = [n for n in self._nodes if n not in self._down]
+        if len(alive) >= 2:
+            self._round(rounds.neighbour_round(len(alive)), alive)
+            order = speed_order(best_figures(self._pairs), alive)
+            self._round(rounds.extremes_round(range(len(order))), order)
+            self._measure_pairs(rounds.untried_pairs(self._bare(alive), [pair for pair, _ in self._pairs]))
+        unreachable = {**self._down, **self._settle(alive)}
+        if len(alive) < 2:
+            unreachable.update({n: "no other node came up to test against" for n in alive})
+        self._cover([n for n in alive if n not in unreachable], unreachable)
+        return Outcome(judge(best_figures(self._pairs), unreachable, self._nodes), tuple(self._probes))
+
+    def _round(self, round_: rounds.Round, names: Sequence[int]) -> None:
+        for wave in round_:
+            self._measure_pairs([(names[a], names[b]) for a, b in wave])
+
+    def _measure_pairs(self, pairs: Sequence[tuple[int, int]]) -> None:
+        there = self._run([Request(a, b) for a, b in pairs])
+        back = self._run([Request(b, a) for a, b in pairs])
+        self._pairs += [((a, b), pair_figures([x, y])) for (a, b), x, y in zip(pairs, there, back)]
+
+    def _run(self, requests: Sequence[Request]) -> list[Probe]:
+        if not requests:
+            return []
+        found = self._prober.run(requests)
+        self._probes += found
+        return found
+
+    def _bare(self, alive: Sequence[int]) -> list[int]:
+        best = best_figures(self._pairs)
+        return [n for n in alive if n not in best]
+
+    def _helpers(self, alive: Sequence[int]) -> list[int]:
+        """Nodes with a pair that passed both ways (so they accept and open connections), fastest first: the
+        third nodes that settle a failure."""
+        best = best_figures(self._pairs)
+        return speed_order(best, [n for n in alive if n in best])
+
+    def _settle(self, alive: Sequence[int]) -> dict[int, str]:
+        """Decide which side of each failed probe is bad (a third node probes both sides)."""
+        failures = list({(p.src, p.dst): p for p in self._probes if not p.ok}.values())
+        helpers = self._helpers(alive)
+        asks: list[tuple[Probe, int | None]] = []
+        for i, failure in enumerate(failures):
+            third = [h for h in helpers if h not in (failure.src, failure.dst)]
+            asks.append((failure, third[i % len(third)] if third else None))
+        requests = [r for f, h in asks if h is not None
+                    for r in (Request(h, f.dst, REACH), Request(f.src, h, REACH))]
+        answers = iter(self._run(requests))
+        named: dict[int, str] = {}
+        for failure, helper in asks:
+            inbound, outbound = (next(answers), next(answers)) if helper is not None else (None, None)
+            for node, reason in blame(failure, inbound, outbound).items():
+                named.setdefault(node, reason)
+        return named
+
+    def _cover(self, left: Sequence[int], unreachable: dict[int, str]) -> None:
+        """A good node that has no figures yet (its partners were all bad) gets a pair with a node that has."""
+        helpers = self._helpers([n for n in self._nodes if n not in unreachable])
+        pairs = []
+        for i, node in enumerate(n for n in left if n not in helpers):
+            others = [h for h in helpers if h != node]
+            if others:
+                pairs.append((node, others[i % len(others)]))
+        self._measure_pairs(pairs)

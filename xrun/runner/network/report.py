@@ -1,0 +1,65 @@
+"""What ``xrun check --network`` prints: one line per node, or one JSON object (``--json``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xrun.runner.network.verdict import RULE, NodeVerdict, Verdict
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    host: str
+    interface: str | None
+    address: str | None
+    result: NodeVerdict
+
+    def to_json(self) -> dict[str, Any]:
+        figures = self.result.figures
+        return {
+            "host": self.host,
+            "interface": self.interface,
+            "address": self.address,
+            "latency_ms": round(figures.latency_ms, 3) if figures else None,
+            "throughput_mbs": round(figures.throughput_mbs, 1) if figures else None,
+            "verdict": self.result.verdict.value,
+            "reason": self.result.reason,
+        }
+
+
+def node_rows(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]],
+              verdicts: Mapping[int, NodeVerdict]) -> list[NodeRow]:
+    return [NodeRow(host, hellos.get(i, {}).get("interface"), hellos.get(i, {}).get("address"), verdicts[i])
+            for i, host in enumerate(hosts)]
+
+
+def bad(rows: Sequence[NodeRow]) -> list[NodeRow]:
+    return [r for r in rows if r.result.verdict is not Verdict.OK]
+
+
+def format_table(rows: Sequence[NodeRow]) -> str:
+    header = ("host", "interface", "address", "latency_ms", "MB/s", "verdict")
+    table = [header]
+    for r in rows:
+        f = r.result.figures
+        verdict = r.result.verdict.value + (f" ({r.result.reason})" if r.result.reason else "")
+        table.append((r.host, r.interface or "-", r.address or "-", f"{f.latency_ms:.3f}" if f else "-",
+                      f"{f.throughput_mbs:.1f}" if f else "-", verdict))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in table)
+
+
+def format_json(rows: Sequence[NodeRow], elapsed: float) -> str:
+    return json.dumps({"ok": not bad(rows), "elapsed_s": round(elapsed, 2), "rule": RULE,
+                       "nodes": [r.to_json() for r in rows]})
+
+
+def summary(rows: Sequence[NodeRow], elapsed: float) -> str:
+    wrong = bad(rows)
+    if not wrong:
+        return f"xrun check --network: {len(rows)} node(s) ok in {elapsed:.1f} s"
+    named = ", ".join(f"{r.host} {r.result.verdict.value}" for r in wrong)
+    return f"xrun check --network: {len(wrong)} of {len(rows)} node(s) bad: {named} ({RULE})"

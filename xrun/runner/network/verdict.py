@@ -1,0 +1,120 @@
+"""Which nodes are bad, from the figures of the rounds: pure, tested with literal numbers.
+
+* A pair's figures are the worse of its two directions (a node slowed on ingress is slow only one way).
+* Each node keeps its **best** pair over every round: its neighbour's fault must not become its own.
+* **slow**: the node's best throughput is below ``SLOW_FRACTION`` (half) of the median of the nodes' bests, or
+  its best latency is above ``LATENCY_FACTOR`` (2) x the median best latency + ``LATENCY_FLOOR_MS`` (the floor
+  keeps scheduling jitter of sub-millisecond links from counting).
+* **unreachable**: when a directed probe ``a -> b`` fails, a third node ``h`` that passed its own probes decides
+  which side is bad: ``h -> b`` failing names ``b`` (it refuses connections), ``a -> h`` failing names ``a`` (it
+  cannot connect out); without such a node both sides are named.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+SLOW_FRACTION = 0.5
+LATENCY_FACTOR = 2.0
+LATENCY_FLOOR_MS = 5.0
+RULE = (f"slow: best throughput < {SLOW_FRACTION:g} x the median of the nodes' bests, or best latency > "
+        f"{LATENCY_FACTOR:g} x the median + {LATENCY_FLOOR_MS:g} ms; unreachable: a peer cannot connect to it "
+        "or it cannot connect to a peer (a third node decides which side)")
+
+
+class Verdict(Enum):
+    OK = "ok"
+    SLOW = "slow"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One directed probe: ``src``'s client against ``dst``'s server."""
+
+    src: int
+    dst: int
+    ok: bool
+    latency_ms: float | None = None
+    throughput_mbs: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Figures:
+    latency_ms: float
+    throughput_mbs: float
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    verdict: Verdict
+    figures: Figures | None
+    reason: str = ""
+
+
+def pair_figures(probes: Sequence[Probe]) -> Figures | None:
+    """The worse of the directions of one pair; None when any direction failed or measured nothing."""
+    if not probes or not all(p.ok and p.latency_ms is not None and p.throughput_mbs is not None for p in probes):
+        return None
+    return Figures(max(p.latency_ms for p in probes if p.latency_ms is not None),
+                   min(p.throughput_mbs for p in probes if p.throughput_mbs is not None))
+
+
+def best_figures(pairs: Iterable[tuple[tuple[int, int], Figures | None]]) -> dict[int, Figures]:
+    """Each node's best latency and best throughput over the pairs it was in (they may come from two pairs)."""
+    best: dict[int, Figures] = {}
+    for nodes, figures in pairs:
+        if figures is None:
+            continue
+        for node in nodes:
+            old = best.get(node)
+            best[node] = figures if old is None else Figures(min(old.latency_ms, figures.latency_ms),
+                                                             max(old.throughput_mbs, figures.throughput_mbs))
+    return best
+
+
+def blame(failure: Probe, inbound: Probe | None, outbound: Probe | None) -> dict[int, str]:
+    """Which side of a failed ``failure.src -> failure.dst`` is bad, given a third node's ``inbound`` probe of
+    ``dst`` and ``src``'s ``outbound`` probe of that third node (None: no third node to ask)."""
+    a, b = failure.src, failure.dst
+    named: dict[int, str] = {}
+    if inbound is None or outbound is None:
+        why = f"{failure.error} (no third node to tell which side)"
+        return {a: f"cannot reach node {b}: {why}", b: f"node {a} cannot reach it: {why}"}
+    if not inbound.ok:
+        named[b] = f"refuses connections: {inbound.error}"
+    if not outbound.ok:
+        named[a] = f"cannot connect out: {outbound.error}"
+    return named
+
+
+def judge(best: Mapping[int, Figures], unreachable: Mapping[int, str], nodes: Sequence[int]) -> dict[int, NodeVerdict]:
+    """Every node's verdict (see the module doc for the rule)."""
+    good = [best[n] for n in nodes if n in best and n not in unreachable]
+    median_rate = statistics.median(f.throughput_mbs for f in good) if good else 0.0
+    median_latency = statistics.median(f.latency_ms for f in good) if good else 0.0
+    verdicts = {}
+    for node in nodes:
+        figures = best.get(node)
+        if node in unreachable or figures is None:
+            reason = unreachable.get(node, "no pair with it succeeded")
+            verdicts[node] = NodeVerdict(Verdict.UNREACHABLE, figures, reason)
+        elif figures.throughput_mbs < SLOW_FRACTION * median_rate:
+            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"throughput {figures.throughput_mbs:.1f} MB/s < "
+                                         f"{SLOW_FRACTION:g} x median {median_rate:.1f}")
+        elif figures.latency_ms > LATENCY_FACTOR * median_latency + LATENCY_FLOOR_MS:
+            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"latency {figures.latency_ms:.2f} ms > "
+                                         f"{LATENCY_FACTOR:g} x median {median_latency:.2f} + {LATENCY_FLOOR_MS:g}")
+        else:
+            verdicts[node] = NodeVerdict(Verdict.OK, figures)
+    return verdicts
+
+
+def speed_order(best: Mapping[int, Figures], nodes: Sequence[int]) -> list[int]:
+    """Fastest first (throughput, then latency); nodes without figures last: round 1's sort."""
+    return sorted(nodes, key=lambda n: (n not in best, -best[n].throughput_mbs if n in best else 0.0,
+                                        best[n].latency_ms if n in best else 0.0, n))
