@@ -222,6 +222,6 @@ def test_module_paths_named_in_the_docs_exist(page: Path) -> None:
 
 
 def test_a_stale_module_path_is_caught() -> None:
-    assert module_exists("xrun.runner.job.machine._Tally") and module_exists("xrun.discover")
+    assert module_exists("xrun.runner.job.nodes.Tally") and module_exists("xrun.discover")
     assert not module_exists("xrun.runner.podrun")
     assert not module_exists("xrun.launch.channel.send")

@@ -1,6 +1,6 @@
 """The hang doctor on one node: stacks on demand, the silence watch, and the survivors' stacks at a failure.
 
-``NodeDoctor`` plugs into a RankGroup (xrun.launch.ranks.supervise ``Plugins``) before it runs:
+``NodeDoctor`` plugs into a RankGroup (xrun.launch.ranks.plugins ``Plugins``) before it runs:
 
 * SIGQUIT (Ctrl-\\, as the JVM's thread dump) -> ``link.stacks_wanted``;
 * a timer every ``min(1 s, timeout / 4)`` reads and clears the console's ``heard`` flag (no clock on the output
