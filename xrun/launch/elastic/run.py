@@ -271,6 +271,7 @@ class OutputRelay:
                         self._exited(key.data)
                     elif key.data is not None and key.data.fd is not None:
                         self._console.drain(key.data, limit=16)
+                self._console.show_progress()  # a progress bar's state that nothing followed within the settle
             self._console.settle()  # outside the lock: the main thread may take the tails meanwhile
 
     def _exited(self, watch: _ExitWatch) -> None:

@@ -13,6 +13,9 @@
   tails are taken before any merging: always raw, always each rank's own.
 * ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
   ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
+* A progress bar's current state: tqdm writes ``\r`` *before* each state, so the last state has no line end
+  until the next update. ``show_progress`` writes it, prefixed, once a settle found nothing more of it (issue
+  25); its line end then writes only the rest, and any other console write first ends it with ``\r``.
 * Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
   read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
   logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
@@ -119,7 +122,7 @@ def rank_prefix(host: str, rank: int) -> bytes:
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "echo", "prefix", "rank", "pending", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "prefix", "rank", "pending", "bar", "log", "tail", "total", "_file")
 
     def __init__(
         self,
@@ -138,6 +141,7 @@ class RankStream:
         self.prefix = prefix
         self.rank = rank  # the global rank behind ``prefix``: its lines' source in de-duplication
         self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
+        self.bar = False  # it wrote a \r: an unfinished line of it is a progress bar's state, shown early
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
         self.tail: bytes | None = b"" if keep_tail else None
         self.total = 0  # bytes seen by the tail, to know whether its first line was cut
@@ -196,6 +200,12 @@ class Console:
         self.heard = False  # some rank wrote something since the hang doctor last looked
         self._trickled = False  # a read since the last settle() returned less than a full chunk ...
         self._flooded = False  # ... and none returned a full one (a flooding rank is read again at once)
+        # A progress bar (tqdm) writes "\r" *before* each state and leaves the state unfinished until the next
+        # update: the stream whose unfinished state waits to be shown (issue 25), whether a settle has passed
+        # since its last chunk, and the stream whose state is on the terminal now with how many bytes of it.
+        self._bar: RankStream | None = None
+        self._bar_due = False
+        self._shown: tuple[RankStream, int] | None = None
 
     def read(self, stream: RankStream) -> bool:
         """One read: consume what came, or close the stream at EOF. True when it got data (there may be more)."""
@@ -220,6 +230,37 @@ class Console:
         if self._trickled and not self._flooded:
             time.sleep(SETTLE_S)
         self._trickled = self._flooded = False
+        self._bar_due = self._bar is not None  # the next look that finds nothing more for it shows it
+
+    def show_progress(self) -> None:
+        """Show a progress bar's unfinished state once a settle found nothing more of it, prefixed (issue 25).
+
+        The loop calls it after its reads. The bytes written are the ones the state's line end would have
+        written with it (that write leaves them out: ``_emit_own``), so a pipe gets the same bytes, earlier.
+        Any other console write first ends the shown state with ``\r``, as the bar's own update would, and the
+        state is shown again after it. With de-duplication, only once nothing is held (order)."""
+        stream = self._bar
+        held = self._merger is not None and self._merger.next_deadline() is not None
+        if not self._bar_due or stream is None or held:
+            return
+        self._bar, self._bar_due = None, False
+        end = len(stream.pending) - stream.pending.endswith(b"\r")  # a final \r may start a \r\n
+        shown = self._shown[1] if self._shown is not None and self._shown[0] is stream else None
+        if stream.fd is None or not self._ok[stream.console] or end <= (shown or 0):
+            return
+        if shown is None:
+            self.emit(stream.console, self._prefix_of(stream) + stream.pending[:end])
+        else:
+            self._write(stream.console, stream.pending[shown:end])
+        self._shown = (stream, end)
+
+    def _note_pending(self, stream: RankStream, chunk: bytes) -> None:
+        """After a chunk: a stream that writes \r and has an unfinished line is the bar to show once settled."""
+        if stream.pending and (stream.bar or b"\r" in chunk):
+            stream.bar = True
+            self._bar, self._bar_due = stream, False
+        elif stream is self._bar:
+            self._bar = None
 
     def drain(self, stream: RankStream, limit: int = 64) -> None:
         """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""
@@ -240,6 +281,8 @@ class Console:
             self._merge(stream, chunk)
         else:
             self._echo(stream, chunk)
+        if stream.pending or stream is self._bar:
+            self._note_pending(stream, chunk)
 
     def _echo(self, stream: RankStream, chunk: bytes) -> None:
         """Complete lines prefixed, one write per chunk."""
@@ -248,6 +291,15 @@ class Console:
         if len(stream.pending) > _MAX_PENDING:
             out += prefix + stream.pending + b"\n"
             stream.pending = b""
+        if out:
+            self._emit_own(stream, prefix, out)
+
+    def _emit_own(self, stream: RankStream, prefix: bytes, out: bytes) -> None:
+        """``out`` starts with ``stream``'s prefixed unfinished line: what of it ``show_progress`` wrote is not
+        written again."""
+        if self._shown is not None and self._shown[0] is stream:
+            out = out[len(prefix) + self._shown[1]:]
+            self._shown = None
         if out:
             self.emit(stream.console, out)
 
@@ -270,8 +322,11 @@ class Console:
             stream.pending = b""
 
     def wait(self, cap: float | None = None) -> float | None:
-        """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner."""
+        """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner, or
+        none when a progress bar's state is to be shown if nothing more of it came (``show_progress``)."""
         due = self._merger.next_deadline() if self._merger is not None else None
+        if self._bar_due and due is None:
+            return 0.0
         if due is None:
             return cap
         held = max(0.0, due - time.monotonic())
@@ -286,6 +341,7 @@ class Console:
         """Write every held line now (the run ends, or the agent is about to speak)."""
         if self._merger is not None:
             self._merger.flush_all()
+        self._end_shown()
 
     def end_line(self, stream: RankStream) -> None:
         """The last line had no newline: give it one, so the next line (another rank's) starts clean."""
@@ -294,7 +350,8 @@ class Console:
                              (stream.rank,), time.monotonic())
             stream.pending = b""
         elif stream.pending:
-            self.emit(stream.console, self._prefix_of(stream) + stream.pending + b"\n")
+            prefix = self._prefix_of(stream)
+            self._emit_own(stream, prefix, prefix + stream.pending + b"\n")
             stream.pending = b""
 
     def _prefix_of(self, stream: RankStream) -> bytes:
@@ -312,6 +369,21 @@ class Console:
         self.end_line(stream)
 
     def emit(self, fd: int, data: bytes) -> None:
+        self._end_shown()
+        self._write(fd, data)
+
+    def _end_shown(self) -> None:
+        """Another write is coming: end the progress state on the terminal with \r, as its next update would
+        (it is written again in full with its line end), and show it again after that write."""
+        if self._shown is None:
+            return
+        stream = self._shown[0]
+        self._shown = None
+        self._write(stream.console, b"\r")
+        if self._bar is None and stream.pending:
+            self._bar, self._bar_due = stream, False
+
+    def _write(self, fd: int, data: bytes) -> None:
         if self._ok[fd] and not console_write(fd, data):
             self._ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
 

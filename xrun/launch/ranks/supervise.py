@@ -226,6 +226,7 @@ class RankGroup:
             if self._progress or teardown.deadline is not None:
                 self._check_progress()
             console.flush_due()
+            console.show_progress()  # a progress bar's state that nothing followed within the settle
             console.settle()
 
     def _check_progress(self) -> None:
