@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -205,6 +206,23 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
     assert show.lines[0].startswith("SIGQUIT: stacks of 3 ranks, outliers first; full dumps in " + str(tmp_path))
     assert show.lines[1:] == ("  rank 2 (node0, local 2): train.py:88 step", "  ranks 0-1: train.py:91 step")
     assert doctor.deadline() is None and len(list(tmp_path.iterdir())) == 1
+    [dump] = tmp_path.iterdir()
+    assert show.lines[0].endswith(f"full dumps in {dump}")  # the whole path, absolute
+    assert stat.S_IMODE(dump.stat().st_mode) == 0o600  # stacks show arguments and paths: the owner's only
+
+
+def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
+    from xrun.launch.doctor.node_doctor import write_stacks_file
+
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    for ms in range(1000):  # every name the old scheme could pick within this second, as links
+        (tmp_path / f"xrun-stacks-{stamp}-{ms:03d}.txt").symlink_to(victim)
+    first, second = write_stacks_file(None, "one"), write_stacks_file(None, "two")
+    assert not victim.exists()
+    assert first != second and os.path.isabs(first) and os.path.dirname(first) == str(tmp_path)
+    assert open(first).read() == "one" and not os.path.islink(first)
 
 
 def test_head_dump_names_a_node_that_did_not_answer_and_a_late_answer_changes_nothing(tmp_path):

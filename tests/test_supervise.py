@@ -493,6 +493,43 @@ def test_log_files_are_raw_and_earlier_runs_are_kept(marker, tmp_path, capfd):
     assert (directory / "stderr.log").read_bytes() == b""
 
 
+def test_a_link_in_place_of_a_log_file_is_never_followed(marker, tmp_path, capfd):
+    # Another user's dangling link in a shared log directory: xrun (root here) must not create its target.
+    directory = tmp_path / "logs" / "h" / "rank0"
+    directory.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    (directory / "stdout.log").symlink_to(victim)
+    result = run_group([rank(0, "exit", "0", marker=marker)], log_dir=str(tmp_path / "logs"))
+    assert not victim.exists()
+    assert result.exit_code == result.outcomes[0].returncode == 126  # the rank did not start: the run fails
+    assert f"xrun: cannot start rank 0: {directory / 'stdout.log'}: a symbolic link or another file is in the " \
+        "way of this log file (xrun writes only files it creates)\n" in capfd.readouterr().err  # one line
+    assert os.path.islink(directory / "stdout.log")  # left as it was, for the user to look at
+
+
+def test_log_files_are_created_new_and_through_no_foreign_link(tmp_path):
+    from xrun.launch.output.streams import LogFileRefused, open_logs
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "logs").mkdir()
+    link = tmp_path / "logs" / "h"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # another user's link (the tests run as root, who may give it away)
+    with pytest.raises(LogFileRefused, match=r"/logs/h: a symbolic link of another user \(uid 65534\)"):
+        open_logs(str(tmp_path / "logs"), "h", 0)
+    assert list(victim.iterdir()) == []
+    os.lchown(link, os.geteuid(), os.getegid())  # the user's own link: theirs to point anywhere
+    for fd in open_logs(str(tmp_path / "logs"), "h", 0):
+        os.close(fd)
+    assert (victim / "rank0" / "stdout.log").is_file()
+    (victim / "rank0" / "stderr.log").unlink()
+    (victim / "rank0" / "stderr.log").symlink_to(tmp_path / "elsewhere")  # after stdout.log was rotated
+    with pytest.raises(LogFileRefused, match="stderr.log: a symbolic link"):
+        open_logs(str(tmp_path / "logs"), "h", 0)
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_stderr_tail_keeps_the_last_twenty_lines(marker, capfd):
     result = run_group([rank(0, "lines", "30", "exit", "1", marker=marker)])
     assert result.outcomes[0].stderr_tail == tuple(f"line {i}" for i in range(10, 30))

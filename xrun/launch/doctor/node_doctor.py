@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -208,12 +209,15 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
 
 
 def write_stacks_file(log_dir: str | None, text: str) -> str:
-    """``{log_dir or cwd}/xrun-stacks-YYYYmmdd-HHMMSS-mmm.txt``; returns its path."""
-    directory = log_dir if log_dir is not None else os.getcwd()
+    """``{log_dir or cwd}/xrun-stacks-YYYYmmdd-HHMMSS-<random>.txt``, mode 0600; returns its absolute path.
+
+    Stacks show what the ranks hold (arguments, paths): the file is readable by its owner only, and made with
+    ``mkstemp`` (O_CREAT|O_EXCL|O_NOFOLLOW, a name nobody can guess ahead), so a link another user put in a
+    shared directory is never followed (issue 22 §6)."""
+    directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
     os.makedirs(directory, exist_ok=True)
-    now = time.time()
-    name = f"xrun-stacks-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{int(now * 1000) % 1000:03d}.txt"
-    path = os.path.join(directory, name)
-    with open(path, "w", encoding="utf-8") as f:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    fd, path = tempfile.mkstemp(prefix=f"xrun-stacks-{stamp}-", suffix=".txt", dir=directory)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     return path
