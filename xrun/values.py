@@ -8,7 +8,8 @@ is refused where it enters, as one line (issue 12):
 * host names are RFC 1123-ish: dot-separated labels of letters, digits, ``-`` and ``_`` (63 at most each,
   253 in all), because they travel in the world info, in ``-i``/``-e`` specs and to ssh and DNS;
 * whatever a message quotes goes through ``shown`` (``repr``, truncated), and the entry points print through
-  ``one_line``, so an error never spans two lines whatever bytes it quotes.
+  ``one_line``, so an error never spans two lines whatever bytes it quotes; so do the lines of the head and
+  the agents (``say``, ``notice``, the reports): only the ranks' own output passes through as it is.
 
 Every node agent imports this module on its start path, so it compiles no pattern at import (``re`` compiles
 and caches each on first use) and imports ``argparse`` and ``ipaddress`` only where a function needs them.
@@ -44,8 +45,16 @@ def shown(value: str, *, limit: int = _SHOWN) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` with every line break and control character escaped: the last guard of a one-line error."""
+    """``text`` with every line break and control character escaped: the last guard of a one-line error, and
+    of every line xrun prints that may quote a peer's strings (issue 22 §6: a host name, a reason, a tail or a
+    stack from an agent or a pod-mode node shows ``\x1b`` as those four characters, never as a terminal
+    escape)."""
     return re.sub(_CONTROL, lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def each_line(text: str) -> str:
+    """``one_line`` for each line of ``text``: its line breaks kept, every other control character escaped."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
 
 
 def parse_int(text: str) -> int | None:

@@ -232,7 +232,8 @@ def format_table(reports: list[HostReport], master_port: int, *, given: bool = T
                      f.get("version", "-"), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
                      "; ".join(r.problems) or "ok"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows]
+    # a host's answers are its own strings: control characters shown escaped (issue 22 §6)
+    lines = [one_line("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1]) for row in rows]
     if reports and master_port:
         free = reports[0].facts.get("port_free")
         state = "free" if free else "IN USE" if free is False else "unknown"

@@ -21,7 +21,8 @@
   logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
 * ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
   with their time; created new, never through a symbolic link (issue 22 §6).
-* ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr.
+* ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr, control characters escaped (a stop's
+  reason comes from the head or node 0: issue 22 §6).
 * Both write through ``console_write`` (xrun.launch.output.consoleroute): in pod mode node 0's console shows them too.
 * ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
   (xrun.launch.doctor.node_doctor), so the output path never reads the clock for it.
@@ -44,6 +45,7 @@ from typing import IO
 from xrun.launch.output.consoleroute import console_write
 from xrun.launch.output.dedupe import LineMerger, is_flood
 from xrun.launch.procs.posix import write_all
+from xrun.values import one_line
 
 CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
 PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)
@@ -393,7 +395,7 @@ class Console:
 def notice(host: str, text: str) -> None:
     """One line of the agent's own on stderr, after what Python itself buffered for stdout."""
     flush_python_output()
-    console_write(2, f"xrun[{host}]: {text}\n".encode("utf-8", "replace"))
+    console_write(2, f"xrun[{host}]: {one_line(text)}\n".encode("utf-8", "replace"))
 
 
 def flush_python_output() -> None:

@@ -27,6 +27,7 @@ from xrun.launch.result.hints import failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.values import each_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 
@@ -36,7 +37,7 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
     (``announce``: this node is the whole job); write its summary under ``log_dir``; return its exit code."""
     figures = [RankFigures.of(o) for o in result.outcomes]
     if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
-        sys.stderr.write(format_failure_report(result) + "\n")
+        sys.stderr.write(each_line(format_failure_report(result)) + "\n")  # tails, stacks: escaped (issue 22)
         if log_dir is not None:
             write_failure_json(os.path.join(host_log_dir(log_dir, result.host), "failure.json"), result)
     elif announce and result.exit_code == 0 and figures:

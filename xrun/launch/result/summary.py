@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.outcome import RankOutcome, describe_status
+from xrun.values import one_line
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def table_lines(figures: Sequence[RankFigures]) -> list[str]:
     for f in sorted(figures, key=lambda f: f.rank):
         cpu = "-" if f.cpu_s is None else seconds(f.cpu_s)
         rss = "-" if f.peak_rss_bytes is None else format_bytes(f.peak_rss_bytes)
-        rows.append((str(f.rank), f.host, str(f.local_rank), seconds(f.wall_s), cpu, rss, f.status))
+        # escaped: on the head, the host and status are what each agent reported (issue 22 §6)
+        rows.append((str(f.rank), one_line(f.host), str(f.local_rank), seconds(f.wall_s), cpu, rss, one_line(f.status)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
 

@@ -1,7 +1,9 @@
 """What the user sees while the agents join: a rich status line on a terminal, plain log lines otherwise.
 
 The control server shows the job state machine's ``Show*`` actions through one of these; ``say`` is the one
-way the runner writes a line of its own to stderr.
+way the runner writes a line of its own to stderr. Both print through ``one_line``: a line may quote what a
+peer sent (a host name, a version, a reason, a rank's tail, stacks), and its control characters are shown
+escaped, never sent to the terminal (issue 22 §6).
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import os
 import sys
 from typing import Any
 
+from xrun.values import one_line
+
 
 def say(text: str) -> None:
-    sys.stderr.write(f"xrun: {text}\n")
+    sys.stderr.write(f"xrun: {one_line(text)}\n")
     sys.stderr.flush()
 
 
@@ -49,8 +53,10 @@ class RichStatus(PlainStatus):
     def __init__(self, total: int) -> None:
         super().__init__(total)
         from rich.console import Console  # lazy: rich costs ~50 ms and only a terminal needs it
+        from rich.text import Text
 
         self.console = Console(stderr=True)
+        self._text = Text  # plain text: a host name's "[...]" is no markup
         self.live: Any = self.console.status(f"0/{total} nodes ready")
         self.live.start()
 
@@ -60,7 +66,7 @@ class RichStatus(PlainStatus):
 
     def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
         if self.live is not None:
-            self.live.update(waiting_line(ready, self.total, missing, elapsed))
+            self.live.update(self._text(waiting_line(ready, self.total, missing, elapsed)))
 
     def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
         self.close()
@@ -88,7 +94,7 @@ def duration(seconds: float) -> str:
 
 
 def _names(hosts: list[str], limit: int = 4) -> str:
-    shown = ", ".join(hosts[:limit])
+    shown = ", ".join(one_line(host) for host in hosts[:limit])
     return shown + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
 
 
