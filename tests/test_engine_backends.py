@@ -4,6 +4,7 @@ CLI wiring of --launcher_args and Slurm allocation discovery. Nothing here start
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -103,6 +104,42 @@ def test_slurm_golden_outside_an_allocation_asks_for_whole_nodes():
         "--kill-on-bad-exit=1 --cpu-bind=none --export=ALL --job-name=r1 --exclusive "
         f"{AGENT} --node_rank_from=SLURM_PROCID --token=env:XRUN_TOKEN"
     )
+
+
+def test_slurm_starts_srun_without_the_names_that_never_travel():
+    # srun --export=ALL hands its whole environment to every agent and so to every rank: the head's session
+    # (HOME, SSH_*, exported shell functions) stays behind, as on every other backend; the rest still goes.
+    head = {"SLURM_JOB_ID": "42", "HOME": "/home/head", "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1", "PWD": "/w",
+            "BASH_FUNC_ls%%": "() { evil; }", "PATH": "/usr/bin", "NCCL_DEBUG": "INFO", "XRUN_TOKEN": "stale"}
+    backend = SlurmBackend(which=nothing_installed, environ=head)
+    assert backend.render(plan_for("slurm")).note == (
+        "started as: env -u BASH_FUNC_ls%% -u HOME -u PWD -u SSH_AUTH_SOCK XRUN_TOKEN=<token> srun --nodes=3 "
+        "--ntasks=3 --ntasks-per-node=1 --nodelist=node1,node3,node2 --distribution=arbitrary --kill-on-bad-exit=1 "
+        "--cpu-bind=none --export=ALL --job-name=r1 /opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT "
+        "--node_rank_from=SLURM_PROCID --token=env:XRUN_TOKEN"
+    )
+    env = backend.engine_env("run-token")
+    assert env == {"XRUN_TOKEN": "run-token", "SLURM_JOB_ID": "42", "PATH": "/usr/bin", "NCCL_DEBUG": "INFO"}
+    assert list(env)[0] == "XRUN_TOKEN"  # first, for hydra's sake (engine.py)
+
+
+def test_mpi_engines_export_by_name_and_keep_their_own_environment():
+    backend = OpenMpiBackend(which=nothing_installed, environ={"HOME": "/home/head", "PATH": "/usr/bin"})
+    assert backend.engine_env("t") == {"XRUN_TOKEN": "t", "HOME": "/home/head", "PATH": "/usr/bin"}
+    assert backend.render(plan_for("openmpi")).note.startswith("started as: XRUN_TOKEN=<token> mpirun ")
+
+
+def test_an_engines_agent_without_home_gets_the_logins():
+    import pwd
+
+    from xrun.launch.engine_env import restore_home
+
+    environ = {"PATH": "/usr/bin"}
+    restore_home(environ)
+    assert environ == {"PATH": "/usr/bin", "HOME": pwd.getpwuid(os.getuid()).pw_dir}
+    environ = {"HOME": "/given"}
+    restore_home(environ)
+    assert environ == {"HOME": "/given"}
 
 
 WEIRD_LAUNCHER_ARGS = "--mca btl_tcp_if_include 'eth 1' -x 'A=\"q\"'"

@@ -49,7 +49,7 @@ from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor.node_doctor import NodeDoctor
-from xrun.launch.engine_env import drop_engine_identity
+from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.stacks import RankStack
@@ -412,6 +412,7 @@ def main(argv: Sequence[str]) -> int:
         if ns.node_rank_from is not None:  # started by mpirun/mpiexec/srun: ranks must not look like its processes
             node_rank = node_rank_from(ns.node_rank_from, os.environ)
             drop_engine_identity(os.environ)
+            restore_home(os.environ)
         return run_connected(host, port, node_rank, read_token(ns.token), engine=ns.node_rank_from is not None)
     except XrunError as err:
         print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)

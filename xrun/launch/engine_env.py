@@ -11,6 +11,7 @@ Kept: everything describing the job or allocation (``SLURM_JOB_ID``, ``SLURM_JOB
 
 from __future__ import annotations
 
+import os
 from collections.abc import MutableMapping
 
 IDENTITY_PREFIXES = (
@@ -28,6 +29,18 @@ IDENTITY_NAMES = frozenset({
     "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST", "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND_VERBOSE",
     "SLURM_DISTRIBUTION", "SLURM_UMASK", "SLURM_PRIO_PROCESS",
 })
+
+
+def restore_home(environ: MutableMapping[str, str]) -> None:
+    """``HOME`` from the password database where the engine gave none: srun runs its tasks in its own
+    environment, and xrun starts srun without the head's ``HOME`` (xrun.runner.backends.slurm)."""
+    if "HOME" not in environ:
+        import pwd  # noqa: PLC0415 - only an engine's agent without HOME needs it
+
+        try:
+            environ["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:  # a uid without an entry (a container's): leave it unset, as the engine did
+            pass
 
 
 def is_identity(name: str) -> bool:

@@ -90,6 +90,22 @@ class EngineBackend:
         """The engine's own arguments (between the program and the agent command)."""
         raise NotImplementedError
 
+    def withheld(self) -> tuple[str, ...]:
+        """The names of our environment the engine is started without (none: it exports only what it is told)."""
+        return ()
+
+    def engine_env(self, token: str) -> dict[str, str]:
+        """The engine's environment: the token first (MPICH 4.0's hydra never exports the last variable of its
+        environment by name with -genvlist, measured on Debian 12), then ours less ``withheld()``."""
+        skip = {TOKEN_ENV, *self.withheld()}
+        return {TOKEN_ENV: token, **{k: v for k, v in self._environ.items() if k not in skip}}
+
+    def started_as(self, plan: Plan) -> str:
+        """The engine's command as a shell would run it, environment included (``--dry-run``'s note)."""
+        unset = tuple(arg for name in self.withheld() for arg in ("-u", name))
+        env = render(("env", *unset)) + " " if unset else ""
+        return f"{env}{TOKEN_ENV}=<token> {render(self.engine_argv(plan))}"
+
     def engine_argv(self, plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
         return (
             (self.program(),)
@@ -103,7 +119,7 @@ class EngineBackend:
         return Invocation(
             backend=self.name,
             commands=tuple(NodeCommand(host=node.host, argv=agent) for node in plan.nodes),
-            note=f"started as: {TOKEN_ENV}=<token> {render(self.engine_argv(plan))}",
+            note=f"started as: {self.started_as(plan)}",
         )
 
     # -- execution -------------------------------------------------------------------------------------------
@@ -122,9 +138,7 @@ class EngineBackend:
     def _start(self, program: str, plan: Plan, endpoints: Endpoints) -> EngineSession:
         endpoint = one_endpoint(plan, endpoints)
         argv = self.engine_argv(plan, endpoint)
-        # The token goes first: MPICH 4.0's hydra never exports the last variable of its environment by name
-        # (-genvlist), measured on Debian 12.
-        env = {TOKEN_ENV: endpoint.token, **{k: v for k, v in self._environ.items() if k != TOKEN_ENV}}
+        env = self.engine_env(endpoint.token)
         merger = head_merger(plan)  # every node's lines come through the engine's stdout: merged here when on
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
