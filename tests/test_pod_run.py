@@ -79,7 +79,7 @@ def _gone(marker, timeout=5.0):
 
 
 def test_three_nodes_succeed_and_no_rank_sees_the_token(tmp_path):
-    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret"})
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret-0123456789ab"})
     for node in (0, 1, 2):
         pod.start(node)
     out = pod.finish()
@@ -100,6 +100,22 @@ def test_node_0_started_last_completes(tmp_path):
     assert [code for code, _, _ in out.values()] == [0, 0, 0], out
     assert "node 0's control channel at 127.0.0.1" in out[1][2] and "not up yet" in out[1][2]
     assert "not authenticated" in out[0][2]
+    # no secret: every node says once, at start, who can join or end the job, and the fix
+    warning = "xrun: WARNING: no --token_file and no XRUN_TOKEN: the control channel is not authenticated: anyone " \
+              "who can reach node 0's control port can join this job or end it; fix: kubectl create secret generic " \
+              "xrun-token"
+    for _, _, stderr in out.values():
+        assert stderr.count(warning) == 1 and stderr.index(warning) < stderr.index("nodes ready"), stderr
+
+
+def test_a_short_secret_is_refused_before_anything_starts(tmp_path):
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "1234"})
+    proc = pod.start(1)
+    out = pod.finish(timeout=30)
+    code, stdout, stderr = out[1]
+    assert code == 2 and stdout == "" and proc.returncode == 2
+    assert stderr == "xrun: XRUN_TOKEN: the shared secret is 4 character(s) long, at least 16 are needed (a short " \
+                     "one is guessed in seconds); make one with `openssl rand -hex 32`\n"
 
 
 def test_a_missing_node_is_named_by_every_started_node(tmp_path):
@@ -155,10 +171,10 @@ def test_a_node_with_another_script_is_refused_by_name(tmp_path):
 
 
 def test_a_node_with_the_wrong_token_says_so(tmp_path):
-    pod = Pod(tmp_path, join_timeout=5, env={"XRUN_TOKEN": "right"})
+    pod = Pod(tmp_path, join_timeout=5, env={"XRUN_TOKEN": "right-0123456789abcdef"})
     pod.start(0)
     pod.start(1)
-    pod.start(2, env={"XRUN_TOKEN": "wrong"})
+    pod.start(2, env={"XRUN_TOKEN": "wrong-0123456789abcdef"})
     out = pod.finish()
     assert out[2][0] == 1
     said = "node 0 closed the channel without answering: is XRUN_TOKEN/--token_file the same on every node?"
@@ -175,7 +191,7 @@ def test_dry_run_shows_the_pod_plan_and_whether_the_channel_is_authenticated(tmp
     plain = subprocess.run(argv, env=pod.env, capture_output=True, text=True, cwd=str(tmp_path), timeout=30)
     assert "pod: node 1 of 3, control 127.0.0.1:29999, plan digest " in plain.stdout
     assert "unauthenticated (no token)" in plain.stdout
-    secret = subprocess.run(argv, env={**pod.env, "XRUN_TOKEN": "s3cret"}, capture_output=True, text=True,
+    secret = subprocess.run(argv, env={**pod.env, "XRUN_TOKEN": "s3cret-0123456789ab"}, capture_output=True, text=True,
                             cwd=str(tmp_path), timeout=30)
     assert "authenticated by the shared token" in secret.stdout and "s3cret" not in secret.stdout
 

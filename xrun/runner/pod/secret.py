@@ -3,9 +3,15 @@
 In pod mode no head node can hand out a one-time token: the nodes must share one beforehand. Kubernetes gives
 it as a Secret, mounted as a file (``--token_file``) or set as a variable (``XRUN_TOKEN``). The flag wins over
 the variable. Without either the control channel is unauthenticated: nodes are then matched by the channel
-key alone (run id + plan digest), which keeps two jobs apart but keeps no one out; xrun says so once.
+key alone (run id + plan digest), which keeps two jobs apart but keeps no one out; every node says so at start,
+in one line with the fix (issue 22 §5). A secret shorter than ``MIN_TOKEN_CHARS`` is refused before anything
+starts: a few characters are guessed in seconds.
 
-The token is returned, never printed; ``--dry-run`` shows at most where it comes from.
+The token is returned, never printed (nor its length's worth of it); ``--dry-run`` shows at most where it comes
+from. What a rank can read of it: with ``XRUN_TOKEN`` the variable is removed from xrun's environment before any
+rank starts, but Linux keeps a process's initial environment readable in ``/proc/PID/environ`` for its own user,
+so a rank (same user) can read it from its ancestor xrun's; ``--token_file`` keeps the secret out of every
+process's environment.
 """
 
 from __future__ import annotations
@@ -18,10 +24,14 @@ from xrun.runner.hosts.smallfile import SmallFileError, read_small_file
 
 TOKEN_ENV = "XRUN_TOKEN"  # noqa: S105 - the variable's name, not a password
 TOKEN_FILE_LIMIT = 64 << 10  # a Secret holds a token, not a keystore: a bigger file is the wrong file
+MIN_TOKEN_CHARS = 16  # a 4-digit secret was guessed in 1.2 s (issue 22); `openssl rand -hex 32` gives 64
+MAKE_ONE = "openssl rand -hex 32"
 
 UNAUTHENTICATED_NOTICE = (
-    f"xrun: no --token_file and no {TOKEN_ENV}: the control channel is not authenticated (nodes are matched by "
-    "run id and plan digest only); mount a shared Secret as --token_file to keep others out"
+    f"xrun: WARNING: no --token_file and no {TOKEN_ENV}: the control channel is not authenticated: anyone who can "
+    "reach node 0's control port can join this job or end it; fix: kubectl create secret generic xrun-token "
+    f"--from-literal=token=$({MAKE_ONE}), mount it on every node and add --token_file /etc/xrun/token "
+    "(docs/platforms.md)"
 )
 
 
@@ -40,7 +50,16 @@ def load_token(
         return None
     if not value.strip():
         raise UsageError(TOKEN_ENV, "is set but empty; unset it or set it to the job's shared secret")
-    return value
+    return _long_enough(value, TOKEN_ENV)
+
+
+def _long_enough(token: str, source: str, where: str = "") -> str:
+    """``token``, unless it is short enough to guess: then a one-line usage error (exit 2) naming its length."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise UsageError(source, f"{where}the shared secret is {len(token)} character(s) long, at least "
+                                 f"{MIN_TOKEN_CHARS} are needed (a short one is guessed in seconds); make one with "
+                                 f"`{MAKE_ONE}`")
+    return token
 
 
 def _from_file(path: str, read: Callable[[str], str]) -> str:
@@ -51,7 +70,7 @@ def _from_file(path: str, read: Callable[[str], str]) -> str:
     token = text.rstrip("\r\n")  # `echo secret > file` and Secrets made from such files end with a newline
     if not token.strip():
         raise UsageError("--token_file", f"{path}: is empty; put the job's shared secret in it")
-    return token
+    return _long_enough(token, "--token_file", f"{path}: ")
 
 
 def channel_key(token: str | None, *, run_id: str, digest_sha256: str) -> str:
