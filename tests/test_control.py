@@ -12,6 +12,8 @@ from tests.conftest import ROOT
 from xrun import channel
 from xrun.launch.spec import LaunchOptions
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
@@ -63,11 +65,12 @@ def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=
     request = JobRequest(script=str(script), master_port=master_port, launch=LaunchOptions(python=sys.executable),
                          env=env, cwd=str(tmp_path))
     plan = make_plan(request, world, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=join_timeout, status=PlainStatus(3))
+    gate = Gate(NodeKeys.shared_secret(3, "t0ken"), nodes=3, prove_server=False)
+    server = ControlServer(plan, gate, join_timeout=join_timeout, status=PlainStatus(3))
     port = server.listen(["127.0.0.1"])
     if before:
         before(port)
-    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"), skip=skip)
+    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken", gate.fingerprint), skip=skip)
     started = time.monotonic()
     if in_thread:
         codes = []

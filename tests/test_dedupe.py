@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
+from tests.headserver import endpoint_of, head_server
 from xrun.launch.output.dedupe import WINDOW_S, LineMerger, compact, expand, label
 from xrun.launch.output.streams import split_lines
 
@@ -368,8 +369,6 @@ class RelayedSessions:
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
     from xrun.launch.procs.posix import write_all
     from xrun.launch.spec import LaunchOptions
-    from xrun.runner.backends.channel import Endpoint
-    from xrun.runner.job.server import ControlServer
     from xrun.runner.job.status import PlainStatus
     from xrun.runner.plan import JobRequest, make_plan
 
@@ -378,10 +377,10 @@ def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
                          cwd=str(tmp_path))
     plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=30.0, status=PlainStatus(3))
+    server = head_server(plan, join_timeout=30.0, status=PlainStatus(3))
     port = server.listen(["127.0.0.1"])
     merger = LineMerger(write_all, window=1.0)  # generous: agents start ~0.1-0.5 s apart on a loaded machine
-    assert server.run(RelayedSessions(plan, Endpoint("127.0.0.1", port, "t0ken"), merger)) == 0
+    assert server.run(RelayedSessions(plan, endpoint_of(server, port), merger)) == 0
     out = [line for line in capfd.readouterr().out.splitlines() if not line.startswith("xrun")]
     assert out.count("[ranks 0-3] the same on every node") == 1, out
     assert sorted(line for line in out if " own " in line) == ["[a:0] own 0", "[a:1] own 1", "[b:2] own 2",

@@ -29,8 +29,8 @@ from xrun.shell import render
 
 PY = "/opt/py/bin/python3"
 WORLD = {"node1": (0, 1), "node3": (0, 1), "node2": (0,)}  # not sorted: the engines must keep this order
-ENDPOINT = Endpoint("10.77.0.1", 40123, "f00d")
-AGENT = "/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123"
+ENDPOINT = Endpoint("10.77.0.1", 40123, "f00d", "abababababababababababababababababababababababababababababababab")
+AGENT = "/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --fingerprint=abababababababababababababababababababababababababababababababab"
 
 
 def nothing_installed(name):
@@ -115,7 +115,7 @@ def test_slurm_starts_srun_without_the_names_that_never_travel():
     assert backend.render(plan_for("slurm")).note == (
         "started as: env -u BASH_FUNC_ls%% -u HOME -u PWD -u SSH_AUTH_SOCK XRUN_TOKEN=<token> srun --nodes=3 "
         "--ntasks=3 --ntasks-per-node=1 --nodelist=node1,node3,node2 --distribution=arbitrary --kill-on-bad-exit=1 "
-        "--cpu-bind=none --export=ALL --job-name=r1 /opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT "
+        "--cpu-bind=none --export=ALL --job-name=r1 /opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 "
         "--node_rank_from=SLURM_PROCID --token=env:XRUN_TOKEN"
     )
     env = backend.engine_env("run-token")
@@ -165,12 +165,12 @@ def test_agent_argv_is_the_same_on_every_node_and_carries_no_secret():
     assert argvs == {agent_argv(PY, None, ("OMPI_COMM_WORLD_RANK", "PMIX_RANK"))}
     assert [c.host for c in invocation.commands] == ["node1", "node3", "node2"]
     assert render(next(iter(argvs))) == (
-        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT "
+        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 "
         "--node_rank_from=OMPI_COMM_WORLD_RANK,PMIX_RANK --token=env:XRUN_TOKEN"
     )
     assert invocation.note == (
         "started as: XRUN_TOKEN=<token> mpirun -np 3 --host node1,node3,node2 --map-by ppr:1:node --bind-to none "
-        "-x XRUN_TOKEN /opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT "
+        "-x XRUN_TOKEN /opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 "
         "--node_rank_from=OMPI_COMM_WORLD_RANK,PMIX_RANK --token=env:XRUN_TOKEN"
     )
 
@@ -266,7 +266,8 @@ def test_dry_run_inside_an_allocation():
     assert data["backend"] == "slurm" and data["world_size"] == 4
     assert [node["host"] for node in data["nodes"]] == ["node1", "node2"]
     assert data["nodes"][1]["command"] == [
-        PY, "-u", "-m", "xrun.launch", "--connect=HEAD_ADDR:PORT", "--node_rank_from=SLURM_PROCID",
+        PY, "-u", "-m", "xrun.launch", "--connect=HEAD_ADDR:PORT", "--fingerprint=CERT_SHA256",
+        "--node_rank_from=SLURM_PROCID",
         f"--token=env:{TOKEN_ENV}",
     ]
     assert "using Slurm allocation 77" in proc.stderr

@@ -21,6 +21,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
+from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun.channel import Kind, message
 from xrun.errors import XrunError
@@ -41,12 +42,10 @@ from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
 from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
 from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
-from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
 from xrun.runner.job.events import Hung, SignalReceived
 from xrun.runner.job.machine import Job
-from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 
@@ -551,9 +550,9 @@ def run_channel_job(tmp_path, *, options=AgentOptions(), env=None, during=None):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
                          env=env or {}, cwd=str(tmp_path), options=options)
     plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=30, status=PlainStatus(3))
+    server = head_server(plan, join_timeout=30, status=PlainStatus(3))
     port = server.listen(["127.0.0.1"])
-    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"))
+    sessions = LocalSessions(plan, endpoint_of(server, port))
     if during:
         threading.Timer(during[0], during[1]).start()
     code = server.run(sessions)

@@ -261,14 +261,14 @@ def test_a_refused_hello_ends_the_job_with_2_naming_the_node():
 TAIL = tuple(f"l{i}" for i in range(12))
 REPORTS = [
     (Verdict(0), 0, []),
-    (Verdict(0), 2, ["closed 2 connection(s) that did not present this run's token"]),
+    (Verdict(0), 2, ["closed 2 connection(s) that did not prove this run's key"]),
     (Verdict(130, interrupted_by=2), 0, ["stopped by SIGINT (exit code 130)"]),
     (Verdict(143, Failure("b", "x", 7), interrupted_by=15), 0, ["stopped by SIGTERM (exit code 143)"]),
     (Verdict(1, Failure("c", "lost node c: gone", 1)), 0, ["job failed: lost node c: gone (exit code 1)"]),
     (Verdict(1, Failure("c", "rank 0 (local 0) on c exited with code 17", 1)), 0,
      ["job failed: rank 0 (local 0) on c exited with code 17 (exit code 1)"]),
     (Verdict(7, Failure("b", "rank 2 (local 0) on b exited with code 7", 7, rank=2, tail=TAIL), stopped_after=0.123), 1,
-     ["closed 1 connection(s) that did not present this run's token",
+     ["closed 1 connection(s) that did not prove this run's key",
       "job failed: rank 2 (local 0) on b exited with code 7; every node stopped 0.12 s later",
       *[f"  [b:2] l{i}" for i in range(2, 12)]]),
 ]

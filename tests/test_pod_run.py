@@ -177,11 +177,11 @@ def test_a_node_with_the_wrong_token_says_so(tmp_path):
     pod.start(2, env={"XRUN_TOKEN": "wrong-0123456789abcdef"})
     out = pod.finish()
     assert out[2][0] == 1
-    said = "node 0 closed the channel without answering: is XRUN_TOKEN/--token_file the same on every node?"
+    said = "node 0 could not prove this job's secret: is XRUN_TOKEN/--token_file the same on every node?"
     assert said in out[2][2]
     for node in (0, 1):
         assert out[node][0] == 1 and "not ready within --join_timeout 5 s: 127.0.0.3" in out[node][2]
-    assert "closed 1 connection(s) that did not present this run's token" in out[0][2]
+    assert "closed 1 connection(s) that did not prove this run's key" in out[0][2]
 
 
 def test_dry_run_shows_the_pod_plan_and_whether_the_channel_is_authenticated(tmp_path):

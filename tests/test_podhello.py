@@ -1,5 +1,6 @@
-"""Pod mode's hello policy (xrun.runner.pod.hello) inside the job state machine, as event tables: the channel
-key and plan digest decide accept / refuse (exit 2, named) / stray (no word), and the verdict goes to every node.
+"""Pod mode's hello policy (xrun.runner.pod.hello) inside the job state machine, as event tables: the plan digest
+decides accept / refuse (exit 2, named) / stray (no word), and the verdict goes to every node. The key was proven
+before a hello reaches the policy (xrun.runner.job.gate; tests/test_channel_security.py).
 """
 
 from dataclasses import replace
@@ -34,14 +35,13 @@ MINE = make_digest(FIELDS)
 OTHER = make_digest({**FIELDS, "script": "train2.py"})
 CONFIG = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_size=3, master_port=29500,
                    verdict_to_nodes=True)
-WITH_TOKEN = PodHello(MINE, "xrun-n0-29500", HOSTS, token="s3cret")
-NO_TOKEN = PodHello(MINE, "xrun-n0-29500", HOSTS)
+POLICY = PodHello(MINE, "xrun-n0-29500", HOSTS)
 KEY = (Admit, TurnAway, SendAccept, SendStart, SendStop, SendVerdict)
 
 
-def hello(node, key="s3cret", digest=MINE, conn=None):
+def hello(node, digest=MINE, conn=None):
     return HelloReceived(node, node if conn is None else conn, addr=f"10.0.0.{node}", peer=f"10.0.0.{node}",
-                         xrun_version=__version__, key=key, digest=digest)
+                         xrun_version=__version__, digest=digest)
 
 
 def play(policy, events):
@@ -53,14 +53,8 @@ def play(policy, events):
 
 
 CASES = [
-    ("token: accepted", WITH_TOKEN, [hello(1)], [Admit(1, 1), SendAccept(1)]),
-    ("token: wrong key is a stray", WITH_TOKEN, [hello(1, key="guess")], [TurnAway(1)]),
-    ("token: no digest is a stray", WITH_TOKEN, [hello(1, digest=None)], [TurnAway(1)]),
-    ("no token: run id + digest", NO_TOKEN, [hello(2, key=f"xrun-n0-29500:{MINE.sha256}")],
-     [Admit(2, 2), SendAccept(2)]),
-    ("no token: another run id is a stray", NO_TOKEN, [hello(2, key=f"xrun-n9-29500:{MINE.sha256}")], [TurnAway(2)]),
-    ("no token: a digest the key does not match", NO_TOKEN, [hello(2, key=f"xrun-n0-29500:{OTHER.sha256}")],
-     [TurnAway(2)]),
+    ("the same digest: accepted", POLICY, [hello(1)], [Admit(1, 1), SendAccept(1)]),
+    ("no digest is a stray", POLICY, [hello(1, digest=None)], [TurnAway(1)]),
 ]
 
 
@@ -72,9 +66,9 @@ def test_hello_policy(name, policy, events, expected):
 
 def test_a_refused_digest_ends_the_job_with_exit_2_naming_the_node_and_the_difference():
     reason = "node 2 (n2) runs another job: n2 runs train2.py; node 0 runs train.py"
-    job, actions = play(WITH_TOKEN, [hello(0), hello(1), hello(2, digest=OTHER)])
+    job, actions = play(POLICY, [hello(0), hello(1), hello(2, digest=OTHER)])
     assert actions[-2:] == [Admit(2, 2), SendStop((0, 1, 2), 15, 10.0, reason)]
-    _, end = play(WITH_TOKEN, [hello(0), hello(1), hello(2, digest=OTHER), Done(0, 143), Done(1, 143), Done(2, 143)])
+    _, end = play(POLICY, [hello(0), hello(1), hello(2, digest=OTHER), Done(0, 143), Done(1, 143), Done(2, 143)])
     verdict = end[-1]
     assert isinstance(verdict, SendVerdict) and verdict.nodes == (0, 1, 2)
     assert verdict.verdict.exit_code == REFUSED_EXIT and verdict.verdict.failure.reason == reason
@@ -82,12 +76,12 @@ def test_a_refused_digest_ends_the_job_with_exit_2_naming_the_node_and_the_diffe
 
 def test_every_node_gets_the_verdict_of_a_success():
     events = [hello(0), hello(1), hello(2), Ready(0), Ready(1), Ready(2), Done(0), Done(1), Done(2)]
-    job, actions = play(WITH_TOKEN, events)
+    job, actions = play(POLICY, events)
     assert actions[-1] == SendVerdict((0, 1, 2), job.verdict()) and job.verdict().exit_code == 0
 
 
 def test_a_node_joining_a_job_already_over_is_sent_the_verdict():
-    job = Job(replace(CONFIG, join_timeout=5.0), now=0.0, policy=WITH_TOKEN)
+    job = Job(replace(CONFIG, join_timeout=5.0), now=0.0, policy=POLICY)
     job.handle(hello(0), 0.0)
     job.handle(hello(1, conn=1), 0.0)
     timeout = job.handle(Tick(), 6.0)
@@ -101,7 +95,7 @@ def test_a_node_joining_a_job_already_over_is_sent_the_verdict():
 
 
 def test_head_mode_sends_no_verdict():
-    job = Job(replace(CONFIG, verdict_to_nodes=False), now=0.0, policy=WITH_TOKEN)
+    job = Job(replace(CONFIG, verdict_to_nodes=False), now=0.0, policy=POLICY)
     actions = []
     for event in [hello(0), hello(1), hello(2), Ready(0), Ready(1), Ready(2), Done(0), Done(1), Done(2)]:
         actions += job.handle(event, 1.0)

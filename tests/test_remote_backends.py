@@ -19,7 +19,8 @@ from xrun.shell import render
 
 PY = "/opt/py/bin/python3"
 WORLD = {"node1": (0, 1), "node2": (0, 1), "node3": (0,)}
-ENDPOINT = Endpoint("10.77.0.1", 40123, "f00d")
+FINGERPRINT = "abababababababababababababababababababababababababababababababab"
+ENDPOINT = Endpoint("10.77.0.1", 40123, "f00d", FINGERPRINT)
 
 
 def plan_for(backend, **request):
@@ -35,7 +36,7 @@ def test_pdsh_command_golden():
     argv = pdsh_argv(plan_for("pdsh"), ENDPOINT)
     assert render(argv) == (
         "pdsh -S -R ssh -f 1024 -N -w node1,node2,node3 "
-        "'/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --node_rank=%n --token=f00d'"
+        "'/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --fingerprint=abababababababababababababababababababababababababababababababab --node_rank=%n --token=announce'"
     )
 
 
@@ -52,13 +53,13 @@ def test_ssh_commands_golden():
     endpoints = {h: ENDPOINT for h in WORLD}
     rendered = [(c.host, render(c.argv)) for c in ssh_commands(plan_for("ssh"), endpoints)]
     assert rendered == [
-        (f"node{i}", f"/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --node_rank={i - 1} --token=-")
+        (f"node{i}", f"/opt/py/bin/python3 -u -m xrun.launch --connect=10.77.0.1:40123 --fingerprint=abababababababababababababababababababababababababababababababab --node_rank={i - 1} --token=-")
         for i in (1, 2, 3)
     ]
 
 
 def test_ipv6_endpoint_is_bracketed():
-    argv = agent_connect_argv(PY, Endpoint("fd00::1", 5, "t"), "0", token_on_stdin=True)
+    argv = agent_connect_argv(PY, Endpoint("fd00::1", 5, "t", FINGERPRINT), "0", token_on_stdin=True)
     assert argv[4] == "--connect=[fd00::1]:5"
 
 
@@ -72,32 +73,34 @@ def test_connect_target_round_trips_through_the_agents_parser(addr):
     [({"node_rank": 3}, (3, None)), ({"node_rank_from": ("PMI_RANK", "PMIX_RANK")}, (None, "PMI_RANK,PMIX_RANK"))],
 )
 def test_connect_argv_is_what_the_agent_parses(rank, expected):
-    argv = connect_argv(PY, connect=ENDPOINT.connect, token=token_from_env("XRUN_TOKEN"), **rank)
+    argv = connect_argv(PY, connect=ENDPOINT.connect, token=token_from_env("XRUN_TOKEN"), fingerprint=FINGERPRINT,
+                        **rank)
     assert argv[:4] == (PY, "-u", "-m", "xrun.launch")
     ns = build_parser().parse_args(list(argv[4:]))
-    assert (ns.connect, ns.node_rank, ns.node_rank_from, ns.token) == ("10.77.0.1:40123", *expected, "env:XRUN_TOKEN")
+    assert (ns.connect, ns.node_rank, ns.node_rank_from, ns.token, ns.fingerprint) == (
+        "10.77.0.1:40123", *expected, "env:XRUN_TOKEN", FINGERPRINT)
 
 
 def test_connect_argv_needs_exactly_one_rank_option():
     with pytest.raises(ValueError, match="exactly one"):
-        connect_argv(PY, connect=None, token=None)
+        connect_argv(PY, connect=None, token="-", fingerprint=None)
     with pytest.raises(ValueError, match="exactly one"):
-        connect_argv(PY, connect=None, token=None, node_rank=0, node_rank_from=("PMI_RANK",))
+        connect_argv(PY, connect=None, token="-", fingerprint=None, node_rank=0, node_rank_from=("PMI_RANK",))
 
 
 def test_dry_run_placeholders_and_notes():
     plan = plan_for("pdsh")
     invocation = get_backend("pdsh").render(plan)
     assert [render(c.argv) for c in invocation.commands][1] == (
-        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=1 --token=TOKEN"
+        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 --node_rank=1 --token=announce"
     )
     assert invocation.note == (
         "started as: PDSH_SSH_ARGS_APPEND='-o BatchMode=yes' pdsh -S -R ssh -f 1024 -N -w node1,node2,node3 "
-        "'/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=%n --token=TOKEN'"
+        "'/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 --node_rank=%n --token=announce'"
     )
     ssh = get_backend("ssh").render(plan_for("ssh"))
     assert render(ssh.commands[2].argv) == (
-        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --node_rank=2 --token=-"
+        "/opt/py/bin/python3 -u -m xrun.launch --connect=HEAD_ADDR:PORT --fingerprint=CERT_SHA256 --node_rank=2 --token=-"
     )
 
 
@@ -138,8 +141,9 @@ def test_dry_run_of_example_hostfile_needs_no_network():
 
     data = json.loads(result.stdout)
     assert data["backend"] in ("pdsh", "ssh") and data["master_addr"] == "<worker-1 address>"
-    assert data["nodes"][0]["command"][3:] == ["xrun.launch", "--connect=HEAD_ADDR:PORT", "--node_rank=0",
-                                               "--token=TOKEN" if data["backend"] == "pdsh" else "--token=-"]
+    assert data["nodes"][0]["command"][3:] == ["xrun.launch", "--connect=HEAD_ADDR:PORT", "--fingerprint=CERT_SHA256",
+                                               "--node_rank=0",
+                                               "--token=announce" if data["backend"] == "pdsh" else "--token=-"]
 
 
 def test_missing_pdsh_is_one_line_with_the_fix(monkeypatch):

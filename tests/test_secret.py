@@ -9,19 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun.errors import UsageError
-from xrun.runner.pod.secret import TOKEN_ENV, UNAUTHENTICATED_NOTICE, auth_notice, channel_key, load_token
+from xrun.runner.pod.secret import TOKEN_ENV, UNAUTHENTICATED_NOTICE, auth_notice, load_token, pod_key
 
 
 def test_no_token_means_unauthenticated():
     assert load_token({}, None) is None
     assert auth_notice(None) == UNAUTHENTICATED_NOTICE and "\n" not in UNAUTHENTICATED_NOTICE
-    assert channel_key(None, run_id="xrun-m-1", digest_sha256="ab") == "xrun-m-1:ab"
+    assert pod_key(None, run_id="xrun-m-1") == pod_key(None, run_id="xrun-m-1") != pod_key(None, run_id="xrun-m-2")
 
 
 def test_token_from_the_environment():
     assert load_token({TOKEN_ENV: "s3cr3t-s3cr3t-s3cr3t"}, None) == "s3cr3t-s3cr3t-s3cr3t"
     assert auth_notice("s3cr3t-s3cr3t-s3cr3t") is None
-    assert channel_key("s3cr3t-s3cr3t-s3cr3t", run_id="r", digest_sha256="ab") == "s3cr3t-s3cr3t-s3cr3t"
+    key = pod_key("s3cr3t-s3cr3t-s3cr3t", run_id="r")
+    assert len(key) == 32 and key != pod_key("s3cr3t-s3cr3t-s3cr3u", run_id="r") != pod_key(None, run_id="r")
+    assert b"s3cr3t" not in key
     with pytest.raises(UsageError, match="XRUN_TOKEN: is set but empty"):
         load_token({TOKEN_ENV: "  "}, None)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch.cli import parse_agent_argv
@@ -43,13 +44,11 @@ from xrun.launch.spec import (
     parse_signal_list,
 )
 from xrun.runner.backends import local as local_backend
-from xrun.runner.backends.channel import Endpoint
 from xrun.runner.backends.routes import peer_address
 from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.job.events import Failure, Verdict
 from xrun.runner.job.report import report_lines
-from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import SshSettings
@@ -419,9 +418,9 @@ def test_signal_to_the_head_reaches_every_rank_on_every_node(tmp_path):
     request = JobRequest(script=str(script), args=(str(tmp_path),), launch=LaunchOptions(python=sys.executable,
                          local_rank_arg=False), cwd=str(tmp_path))  # fmt: skip
     plan = make_plan(request, {"a": (0, 1), "b": (0,)}, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=30, status=PlainStatus(2))
+    server = head_server(plan, join_timeout=30, status=PlainStatus(2))
     port = server.listen(["127.0.0.1"])
-    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"))
+    sessions = LocalSessions(plan, endpoint_of(server, port))
 
     def signal_when_ready():
         wait_for_files(tmp_path, ["ready0", "ready1", "ready2"])

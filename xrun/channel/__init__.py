@@ -1,4 +1,5 @@
-"""The control channel: the wire both layers speak (framing, message kinds, socket liveness, authentication).
+"""The control channel: the wire both layers speak (framing, message kinds, socket liveness; TLS and
+the challenge-response in their own modules, loaded only by code that opens a channel).
 
 The bottom layer: ``xrun.runner`` and ``xrun.launch`` both import it; it imports neither (only the standard
 library, ``cryptography`` in ``tls_server.ServerIdentity.mint``, and ``xrun``'s shared modules). What it offers
@@ -13,7 +14,6 @@ import ``ssl`` (~5-7 ms), so code that opens a channel imports them itself, and 
 """
 
 from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
-from xrun.channel.auth import token_matches
 from xrun.channel.fields import AUTH_FIELDS, CHALLENGE_FIELDS, HELLO_FIELDS, Field, FieldKind, fields_error
 from xrun.channel.framing import (
     HEADER,
@@ -77,6 +77,5 @@ __all__ = [
     "output_message",
     "recv",
     "send",
-    "token_matches",
     "tune_socket",
 ]

@@ -51,6 +51,16 @@ def derive_key(secret: bytes, purpose: str) -> bytes:
     return hmac.new(secret, _encode(KEY_LABEL, purpose.encode("utf-8")), hashlib.sha256).digest()
 
 
+HEAD_PURPOSE = "head"  # a head-mode run: the run token, or a node's announced one-time key
+POD_PURPOSE = "pod"  # a pod-mode job: the shared secret (stretched), or the run id when there is none
+ANNOUNCED_KEY_HEX = 64  # a one-time key an agent announces on its output stream (pdsh): 32 random bytes
+
+
+def token_key(token: str, purpose: str) -> bytes:
+    """The key a token (printable text: hex, a Secret's contents) stands for."""
+    return derive_key(token.encode("utf-8", "surrogateescape"), purpose)
+
+
 def stretch(secret: bytes, salt: bytes, *, iterations: int = STRETCH_ITERATIONS) -> bytes:
     """A user-chosen secret made expensive to guess offline (PBKDF2-HMAC-SHA256), once per process."""
     import hashlib  # noqa: PLC0415 - see the module doc

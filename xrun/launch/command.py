@@ -4,11 +4,13 @@
   (``agent_argv``), what the local and ``--no_ssh`` backends show for the agent they run in-process and what a
   person may type. Its parser is ``xrun.launch.cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
   == c``.
-* Connect mode: ``PYTHON -u -m xrun.launch --connect=ADDR:PORT --node_rank=K|--node_rank_from=VARS
-  --token=-|HEX|env:NAME`` (``connect_argv``), the tiny command every channel backend (ssh, pdsh, MPI, Slurm)
-  starts once per node; everything else reaches the agent over the control channel. Its parser is
-  ``xrun.launch.connect.build_parser``; ``--connect`` comes first, which is how ``xrun.launch.cli`` tells the
-  modes apart. Before the runner's server is open (``--dry-run``) the endpoint and token are placeholders.
+* Connect mode: ``PYTHON -u -m xrun.launch --connect=ADDR:PORT --fingerprint=SHA256 --node_rank=K|--node_rank_from=VARS
+  --token=-|env:NAME|announce`` (``connect_argv``), the tiny command every channel backend (ssh, pdsh, MPI, Slurm)
+  starts once per node; everything else reaches the agent over the control channel. Nothing on it lets another user take
+  the node's place: the fingerprint (of the head's certificate, which the agent pins) is public, and the token is read
+  from stdin or the environment, or made by the agent and announced on its own output (pdsh). Its parser is
+  ``xrun.launch.connect.build_parser``; ``--connect`` comes first, which is how ``xrun.launch.cli`` tells the modes
+  apart. Before the runner's server is open (``--dry-run``) the endpoint and token are placeholders.
 
 The runner builds these through this module only (``xrun.launch`` owns the wire; ``xrun.runner`` imports it).
 """
@@ -38,10 +40,11 @@ AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered,
 
 # What --dry-run shows: the runner opens its control server only when the job really starts.
 PLACEHOLDER_CONNECT = "HEAD_ADDR:PORT"
-PLACEHOLDER_TOKEN = "TOKEN"  # noqa: S105 - a placeholder shown by --dry-run
-# --token's two special forms (anything else is the token itself).
+PLACEHOLDER_FINGERPRINT = "CERT_SHA256"
+# --token's forms: there is no other (a token on the command line would be every local user's to read).
 TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
 TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME
+TOKEN_ANNOUNCE = "announce"  # noqa: S105 - make a one-time key and announce it on stdout (xrun.channel.announce)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,14 +146,16 @@ def connect_argv(
     python: str,
     *,
     connect: str | None,
-    token: str | None,
+    token: str,
+    fingerprint: str | None,
     node_rank: int | str | None = None,
     node_rank_from: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The connect-mode agent command.
 
-    ``connect`` is ``connect_target(addr, port)``; ``token`` is the token itself, ``TOKEN_ON_STDIN`` or
-    ``token_from_env(NAME)``; None for either renders --dry-run's placeholder. Exactly one of ``node_rank`` (a
+    ``connect`` is ``connect_target(addr, port)`` and ``fingerprint`` the head's certificate's (None for either
+    renders --dry-run's placeholder); ``token`` is ``TOKEN_ON_STDIN``, ``token_from_env(NAME)`` or
+    ``TOKEN_ANNOUNCE``. Exactly one of ``node_rank`` (a
     number, or pdsh's ``%n``) and ``node_rank_from`` (the engine's rank variables, the first one set wins).
     """
     if (node_rank is None) == (not node_rank_from):
@@ -159,6 +164,7 @@ def connect_argv(
     return (
         python, *AGENT_MODULE,
         f"--connect={PLACEHOLDER_CONNECT if connect is None else connect}",
+        f"--fingerprint={PLACEHOLDER_FINGERPRINT if fingerprint is None else fingerprint}",
         rank,
-        f"--token={PLACEHOLDER_TOKEN if token is None else token}",
+        f"--token={token}",
     )

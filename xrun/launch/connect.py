@@ -1,8 +1,10 @@
-"""``python -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-``: the agent of a multi-node run.
+"""``python -u -m xrun.launch --connect=HEAD:PORT --fingerprint=SHA256 --node_rank=K --token=-``: the agent of a
+multi-node run.
 
 The backend (ssh, pdsh, ...) starts this tiny command on every node (rendered by
 ``xrun.launch.command.connect_argv``; ``build_parser`` below reads it). The agent connects back to the runner's
-control server, proves it belongs to the run with the one-time token, and receives its node spec (ranks,
+control server over TLS, checks the server's certificate against the pinned fingerprint, proves it holds the
+run's key without sending it (xrun.channel.link), and receives its node spec (ranks,
 argv, environment, working directory) over the channel, so neither the user's arguments nor any environment
 value ever appear on a command line. Then:
 
@@ -17,11 +19,11 @@ the head as ``want_stacks``, ``quiet`` and ``spoke``.
 Losing the runner (``kill -9``, network cut) therefore tears this node's ranks down. Any other message
 (pod mode's ``verdict``) waits in an inbox for ``next_message``; a lost channel puts None there.
 
-The token: ``--token=-`` reads it from the first line of stdin (the ssh backend sends it there, so it is in
-no argv); ``--token=HEX`` takes it from the command line (pdsh has no stdin; the runner accepts each node
-rank once, so a token read from ``ps`` after the node connected is worthless); ``--token=env:NAME`` takes it
-from the variable NAME and removes it from the environment (MPI and Slurm export it by name: ``mpirun -x``,
-hydra ``-genvlist``, ``srun --export``), so it is in no argv and no rank inherits it.
+The key it proves (never on a command line, which every user of the node can read): ``--token=-`` reads the
+run token from the first line of stdin (the ssh backend sends it there); ``--token=env:NAME`` from the variable
+NAME, removed from the environment at once (MPI and Slurm export it by name: ``mpirun -x``, hydra
+``-genvlist``, ``srun --export``), so no rank inherits it; ``--token=announce`` makes a one-time key and
+announces it on stderr, which pdsh carries to the head over its ssh session (xrun.channel.announce).
 
 The node rank: ``--node_rank=K``, or ``--node_rank_from=VAR[,VAR...]`` where the engine numbers its processes
 itself (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``SLURM_PROCID``): the first of those variables that is set.
@@ -32,6 +34,7 @@ the job's code travels on the channel, and a non-zero exit would only set off th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import queue
 import signal
@@ -45,9 +48,11 @@ from typing import Any
 
 from xrun import __version__, channel
 from xrun.channel import STOP_STACKS, ChannelError, Kind, message
+from xrun.channel.announce import announce_line
+from xrun.channel.link import Credentials, Link, open_link
 from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch.command import TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
+from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.preflight import check_spec
@@ -59,6 +64,8 @@ from xrun.net import master_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
+# A server at its bound of unproven connections closes new ones at once: try again (xrun.runner.job.gate).
+RETRYABLE = ("the server closed the connection during the TLS handshake", "TLS handshake with the server failed")
 SPEC_TIMEOUT = 30.0
 EXIT_NO_RUNNER = 1
 
@@ -75,8 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     rank.add_argument("--node_rank", "--node-rank", type=int_arg(high=MAX_HOSTS), help="this node's index")
     rank.add_argument("--node_rank_from", "--node-rank-from", metavar="VAR[,VAR...]",
                       help="read this node's index from the first of these variables that is set (MPI, Slurm)")
+    parser.add_argument("--fingerprint", default=None, metavar="SHA256",
+                        help="the SHA-256 of the runner's TLS certificate: any other server is refused")
     parser.add_argument("--token", default=TOKEN_ON_STDIN,
-                        help="one-time run token; '-' reads it from stdin's first line, 'env:NAME' from variable NAME")
+                        help="where the run's key comes from: '-' stdin's first line, 'env:NAME' variable NAME, "
+                             "'announce' a one-time key announced on stderr (pdsh)")
     return parser
 
 
@@ -100,6 +110,21 @@ def node_rank_from(names: str, environ: Mapping[str, str]) -> int:
     raise UsageError("--node_rank_from", f"none of {', '.join(wanted)} is set: was this agent started by the engine?")
 
 
+def read_credentials(value: str, fingerprint: str | None, node_rank: int) -> Credentials:
+    """The key this agent proves and the certificate it pins (``--token``, ``--fingerprint``)."""
+    from xrun.channel.proof import HEAD_PURPOSE, token_key  # noqa: PLC0415 - hashlib/hmac: only a connecting agent
+
+    if fingerprint is None or len(fingerprint) != 64:
+        raise UsageError("--fingerprint", "expected the SHA-256 (64 hex digits) of the runner's certificate")
+    if value == TOKEN_ANNOUNCE:
+        import secrets  # noqa: PLC0415
+
+        key_hex = secrets.token_hex(32)
+        os.write(2, announce_line(node_rank, key_hex))  # the head reads it on the engine's stream, before the hello
+        return Credentials(token_key(key_hex, HEAD_PURPOSE), fingerprint.lower())
+    return Credentials(token_key(read_token(value), HEAD_PURPOSE), fingerprint.lower())
+
+
 def read_token(value: str) -> str:
     if value.startswith(TOKEN_ENV_PREFIX):
         name = value[len(TOKEN_ENV_PREFIX) :]
@@ -108,7 +133,8 @@ def read_token(value: str) -> str:
             raise UsageError("--token", f"{name} is not set; the launcher exports it to every node by name")
         return token
     if value != TOKEN_ON_STDIN:
-        return value
+        raise UsageError("--token", "takes '-', 'env:NAME' or 'announce': a token on the command line is every "
+                         "local user's to read")
     line = sys.stdin.buffer.readline()
     if not line.endswith(b"\n"):
         raise UsageError("--token", "expected the run token on stdin (the runner sends it); got none")
@@ -131,11 +157,29 @@ def open_channel(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> sock
         return sock
 
 
-def hello(token: str, node_rank: int, sock: socket.socket) -> dict[str, Any]:
+def secure_link(host: str, port: int, node_rank: int, credentials: Credentials,
+                timeout: float = CONNECT_TIMEOUT) -> Link:
+    """Connect, TLS, the server pinned, the key proven, the hello sent. A server that closes the connection
+    before the handshake is through (at its bound of unproven connections, say) is tried again until
+    ``timeout``; a server that is not the pinned one, or does not prove the key, is refused at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = open_channel(host, port, max(0.1, deadline - time.monotonic()))
+        try:
+            return open_link(sock, credentials, node_rank, functools.partial(hello, sock=sock),
+                             timeout=max(1.0, deadline - time.monotonic()))
+        except ChannelError as err:
+            sock.close()
+            if not err.reason.startswith(RETRYABLE) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def hello(proof_fields: Mapping[str, Any], sock: socket.socket) -> dict[str, Any]:
+    """The hello, with this connection's proof (``proof``, ``node_rank``: xrun.channel.handshake)."""
     return message(
         Kind.HELLO,
-        token=token,
-        node_rank=node_rank,
+        **proof_fields,
         host=socket.gethostname(),
         pid=os.getpid(),
         addr=sock.getsockname()[0],  # this node's address on the route to the head: what peers can use
@@ -157,9 +201,8 @@ def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int) -> NodeS
 class ChannelHooks:
     """AgentHooks over the control channel (see the module doc)."""
 
-    def __init__(self, sock: socket.socket, reader: channel.FrameReader) -> None:
-        self._sock = sock
-        self._reader = reader
+    def __init__(self, link: Link) -> None:
+        self._link = link
         self._send_lock = threading.Lock()
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -237,7 +280,7 @@ class ChannelHooks:
             return
         try:
             with self._send_lock:
-                channel.send(self._sock, msg)
+                self._link.send(msg)
         except OSError:
             self._connected = False  # the reader thread reports the loss
 
@@ -256,19 +299,19 @@ class ChannelHooks:
         self._closing = True
         self._connected = False
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # the thread's recv returns at once
+            self._link.sock.shutdown(socket.SHUT_RDWR)  # the thread's recv returns at once
         except OSError:
             pass
         if self._thread is not None:
             self._thread.join(timeout=2.0)
-        self._sock.close()
+        self._link.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
     def _read_forever(self) -> None:
         while True:
             try:
-                msg = channel.recv(self._sock, self._reader, timeout=channel.DEAD_AFTER)
+                msg = self._link.recv(timeout=channel.DEAD_AFTER)
             except ChannelError as err:
                 if self._closing:
                     return
@@ -324,15 +367,15 @@ class ChannelHooks:
             self._group.forward_signal(signum)  # a RankGroup, or the elastic StopBridge
 
 
-def wait_for_start(sock: socket.socket, reader: channel.FrameReader) -> dict[str, Any] | None:
+def wait_for_start(link: Link) -> dict[str, Any] | None:
     """Block at the barrier; answer pings. Returns the start message, or None when told to stop."""
     while True:
-        msg = channel.recv(sock, reader, timeout=channel.DEAD_AFTER)
+        msg = link.recv(timeout=channel.DEAD_AFTER)
         kind = msg.get("type")
         if kind == Kind.START.value:
             return msg
         if kind == Kind.PING.value:
-            channel.send(sock, message(Kind.PONG))
+            link.send(message(Kind.PONG))
         elif kind == Kind.STOP.value:
             return None
 
@@ -348,13 +391,11 @@ def node0_port(host: str, first: Mapping[str, Any], *, near: str) -> int | None:
     return master_port(host, port, pick=pick, near=near)
 
 
-def run_connected(host: str, port: int, node_rank: int, token: str, *, engine: bool = False) -> int:
+def run_connected(host: str, port: int, node_rank: int, credentials: Credentials, *, engine: bool = False) -> int:
     """This node's part of the job; its exit code (``engine``: see ``engine_exit_code``)."""
-    sock = open_channel(host, port)
-    reader = channel.FrameReader()
-    channel.send(sock, hello(token, node_rank, sock))
+    link = secure_link(host, port, node_rank, credentials)
     try:
-        first = channel.recv(sock, reader, timeout=SPEC_TIMEOUT)
+        first = link.recv(timeout=SPEC_TIMEOUT)
     except ChannelError as err:
         raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
     if first.get("type") != Kind.SPEC.value:
@@ -364,26 +405,26 @@ def run_connected(host: str, port: int, node_rank: int, token: str, *, engine: b
         if spec.cwd:
             os.chdir(spec.cwd)
     except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
-        channel.send(sock, message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
+        link.send(message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
         raise
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
-        channel.send(sock, message(Kind.ERROR, message=str(err)))
+        link.send(message(Kind.ERROR, message=str(err)))
         return err.exit_code
     try:
-        rank0_port = node0_port(spec.host, first, near=sock.getsockname()[0])
+        rank0_port = node0_port(spec.host, first, near=link.sock.getsockname()[0])
     except PortBusyError as err:  # an explicit --master_port taken here: the runner ends the job with exit 2
-        channel.send(sock, message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+        link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
         return err.exit_code
-    channel.send(sock, message(Kind.READY, master_port=rank0_port))
-    start = wait_for_start(sock, reader)
+    link.send(message(Kind.READY, master_port=rank0_port))
+    start = wait_for_start(link)
     if start is None:
         return 128 + signal.SIGTERM
     spec = with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]))
     from xrun.launch.agent import run_node
 
-    hooks = ChannelHooks(sock, reader)
+    hooks = ChannelHooks(link)
     try:
         code = run_node(spec, hooks=hooks)
     finally:
@@ -413,7 +454,8 @@ def main(argv: Sequence[str]) -> int:
             node_rank = node_rank_from(ns.node_rank_from, os.environ)
             drop_engine_identity(os.environ)
             restore_home(os.environ)
-        return run_connected(host, port, node_rank, read_token(ns.token), engine=ns.node_rank_from is not None)
+        credentials = read_credentials(ns.token, ns.fingerprint, node_rank)
+        return run_connected(host, port, node_rank, credentials, engine=ns.node_rank_from is not None)
     except XrunError as err:
         print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from xrun.channel import ChannelError
 from xrun.errors import UsageError
-from xrun.launch.command import TOKEN_ON_STDIN, connect_argv, connect_target
+from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ON_STDIN, connect_argv, connect_target
 
 if TYPE_CHECKING:
     from xrun.runner.job.server import Sessions
@@ -32,6 +32,7 @@ class Endpoint:
     addr: str
     port: int
     token: str
+    fingerprint: str  # the head's certificate (SHA-256): public, pinned by every agent
 
     @property
     def connect(self) -> str:
@@ -44,14 +45,13 @@ Endpoints = Mapping[str, Endpoint]  # host -> where that host's agent connects
 def agent_connect_argv(
     python: str, endpoint: Endpoint | None, node_rank: str, *, token_on_stdin: bool
 ) -> tuple[str, ...]:
-    """One node's agent command (ssh, pdsh): ``node_rank`` is a number or pdsh's ``%n``; the token comes on stdin
-    or, where the launcher gives the remote command none (pdsh), on the command line. None: the placeholders."""
-    if token_on_stdin:
-        token: str | None = TOKEN_ON_STDIN
-    else:
-        token = endpoint.token if endpoint is not None else None
+    """One node's agent command (ssh, pdsh): ``node_rank`` is a number or pdsh's ``%n``; the token comes on stdin,
+    or, where the launcher gives the remote command none (pdsh), the agent makes a one-time key and announces it
+    on its output, which only the head reads (never on the command line). None: the placeholders."""
     connect = endpoint.connect if endpoint is not None else None
-    return connect_argv(python, connect=connect, token=token, node_rank=node_rank)
+    fingerprint = endpoint.fingerprint if endpoint is not None else None
+    token = TOKEN_ON_STDIN if token_on_stdin else TOKEN_ANNOUNCE
+    return connect_argv(python, connect=connect, token=token, fingerprint=fingerprint, node_rank=node_rank)
 
 
 def one_endpoint(plan: Plan, endpoints: Endpoints) -> Endpoint:
@@ -59,21 +59,30 @@ def one_endpoint(plan: Plan, endpoints: Endpoints) -> Endpoint:
     return endpoints[plan.nodes[0].host]
 
 
-def run_over_channel(plan: Plan, addrs: Mapping[str, str], start: Callable[[Endpoints], Sessions]) -> int:
+def run_over_channel(
+    plan: Plan, addrs: Mapping[str, str], start: Callable[[Endpoints], Sessions], *, announced_keys: bool = False
+) -> int:
     """Open the control server on ``addrs`` (host -> head address it connects to), start the agents with
-    ``start`` and run the job to its exit code. The server is closed if starting fails."""
+    ``start`` and run the job to its exit code. The server is closed if starting fails. ``announced_keys``: each
+    agent makes its own one-time key and announces it on its output stream (pdsh); else every agent proves the
+    run's token, which the backend hands it privately (ssh stdin, an engine's environment)."""
     import secrets  # noqa: PLC0415 - only a real run needs a token (a dry run prints placeholders)
 
-    from xrun.runner.job.server import ControlServer  # noqa: PLC0415 - the server loads only for a real run
+    from xrun.runner.job.gate import Gate  # noqa: PLC0415 - the server loads only for a real run
+    from xrun.runner.job.keys import NodeKeys  # noqa: PLC0415
+    from xrun.runner.job.server import ControlServer  # noqa: PLC0415
 
     token = secrets.token_hex(TOKEN_BYTES)
-    server = ControlServer(plan, token, join_timeout=plan.request.remote.join_timeout)
+    nodes = len(plan.nodes)
+    keys = NodeKeys.announced(nodes) if announced_keys else NodeKeys.shared_secret(nodes, token)
+    gate = Gate(keys, nodes=nodes, prove_server=False)
+    server = ControlServer(plan, gate, join_timeout=plan.request.remote.join_timeout)
     try:
         port = server.listen(dict.fromkeys(addrs.values()))  # each address once, in the nodes' order
     except ChannelError as err:  # e.g. a --control_addr that stopped being this machine's since validate()
         raise UsageError("--control_addr", f"cannot listen on {', '.join(dict.fromkeys(addrs.values()))}: "
                          f"{err.reason}") from None
-    endpoints = {host: Endpoint(addr, port, token) for host, addr in addrs.items()}
+    endpoints = {host: Endpoint(addr, port, token, gate.fingerprint) for host, addr in addrs.items()}
     try:
         sessions = start(endpoints)
     except BaseException:

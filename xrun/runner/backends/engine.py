@@ -49,6 +49,7 @@ def agent_argv(python: str, endpoint: Endpoint | None, rank_variables: Sequence[
     return connect_argv(
         python,
         connect=endpoint.connect if endpoint is not None else None,
+        fingerprint=endpoint.fingerprint if endpoint is not None else None,
         token=token_from_env(TOKEN_ENV),
         node_rank_from=rank_variables,
     )

@@ -9,7 +9,8 @@ first told: hydra prints ``ssh: connect to host node1 port 22: Connection refuse
 proxy that will never come, for as long as the start barrier lets it (issue 12). Such a line ends that
 node's session at once (``session_ended``), with the launcher's own words as the reason; a line a rank
 prints later cannot, since the job ignores session ends of connected nodes. Backends differ only in how the
-process and what it started are stopped (``_stop``).
+process and what it started are stopped (``_stop``). An agent that announces its one-time key (pdsh:
+``xrun.channel.announce``) does so on this stderr too: the line is taken out and handed to the server.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 from typing import IO, Any
 
+from xrun.channel.announce import AnnouncementFilter
 from xrun.launch.output.dedupe import LineMerger
 from xrun.runner.job.relay import LineRelay
 
@@ -63,6 +65,7 @@ class LauncherProcess:
         self.partial = b""
         self.merger = merger
         self.out = LineRelay(1, merger=merger, source=None) if merger is not None else None
+        self.announcements = AnnouncementFilter()
 
     def register(self, loop: Any) -> None:
         self.pidfd = os.pidfd_open(self.proc.pid)
@@ -102,9 +105,13 @@ class LauncherProcess:
             return False
         if not chunk:
             loop.remove_reader(stderr)
+            _write_all(self.announcements.flush())
             return False
-        _write_all(chunk)
-        *lines, rest = (self.partial + chunk).split(b"\n")
+        shown, announced = self.announcements.feed(chunk)
+        for node, key_hex in announced:  # pdsh's agents prove keys they announce here (xrun.channel.announce)
+            loop.key_announced(node, key_hex)
+        _write_all(shown)
+        *lines, rest = (self.partial + shown).split(b"\n")
         self.partial = rest[-_LINE_LIMIT:]
         for raw in lines:
             line = raw.decode("utf-8", "replace")

@@ -1,12 +1,13 @@
 """``--launcher pdsh``: ``pdsh -S -R ssh -f FANOUT -N -w HOSTS 'PYTHON -u -m xrun.launch --connect=...
---node_rank=%n --token=...'``.
+--fingerprint=... --node_rank=%n --token=announce'``.
 
-pdsh replaces ``%n`` with each host's index in the ``-w`` list, which is given in world order (pdsh keeps the
-order it is given; it does not sort). ``-S`` makes pdsh exit with the largest remote exit code, ``-N`` drops
-its ``host: `` prefix (the agent prefixes ``[host:rank]`` itself). pdsh has no stdin for remote commands,
-so the run token is on the command line; the runner accepts each node rank once, so a token read from
-``ps`` after the nodes connected is worthless. ``--ssh_port``, ``--ssh_config`` and
-``--ssh_accept_new_hosts`` reach OpenSSH through ``PDSH_SSH_ARGS_APPEND``.
+pdsh replaces ``%n`` with each host's index in the ``-w`` list, which is given in world order (pdsh keeps the order it
+is given; it does not sort). ``-S`` makes pdsh exit with the largest remote exit code, ``-N`` drops its ``host: ``
+prefix (the agent prefixes ``[host:rank]`` itself). pdsh has no stdin for remote commands, and every user of a node can
+read its command line, so nothing secret is on it: each agent makes a one-time key, announces it on its stderr, which
+reaches the head over pdsh's ssh session (xrun.channel.announce), and proves it on the channel; the head admits node K
+only with the key node K's own agent announced, once. ``--ssh_port``, ``--ssh_config`` and ``--ssh_accept_new_hosts``
+reach OpenSSH through ``PDSH_SSH_ARGS_APPEND``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class PdshBackend:
         hosts = [node.host for node in plan.nodes]
         # pdsh gives every node the same command, so every node connects to one address.
         addr = control_address(hosts, plan.request.remote)
-        return run_over_channel(plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(pdsh, plan, endpoints))
+        return run_over_channel(plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(pdsh, plan, endpoints),
+                                announced_keys=True)
 
     def _start(self, pdsh: str, plan: Plan, endpoints: Endpoints) -> PdshSession:
         argv = (pdsh,) + pdsh_argv(plan, one_endpoint(plan, endpoints))[1:]

@@ -1,9 +1,12 @@
 """The control server's connections (``xrun.runner.job.server``): one per accepted socket, each reading its own
 frames and handing them to the server, and the bookkeeping that finds them again.
 
-A connection reads only when its socket is readable, decodes whole frames (at most ``MAX_HELLO`` bytes until the
-machine admits its hello, then ``MAX_FRAME``) and hands the first message to ``ConnOwner.on_hello``, the later ones
-to ``on_message``; a connection that ends, breaks or breaks the protocol goes to ``on_closed`` with the reason.
+A connection is TLS from its first byte (``xrun.channel.tlspipe``: decrypted in memory, so half a record never
+blocks the loop). It reads only when its socket is readable and decodes whole frames (at most ``MAX_HELLO``
+bytes, strictly, until the machine admits its hello; then ``MAX_FRAME``). Its first message must be ``auth``,
+answered with a ``challenge`` (``xrun.channel.handshake``); the next, the hello with its proof, goes to
+``ConnOwner.on_hello``, the later ones to ``on_message``; a connection that ends, breaks or breaks the protocol
+goes to ``on_closed`` with the reason, and so does one whose handling failed in any other way.
 ``Connections`` keeps every open one by serial, the unadmitted ones in the order they opened (the oldest is the
 next to time out, so neither the loop's timeout nor its tick scans every connection: issue 15) and the admitted
 ones by node.
@@ -13,12 +16,15 @@ from __future__ import annotations
 
 import itertools
 import socket
-from collections.abc import Iterator
+import ssl
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from xrun import channel
 from xrun.channel import ChannelError, Message
+from xrun.channel.handshake import ServerHandshake
+from xrun.channel.tlspipe import TlsPipe
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 SEND_TIMEOUT = 5.0  # bounds a send to a peer that stopped reading; reads happen only when readable
@@ -39,23 +45,42 @@ class ConnOwner(Protocol):
 
 @dataclass(eq=False)
 class Conn:
+    """One accepted connection: its TLS session, its handshake, its frames."""
+
     serial: int
     sock: socket.socket
     peer: str
     opened: float
     owner: ConnOwner
-    reader: channel.FrameReader = field(default_factory=lambda: channel.FrameReader(channel.MAX_HELLO))
+    pipe: TlsPipe
+    handshake: ServerHandshake
+    reader: channel.FrameReader = field(default_factory=channel.FrameReader.stranger)
     node: int | None = None  # set once the machine admits its hello
+    challenged: bool = False  # its ``auth`` was answered: the next message is the hello
 
     @classmethod
-    def accepted(cls, serial: int, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner) -> Conn:
+    def accepted(cls, serial: int, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner,
+                 tls: ssl.SSLContext, handshake: ServerHandshake) -> Conn:
         sock.setblocking(True)
         sock.settimeout(SEND_TIMEOUT)
         channel.tune_socket(sock)
-        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, owner=owner)
+        pipe = TlsPipe(tls, sock, server_side=True)
+        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, owner=owner, pipe=pipe,
+                   handshake=handshake)
 
     def read(self) -> None:
-        """The socket is readable: hand on every whole message that arrived, or say why the connection is over."""
+        """The socket is readable: hand on every whole message that arrived, or say why the connection is over.
+
+        Whatever a peer sends costs its own connection only: every failure here, expected or not, closes this
+        connection and nothing else (issue 22); an unproven peer is dropped without a word back."""
+        try:
+            self._read()
+        except ChannelError as err:
+            self.owner.on_closed(self, f"protocol error: {err.reason}")
+        except Exception as err:  # noqa: BLE001 - one connection's trouble must never reach the loop
+            self.owner.on_closed(self, f"protocol error: {err.__class__.__name__}")
+
+    def _read(self) -> None:
         try:
             data = self.sock.recv(65536)
         except socket.timeout:
@@ -66,25 +91,35 @@ class Conn:
         if not data:
             self.owner.on_closed(self, "connection closed")
             return
-        try:
-            for msg in self.reader.feed(data):
+        plain = self.pipe.feed(data)
+        if self.pipe.closed:
+            self.owner.on_closed(self, "connection closed")
+            return
+        for msg in self.reader.feed(plain):
+            if self.node is not None:
+                self.owner.on_message(self.node, msg)
+            elif not self.challenged:
+                self._answer_auth(msg)
+            else:
+                self.owner.on_hello(self, msg)
                 if self.node is None:
-                    self.owner.on_hello(self, msg)
-                    if self.node is None:
-                        return  # not admitted: whatever came with the hello is not read
-                else:
-                    self.owner.on_message(self.node, msg)
-        except ChannelError as err:
-            self.owner.on_closed(self, f"protocol error: {err.reason}")
+                    return  # not admitted (yet): whatever came with the hello is not read
+
+    def _answer_auth(self, msg: Message) -> None:
+        reply = self.handshake.on_auth(msg)
+        if isinstance(reply, ChannelError):
+            raise reply
+        self.challenged = True
+        self.send(reply)
 
     def admit(self, node: int) -> None:
         """The machine admitted the hello: the connection is ``node``'s and may carry full-size frames."""
         self.node = node
-        self.reader.limit = channel.MAX_FRAME
+        self.reader.trust()
 
     def send(self, msg: Message) -> None:
         """Send one message (an ``OSError`` is the caller's: the connection is broken)."""
-        channel.send(self.sock, msg)
+        self.pipe.send(channel.encode(msg))
 
     def close(self) -> None:
         try:
@@ -109,14 +144,17 @@ class Unadmitted(dict[int, Conn]):
 class Connections:
     """Every open connection by serial (``all``), the unadmitted in open order, the admitted by node."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext, handshake: Callable[[], ServerHandshake]) -> None:
+        self._tls = tls
+        self._handshake = handshake
         self.all: dict[int, Conn] = {}
         self.pending = Unadmitted()
         self.by_node: dict[int, Conn] = {}
         self._serials = itertools.count()
 
     def open(self, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner) -> Conn:
-        conn = Conn.accepted(next(self._serials), sock, peer, now=now, owner=owner)
+        conn = Conn.accepted(next(self._serials), sock, peer, now=now, owner=owner, tls=self._tls,
+                             handshake=self._handshake())
         self.all[conn.serial] = conn
         self.pending[conn.serial] = conn
         return conn

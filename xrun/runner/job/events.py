@@ -31,7 +31,6 @@ class HelloReceived:
     addr: str  # the node's address as its agent saw it on the route here (else the peer address)
     peer: str
     xrun_version: str | None = None
-    key: str | None = None  # pod mode: the channel key offered (the socket layer checked nothing)
     digest: PlanDigest | None = None  # pod mode: the node's plan digest (None: absent or malformed)
 
 

@@ -25,7 +25,7 @@ def _exit_code(reason: str, code: int) -> str:
 def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
     lines = []
     if strays:
-        lines.append(f"closed {strays} connection(s) that did not present this run's token")
+        lines.append(f"closed {strays} connection(s) that did not prove this run's key")
     failure, code = verdict.failure, verdict.exit_code
     if verdict.interrupted_by is not None:
         lines.append(f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})")

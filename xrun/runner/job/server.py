@@ -1,12 +1,13 @@
 """The runner's control server: the socket loop around the job state machine (``xrun.runner.job.machine``).
 
-One per run, single-threaded (``selectors``), on the address the nodes use. It listens, accepts, checks each
-hello's token (constant time; a stray connection, or one silent past ``HELLO_TIMEOUT``, is closed without a
-byte sent back), reads frames, and turns what arrives into the machine's events: agents' messages, dropped
-connections, backend sessions that end (``session_ended``), signals and time passing. The actions that come
-back become sends, closed connections and status lines; at the end the machine's verdict is the report
-(``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
-machine's; the wire format lives in ``xrun.channel``, the status display in ``xrun.runner.job.status``.
+One per run, single-threaded (``selectors``), on the address the nodes use. It listens, accepts through its ``Gate``
+(TLS, each hello's proof of its node's key, bounds on connections that have proven nothing: a stray, or one silent past
+``HELLO_TIMEOUT``, is closed without a byte sent back; xrun.runner.job.gate), reads frames, and turns what arrives into
+the machine's events: agents' messages, dropped connections, backend sessions that end (``session_ended``), signals and
+time passing. The actions that come back become sends, closed connections and status lines; at the end the machine's
+verdict is the report (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and exit-code
+decisions are all the machine's; the wire format lives in ``xrun.channel``, the status display in
+``xrun.runner.job.status``.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -28,8 +29,7 @@ on) on the main thread;
 ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.server``) overrides two seams: ``_make_job`` (its hello policy, the
-verdict sent to every node) and ``_hello_event`` (the key and digest go to the machine's policy instead of
-the one-time token being checked here).
+verdict sent to every node) and ``_hello_event`` (the digest goes to the machine's policy).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Callable, Protocol
 
-from xrun import channel
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
@@ -53,7 +52,7 @@ from xrun.launch.result.report import write_json
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.connections import Conn, Connections, accepted, listener
+from xrun.runner.job.connections import ACCEPTS_PER_WAKEUP, Conn, Connections, listener
 from xrun.runner.job.doctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import (
     Admit,
@@ -84,6 +83,7 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
+from xrun.runner.job.gate import Gate
 from xrun.runner.job.loop import SelectLoop
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
@@ -107,18 +107,17 @@ class Sessions(Protocol):
 
 
 class ControlServer:
-    def __init__(self, plan: Plan, token: str, *, join_timeout: float, status: PlainStatus | None = None) -> None:
+    def __init__(self, plan: Plan, gate: Gate, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
-        self.token = token
+        self.gate = gate
         self.job = self._make_job(plan, join_timeout)
         self.loop = SelectLoop()
         self.listeners: list[socket.socket] = []
-        self.links = Connections()
+        self.links = Connections(gate.tls, gate.handshake)
         # what the tests and the pod flavour read: every open connection, the unadmitted ones, the admitted by node
         self.conns, self.pending, self.node_conns = self.links.all, self.links.pending, self.links.by_node
         self.status = status if status is not None else make_status(len(plan.nodes))
         self.forwarded = frozenset(plan.request.options.forward_signals)  # passed on, not a stop
-        self.strays = 0
         self.events: deque[Event] = deque()
         self.feeding = False
         self.doers = self._action_table()
@@ -128,6 +127,10 @@ class ControlServer:
     @property
     def failure(self) -> Failure | None:
         return self.job.failure
+
+    @property
+    def strays(self) -> int:
+        return self.gate.strays
 
     @property
     def failure_at(self) -> float | None:
@@ -187,7 +190,7 @@ class ControlServer:
             sessions.terminate()
             self.close()
         verdict = self.job.verdict()
-        for line in report_lines(verdict, strays=self.strays + self.job.strays):
+        for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
             say(line)
         self.extras.sum_up(verdict.exit_code)
         return verdict.exit_code
@@ -199,12 +202,13 @@ class ControlServer:
         self.listeners.clear()
         for conn in list(self.conns.values()):
             self._drop(conn)
+        self.gate.close()
 
     def _action_table(self) -> dict[type, Callable[[Any], None]]:
         """How each of the machine's actions is carried out."""
         status = self.status
         return {
-            Admit: lambda a: self.links.admit(a.conn, a.node),
+            Admit: self._admit,
             TurnAway: lambda a: self._drop_if_open(self.conns.get(a.conn)),
             Drop: lambda a: self._drop_if_open(self.node_conns.get(a.node)),
             SendSpec: self._send_spec,
@@ -259,38 +263,54 @@ class ControlServer:
 
     # -- connections: what each one reads comes here (``ConnOwner``) ----------------------------------------
 
-    def _accept(self, sock: socket.socket) -> None:
-        for new, peer in accepted(sock):
-            conn = self.links.open(new, peer, now=time.monotonic(), owner=self)
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(ACCEPTS_PER_WAKEUP):  # a burst is taken in few loop turns, yet reads are not starved
+            taken = self.gate.accept(listener)
+            if taken is None:
+                return
+            conn = self.links.open(taken[0], (taken[1], 0), now=time.monotonic(), owner=self)
             self.add_reader(conn.sock, conn.read)
+
+    def key_announced(self, node: int, key_hex: str) -> None:
+        """Node ``node``'s agent announced its one-time key on its own output stream (pdsh): the hellos that
+        waited for it are judged now."""
+        for conn, msg in self.gate.announced(node, key_hex):
+            if self.conns.get(conn.serial) is conn:
+                self.on_hello(conn, msg)
 
     def on_message(self, node: int, msg: Message) -> None:
         self.extras.message(node, msg)
         self._feed(agent_event(node, msg))
 
     def on_hello(self, conn: Conn, msg: Message) -> None:
-        event = self._hello_event(conn, msg)
+        if self.gate.waits_for_key(conn, msg):
+            return  # its node's key is still on its way (pdsh): judged when it comes, or dropped at the deadline
+        event = self._hello_event(conn, msg) if conn.handshake.check_hello(msg) else None
         if event is None:
-            self.strays += 1
-            self._drop(conn)  # not a word back: a stray learns nothing
+            self._drop(conn, failed=True)  # not a word back: a stray learns nothing
             return
         self._feed(event)
 
     def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
-        """The hello as the machine's event; None: a stray (here: the one-time token does not match)."""
-        if not channel.token_matches(self.token, msg.get("token")):
-            return None
+        """The proven hello as the machine's event; None: a stray (here: a malformed hello)."""
         return hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
 
     def on_closed(self, conn: Conn, reason: str) -> None:
-        self._drop(conn)
+        # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
+        # nothing to prove), failed to get in
+        self._drop(conn, failed=reason.startswith("protocol error") or conn.challenged)
         if conn.node is not None:
             self._feed(ConnectionLost(conn.node, reason))
 
-    def _drop(self, conn: Conn) -> None:
+    def _drop(self, conn: Conn, *, failed: bool = False) -> None:
         self.remove_reader(conn.sock)
         self.links.forget(conn)
+        self.gate.dropped(conn, failed=failed)
         conn.close()
+
+    def _admit(self, action: Admit) -> None:
+        self.links.admit(action.conn, action.node)
+        self.gate.admitted(self.conns[action.conn], action.node)
 
     # -- actions --------------------------------------------------------------------------------------------
 

@@ -3,25 +3,22 @@
 No spec is ever sent in pod mode: each node runs what its own command line says, so what node 0 checks is
 that it says the same thing. A hello is
 
-* a ``Stray`` (closed without a word) unless it offers this job's channel key: the shared token, or without
-  one the run id + the digest the hello carries (``xrun.runner.pod.secret.channel_key``): another job's nodes,
-  with another run id, never get in;
+* a ``Stray`` (closed without a word) unless it carries a plan digest (its proof of this job's key, the shared
+  secret or without one the run id, was checked before: ``xrun.runner.job.gate``, ``xrun.runner.pod.secret``);
 * refused (``Refusal``: the job ends with exit code 2) when its plan digest differs from node 0's, naming
   the node and the first difference (``xrun.runner.job.digest.first_difference``);
 * otherwise accepted (``SendAccept``).
 
-Pure: the token comparison is constant-time, nothing is read or printed.
+Pure: nothing is read or printed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from xrun.channel import token_matches
 from xrun.runner.job.digest import PlanDigest, first_difference
 from xrun.runner.job.events import Action, HelloReceived, SendAccept
 from xrun.runner.job.machine import Refusal, Stray
-from xrun.runner.pod.secret import channel_key
 
 
 @dataclass(frozen=True)
@@ -29,13 +26,9 @@ class PodHello:
     digest: PlanDigest  # node 0's own plan digest
     run_id: str
     hosts: tuple[str, ...]  # by node rank, to name a refused node
-    token: str | None = field(default=None, repr=False)
 
     def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
-        if hello.digest is None or hello.key is None:
-            return Stray()
-        expected = channel_key(self.token, run_id=self.run_id, digest_sha256=hello.digest.sha256)
-        if not token_matches(expected, hello.key):
+        if hello.digest is None:
             return Stray()
         host = self.hosts[hello.node]
         difference = first_difference(self.digest, hello.digest, node_name=host)

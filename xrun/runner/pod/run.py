@@ -19,19 +19,21 @@ fails the job everywhere, as the rank group's own SIGTERM handling does once the
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from xrun import channel
 from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel.link import Credentials, Link, open_link
 from xrun.errors import PortBusyError
 from xrun.launch.output.consoleroute import Route, routed
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
@@ -43,12 +45,13 @@ from xrun.runner.job.report import report_lines
 from xrun.runner.job.status import PlainStatus, make_status, say
 from xrun.runner.plan import Plan
 from xrun.runner.pod.plan import PodSetup, pod_setup
-from xrun.runner.pod.secret import TOKEN_ENV, auth_notice, channel_key, load_token
+from xrun.runner.pod.secret import TOKEN_ENV, auth_notice, load_token, pod_key
 
 RETRY_EVERY = 0.5  # between attempts to reach node 0
 RETRY_LINE_EVERY = 10.0  # the "still waiting for node 0" line
-WRONG_KEY = ("node 0 closed the channel without answering: is XRUN_TOKEN/--token_file the same on every node? "
-             "(or the run id: --run_id, --master_addr, --master_port; or the job had just ended)")
+WRONG_KEY = ("node 0 could not prove this job's secret: is XRUN_TOKEN/--token_file the same on every node? "
+             "(without one: the run id, --run_id, --master_addr, --master_port)")
+REFUSED = "node 0 closed the channel without answering: this node's hello was refused (or the job had just ended)"
 NODE_FAILURE_EXIT = 1
 
 
@@ -104,33 +107,53 @@ def run_pod(plan: Plan) -> int:
 
 
 def run_agent(plan: Plan, setup: PodSetup, node0: _Node0) -> int:
-    key = channel_key(setup.token, run_id=plan.request.run_id, digest_sha256=setup.digest.sha256)
+    credentials = Credentials(pod_key(setup.token, run_id=plan.request.run_id), pinned=None)
     status = make_status(setup.num_nodes)
     t0 = time.monotonic()
     try:
         with _interruptible():
-            sock = connect_until(node0, t0 + plan.request.remote.join_timeout, plan.request.remote.join_timeout)
+            link = join_node0(node0, setup, credentials, t0 + plan.request.remote.join_timeout,
+                              plan.request.remote.join_timeout)
     except _Interrupted as stop:
         status.close()
         raise PodEnd(128 + stop.signum, f"got {signal.Signals(stop.signum).name} before node 0 answered") from None
-    reader = channel.FrameReader()
     try:
-        channel.send(sock, pod_hello(key, setup, sock))
-        start = barrier(sock, reader, status, node0, ready=lambda: ready_message(plan, setup))
+        start = barrier(link, status, node0, ready=lambda: ready_message(plan, setup))
         if start is None:
-            return _finish(setup, wait_verdict(sock, reader, node0))
+            return _finish(setup, wait_verdict(link, node0))
         port = start_port(plan, start)
         status.started(setup.num_nodes, plan.world_size, time.monotonic() - t0, plan.rendezvous.master_addr, port)
-        return run_ranks(plan, setup, sock, reader, node0, port)
+        return run_ranks(plan, setup, link, node0, port)
     finally:
         status.close()
-        sock.close()
+        link.close()
 
 
-def pod_hello(key: str, setup: PodSetup, sock: socket.socket) -> Message:
+def join_node0(node0: _Node0, setup: PodSetup, credentials: Credentials, deadline: float,
+               join_timeout: float) -> Link:
+    """Reach node 0, TLS, node 0 proves the job's secret first, then this node proves it and says hello (with
+    its plan digest). A node 0 that closes before the handshake is through (at its bound of unproven
+    connections, or still starting) is tried again until ``deadline``; one that cannot prove the secret ends
+    this node at once, having learnt nothing (xrun.channel.link)."""
+    while True:
+        sock = connect_until(node0, deadline, join_timeout)
+        try:
+            return open_link(sock, credentials, setup.node_rank, functools.partial(pod_hello, sock=sock, setup=setup),
+                             timeout=max(2.0, min(channel.HELLO_TIMEOUT, deadline - time.monotonic())))
+        except ChannelError as err:
+            sock.close()
+            if err.reason.startswith("the server did not prove"):
+                raise PodEnd(NODE_FAILURE_EXIT, WRONG_KEY) from None
+            if time.monotonic() >= deadline:
+                raise PodEnd(NODE_FAILURE_EXIT, f"node 0 ({node0.host}) did not complete the channel's handshake "
+                                                f"within --join_timeout {join_timeout:g} s: {err.reason}") from None
+            time.sleep(RETRY_EVERY)
+
+
+def pod_hello(proof: Mapping[str, Any], *, sock: socket.socket, setup: PodSetup) -> Message:
     from xrun.launch.connect import hello  # noqa: PLC0415 - the agent's own hello, plus the digest
 
-    return {**hello(key, setup.node_rank, sock), "digest": setup.digest.to_json()}
+    return {**hello(proof, sock), "digest": setup.digest.to_json()}
 
 
 def connect_until(node0: _Node0, deadline: float, join_timeout: float) -> socket.socket:
@@ -180,7 +203,7 @@ def start_port(plan: Plan, start: Message) -> int:
     return port if isinstance(port, int) and not isinstance(port, bool) and port else plan.rendezvous.master_port
 
 
-def barrier(sock: socket.socket, reader: channel.FrameReader, status: PlainStatus, node0: _Node0,
+def barrier(link: Link, status: PlainStatus, node0: _Node0,
             *, ready: Callable[[], Message]) -> Message | None:
     """Hello answered -> ``ready()`` -> the start barrier. The start message: start the ranks; None: the job ended
     first."""
@@ -189,40 +212,39 @@ def barrier(sock: socket.socket, reader: channel.FrameReader, status: PlainStatu
         with _interruptible():
             while True:
                 try:
-                    msg = channel.recv(sock, reader, timeout=channel.DEAD_AFTER)
+                    msg = link.recv(timeout=channel.DEAD_AFTER)
                 except ChannelError as err:
-                    raise PodEnd(NODE_FAILURE_EXIT, _lost(node0, err.reason) if answered else WRONG_KEY) from None
+                    raise PodEnd(NODE_FAILURE_EXIT, _lost(node0, err.reason) if answered else REFUSED) from None
                 answered = True
                 kind = msg.get("type")
                 if kind == Kind.ACCEPT.value:
-                    channel.send(sock, ready())
+                    link.send(ready())
                 elif kind == Kind.WAITING.value:
                     status.waiting(int(msg.get("ready") or 0), [str(h) for h in msg.get("missing") or ()],
                                    float(msg.get("elapsed") or 0.0))
                 elif kind == Kind.PING.value:
-                    channel.send(sock, message(Kind.PONG))
+                    link.send(message(Kind.PONG))
                 elif kind == Kind.START.value:
                     return msg
                 elif kind == Kind.STOP.value:  # refused, or another node failed or timed out
-                    channel.send(sock, message(Kind.DONE, exit_code=128 + int(msg.get("signal") or signal.SIGTERM)))
+                    link.send(message(Kind.DONE, exit_code=128 + int(msg.get("signal") or signal.SIGTERM)))
                     return None
     except _Interrupted as stop:  # evicted while waiting: this node fails the job, the verdict says how
         status.close()
         if not answered:
             raise PodEnd(128 + stop.signum, f"got {signal.Signals(stop.signum).name} before node 0 answered") from None
-        channel.send(sock, message(Kind.DONE, exit_code=128 + stop.signum))
+        link.send(message(Kind.DONE, exit_code=128 + stop.signum))
         return None
 
 
-def run_ranks(plan: Plan, setup: PodSetup, sock: socket.socket, reader: channel.FrameReader, node0: _Node0,
-              port: int) -> int:
+def run_ranks(plan: Plan, setup: PodSetup, link: Link, node0: _Node0, port: int) -> int:
     from xrun.launch.agent import run_node  # noqa: PLC0415 - the rank group loads once the barrier is passed
     from xrun.launch.connect import ChannelHooks, with_rendezvous  # noqa: PLC0415
 
     spec = plan.nodes[setup.node_rank]
     if spec.elastic is None and port != plan.rendezvous.master_port:  # node 0 took another: every rank's env says so
         spec = with_rendezvous(spec, plan.rendezvous.master_addr, port)
-    hooks = ChannelHooks(sock, reader)
+    hooks = ChannelHooks(link)
     try:
         with routed(console_route(plan, setup, hooks)):
             code = run_node(spec, hooks=hooks)
@@ -257,17 +279,17 @@ def _next_verdict(hooks: Any, bound: float | None, node0: _Node0, code: int) -> 
             return msg
 
 
-def wait_verdict(sock: socket.socket, reader: channel.FrameReader, node0: _Node0) -> Message:
+def wait_verdict(link: Link, node0: _Node0) -> Message:
     """Before any rank started: answer pings until the verdict comes."""
     while True:
         try:
-            msg = channel.recv(sock, reader, timeout=channel.DEAD_AFTER)
+            msg = link.recv(timeout=channel.DEAD_AFTER)
         except ChannelError as err:
             raise PodEnd(NODE_FAILURE_EXIT, _lost(node0, err.reason)) from None
         if msg.get("type") == Kind.VERDICT.value:
             return msg
         if msg.get("type") == Kind.PING.value:
-            channel.send(sock, message(Kind.PONG))
+            link.send(message(Kind.PONG))
 
 
 def _finish(setup: PodSetup, msg: Message) -> int:

@@ -73,9 +73,15 @@ def _from_file(path: str, read: Callable[[str], str]) -> str:
     return _long_enough(token, "--token_file", f"{path}: ")
 
 
-def channel_key(token: str | None, *, run_id: str, digest_sha256: str) -> str:
-    """What a node must present to join: the token when there is one, else run id + plan digest."""
-    return token if token is not None else f"{run_id}:{digest_sha256}"
+def pod_key(token: str | None, *, run_id: str) -> bytes:
+    """The key every node of a pod-mode job proves (and node 0 first, xrun.channel.handshake): the shared secret,
+    stretched (PBKDF2, once per process) so that a proof seen on the wire cannot be turned into guesses cheaply;
+    without a secret, the run id, which anyone who knows the job's command line knows too (hence the notice)."""
+    from xrun.channel.proof import POD_PURPOSE, derive_key, stretch, token_key  # noqa: PLC0415 - a pod run only
+
+    if token is None:
+        return token_key(run_id, POD_PURPOSE)
+    return derive_key(stretch(token.encode("utf-8", "surrogateescape"), run_id.encode("utf-8")), POD_PURPOSE)
 
 
 def auth_notice(token: str | None) -> str | None:

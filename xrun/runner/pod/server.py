@@ -3,8 +3,9 @@
 Every node's xrun (node 0's included, over loopback) connects to it as agents connect to a head. What differs
 from head mode (``xrun.runner.job.server.ControlServer``):
 
-* a hello is judged by the machine's policy (``xrun.runner.pod.hello.PodHello``: channel key, plan digest):
-  the socket layer passes the offered key and the digest on instead of checking a one-time token;
+* node 0 proves the job's shared secret to each node before the node proves it back (``Gate(prove_server=True)``:
+  no node knows node 0's certificate in advance), and a proven hello is then judged by the machine's policy
+  (``xrun.runner.pod.hello.PodHello``: the plan digest);
 * the barrier's status goes to every connected node (``waiting``), whose console shows it; node 0's console
   shows it through node 0's own agent, so the server itself shows only its one-off lines;
 * the verdict goes to every node (``JobConfig.verdict_to_nodes``), and the server stays until every node has
@@ -31,6 +32,8 @@ from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
 from xrun.runner.job.digest import PlanDigest, PlanDigestError
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer, hello_event
@@ -38,6 +41,7 @@ from xrun.runner.job.status import PlainStatus, say
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello
 from xrun.runner.pod.plan import PodSetup
+from xrun.runner.pod.secret import pod_key
 
 
 class _LinesOnly(PlainStatus):
@@ -53,7 +57,9 @@ class _LinesOnly(PlainStatus):
 class PodControlServer(ControlServer):
     def __init__(self, plan: Plan, setup: PodSetup, *, join_timeout: float) -> None:
         self.setup = setup
-        super().__init__(plan, "", join_timeout=join_timeout, status=_LinesOnly(setup.num_nodes))
+        keys = NodeKeys(len(plan.nodes), shared=pod_key(setup.token, run_id=plan.request.run_id))
+        gate = Gate(keys, nodes=len(plan.nodes), prove_server=True)  # node 0 proves the secret first
+        super().__init__(plan, gate, join_timeout=join_timeout, status=_LinesOnly(setup.num_nodes))
         self.doers[ShowWaiting] = self._send_waiting
         self.doers[ShowJoined] = lambda a: None
         self.doers[ShowStarted] = lambda a: None
@@ -63,15 +69,14 @@ class PodControlServer(ControlServer):
     def _make_job(self, plan: Plan, join_timeout: float) -> Job:
         config = replace(JobConfig.from_plan(plan, join_timeout=join_timeout), verdict_to_nodes=True)
         hosts = tuple(node.host for node in plan.nodes)
-        policy = PodHello(self.setup.digest, plan.request.run_id, hosts, token=self.setup.token)
+        policy = PodHello(self.setup.digest, plan.request.run_id, hosts)
         return Job(config, now=time.monotonic(), policy=policy)
 
     def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
         event = hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
         if event is None:
             return None
-        key = msg.get("token")
-        return replace(event, key=key if isinstance(key, str) else None, digest=_digest(msg.get("digest")))
+        return replace(event, digest=_digest(msg.get("digest")))
 
     def on_message(self, node: int, msg: Message) -> None:
         if msg.get("type") != Kind.OUTPUT.value:

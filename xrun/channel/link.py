@@ -1,0 +1,107 @@
+"""The agent's end of the channel: connect, TLS, prove the key, then messages both ways (blocking, thread-safe).
+
+``open_link`` is the whole start of a connection, in the order that keeps secrets in: a TCP connection, the TLS
+1.3 handshake (``tlspipe``), the server's certificate checked against the pinned fingerprint (head mode) or
+bound into the proofs (pod mode: the server proves the shared key first, else the agent hangs up having sent
+nothing but a nonce), then ``auth`` -> ``challenge`` -> the caller's hello with this connection's proof
+(``handshake.ClientHandshake``). After it, ``send`` may be called from any thread and ``recv``/``read_some``
+from one reader thread (see ``TlsPipe`` for why that is safe).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xrun.channel import tls
+from xrun.channel.framing import ChannelError, FrameReader, Message, encode
+from xrun.channel.handshake import ClientHandshake
+from xrun.channel.messages import Kind
+from xrun.channel.tlspipe import READ_CHUNK, TlsPipe, client_handshake
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What an agent proves with: the key, and the server's fingerprint when it is pinned (head mode)."""
+
+    key: bytes
+    pinned: str | None  # head mode: the fingerprint on the agent's argv; pod mode: None (the server proves)
+
+
+class Link:
+    """An authenticated connection to the runner (or node 0): whole messages in and out."""
+
+    def __init__(self, sock: socket.socket, pipe: TlsPipe) -> None:
+        self.sock = sock
+        self._pipe = pipe
+        self._reader = FrameReader()
+
+    def send(self, msg: Message) -> None:
+        """One message; an ``OSError`` (the connection broke) is the caller's."""
+        self._pipe.send(encode(msg))
+
+    def recv(self, *, timeout: float | None) -> Message:
+        """The next message, blocking up to ``timeout`` s; EOF, a timeout or bad bytes raise ChannelError."""
+        self.sock.settimeout(timeout)
+        try:
+            ready = self.read_some()
+        except socket.timeout:
+            raise ChannelError(f"no message within {timeout:g} s") from None
+        finally:
+            self.sock.settimeout(None)
+        self._reader.push_back(ready[1:])
+        return ready[0]
+
+    def read_some(self) -> list[Message]:
+        """Block until at least one whole message arrived, or raise ChannelError (closed, broken)."""
+        ready = self._reader.feed(self._pipe.feed(b""))  # what the last read decrypted beyond its message
+        while not ready:
+            ready = self._reader.feed(self._pipe.feed(self._raw()))
+        return ready
+
+    def _raw(self) -> bytes:
+        try:
+            raw = self.sock.recv(READ_CHUNK)
+        except socket.timeout:
+            raise
+        except OSError as err:
+            raise ChannelError(f"connection failed: {err.strerror or err}") from None
+        if not raw or self._pipe.closed:
+            raise ChannelError("connection closed by the peer")
+        return raw
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def open_link(
+    sock: socket.socket,
+    credentials: Credentials,
+    node_rank: int,
+    hello: Callable[[dict[str, object]], Message],
+    *,
+    timeout: float,
+    context: ssl.SSLContext | None = None,
+) -> Link:
+    """TLS, the server checked, the key proven: the link on which ``hello(proof_fields)`` has been sent."""
+    pipe = TlsPipe(context or tls.client_context(), sock, server_side=False)
+    client_handshake(pipe, sock, timeout=timeout)
+    seen = pipe.fingerprint()
+    if credentials.pinned is not None and not tls.pin_ok(credentials.pinned, seen):
+        raise ChannelError("the server's certificate is not the one this run pinned (--fingerprint): refusing it")
+    link = Link(sock, pipe)
+    handshake = ClientHandshake(credentials.key, seen, node_rank, expect_server_proof=credentials.pinned is None)
+    link.send(handshake.auth_message())
+    challenge = link.recv(timeout=timeout)
+    if challenge.get("type") != Kind.CHALLENGE.value:
+        raise ChannelError(f"expected a challenge from the server, got {str(challenge.get('type'))[:40]!r}")
+    problem = handshake.on_challenge(challenge)
+    if problem is not None:
+        raise ChannelError(f"the server did not prove this job's secret: {problem.reason}")
+    link.send(hello(handshake.proof_fields()))
+    return link

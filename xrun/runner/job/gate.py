@@ -1,0 +1,109 @@
+"""Who gets into the control server (issue 22): TLS, the proof of a node's key, and bounds on the unproven.
+
+The server listens on the cluster network for a whole run, so until a peer has proven the job's key it is a
+stranger and may cost only its own connection:
+
+* every connection is TLS 1.3 with this run's ephemeral certificate (``xrun.channel.tls_server``); the agents
+  pin its fingerprint (head mode) or the server proves the shared key first (pod mode);
+* each one's ``auth`` -> ``challenge`` -> hello proves the key of the node it names, bound to this connection
+  (``xrun.channel.handshake``); the keys and the rule that a node's place is taken once are ``NodeKeys``';
+* strangers are bounded (``xrun.channel.admission``): at most ``total`` pending connections, ``per_source`` from
+  one address, and a source whose proofs keep failing is refused at ``accept`` for a while; at the open-files
+  limit a spare descriptor lets the server shed the queued connection instead of spinning on ``accept``.
+
+A stranger is closed without a word back; ``strays`` counts them for the job's last lines.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import TYPE_CHECKING
+
+from xrun.channel import Message
+from xrun.channel.admission import Admission, PendingLimits, SpareFd
+from xrun.channel.handshake import ServerHandshake
+from xrun.runner.job.keys import NodeKeys
+
+if TYPE_CHECKING:
+    from xrun.channel.tls_server import ServerIdentity
+    from xrun.runner.job.connections import Conn
+
+PENDING_TOTAL = 512  # strangers at once, all sources: a few MiB of buffers at most
+PENDING_PER_SOURCE = 16  # ... from one address (a node runs one agent; all of a test's agents share loopback)
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+
+
+def limits_for(nodes: int) -> PendingLimits:
+    """Room for every node's agent to connect at once, even from one address, and bounds for the rest."""
+    return PendingLimits(total=max(PENDING_TOTAL, nodes + PENDING_PER_SOURCE),
+                         per_source=max(PENDING_PER_SOURCE, nodes))
+
+
+class Gate:
+    """The control server's door: the TLS context, each connection's handshake, the keys, the bounds."""
+
+    def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
+                 identity: ServerIdentity | None = None) -> None:
+        from xrun.channel.tls_server import ServerIdentity  # noqa: PLC0415 - cryptography: a real run's server only
+
+        self.identity = identity if identity is not None else ServerIdentity.mint()
+        self.tls = self.identity.server_context()
+        self.keys = keys
+        self.prove_server = prove_server
+        self.admission = Admission(limits_for(nodes))
+        self.spare = SpareFd()
+        self.held: dict[int, list[tuple[Conn, Message]]] = {}  # hellos waiting for their node's announced key
+        self.strays = 0
+
+    @property
+    def fingerprint(self) -> str:
+        return self.identity.fingerprint
+
+    def handshake(self) -> ServerHandshake:
+        return ServerHandshake(self.keys.for_node, self.identity.fingerprint, prove_server=self.prove_server)
+
+    def accept(self, listener: socket.socket) -> tuple[socket.socket, str] | None:
+        """The next queued connection that may come in; None when none is queued (or none could be taken)."""
+        while True:
+            try:
+                sock, peer = listener.accept()
+            except OSError as err:
+                if err.errno in OUT_OF_FILES:
+                    self.spare.shed(listener)  # take it off the queue and close it, or the listener stays readable
+                return None
+            ip = str(peer[0])
+            if self.admission.admit(ip):
+                return sock, ip
+            sock.close()  # over a bound, or a source that keeps failing: not a byte read or sent
+            self.strays += 1
+
+    def waits_for_key(self, conn: Conn, msg: Message) -> bool:
+        """Hold a hello whose node's key is still to be announced (pdsh: it comes on the engine's stream)."""
+        node = msg.get("node_rank")
+        if not isinstance(node, int) or isinstance(node, bool) or not self.keys.awaited(node):
+            return False
+        self.held.setdefault(node, []).append((conn, msg))
+        return True
+
+    def announced(self, node: int, key_hex: str) -> list[tuple[Conn, Message]]:
+        """A node's agent announced its key: the hellos that waited for it, to be judged now."""
+        if not self.keys.announce(node, key_hex):
+            return []
+        return self.held.pop(node, [])
+
+    def admitted(self, conn: Conn, node: int) -> None:
+        self.keys.claim(node)
+        self.admission.release(conn.peer)
+
+    def dropped(self, conn: Conn, *, failed: bool) -> None:
+        """A connection that never got in is closed; ``failed``: it broke the protocol or failed its proof."""
+        if conn.node is not None:
+            return
+        self.admission.release(conn.peer)
+        if failed:
+            self.admission.failed(conn.peer)
+            self.strays += 1
+
+    def close(self) -> None:
+        self.spare.release()
