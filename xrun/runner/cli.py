@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="xrun",
         usage="xrun [-H HOSTFILE] [-i SPEC | -e SPEC] [options] SCRIPT [ARGS...]",
         description="Launch a PyTorch training script on this machine or on every host of a hostfile.",
-        epilog="Everything after SCRIPT is passed to it untouched. Docs: README.md.",
+        epilog="Everything after SCRIPT is passed to it untouched. Every flag: docs/flags.md.",
         allow_abbrev=False,  # a flag means the same in every release: --nnode is not --nnodes
     )
     add = parser.add_argument

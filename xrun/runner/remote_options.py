@@ -79,7 +79,7 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
     add(*spellings("--join_timeout"), type=seconds_arg(), default=DEFAULT_JOIN_TIMEOUT, metavar="SECONDS",
         help="start barrier: how long to wait for every node's agent (default 1800)")
     add("--export", action="append", default=[], metavar="NAME[=VALUE]",
-        help="also send this variable to remote nodes (repeatable); see README for what travels by default")
+        help="also send this variable to remote nodes (repeatable); docs/multinode.md says what travels by default")
     add(*spellings("--no_ssh"), action="store_true",
         help="do not fan out: run this node's share only (start xrun on every node yourself, with --node_rank)")
     add(*spellings("--node_rank"), type=int_arg(high=MAX_HOSTS), metavar="K",
