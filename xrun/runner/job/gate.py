@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 PENDING_TOTAL = 512  # strangers at once, all sources: a few MiB of buffers at most
 PENDING_PER_SOURCE = 16  # ... from one address (a node runs one agent; all of a test's agents share loopback)
 OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+REFUSALS_PER_TURN = 256
 
 
 def limits_for(nodes: int) -> PendingLimits:
@@ -64,8 +65,9 @@ class Gate:
         return ServerHandshake(self.keys.for_node, self.identity.fingerprint, prove_server=self.prove_server)
 
     def accept(self, listener: socket.socket) -> tuple[socket.socket, str] | None:
-        """The next queued connection that may come in; None when none is queued (or none could be taken)."""
-        while True:
+        """The next queued connection that may come in; None when none is queued, none could be taken, or a run
+        of refusals used up this turn (the loop comes back: a flood never holds it here)."""
+        for _ in range(REFUSALS_PER_TURN):
             try:
                 sock, peer = listener.accept()
             except OSError as err:
@@ -77,6 +79,7 @@ class Gate:
                 return sock, ip
             sock.close()  # over a bound, or a source that keeps failing: not a byte read or sent
             self.strays += 1
+        return None
 
     def waits_for_key(self, conn: Conn, msg: Message) -> bool:
         """Hold a hello whose node's key is still to be announced (pdsh: it comes on the engine's stream)."""
@@ -101,6 +104,9 @@ class Gate:
         if conn.node is not None:
             return
         self.admission.release(conn.peer)
+        node = conn.handshake.node_rank
+        if node is not None and node in self.held:  # a hello that waited for its key: gone with its connection
+            self.held[node] = [(c, m) for c, m in self.held[node] if c is not conn]
         if failed:
             self.admission.failed(conn.peer)
             self.strays += 1
