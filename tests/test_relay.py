@@ -37,6 +37,36 @@ def test_endless_line_is_passed_on_in_pieces():
         assert os.fstat(sink.fileno()).st_size == 1 << 20
 
 
+def test_a_progress_bars_state_is_relayed_at_once_not_at_its_line_end():
+    """A node shows a \r bar's unfinished state once settled (issue 25); the head passes it on as it comes, while
+    an ordinary partial line still waits for its newline (lines of two nodes never interleave)."""
+    with tempfile.TemporaryFile() as sink:
+        def seen():
+            sink.seek(0)
+            return sink.read()
+
+        bar, plain = LineRelay(sink.fileno()), LineRelay(sink.fileno())
+        bar.feed(b"[n1:0] \rprogress 1/3 |#  |")
+        assert seen() == b"[n1:0] \rprogress 1/3 |#  |"
+        plain.feed(b"[n2:1] half a li")
+        bar.feed(b"\rprogress 3/3 |###|")
+        assert seen().endswith(b"\rprogress 3/3 |###|") and b"half" not in seen()
+        bar.feed(b"\n")
+        plain.feed(b"ne\n")
+        assert seen() == b"[n1:0] \rprogress 1/3 |#  |\rprogress 3/3 |###|\n[n2:1] half a line\n"
+
+
+def test_a_progress_bars_state_goes_after_the_lines_the_merger_holds():
+    from xrun.launch.output.dedupe import LineMerger
+
+    with tempfile.TemporaryFile() as sink:
+        merger = LineMerger(os.write, window=10.0)
+        LineRelay(sink.fileno(), merger=merger, source="n2").feed(b"[n2:1] a warning\n")
+        LineRelay(sink.fileno(), merger=merger, source="n1").feed(b"[n1:0] \rstep 2/9")
+        sink.seek(0)
+        assert sink.read() == b"[n2:1] a warning\n[n1:0] \rstep 2/9"  # the bar now, the held line first
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The head's merge across nodes (issue 17): agents' labelled lines, merged by the one merger of the job.
 

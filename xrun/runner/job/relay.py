@@ -41,13 +41,20 @@ class LineRelay:
     def feed(self, data: bytes) -> None:
         data = self.pending + data
         cut = data.rfind(b"\n") + 1
-        if cut == 0 and len(data) < _MAX_PENDING:
-            self.pending = data
-            return
-        if cut == 0:
+        if cut == 0 and len(data) >= _MAX_PENDING:
             cut = len(data)
         self.pending = data[cut:]
-        self._out(data[:cut])
+        if cut:
+            self._out(data[:cut])
+        if b"\r" in self.pending:  # a progress bar's state, which its node shows once settled: shown here now
+            self._out_as_is(self.pending)  # too, not at the bar's line end (issue 25)
+            self.pending = b""
+
+    def _out_as_is(self, data: bytes) -> None:
+        if self._merger is None:
+            write_all(self.fd, data)
+        else:
+            self._merger.write_through(self.fd, data)  # after what is held; a \r update is never merged
 
     def flush(self) -> None:
         """At the end of the stream: the last line, even without its newline."""
