@@ -3,7 +3,8 @@
 import os
 
 from xrun.launch.output import consoleroute
-from xrun.launch.output.consoleroute import Route, console_write, routed
+from xrun.launch.output.consoleroute import Route, routed
+from xrun.launch.output.writer import console_write, writer
 
 
 def _pipe_write(route, data=b"line\n"):
@@ -15,6 +16,7 @@ def _pipe_write(route, data=b"line\n"):
         os.dup2(w, 1)
         with routed(None if route is None else Route(lambda fd, d: route[0](sent, fd, d), keep_local=route[1])):
             assert console_write(1, data)
+            assert writer().drain()  # the console's thread wrote it, along the route it was queued with
     finally:
         os.dup2(saved, 1)
         os.close(saved)

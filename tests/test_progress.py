@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 from xrun.launch.output.streams import Console, RankStream, prefix_lines
+from xrun.launch.output.writer import writer
 
 STATES = (b"\r0/3", b"\r1/3", b"\r2/3", b"\r3/3")
 
@@ -30,6 +31,7 @@ class Pipe:
         os.set_blocking(self.r, False)
 
     def read(self) -> bytes:
+        assert writer().drain()  # the console's thread writes (issue 25 §3): what was queued is there now
         try:
             return os.read(self.r, 1 << 16)
         except BlockingIOError:

@@ -34,6 +34,7 @@ the job's code travels on the channel, and a non-zero exit would only set off th
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import queue
@@ -204,6 +205,7 @@ class ChannelHooks:
     def __init__(self, link: Link) -> None:
         self._link = link
         self._send_lock = threading.Lock()
+        self._outbox: collections.deque[dict[str, Any]] = collections.deque()  # to send, in order
         self._events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -251,7 +253,8 @@ class ChannelHooks:
             root_cause=result.root_cause.rank if result.root_cause is not None else None,
             interrupted_by=result.interrupted_by,
         ))
-        self.result_delivered = self._connected
+        self._send_waiting(wait=channel.DEAD_AFTER)  # the job's code: worth waiting for a forward in flight
+        self.result_delivered = self._connected and not self._outbox
 
     # -- the doctor's link (xrun.launch.doctor.node_doctor.DoctorLink) -------------------------------------------
 
@@ -276,17 +279,37 @@ class ChannelHooks:
     # -- plumbing -------------------------------------------------------------------------------------------
 
     def send(self, msg: dict[str, Any]) -> None:
+        """Send now, or, while the console's thread is in a forward (``forward_output``), leave it to that thread:
+        the event loop never waits for a forward that node 0 is slow to read (issue 25 §3)."""
         if not self._connected:
             return
-        try:
-            with self._send_lock:
-                self._link.send(msg)
-        except OSError:
-            self._connected = False  # the reader thread reports the loss
+        self._outbox.append(msg)
+        self._send_waiting()
+
+    def _send_waiting(self, wait: float = 0.0) -> None:
+        """Send what waits, if no other thread is sending (within ``wait`` s); the thread that is sends it after
+        its own message."""
+        while self._outbox and self._send_lock.acquire(timeout=wait if wait > 0 else -1, blocking=wait > 0):
+            try:
+                while self._outbox:
+                    self._link.send(self._outbox.popleft())
+            except OSError:
+                self._connected = False  # the reader thread reports the loss
+                self._outbox.clear()
+            finally:
+                self._send_lock.release()
 
     def forward_output(self, fd: int, data: bytes) -> bool:
-        """Pod mode: hand a console write to node 0 (xrun.launch.output.consoleroute). False: the channel is gone."""
-        self.send(channel.output_message(fd, data))
+        """Pod mode: hand a console write to node 0 (xrun.launch.output.consoleroute). False: the channel is gone.
+        Called by the console's thread (xrun.launch.output.writer), never by the event loop: it may block."""
+        if not self._connected:
+            return False
+        try:
+            with self._send_lock:
+                self._link.send(channel.output_message(fd, data))
+        except OSError:
+            self._connected = False
+        self._send_waiting()  # what the loop handed over meanwhile
         return self._connected
 
     def next_message(self, timeout: float | None) -> dict[str, Any] | None:

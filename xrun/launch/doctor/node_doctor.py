@@ -23,7 +23,6 @@ from __future__ import annotations
 import enum
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -39,7 +38,6 @@ from xrun.launch.doctor.stackdump import (
 )
 from xrun.launch.output.streams import notice
 from xrun.launch.result.stacks import RankStack
-from xrun.launch.result.stackview import full_text, merge, render
 from xrun.launch.spec import AgentOptions, HangAction
 
 if TYPE_CHECKING:
@@ -199,6 +197,8 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
         return [problem]
     if not stacks:
         return [f"{reason}: no rank is running, no stacks to take"]
+    # only when stacks are shown: a run that never asks for them does not pay for the view (issue 25 §4)
+    from xrun.launch.result.stackview import full_text, merge, render  # noqa: PLC0415
     try:
         path = write_stacks_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
         where = f"full dumps in {path}"
@@ -217,6 +217,8 @@ def write_stacks_file(log_dir: str | None, text: str) -> str:
     directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
     os.makedirs(directory, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    import tempfile  # noqa: PLC0415 - random, shutil: only when a dump is written (issue 25 §4)
+
     fd, path = tempfile.mkstemp(prefix=f"xrun-stacks-{stamp}-", suffix=".txt", dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)

@@ -251,6 +251,7 @@ class OutputRelay:
             self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=2.0)
+        self._console.written()  # before the report; a console that stopped reading costs at most its stall
         for stream in self.streams.values():
             stream.close_fd()
         self._sel.close()

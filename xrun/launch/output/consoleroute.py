@@ -9,7 +9,9 @@ the same way (over loopback), so they keep their order among the others'. The ot
 own lines locally too, so each pod's log still shows its ranks.
 
 The route is process-wide, as fd 1 and 2 are: ``routed()`` sets it for the time the ranks run. Where the channel
-is gone (node 0 lost), lines are written locally again: output is never dropped.
+is gone (node 0 lost), lines are written locally again. ``deliver`` is one write along a route; it may block (a
+console that does not read, a channel to node 0 that is full), so only the console's writer thread calls it
+(xrun.launch.output.writer: ``console_write`` queues there).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ class Route:
 _route: Route | None = None
 
 
-def console_write(fd: int, data: bytes) -> bool:
-    """Write ``data`` to the node's console fd (1 or 2) wherever it goes; False: nobody reads it any more."""
-    route = _route
+def current() -> Route | None:
+    """The route console writes take now (None: local only)."""
+    return _route
+
+
+def deliver(fd: int, data: bytes, route: Route | None) -> bool:
+    """Write ``data`` to the node's console fd (1 or 2) along ``route``; False: nobody reads it any more."""
     if route is not None and route.forward(fd, data) and not route.keep_local:
         return True
     return write_all(fd, data)

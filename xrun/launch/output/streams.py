@@ -23,7 +23,9 @@
   with their time; created new, never through a symbolic link (issue 22 §6).
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr, control characters escaped (a stop's
   reason comes from the head or node 0: issue 22 §6).
-* Both write through ``console_write`` (xrun.launch.output.consoleroute): in pod mode node 0's console shows them too.
+* Both write through ``console_write`` (xrun.launch.output.writer): a thread writes, so a console that does not
+  read never blocks the event loop (issue 25 §3); in pod mode node 0's console shows them too
+  (xrun.launch.output.consoleroute).
 * ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
   (xrun.launch.doctor.node_doctor), so the output path never reads the clock for it.
 
@@ -42,8 +44,8 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from xrun.launch.output.consoleroute import console_write
 from xrun.launch.output.dedupe import LineMerger, is_flood
+from xrun.launch.output.writer import console_write, writer
 from xrun.launch.procs.posix import write_all
 from xrun.values import one_line
 
@@ -190,7 +192,10 @@ class Console:
     """fd 1 and fd 2 of the node, shared by every rank stream; not thread-safe (the elastic relay locks)."""
 
     def __init__(self, *, prefix: bool, quiet: bool, on_close: Callable[[int], object] | None = None,
-                 merge_as: str | None = None, ranks_shown: int | None = None) -> None:
+                 merge_as: str | None = None, ranks_shown: int | None = None, host: str = "") -> None:
+        self._writer = writer()  # the console's thread: the loop only queues (issue 25 §3)
+        self._writer.dropping = False
+        self._writer.host = host or merge_as or self._writer.host
         self._prefix = prefix
         self._quiet = quiet
         # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.output.dedupe).
@@ -324,6 +329,20 @@ class Console:
         if len(stream.pending) > _MAX_PENDING:
             add(source, console, stream.pending + b"\n", host, ranks, now, mergeable=False)
             stream.pending = b""
+
+    @property
+    def backed_up(self) -> bool:
+        """The console lags a full buffer behind: the loop stops reading the ranks until it catches up."""
+        return self._writer.full
+
+    def stop_holding(self) -> None:
+        """The node is stopping: from now on console lines that do not fit are dropped (and counted), so that no
+        rank is held back while it is told to stop (xrun.launch.output.writer)."""
+        self._writer.dropping = True
+
+    def written(self) -> None:
+        """At the end: wait while the console takes what was queued, never longer than it stalls."""
+        self._writer.drain()
 
     def wait(self, cap: float | None = None) -> float | None:
         """The event loop's longest sleep: ``cap`` (None: no limit), or less when held lines are due sooner, or

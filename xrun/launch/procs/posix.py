@@ -6,6 +6,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Callable
 
 
 def write_all(fd: int, data: bytes) -> bool:
@@ -32,12 +33,22 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+_BEFORE_LEAVING: list[Callable[[], object]] = []
+
+
+def on_leave(hook: Callable[[], object]) -> None:
+    """Run ``hook`` in ``leave`` before the process ends (the console's writer thread drains there)."""
+    _BEFORE_LEAVING.append(hook)
+
+
 def leave(code: int) -> None:
     """Flush Python's stdout and stderr and end the process now, without CPython's interpreter teardown.
 
     The entry points call it once everything is over (every rank gone, every file closed): module cleanup and
     collecting all that was imported would only add milliseconds of CPU to every process's end.
     """
+    for hook in _BEFORE_LEAVING:
+        hook()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -1,14 +1,22 @@
 """A RankGroup's event loop (``xrun.launch.ranks.supervise``): one selector, single-threaded.
 
 Readers added before ``run()`` wait until the selector opens; a signal's handler only records it (the wake-up pipe
-of xrun.launch.procs.signals ends the wait) and the group acts on it between turns.
+of xrun.launch.procs.signals ends the wait) and the group acts on it between turns. ``hold`` stops watching the
+ranks' pipes while the console lags a full buffer behind (issue 25 §3); ``release`` watches them again.
 """
 
 from __future__ import annotations
 
 import selectors
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+HOLD_POLL_S = 0.01  # while held, how often the loop looks whether the console caught up
+
+
+class Stream(Protocol):
+    fd: int | None
 
 
 class GroupLoop:
@@ -16,6 +24,8 @@ class GroupLoop:
         self.sel: selectors.BaseSelector | None = None  # open while the group runs
         self._readers: list[tuple[object, Callable[[], None]]] = []
         self.signals: deque[int] = deque()  # recorded by the handler, acted on by the group
+        self._held: list[tuple[Stream, Callable[[], None]]] = []  # streams not watched for now, their callbacks
+        self.holding = False
 
     def add_reader(self, fileobj: object, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the loop whenever ``fileobj`` (an fd or has fileno()) is readable."""
@@ -52,6 +62,27 @@ class GroupLoop:
                 self.sel.unregister(fd)
             except (KeyError, ValueError):
                 pass
+
+    def hold(self, streams: Iterable[Stream]) -> None:
+        """Stop reading these streams until ``release``: once a pipe is full its rank's writes block, as they
+        would on a slow terminal. Exits are not streams: they are still seen at once."""
+        assert self.sel is not None
+        self.holding = True
+        for stream in streams:
+            try:
+                key = self.sel.unregister(stream.fd)  # type: ignore[arg-type]
+            except (KeyError, ValueError):
+                continue
+            self._held.append((stream, key.data))
+
+    def release(self) -> None:
+        """Read the held streams again (those still open)."""
+        assert self.sel is not None
+        for stream, callback in self._held:
+            if stream.fd is not None:
+                self.sel.register(stream.fd, selectors.EVENT_READ, callback)
+        self._held.clear()
+        self.holding = False
 
     def close(self) -> None:
         if self.sel is not None:

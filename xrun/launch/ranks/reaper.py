@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from xrun.launch.output.consoleroute import console_write
 from xrun.launch.output.streams import Console, RankStream
+from xrun.launch.output.writer import console_write
 from xrun.launch.procs import proctable
 from xrun.launch.procs.proctable import ProcInfo
 from xrun.launch.procs.watchdog import Watchdog

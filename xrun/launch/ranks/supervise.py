@@ -38,7 +38,7 @@ from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
 from xrun.launch.procs.watchdog import Watchdog
-from xrun.launch.ranks.loop import GroupLoop
+from xrun.launch.ranks.loop import HOLD_POLL_S, GroupLoop
 from xrun.launch.ranks.plugins import Plugins
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState, Reaper
@@ -191,6 +191,7 @@ class RankGroup:
                 self._console.drain(stream)
                 self._console.close(stream)
         self._console.flush_held()  # before the report: a rank's last lines come first
+        self._console.written()
         return self._result()
 
     def _start(self, rank: RankState, affinity: frozenset[int] | None) -> None:
@@ -218,6 +219,8 @@ class RankGroup:
             # Output is the hot path: a batch of reads alone needs neither the clock nor the bookkeeping.
             # until the next deadline or timer, or until de-duplicated lines held on the console are due
             wait = console.wait(None if teardown.deadline is None else teardown.timeout())
+            if loop.holding:  # the console's thread says nothing when it catches up: look again soon
+                wait = HOLD_POLL_S if wait is None else min(wait, HOLD_POLL_S)
             loop.dispatch(timers.timeout(wait))
             while loop.signals:
                 self._handle_signal(loop.signals.popleft())
@@ -228,6 +231,19 @@ class RankGroup:
             console.flush_due()
             console.show_progress()  # a progress bar's state that nothing followed within the settle
             console.settle()
+            self._hold_output()
+
+    def _hold_output(self) -> None:
+        """A console that lags a full buffer behind holds the ranks back, as a slow terminal would (their pipes
+        are not read until it catches up); a stopping node holds nobody: what does not fit is dropped, counted."""
+        stopping = self._teardown.signum is not None
+        if stopping:
+            self._console.stop_holding()
+        hold = self._console.backed_up and not stopping
+        if hold and not self._loop.holding:
+            self._loop.hold(s for r in self._ranks for s in r.streams if s.fd is not None)
+        elif self._loop.holding and not hold:
+            self._loop.release()
 
     def _check_progress(self) -> None:
         self._progress = False
@@ -300,4 +316,4 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
     echoed = [p.rank for p in procs if options.console_ranks is None or p.rank in options.console_ranks]
     merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
     return Console(prefix=options.prefix, quiet=options.quiet, on_close=on_close,
-                   merge_as=options.host if merge else None, ranks_shown=len(echoed))
+                   merge_as=options.host if merge else None, ranks_shown=len(echoed), host=options.host)
