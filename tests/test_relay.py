@@ -2,6 +2,7 @@ import os
 import tempfile
 import time
 
+from xrun.launch.output.writer import writer
 from xrun.runner.job.relay import LineRelay
 
 
@@ -13,6 +14,7 @@ def relayed(pieces_by_stream):
             relays.setdefault(name, LineRelay(sink.fileno())).feed(piece)
         for relay in relays.values():
             relay.flush()
+        writer().drain()  # the head queues its console writes (issue 25 §3)
         sink.seek(0)
         return sink.read()
 
@@ -34,6 +36,7 @@ def test_endless_line_is_passed_on_in_pieces():
     with tempfile.TemporaryFile() as sink:
         relay = LineRelay(sink.fileno())
         relay.feed(b"x" * (1 << 20))  # no newline, but at the bound: written without waiting for the end
+        writer().drain()
         assert os.fstat(sink.fileno()).st_size == 1 << 20
 
 
@@ -42,6 +45,7 @@ def test_a_progress_bars_state_is_relayed_at_once_not_at_its_line_end():
     an ordinary partial line still waits for its newline (lines of two nodes never interleave)."""
     with tempfile.TemporaryFile() as sink:
         def seen():
+            writer().drain()  # the head queues its console writes (issue 25 §3)
             sink.seek(0)
             return sink.read()
 
@@ -63,6 +67,7 @@ def test_a_progress_bars_state_goes_after_the_lines_the_merger_holds():
         merger = LineMerger(os.write, window=10.0)
         LineRelay(sink.fileno(), merger=merger, source="n2").feed(b"[n2:1] a warning\n")
         LineRelay(sink.fileno(), merger=merger, source="n1").feed(b"[n1:0] \rstep 2/9")
+        writer().drain()  # the head queues its console writes (issue 25 §3)
         sink.seek(0)
         assert sink.read() == b"[n2:1] a warning\n[n1:0] \rstep 2/9"  # the bar now, the held line first
 
@@ -82,6 +87,7 @@ def merged(pieces_by_host):
         for relay in relays.values():
             relay.flush()
         merger.flush_all()
+        writer().drain()  # the head queues its console writes (issue 25 §3)
         sink.seek(0)
         return sink.read().splitlines()
 
@@ -117,6 +123,7 @@ def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
         lines.feed("n2", 1, b"[n2:2-3] warn\nxrun[n2]: a notice\n")
         lines.feed("n1", 1, b"n 0\n[n1:1] last without newline")
         lines.close()
+        writer().drain()  # the head queues its console writes (issue 25 §3)
         sink.seek(0)
         # n1's "own 0" was complete only after n2's notice
         assert sink.read().splitlines() == [b"[ranks 0-3] warn", b"xrun[n2]: a notice", b"[n1:0] own 0",

@@ -81,6 +81,16 @@ class ConsoleWriter:
             self._cond.notify_all()
         return True
 
+    def offer(self, fd: int, data: bytes) -> bool:
+        """Queue a console write from a process that cannot hold its producers back (the head, relaying every
+        node's lines from its control loop): past ``BUFFER_BYTES`` behind, lines are dropped and counted instead
+        (each node's log files keep them). Never blocks."""
+        with self._cond:
+            if self._bytes >= self._limit:
+                self.dropped += count_lines(data)
+                return True
+        return self.put(fd, data)
+
     def drain(self) -> bool:
         """Wait until the console took everything queued, as long as it keeps taking; True when it did. After
         ``STALL_S`` without progress the rest is dropped and counted, and said on fd 2 if fd 2 can take it."""

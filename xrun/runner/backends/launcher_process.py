@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from xrun.channel.announce import AnnouncementFilter
 from xrun.launch.output.dedupe import LineMerger
+from xrun.launch.output.writer import writer
 from xrun.runner.job.relay import LineRelay
 
 # What OpenSSH and pdsh print when a node cannot be reached, each naming the host (group 1).
@@ -46,10 +47,10 @@ def unreachable_host(line: str) -> str | None:
 
 
 def _write_all(data: bytes) -> None:
-    sys.stderr.flush()
-    fd = sys.stderr.fileno()
-    while data:
-        data = data[os.write(fd, data):]
+    """The launcher's stderr onto ours, never waited on (the control loop must go on: issue 25 §3)."""
+    if data:
+        sys.stderr.flush()
+        writer().offer(sys.stderr.fileno(), data)
 
 
 def stdout_for(merger: LineMerger | None) -> int | None:

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from xrun.launch.output.dedupe import LineMerger, expand, is_flood
-from xrun.launch.procs.posix import write_all
+from xrun.launch.output.writer import writer
 
 if TYPE_CHECKING:
     from xrun.runner.plan import Plan
@@ -52,7 +52,7 @@ class LineRelay:
 
     def _out_as_is(self, data: bytes) -> None:
         if self._merger is None:
-            write_all(self.fd, data)
+            _console(self.fd, data)
         else:
             self._merger.write_through(self.fd, data)  # after what is held; a \r update is never merged
 
@@ -64,7 +64,7 @@ class LineRelay:
 
     def _out(self, data: bytes) -> None:
         if self._merger is None:
-            write_all(self.fd, data)
+            _console(self.fd, data)
             return
         if is_flood(data):  # as the node's console does: after what is held, as it comes, never line by line
             self._merger.write_through(self.fd, data)
@@ -99,7 +99,12 @@ def notice_host(line: bytes) -> str:
 
 def head_merger(plan: Plan) -> LineMerger | None:
     """The job's one merger for the lines of several nodes (``--dedupe`` with prefixes and an echo)."""
-    return LineMerger(write_all, expected=ranks_shown(plan)) if merges_nodes(plan) else None
+    return LineMerger(_console, expected=ranks_shown(plan)) if merges_nodes(plan) else None
+
+
+def _console(fd: int, data: bytes) -> None:
+    """The head's console, never waited on: its control loop must go on seeing the nodes (issue 25 §3)."""
+    writer().offer(fd, data)
 
 
 def merges_nodes(plan: Plan) -> bool:

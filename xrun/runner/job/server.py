@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, message
+from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
 from xrun.launch.result.outcome import HANG_EXIT
@@ -189,6 +190,7 @@ class ControlServer:
             self.status.close()
             sessions.terminate()
             self.close()
+            writer().drain()  # every node's last lines (queued for the console) before the report
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
             say(line)
