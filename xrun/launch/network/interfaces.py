@@ -23,10 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from xrun.errors import UsageError
+from xrun.launch.network.modes import AUTO, NONE, VARIABLES  # noqa: F401 - re-exported: the module's words
 
-VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-AUTO = "auto"
-NONE = "none"
 _SIOCGIFADDR = 0x8915  # netdevice(7): an interface's primary IPv4 address
 
 Addresses = Mapping[str, Sequence[str]]  # interface name -> its addresses

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from xrun.errors import UsageError
-from xrun.launch.network import interfaces
-from xrun.launch.network.interfaces import AUTO, NONE
+from xrun.launch.network.modes import AUTO, NONE
 
 
 def check_mode(flag: str, value: str) -> str:
@@ -26,6 +25,8 @@ def check_mode(flag: str, value: str) -> str:
 
 def gloo_trap(host: str, nodes: int) -> str | None:
     """One line when this host's name resolves to a loopback address while the job spans several nodes."""
+    from xrun.launch.network import interfaces  # noqa: PLC0415 - a job of several nodes only
+
     name = socket.gethostname()
     addr = interfaces.hostname_is_loopback(name)
     if addr is None:
@@ -40,14 +41,14 @@ def rank_network_env(host: str, mode: str, env: Mapping[str, str], nodes: int) -
         trap = gloo_trap(host, nodes)
         if trap:
             print(trap, file=sys.stderr)
-    if mode == NONE:
-        return {}
+    if mode == NONE or (mode == AUTO and (nodes <= 1 or not env.get("MASTER_ADDR"))):
+        return {}  # one node talks over loopback whatever the variables say
+    from xrun.launch.network import interfaces  # noqa: PLC0415 - the kernel's routes: only when there is a choice
+
     if mode != AUTO:
         interfaces.check_interface_name(host, mode, interfaces.interface_names())
         return interfaces.interface_variables(mode, env)
-    master = env.get("MASTER_ADDR")
-    if nodes <= 1 or not master:
-        return {}
+    master = env["MASTER_ADDR"]
     choice = interfaces.interface_toward(master)
     if choice.interface is None:
         print(f"xrun: {host}: no route to the master address {master}; GLOO_SOCKET_IFNAME and "
