@@ -198,8 +198,9 @@ payloads = st.one_of(
 )
 
 
-def hit(port: int, stage: str, payload: bytes) -> bool:
-    """One stranger: ``payload`` at ``stage``, then its half-close; True when the server closed the connection."""
+def hit(port: int, stage: str, payload: bytes, *, places_taken: bool = False) -> bool:
+    """One stranger: ``payload`` at ``stage``, then its half-close; True when the server closed the connection.
+    ``places_taken``: pod mode mid-run, where an ``auth`` for any node is dropped (every place is taken)."""
     if stage == "raw":
         sock = dial(port)
         with contextlib.suppress(OSError):
@@ -209,8 +210,14 @@ def hit(port: int, stage: str, payload: bytes) -> bool:
         if stage == "tls":
             stranger.tls()
         else:
-            challenge = stranger.auth()
-            assert challenge["type"] == "challenge" and "server_proof" not in challenge  # head mode: the pin
+            try:
+                challenge = stranger.auth()
+            except ConnectionError:
+                stranger.close()
+                if not places_taken:
+                    raise
+                return True
+            assert challenge["type"] == "challenge"
         stranger.send(payload)
         sock = stranger.sock
     with sock:
@@ -335,3 +342,70 @@ def test_a_running_agent_given_garbage_stops_its_ranks_and_exits_with_one_line(t
     assert time.monotonic() - started < 4.5, "the rank (sleep 5) was not stopped"
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("xrun")], proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running jobs hit mid-run: every node exits 0
+
+
+def barrage(port: int, *, places_taken: bool = False) -> None:
+    """Deep nesting, a lone surrogate (in clear and inside TLS, before and after auth), 1,000 random frames over
+    50 TLS connections, and a flood of 300 connections (200 sources, then 100 from one) held a moment."""
+    for data in (frame(DEEP), frame(SURROGATE_HELLO)):
+        hit(port, "raw", data)
+        hit(port, "tls", data)
+        hit(port, "after auth", data, places_taken=places_taken)
+    rng = random.Random(22)
+    for _ in range(50):
+        stranger = Stranger(port).tls()
+        stranger.send(b"".join(frame(rng.randbytes(rng.randrange(1, 200))) for _ in range(20)))
+        stranger.close()
+    flood = []
+    one = source()
+    for i in range(300):
+        with contextlib.suppress(OSError):
+            sock = dial(port, src=one if i >= 200 else None, timeout=2.0)
+            if i % 2:
+                sock.send(b"\x16\x03\x01\x02\x00\x01")  # half a ClientHello
+            flood.append(sock)
+    time.sleep(1.0)
+    for sock in flood:
+        sock.close()
+
+
+def wait_running(server, nodes: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(server.job.state(node) is NodeState.RUNNING for node in range(nodes)):
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_running_head_mode_job_survives_every_attack(tmp_path):
+    with live_head(tmp_path, hosts=("a", "b"), env={"SLEEP": "5"}) as (server, port, sessions, head, codes):
+        sessions.start()
+        wait_running(server, 2)
+        started = time.monotonic()
+        barrage(port)
+        assert time.monotonic() - started < 5, "the attack outlasted the ranks: nothing was tested mid-run"
+        head.join(60)
+    assert codes == [0], sessions.output
+    assert all(proc.returncode == 0 for proc in sessions.procs.values()), sessions.output
+    assert server.strays > 0
+
+
+@pytest.mark.slow
+def test_a_running_pod_mode_job_survives_every_attack(tmp_path):
+    from tests.test_pod_run import Pod
+
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret-0123456789abcdef", "SLEEP": "9"})
+    for node in (0, 1, 2):
+        pod.start(node)
+    time.sleep(3.0)  # joined and running (the ranks sleep 9 s)
+    assert all(proc.poll() is None for proc in pod.procs.values())
+    barrage(pod.ports[1], places_taken=True)
+    out = pod.finish()
+    for node, (code, stdout, stderr) in out.items():
+        assert code == 0, stderr
+        assert f"rank {node} token None" in stdout and "Traceback" not in stderr
+    assert "connection(s) that did not prove this run's key" in out[0][1] + out[0][2]
