@@ -409,3 +409,64 @@ def test_a_running_pod_mode_job_survives_every_attack(tmp_path):
         assert code == 0, stderr
         assert f"rank {node} token None" in stdout and "Traceback" not in stderr
     assert "connection(s) that did not prove this run's key" in out[0][1] + out[0][2]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A flood of half-open connections against node 0 at the open-files limit
+
+FLOOD = 1500
+FLOOD_SECONDS = 5.0
+
+
+def _limit_open_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def open_flood(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections from as many sources, each sending half a ClientHello and then nothing."""
+    socks = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.bind((source(), 0))
+        sock.connect_ex(("127.0.0.1", port))
+        socks.append(sock)
+    time.sleep(0.3)
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.send(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    return socks
+
+
+@pytest.mark.slow
+def test_1500_half_open_connections_against_node_0_under_ulimit_1024(tmp_path):
+    import psutil
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))  # the attacker's own
+    from tests.test_pod_run import Pod
+
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret-0123456789abcdef", "SLEEP": "11"})
+    node0 = psutil.Process(pod.start(0, preexec_fn=_limit_open_files).pid)
+    pod.start(1)
+    pod.start(2)
+    time.sleep(3.0)  # joined and running (the ranks sleep 11 s)
+    assert node0.rlimit(psutil.RLIMIT_NOFILE) == (1024, 1024)
+    rss_before, cpu_before = node0.memory_info().rss, sum(node0.cpu_times()[:2])
+    started = time.monotonic()
+    flood = open_flood(pod.ports[1], FLOOD)
+    peak = rss_before
+    while time.monotonic() - started < FLOOD_SECONDS:
+        peak = max(peak, node0.memory_info().rss)
+        time.sleep(0.1)
+    cpu = sum(node0.cpu_times()[:2]) - cpu_before
+    for sock in flood:
+        sock.close()
+    out = pod.finish()
+    for node, (code, stdout, stderr) in out.items():
+        assert code == 0, stderr
+        assert f"rank {node} token None" in stdout and "Traceback" not in stderr
+    extra_mib = (peak - rss_before) / 2**20
+    print(f"node 0 under a flood of {FLOOD}: {cpu:.3f} s CPU in {FLOOD_SECONDS:g} s, +{extra_mib:.1f} MiB RSS")
+    assert cpu < 0.5, f"node 0 spent {cpu:.2f} s of CPU in {FLOOD_SECONDS:g} s of flood"
+    assert extra_mib < 32, f"node 0 grew by {extra_mib:.1f} MiB"
