@@ -55,7 +55,7 @@ from xrun.runner.plan import JobRequest, make_plan
 
 KEY = token_key(TOKEN, HEAD_PURPOSE)
 DEEP = b"[" * 50_000  # 50 KB of nesting: under MAX_HELLO, so it is decoded (and refused), not just cut off
-SURROGATE_HELLO = '{"type":"hello","proof":"\\ud800","node_rank":0,"token":"\\ud800"}'.encode()
+SURROGATE_HELLO = b'{"type":"hello","proof":"\\ud800","node_rank":0,"token":"\\ud800"}'
 _sources = itertools.count()
 
 
@@ -470,3 +470,129 @@ def test_1500_half_open_connections_against_node_0_under_ulimit_1024(tmp_path):
     print(f"node 0 under a flood of {FLOOD}: {cpu:.3f} s CPU in {FLOOD_SECONDS:g} s, +{extra_mib:.1f} MiB RSS")
     assert cpu < 0.5, f"node 0 spent {cpu:.2f} s of CPU in {FLOOD_SECONDS:g} s of flood"
     assert extra_mib < 32, f"node 0 grew by {extra_mib:.1f} MiB"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The wire: a relay between the agents and the server records every byte
+
+
+class Relay:
+    """Listens on its own port and passes each connection on to ``upstream``, recording both directions."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sent: list[bytearray] = []  # per connection: what the agent sent
+        self.received: list[bytearray] = []  # ... and what the server sent back
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            sent, received = bytearray(), bytearray()
+            self.sent.append(sent)
+            self.received.append(received)
+            threading.Thread(target=self._pump, args=(down, up, sent), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down, received), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, record: bytearray) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                record += data
+                dst.sendall(data)
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    @property
+    def recording(self) -> bytes:
+        return b"".join(bytes(b) for b in self.sent + self.received)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def replay(port: int, streams: list[bytearray]) -> None:
+    """Each recorded agent stream, byte for byte, on a fresh connection; whatever comes back is ignored."""
+    for stream in streams:
+        with contextlib.suppress(OSError), dial(port, timeout=5.0) as sock:
+            sock.sendall(bytes(stream))
+            sock.shutdown(socket.SHUT_WR)
+            until_closed(sock)
+
+
+def markers() -> dict[str, str]:
+    tag = os.urandom(8).hex()
+    return {"SECRET": f"env-value-{tag}", "HF_TOKEN": f"hf_{tag}Zq", "WANDB_API_KEY": f"wandb-{tag}"}
+
+
+def assert_absent(recording: bytes, secrets: list[str]) -> None:
+    assert len(recording) > 1000  # the job really went through the relay
+    for secret in secrets:
+        for form in {secret.encode(), secret.encode("utf-16-le"), secret.encode().hex().encode()}:
+            assert form not in recording, f"{secret!r} is readable on the wire"
+
+
+@pytest.mark.slow
+def test_head_mode_nothing_readable_on_the_wire_and_a_recording_replays_to_nothing(tmp_path):
+    secrets = markers()
+    with live_head(tmp_path, env=secrets) as (server, port, sessions, head, codes):
+        relay = Relay(port)
+        sessions.endpoint = endpoint_of(server, relay.port)  # the agents reach the server through the relay
+        sessions.start()
+        head.join(60)
+        relay.close()
+    assert codes == [0], sessions.output
+    assert secrets["SECRET"].encode() in sessions.output["a"]  # the rank got it: it crossed the relay
+    assert_absent(relay.recording, [*secrets.values(), TOKEN, "t0ken"])
+    with live_head(tmp_path, env=secrets) as (server, port, sessions, head, codes):
+        replay(port, relay.sent)
+        assert not server.node_conns and server.failure is None
+        sessions.start()
+        head.join(60)
+    assert codes == [0], sessions.output
+    assert server.strays >= len(relay.sent)
+
+
+MARKER_SCRIPT = """
+import os, sys, time
+print("console marker", os.environ["MARKER_LINE"], "from", os.environ["GROUP_RANK"], flush=True)
+time.sleep(float(os.environ.get("SLEEP", "0.3")))
+"""
+
+
+@pytest.mark.slow
+def test_pod_mode_nothing_readable_on_the_wire_and_a_recording_replays_to_nothing(tmp_path):
+    from tests.test_pod_run import Pod
+
+    secret = "pod-secret-" + os.urandom(8).hex()
+    line = "line-" + os.urandom(8).hex()
+    (tmp_path / "marker.py").write_text(MARKER_SCRIPT)
+    env_secrets = markers()  # in pod mode no spec travels: each node's ranks inherit its own xrun's environment
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": secret, "MARKER_LINE": line, **env_secrets})
+    relay = Relay(pod.ports[1])
+    pod.start(0, script="marker.py")
+    for node in (1, 2):
+        pod.start(node, script="marker.py", control_port=relay.port)  # not in the digest: only where to connect
+    out = pod.finish()
+    relay.close()
+    assert [code for code, _, _ in out.values()] == [0, 0, 0], out
+    assert f"console marker {line} from 2" in out[0][1]  # node 2's line reached node 0's console: over the relay
+    assert len(relay.sent) == 2
+    assert_absent(relay.recording, [secret, line, *env_secrets.values()])
+    again = Pod(tmp_path, env={"XRUN_TOKEN": secret, "MARKER_LINE": line})
+    again.ports = pod.ports  # the same run id: the same key as the recorded job's
+    again.start(0, script="marker.py")
+    time.sleep(1.0)
+    replay(again.ports[1], relay.sent)
+    for node in (1, 2):
+        again.start(node, script="marker.py")
+    out = again.finish()
+    assert [code for code, _, _ in out.values()] == [0, 0, 0], out
+    assert "closed 2 connection(s) that did not prove this run's key" in out[0][2], out[0][2]
