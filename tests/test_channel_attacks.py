@@ -596,3 +596,58 @@ def test_pod_mode_nothing_readable_on_the_wire_and_a_recording_replays_to_nothin
     out = again.finish()
     assert [code for code, _, _ in out.values()] == [0, 0, 0], out
     assert "closed 2 connection(s) that did not prove this run's key" in out[0][2], out[0][2]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fake node 0 (pod mode) learns nothing
+
+
+class FakeNode0:
+    """Listens on node 0's control port first, with a certificate of its own, and answers ``auth`` with a
+    challenge that proves a key it made up (``answer``: "wrong proof") or no key at all ("no proof")."""
+
+    def __init__(self, port: int, answer: str) -> None:
+        self.identity = ServerIdentity.mint()
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.answer = answer
+        self.heard: list[dict] = []  # every message the agent sent, decrypted
+        self.after_challenge = b""  # plaintext bytes after the challenge: must stay empty
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            raw, _ = self.listener.accept()
+            with self.identity.server_context().wrap_socket(raw, server_side=True) as sock:
+                sock.settimeout(10)
+                reader = channel.FrameReader()
+                self.heard.append(channel.recv(sock, reader, timeout=10))
+                handshake = ServerHandshake(lambda node: os.urandom(32), self.identity.fingerprint,
+                                            prove_server=self.answer == "wrong proof")
+                challenge = handshake.on_auth(self.heard[0])
+                channel.send(sock, challenge)
+                with contextlib.suppress(OSError):
+                    while data := sock.recv(65536):
+                        self.after_challenge += data
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", ["wrong proof", "no proof"])
+def test_pod_mode_a_fake_node_0_learns_nothing_but_a_nonce(tmp_path, answer):
+    from tests.test_pod_run import Pod
+
+    secret = "pod-secret-" + os.urandom(8).hex()
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": secret})
+    fake = FakeNode0(pod.ports[1], answer)
+    started = time.monotonic()
+    pod.start(1)
+    out = pod.finish(timeout=60)
+    fake.close()
+    code, stdout, stderr = out[1]
+    assert code != 0 and time.monotonic() - started < 15  # refused at once, not after --join_timeout
+    assert "node 0 could not prove this job's secret" in stderr and "Traceback" not in stderr, stderr
+    assert [sorted(msg) for msg in fake.heard] == [["client_nonce", "node_rank", "type"]]
+    assert fake.heard[0]["type"] == "auth" and fake.heard[0]["node_rank"] == 1
+    assert fake.after_challenge == b""  # no hello, no proof, no digest, no console line
