@@ -651,3 +651,146 @@ def test_pod_mode_a_fake_node_0_learns_nothing_but_a_nonce(tmp_path, answer):
     assert [sorted(msg) for msg in fake.heard] == [["client_nonce", "node_rank", "type"]]
     assert fake.heard[0]["type"] == "auth" and fake.heard[0]["node_rank"] == 1
     assert fake.after_challenge == b""  # no hello, no proof, no digest, no console line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pdsh race: another user polling /proc cannot take a node
+
+THIEF = r"""
+import json, os, socket, sys, time
+from xrun import channel
+from xrun.channel import ClientHandshake
+from xrun.channel.proof import HEAD_PURPOSE, token_key
+from xrun.channel.tls import client_context
+from xrun.channel.tlspipe import TlsPipe, client_handshake
+
+def argv_of(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+def steal(args):
+    opts = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    host, port = opts["connect"].rsplit(":", 1)
+    node = int(opts["node_rank"])
+    report = {"node": node, "uid": os.getuid(), "argv": args, "got": []}
+    for guess in [a for a in args if a] or ["-"]:  # every word of the command line, as a key
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        pipe = TlsPipe(client_context(), sock, server_side=False)
+        try:
+            client_handshake(pipe, sock, timeout=5)
+            hs = ClientHandshake(token_key(guess, HEAD_PURPOSE), pipe.fingerprint(), node, expect_server_proof=False)
+            pipe.send(channel.encode(hs.auth_message()))
+            reader, got = channel.FrameReader(), []
+            while True:
+                raw = sock.recv(65536)
+                if not raw:
+                    break
+                for msg in reader.feed(pipe.feed(raw)):
+                    got.append(msg.get("type"))
+                    if msg.get("type") == "challenge" and not hs.on_challenge(msg):
+                        pipe.send(channel.encode(channel.message(channel.Kind.HELLO, **hs.proof_fields(),
+                                                                 host="thief", pid=1, addr="127.0.0.1")))
+            report["got"].append(got)
+        except Exception as err:
+            report["got"].append([f"error {err.__class__.__name__}"])
+        finally:
+            sock.close()
+    print(json.dumps(report), flush=True)
+
+seen, deadline = set(), time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid not in seen:
+            args = argv_of(pid)
+            if "xrun.launch" in args and any(a.startswith("--connect=") for a in args):
+                seen.add(pid)
+                steal(args)
+    time.sleep(0.001)
+"""
+
+
+class AnnouncingSessions:
+    """Agents started as pdsh starts them (``--token=announce``), their stderr relayed into the server through
+    the announcement filter as ``launcher_process`` relays pdsh's (only the head reads that stream)."""
+
+    def __init__(self, plan, endpoint, *, delay: float) -> None:
+        from xrun.channel.announce import AnnouncementFilter
+        from xrun.runner.backends.channel import agent_connect_argv
+
+        self.delay, self.output, self.procs = delay, {}, {}
+        self.filters = {node.host: AnnouncementFilter() for node in plan.nodes}
+        self.argv = {node.host: agent_connect_argv(sys.executable, endpoint, str(node.node_rank),
+                                                   token_on_stdin=False) for node in plan.nodes}
+
+    def register(self, loop) -> None:
+        for host, argv in self.argv.items():
+            # the agent waits before it starts: a thief polling /proc has all the time it wants
+            cmd = [sys.executable, "-c", f"import time, os, sys; time.sleep({self.delay}); "
+                   "os.execv(sys.argv[1], sys.argv[1:])", *argv]
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+            self.procs[host], self.output[host] = proc, b""
+            os.set_blocking(proc.stderr.fileno(), False)
+            loop.add_reader(proc.stderr, lambda h=host, p=proc: self._relay(loop, h, p))
+            threading.Thread(target=lambda h=host, p=proc: self._stdout(h, p), daemon=True).start()
+
+    def _stdout(self, host, proc) -> None:
+        self.output[host] += proc.stdout.read()
+
+    def _relay(self, loop, host, proc) -> None:
+        chunk = b""
+        with contextlib.suppress(BlockingIOError):
+            chunk = proc.stderr.read(65536) or b""
+        if not chunk:
+            loop.remove_reader(proc.stderr)
+            return
+        shown, announced = self.filters[host].feed(chunk)
+        self.output[host] += shown
+        for node, key_hex in announced:
+            loop.key_announced(node, key_hex)
+
+    def finished(self, lost) -> bool:
+        return all(p.poll() is not None for p in self.procs.values())
+
+    def terminate(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_pdsh_race_another_user_reading_proc_cannot_take_a_node(tmp_path):
+    from xrun.runner.job.gate import Gate
+    from xrun.runner.job.keys import NodeKeys
+    from xrun.runner.job.server import ControlServer
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    os.chmod(tmp_path, 0o755)
+    request = JobRequest(script=str(script), launch=LaunchOptions(python=sys.executable), cwd=str(tmp_path),
+                         env={"SECRET": "only-for-the-ranks", "SLEEP": "1"})
+    plan = make_plan(request, {"a": (0,), "b": (0,)}, "pdsh")
+    gate = Gate(NodeKeys.announced(2), nodes=2, prove_server=False)
+    server = ControlServer(plan, gate, join_timeout=60, status=PlainStatus(2))
+    port = server.listen(["127.0.0.1"])
+    thief = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+                              "-c", THIEF, "20"], stdout=subprocess.PIPE, text=True, cwd="/",
+                             env={"PATH": os.environ["PATH"], "PYTHONPATH": ROOT})
+    time.sleep(1.0)  # the thief is polling before any agent exists
+    sessions = AnnouncingSessions(plan, endpoint_of(server, port), delay=1.5)
+    code = server.run(sessions, own_signals=False)
+    thief.terminate()
+    stolen = [json.loads(line) for line in thief.communicate(timeout=30)[0].splitlines()]
+    assert code == 0, sessions.output
+    for host, node in (("a", 0), ("b", 1)):
+        assert f"R {node} ".encode() in sessions.output[host] and b"only-for-the-ranks" in sessions.output[host]
+        assert b"xrun-key" not in sessions.output[host]  # the announcement never reaches the console
+    assert stolen and {report["node"] for report in stolen} == {0, 1}, "the thief never saw an agent's argv"
+    assert all(report["uid"] != 0 for report in stolen)
+    for report in stolen:
+        for got in report["got"]:
+            assert "spec" not in got and "accept" not in got, report  # a challenge at most, then closed
+    assert server.strays >= sum(len(report["got"]) for report in stolen)  # every try closed, counted
