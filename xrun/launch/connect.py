@@ -430,7 +430,7 @@ def use_spec(link: Link, first: Mapping[str, Any]) -> NodeSpec:
     """The node spec the runner sent, and its working directory entered; a spec this agent cannot use is said to
     the runner and raised as one line (``XrunError``, else ``ChannelError``), never as a traceback."""
     try:
-        spec = NodeSpec.from_json(first.get("spec"))
+        spec = NodeSpec.from_json(first["spec"])  # KeyError, or a non-object: caught below
         if spec.cwd:
             os.chdir(spec.cwd)
     except (XrunError, OSError, LookupError, TypeError, ValueError, AttributeError) as err:
