@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import random
+import re
 import resource
 import select
 import socket
@@ -493,7 +494,11 @@ class Relay:
                 down, _ = self.listener.accept()
             except OSError:
                 return
-            up = socket.create_connection(("127.0.0.1", self.upstream))
+            try:
+                up = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:  # node 0 not listening yet: the agent sees a closed connection and tries again
+                down.close()
+                continue
             sent, received = bytearray(), bytearray()
             self.sent.append(sent)
             self.received.append(received)
@@ -584,7 +589,7 @@ def test_pod_mode_nothing_readable_on_the_wire_and_a_recording_replays_to_nothin
     relay.close()
     assert [code for code, _, _ in out.values()] == [0, 0, 0], out
     assert f"console marker {line} from 2" in out[0][1]  # node 2's line reached node 0's console: over the relay
-    assert len(relay.sent) == 2
+    assert len(relay.sent) >= 2  # one per node, and any tried again before node 0 listened
     assert_absent(relay.recording, [secret, line, *env_secrets.values()])
     again = Pod(tmp_path, env={"XRUN_TOKEN": secret, "MARKER_LINE": line})
     again.ports = pod.ports  # the same run id: the same key as the recorded job's
@@ -595,7 +600,9 @@ def test_pod_mode_nothing_readable_on_the_wire_and_a_recording_replays_to_nothin
         again.start(node, script="marker.py")
     out = again.finish()
     assert [code for code, _, _ in out.values()] == [0, 0, 0], out
-    assert "closed 2 connection(s) that did not prove this run's key" in out[0][2], out[0][2]
+    replayed = [stream for stream in relay.sent if stream]
+    closed = re.search(r"closed (\d+) connection\(s\) that did not prove this run's key", out[0][2])
+    assert closed and int(closed.group(1)) >= len(replayed) >= 2, out[0][2]
 
 
 # ---------------------------------------------------------------------------------------------------------------
