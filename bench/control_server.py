@@ -1,7 +1,8 @@
 """``python -m bench.control_server NODES STATS``: xrun's real control server for ``NODES`` nodes, as a head runs it
-(the plan for the whole world planned here, ``ControlServer`` listening on 127.0.0.1), with no backend behind
-it: the load generator (``bench.loadgen``) plays every agent. Prints the port, serves until the job is over and
-writes its own figures to ``STATS`` (JSON): exit code, peak RSS (VmHWM), threads, CPU seconds.
+(the plan for the whole world planned here, ``ControlServer`` listening on 127.0.0.1 behind its ``Gate``: TLS with
+a fresh certificate, the run token as every node's key), with no backend behind it: the load generator
+(``bench.loadgen``) plays every agent. Prints the port and the certificate's fingerprint on one line, serves until
+the job is over and writes its own figures to ``STATS`` (JSON): exit code, peak RSS (VmHWM), threads, CPU seconds.
 
 The token comes in ``XBENCH_TOKEN``. Run by the ``control_plane`` scale scenario and by the control-plane test.
 """
@@ -14,6 +15,8 @@ import resource
 import sys
 from typing import Any
 
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, Plan, make_plan
 
@@ -37,6 +40,12 @@ def world_plan(nodes: int) -> Plan:
     return make_plan(JobRequest(script="train.py", args=("--epochs", "1"), cwd="/tmp"), world, "pdsh")
 
 
+def head_server(nodes: int, token: str, *, join_timeout: float) -> ControlServer:
+    """The head's control server for ``world_plan(nodes)``, every node proving ``token``'s key (ssh's way)."""
+    gate = Gate(NodeKeys.shared_secret(nodes, token), nodes=nodes, prove_server=False)
+    return ControlServer(world_plan(nodes), gate, join_timeout=join_timeout)
+
+
 def status_field(name: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -49,9 +58,9 @@ def main(argv: list[str]) -> int:
     nodes, stats_path = int(argv[0]), argv[1]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # as xrun.fdlimit does (older xruns did not)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    server = ControlServer(world_plan(nodes), os.environ["XBENCH_TOKEN"], join_timeout=600)
+    server = head_server(nodes, os.environ["XBENCH_TOKEN"], join_timeout=600)
     port = server.listen(["127.0.0.1"])
-    print(port, flush=True)
+    print(port, server.gate.fingerprint, flush=True)
     code = server.run(NoSessions())
     usage = resource.getrusage(resource.RUSAGE_SELF)
     stats = {"exit_code": code, "vmhwm_kib": status_field("VmHWM"), "threads": status_field("Threads"),

@@ -1,13 +1,15 @@
 """A load generator for the control plane: N simulated node agents in one process, one selector, no threads.
 
-Each ``SimAgent`` speaks the channel protocol (``xrun.channel``) the way a real agent does (hello with the
-run token, ``spec`` -> ``ready``, ``start``, ``ping`` -> ``pong``, ``stop`` -> ``done``) but starts no rank, so
-10,000 of them fit in one process and what is measured is the control server (``xrun.runner.job.server``) alone.
+Each ``SimAgent`` speaks the channel protocol (``xrun.channel``) the way a real agent does (TLS 1.3 with the
+server's certificate pinned by its fingerprint, ``auth`` -> ``challenge`` -> the hello proving the run token's
+key, ``spec`` -> ``ready``, ``start``, ``ping`` -> ``pong``, ``stop`` -> ``done``) but starts no rank, so
+10,000 of them fit in one process and what is measured is the control server (``xrun.runner.job.server``) alone,
+handshakes included. TLS runs over memory buffers (``SSLContext.wrap_bio``), so no agent ever blocks the selector.
 Connections are opened ``connect_batch`` at a time (a listen backlog is finite; a burst of 10,000 SYNs would
 measure the kernel's SYN retry timer instead of xrun). Times are ``time.monotonic()`` in this process.
 
-    gen = LoadGen("127.0.0.1", port, token, nodes=10_000)
-    gen.join(timeout=60)          # every agent connected, said hello, got its spec, said ready, got start
+    gen = LoadGen("127.0.0.1", port, token, fingerprint, nodes=10_000)
+    gen.join(timeout=60)          # every agent connected, proved the key, got its spec, said ready, got start
     gen.fail(node=0, code=7)      # node 0's rank exits 7: the server must stop all the others
     gen.finish(timeout=30)        # every agent got stop, said done, saw its connection close
 """
@@ -17,21 +19,29 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import ssl
 import time
 from collections.abc import Callable
 
 from xrun import channel
-from xrun.channel import Kind, Message, message
+from xrun.channel import ChannelError, ClientHandshake, Kind, Message, message
+from xrun.channel.proof import HEAD_PURPOSE, token_key
+from xrun.channel.tls import client_context, peer_fingerprint, pin_ok
 
 
 class SimAgent:
-    """One simulated node agent: a non-blocking socket, its unsent bytes and when each step happened."""
+    """One simulated node agent: a non-blocking socket, its TLS session in memory, its handshake, its unsent
+    bytes and when each step happened."""
 
-    __slots__ = ("node", "sock", "reader", "out", "connected", "hello_at", "start_at", "stop_at", "closed_at", "pings")
+    __slots__ = ("node", "sock", "tls", "incoming", "outgoing", "handshake", "reader", "out", "connected",
+                 "hello_at", "start_at", "stop_at", "closed_at", "pings")
 
-    def __init__(self, node: int, sock: socket.socket) -> None:
+    def __init__(self, node: int, sock: socket.socket, ctx: ssl.SSLContext) -> None:
         self.node = node
         self.sock = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ctx.wrap_bio(self.incoming, self.outgoing, server_side=False)
+        self.handshake: ClientHandshake | None = None  # once TLS is up and the certificate is the pinned one
         self.reader = channel.FrameReader()
         self.out = bytearray()
         self.connected = False
@@ -43,9 +53,12 @@ class SimAgent:
 
 
 class LoadGen:
-    def __init__(self, host: str, port: int, token: str, *, nodes: int, connect_batch: int = 256) -> None:
+    def __init__(self, host: str, port: int, token: str, fingerprint: str, *, nodes: int,
+                 connect_batch: int = 256) -> None:
         self.addr = (host, port)
-        self.token = token
+        self.key = token_key(token, HEAD_PURPOSE)  # what a real agent derives from --token
+        self.fingerprint = fingerprint
+        self.ctx = client_context()
         self.nodes = nodes
         self.batch = connect_batch
         self.sel = selectors.DefaultSelector()
@@ -114,7 +127,7 @@ class LoadGen:
             if err not in (0, errno.EINPROGRESS):
                 sock.close()
                 raise OSError(err, f"load generator: cannot connect to {self.addr}")
-            agent = SimAgent(len(self.agents), sock)
+            agent = SimAgent(len(self.agents), sock, self.ctx)
             self.agents.append(agent)
             self.connecting += 1
             self.sel.register(sock, selectors.EVENT_WRITE, agent)
@@ -127,9 +140,26 @@ class LoadGen:
             if err:
                 self._close(agent, f"connect failed: {errno.errorcode.get(err, err)}")
                 return
-            agent.hello_at = time.monotonic()
-            agent.out += channel.encode(self._hello(agent.node))
+            self._tls_step(agent)  # the ClientHello
         self._flush(agent)
+
+    def _tls_step(self, agent: SimAgent) -> bool:
+        """Advance the TLS handshake; True once it is done and the server is the pinned one (then ``auth``)."""
+        try:
+            agent.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            agent.out += agent.outgoing.read()
+            return False
+        except ssl.SSLError as err:
+            self._close(agent, f"TLS handshake failed: {err.reason or err}")
+            return False
+        agent.out += agent.outgoing.read()
+        if not pin_ok(self.fingerprint, peer_fingerprint(agent.tls)):
+            self._close(agent, "the server's certificate is not the pinned one")
+            return False
+        agent.handshake = ClientHandshake(self.key, self.fingerprint, agent.node, expect_server_proof=False)
+        self._send(agent, agent.handshake.auth_message())
+        return True
 
     def _readable(self, agent: SimAgent) -> None:
         try:
@@ -146,12 +176,38 @@ class LoadGen:
             self._close(agent, None)
             return
         self.bytes_in += len(data)
-        for msg in agent.reader.feed(data):
-            self._answer(agent, msg)
+        agent.incoming.write(data)
+        if agent.handshake is None and not self._tls_step(agent):
+            self._flush(agent)
+            return
+        try:
+            for msg in agent.reader.feed(self._plaintext(agent)):
+                self._answer(agent, msg)
+        except (ChannelError, ssl.SSLError) as err:
+            self._close(agent, f"bad bytes from the server: {err}")
+
+    def _plaintext(self, agent: SimAgent) -> bytes:
+        chunks = []
+        while True:
+            try:
+                chunk = agent.tls.read(65536)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _answer(self, agent: SimAgent, msg: Message) -> None:
         kind, now = msg.get("type"), time.monotonic()
-        if kind == Kind.SPEC.value:
+        if kind == Kind.CHALLENGE.value and agent.handshake is not None:
+            problem = agent.handshake.on_challenge(msg)
+            if problem is not None:
+                self._close(agent, f"bad challenge: {problem.reason}")
+                return
+            agent.hello_at = now
+            self._send(agent, self._hello(agent.node, agent.handshake.proof_fields()))
+        elif kind == Kind.SPEC.value:
             port = 29500 if msg.get("pick_master_port") else None
             self._send(agent, message(Kind.READY, master_port=port))
         elif kind == Kind.START.value:
@@ -165,14 +221,15 @@ class LoadGen:
                 agent.stop_at = now
                 self._send(agent, message(Kind.DONE, exit_code=128 + int(msg.get("signal") or 15)))
 
-    def _hello(self, node: int) -> Message:
-        return message(Kind.HELLO, token=self.token, node_rank=node, host=f"sim{node}", pid=node + 1,
+    def _hello(self, node: int, proof_fields: dict[str, object]) -> Message:
+        return message(Kind.HELLO, **proof_fields, host=f"sim{node}", pid=node + 1,
                        addr="127.0.0.1", versions={"xrun": _xrun_version(), "spec": 1})
 
     def _send(self, agent: SimAgent, msg: Message) -> None:
         if agent.closed_at is not None:
             return
-        agent.out += channel.encode(msg)
+        agent.tls.write(channel.encode(msg))
+        agent.out += agent.outgoing.read()
         self._flush(agent)
 
     def _flush(self, agent: SimAgent) -> None:

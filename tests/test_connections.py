@@ -1,20 +1,33 @@
 """One control-server connection on its own (``xrun.runner.job.connections``): what it reads goes to its owner as a
 hello, as the admitted node's messages, or as the reason it is over; ``Connections`` finds each again by serial,
-by node and in the order the unadmitted ones opened."""
+by node and in the order the unadmitted ones opened.
+
+Every connection is TLS from its first byte, then ``auth`` -> ``challenge`` -> the hello with its proof: the peer
+here is a real client (``TlsPipe`` + ``ClientHandshake``) on the other end of a loopback TCP pair, driven step by
+step on this one thread (the connection reads only what is already there)."""
 
 from __future__ import annotations
 
+import select
 import socket
 
 import pytest
 
 from xrun import channel
-from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel import ChannelError, ClientHandshake, Kind, Message, ServerHandshake, message
+from xrun.channel.proof import HEAD_PURPOSE, token_key
+from xrun.channel.tls import client_context
+from xrun.channel.tls_server import ServerIdentity
+from xrun.channel.tlspipe import TlsPipe
 from xrun.runner.job.connections import Conn, Connections
+
+IDENTITY = ServerIdentity.mint()
+SERVER_TLS = IDENTITY.server_context()
+KEY = token_key("t0ken", HEAD_PURPOSE)
 
 
 class Owner:
-    """Records what the connection hands on; admits a hello whose node_rank is not None."""
+    """Records what the connection hands on; admits a hello that proves its node's key."""
 
     def __init__(self, *, fail_on: str | None = None) -> None:
         self.calls: list[tuple] = []
@@ -22,7 +35,7 @@ class Owner:
 
     def on_hello(self, conn: Conn, msg: Message) -> None:
         self.calls.append(("hello", msg["type"]))
-        if msg.get("node_rank") is not None:
+        if conn.handshake.check_hello(msg):
             conn.admit(msg["node_rank"])
 
     def on_message(self, node: int, msg: Message) -> None:
@@ -50,15 +63,69 @@ def pair():
     there.close()
 
 
+def server_handshake() -> ServerHandshake:
+    return ServerHandshake(lambda node: KEY, IDENTITY.fingerprint, prove_server=False)
+
+
 def opened(sock: socket.socket, owner: Owner, serial: int = 0) -> Conn:
-    return Conn.accepted(serial, sock, ("10.0.0.9", 1234), now=0.0, owner=owner)
+    return Conn.accepted(serial, sock, ("10.0.0.9", 1234), now=0.0, owner=owner, tls=SERVER_TLS,
+                         handshake=server_handshake())
+
+
+class Client:
+    """The agent's end: TLS, then auth/challenge, each step handed to ``conn`` by calling its ``read``."""
+
+    def __init__(self, sock: socket.socket, conn: Conn) -> None:
+        self.sock, self.conn = sock, conn
+        self.pipe = TlsPipe(client_context(), sock, server_side=False)
+        self.reader = channel.FrameReader()
+
+    def tls(self) -> None:
+        """The TLS handshake, the server's half done by ``conn.read``; the pinned certificate checked."""
+        done = self.pipe.handshake()  # ClientHello
+        while not done:
+            self.conn.read()
+            done = self.pipe.handshake(self.sock.recv(65536))
+        self.serve()  # the client's Finished
+        assert self.conn.pipe.handshake_done and self.pipe.fingerprint() == IDENTITY.fingerprint
+
+    def serve(self) -> None:
+        """The connection reads until nothing more is on its way (TCP may split what was sent at once)."""
+        while select.select([self.conn.sock], [], [], 0.1)[0] and self.conn.sock.fileno() >= 0:
+            self.conn.read()
+
+    def challenged(self, node_rank: int) -> ClientHandshake:
+        """TLS, ``auth``, the server's ``challenge`` accepted: ready to prove ``node_rank``'s key."""
+        self.tls()
+        handshake = ClientHandshake(KEY, IDENTITY.fingerprint, node_rank, expect_server_proof=False)
+        self.send(handshake.auth_message())
+        self.serve()  # the auth: answered with a challenge
+        assert self.conn.challenged and self.conn.node is None
+        challenge = self.recv()
+        assert handshake.on_challenge(challenge) is None
+        return handshake
+
+    def send(self, *msgs: Message) -> None:
+        """All of ``msgs`` in one TLS record (the connection reads them in one go)."""
+        self.pipe.send(b"".join(channel.encode(msg) for msg in msgs))
+
+    def recv(self) -> Message:
+        ready = self.reader.feed(self.pipe.feed(b""))
+        while not ready:
+            ready = self.reader.feed(self.pipe.feed(self.sock.recv(65536)))
+        return ready[0]
+
+
+def proven_hello(handshake: ClientHandshake) -> Message:
+    return message(Kind.HELLO, **handshake.proof_fields())
 
 
 def test_an_admitted_hello_is_followed_by_the_nodes_messages_read_in_one_go(pair):
     here, there = pair
     owner = Owner()
     conn = opened(here, owner)
-    there.sendall(channel.encode(message(Kind.HELLO, node_rank=3)) + channel.encode(message(Kind.READY)))
+    client = Client(there, conn)
+    client.send(proven_hello(client.challenged(3)), message(Kind.READY))
     conn.read()
     assert owner.calls == [("hello", "hello"), ("message", 3, "ready")]
     assert conn.node == 3 and conn.reader.limit == channel.MAX_FRAME and conn.peer == "10.0.0.9"
@@ -68,7 +135,19 @@ def test_what_comes_with_a_hello_not_admitted_is_not_read(pair):
     here, there = pair
     owner = Owner()
     conn = opened(here, owner)
-    there.sendall(channel.encode(message(Kind.HELLO)) + channel.encode(message(Kind.READY)))
+    client = Client(there, conn)
+    client.challenged(3)
+    client.send(message(Kind.HELLO), message(Kind.READY))  # no proof: not admitted
+    conn.read()
+    assert owner.calls == [("hello", "hello")] and conn.node is None
+
+
+def test_a_hello_proving_another_nodes_key_is_not_admitted(pair):
+    here, there = pair
+    owner = Owner()
+    conn = opened(here, owner)
+    client = Client(there, conn)
+    client.send(message(Kind.HELLO, **{**proven_hello(client.challenged(3)), "node_rank": 4}), message(Kind.READY))
     conn.read()
     assert owner.calls == [("hello", "hello")] and conn.node is None
 
@@ -77,7 +156,9 @@ def test_a_frame_over_the_hello_limit_before_admission_is_a_protocol_error(pair)
     here, there = pair
     owner = Owner()
     conn = opened(here, owner)
-    there.sendall(channel.HEADER.pack(channel.MAX_HELLO + 1))
+    client = Client(there, conn)
+    client.tls()
+    client.pipe.send(channel.HEADER.pack(channel.MAX_HELLO + 1))
     conn.read()
     assert owner.calls == [("closed", f"protocol error: frame of {channel.MAX_HELLO + 1} bytes exceeds the "
                                       f"{channel.MAX_HELLO}-byte limit")]
@@ -87,9 +168,31 @@ def test_a_malformed_message_closes_its_connection_as_a_protocol_error(pair):
     here, there = pair
     owner = Owner(fail_on="ready")
     conn = opened(here, owner)
-    there.sendall(channel.encode(message(Kind.HELLO, node_rank=0)) + channel.encode(message(Kind.READY)))
+    client = Client(there, conn)
+    client.send(proven_hello(client.challenged(0)), message(Kind.READY))
     conn.read()
     assert owner.calls[-1] == ("closed", "protocol error: ready: bad field")
+
+
+def test_bytes_that_are_not_tls_are_a_protocol_error(pair):
+    here, there = pair
+    owner = Owner()
+    conn = opened(here, owner)
+    there.sendall(channel.encode(message(Kind.HELLO, node_rank=0)))  # the old plain-text hello
+    conn.read()
+    assert len(owner.calls) == 1 and owner.calls[0][1].startswith("protocol error: TLS handshake failed")
+
+
+@pytest.mark.parametrize("first", [message(Kind.HELLO, node_rank=0), message(Kind.AUTH, node_rank=0)])
+def test_a_first_message_that_is_not_a_well_formed_auth_is_a_protocol_error(pair, first):
+    here, there = pair
+    owner = Owner()
+    conn = opened(here, owner)
+    client = Client(there, conn)
+    client.tls()
+    client.send(first)
+    conn.read()
+    assert len(owner.calls) == 1 and owner.calls[0][1].startswith("protocol error: ") and not conn.challenged
 
 
 def test_a_peer_that_closes_is_reported_once_readable(pair):
@@ -102,7 +205,7 @@ def test_a_peer_that_closes_is_reported_once_readable(pair):
 
 
 def test_connections_are_found_by_serial_by_node_and_time_out_oldest_first():
-    links, owner, socks = Connections(), Owner(), []
+    links, owner, socks = Connections(SERVER_TLS, server_handshake), Owner(), []
     try:
         for at in (0.0, 1.0, 2.0):
             here, there = tcp_pair()

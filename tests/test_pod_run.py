@@ -51,13 +51,13 @@ class Pod:
         self.env.pop("XRUN_TOKEN", None) if "XRUN_TOKEN" not in (env or {}) else None
         self.procs = {}
 
-    def start(self, node, *, script="train.py", env=None):
+    def start(self, node, *, script="train.py", env=None, control_port=None, **popen):
         argv = [sys.executable, "-m", "xrun", "-H", str(self.tmp / "hosts"), "--pod", "--node_rank", str(node),
-                "--master_port", str(self.ports[0]), "--control_port", str(self.ports[1]),
+                "--master_port", str(self.ports[0]), "--control_port", str(control_port or self.ports[1]),
                 "--join_timeout", str(self.join_timeout), script]
         self.procs[node] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True, errors="surrogateescape",
-                                            cwd=str(self.tmp))
+                                            cwd=str(self.tmp), **popen)
         return self.procs[node]
 
     def finish(self, timeout=60):

@@ -2,8 +2,11 @@
 ``python -m xrun.launch --connect`` with one ``/bin/true`` rank (import, hello, spec, preflight, ready, start,
 the rank's supervision, done, exit), against ``python -c pass``: what any Python process costs here.
 
-The runner is a stub in this process speaking the channel protocol (``xrun.channel``): it accepts the
-agent's hello, sends a one-rank node spec (planned by xrun's own planner, the rank's argv replaced by
+The runner is a stub in this process speaking the channel protocol (``xrun.channel``) as the head does: TLS 1.3
+with a certificate minted once per bench run (its fingerprint on the agent's ``--fingerprint``, the token on the
+agent's stdin, as the ssh backend gives them), ``auth`` -> ``challenge``, then the agent's hello is checked for
+its proof, so the agent's figure includes the channel's whole cost (``import ssl``, the TLS handshake, the
+proofs). It then sends a one-rank node spec (planned by xrun's own planner, the rank's argv replaced by
 ``/bin/true`` so that no second interpreter is counted), answers ``ready`` with ``start`` and reads until
 ``done``. CPU is user + system time from ``wait4``: the agent's own plus its reaped children's (the forked
 watchdog and ``/bin/true``, ~1 ms), so other work on the machine slows the wall clock more than this figure.
@@ -47,11 +50,14 @@ def run(ctx: Context) -> dict[str, Any]:
     sec = section(NAME, TITLE, params={"rounds": rounds}, skipped={}, table=TABLE, groups=[], targets=[])
     env = harness.bench_env("xbench-agent")
     spec = _one_rank_spec()
+    from xrun.channel.tls_server import ServerIdentity
+
+    identity = ServerIdentity.mint()
 
     def trial(variant: str) -> harness.Trial:
         flags = ["-S"] if variant.endswith("-S") or " -S " in variant else []
         if variant.startswith("agent"):
-            return agent_trial(env, spec, flags)
+            return agent_trial(env, spec, flags, identity)
         return python_trial(env, flags)
 
     results = harness.run_rounds(list(VARIANTS), rounds, trial, rng=ctx.rng, label=NAME)
@@ -93,19 +99,23 @@ def python_trial(env: dict[str, str], flags: list[str]) -> harness.Trial:
                          exit_code=proc.returncode)
 
 
-def agent_trial(env: dict[str, str], spec: dict[str, Any], flags: list[str]) -> harness.Trial:
-    """One agent's life against the stub runner: hello -> spec -> ready -> start -> ... -> done -> exit."""
+def agent_trial(env: dict[str, str], spec: dict[str, Any], flags: list[str], identity: Any) -> harness.Trial:
+    """One agent's life against the stub runner: TLS, auth -> challenge -> hello -> spec -> ready -> start -> ...
+    -> done -> exit."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         argv = [sys.executable, *flags, "-u", "-m", "xrun.launch", f"--connect=127.0.0.1:{port}", "--node_rank=0",
-                f"--token={TOKEN}"]
+                f"--fingerprint={identity.fingerprint}", "--token=-"]
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, env=_with_xrun_path(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, env=_with_xrun_path(env), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        assert proc.stdin is not None
+        proc.stdin.write(f"{TOKEN}\n".encode())  # as the ssh backend hands it over
+        proc.stdin.close()
         listener.settimeout(30)
         try:
             sock, _ = listener.accept()
             with sock:
-                ready_s, error = _serve_one(sock, spec, t0)
+                ready_s, error = _serve_one(sock, spec, t0, identity)
         except OSError as err:
             ready_s, error = None, f"no agent: {err}"
         _, status, rusage = os.wait4(proc.pid, 0)
@@ -114,19 +124,35 @@ def agent_trial(env: dict[str, str], spec: dict[str, Any], flags: list[str]) -> 
     return harness.Trial(metrics=metrics, exit_code=proc.returncode, error=error)
 
 
-def _serve_one(sock: socket.socket, spec: dict[str, Any], t0: float) -> tuple[float | None, str | None]:
+def _serve_one(raw: socket.socket, spec: dict[str, Any], t0: float,
+               identity: Any) -> tuple[float | None, str | None]:
     """The runner's side of one node's life; (seconds to ready, what went wrong)."""
     from xrun import channel
-    from xrun.channel import Kind, message
+    from xrun.channel import Kind, ServerHandshake, message
+    from xrun.channel.proof import HEAD_PURPOSE, token_key
 
+    key = token_key(TOKEN, HEAD_PURPOSE)
+    handshake = ServerHandshake(lambda node: key, identity.fingerprint, prove_server=False)
     reader = channel.FrameReader()
     seen: list[str] = []
     ready_s = None
     try:
+        raw.settimeout(30)
+        sock = identity.server_context().wrap_socket(raw, server_side=True)
+    except OSError as err:
+        return None, f"TLS handshake failed: {err}"
+    try:
         while Kind.DONE.value not in seen:
             msg = channel.recv(sock, reader, timeout=30)
             seen.append(str(msg.get("type")))
-            if msg["type"] == Kind.HELLO.value:
+            if msg["type"] == Kind.AUTH.value:
+                reply = handshake.on_auth(msg)
+                if isinstance(reply, channel.ChannelError):
+                    return None, f"auth refused: {reply.reason}"
+                channel.send(sock, reply)
+            elif msg["type"] == Kind.HELLO.value:
+                if not handshake.check_hello(msg):
+                    return None, "the agent's hello did not prove the token's key"
                 channel.send(sock, message(Kind.SPEC, spec=spec, pick_master_port=False))
             elif msg["type"] == Kind.READY.value:
                 ready_s = time.monotonic() - t0

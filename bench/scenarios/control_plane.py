@@ -5,7 +5,8 @@ backend behind it. The agents are ``bench.loadgen``: one process, one selector, 
 channel protocol. A trial joins every agent (hello, spec, ready, start), lets the job run 2.5 s (one ping round),
 then node 0's rank exits 7 and the server must stop every other node. Figures:
 
-* ``barrier_s``: the last hello sent -> the last agent has its ``start`` (target ≤ 1 s);
+* ``barrier_s``: the last hello sent (after its TLS handshake and challenge) -> the last agent has its ``start``
+  (target ≤ 1 s);
 * ``join_s``: the server's start -> every agent started (connects throttled to 256 at a time);
 * ``stop_s``: the failure reported -> the last agent has its ``stop`` (target ≤ 1 s);
 * ``exit_s``: the failure reported -> the head process gone (exit code 7 expected);
@@ -90,10 +91,10 @@ def trial(agents: int) -> harness.Trial:
 def _drive(head: subprocess.Popen[bytes], agents: int, t0: float, stats_path: str,
            run: harness.RunDir) -> harness.Trial:
     assert head.stdout is not None
-    port = int(head.stdout.readline() or 0)
-    if not port:
+    first = head.stdout.readline().split()
+    if len(first) != 2:
         return harness.Trial(error=f"the head did not start | {run.tail(300)!r}")
-    gen = LoadGen("127.0.0.1", port, TOKEN, nodes=agents)
+    gen = LoadGen("127.0.0.1", int(first[0]), TOKEN, first[1].decode("ascii"), nodes=agents)
     try:
         gen.join(timeout=300)
         started = gen.last("start_at")

@@ -423,13 +423,7 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
     if first.get("type") != Kind.SPEC.value:
         raise ChannelError(f"expected the node spec, got {first.get('type')!r}")
-    try:
-        spec = NodeSpec.from_json(first["spec"])
-        if spec.cwd:
-            os.chdir(spec.cwd)
-    except (XrunError, OSError, KeyError, TypeError, ValueError) as err:
-        link.send(message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
-        raise
+    spec = use_spec(link, first)
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
@@ -453,6 +447,21 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
+
+
+def use_spec(link: Link, first: Mapping[str, Any]) -> NodeSpec:
+    """The node spec the runner sent, and its working directory entered; a spec this agent cannot use is said to
+    the runner and raised as one line (``XrunError``, else ``ChannelError``), never as a traceback."""
+    try:
+        spec = NodeSpec.from_json(first["spec"])  # KeyError, or a non-object: caught below
+        if spec.cwd:
+            os.chdir(spec.cwd)
+    except (XrunError, OSError, LookupError, TypeError, ValueError, AttributeError) as err:
+        link.send(message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
+        if isinstance(err, XrunError):
+            raise
+        raise ChannelError(f"cannot use the node spec: {err.__class__.__name__}: {err}") from None
+    return spec
 
 
 def engine_exit_code(code: int, *, delivered: bool) -> int:
