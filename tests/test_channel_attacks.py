@@ -711,7 +711,8 @@ while time.monotonic() < deadline:
     for pid in os.listdir("/proc"):
         if pid.isdigit() and pid not in seen:
             args = argv_of(pid)
-            if "xrun.launch" in args and any(a.startswith("--connect=") for a in args):
+            target = f"--connect=127.0.0.1:{sys.argv[2]}"  # this job's agents (other runs may share the machine)
+            if "xrun.launch" in args and target in args:
                 seen.add(pid)
                 steal(args)
     time.sleep(0.001)
@@ -784,7 +785,7 @@ def test_pdsh_race_another_user_reading_proc_cannot_take_a_node(tmp_path):
     server = ControlServer(plan, gate, join_timeout=60, status=PlainStatus(2))
     port = server.listen(["127.0.0.1"])
     thief = subprocess.Popen(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                              "-c", THIEF, "20"], stdout=subprocess.PIPE, text=True, cwd="/",
+                              "-c", THIEF, "20", str(port)], stdout=subprocess.PIPE, text=True, cwd="/",
                              env={"PATH": os.environ["PATH"], "PYTHONPATH": ROOT})
     time.sleep(1.0)  # the thief is polling before any agent exists
     sessions = AnnouncingSessions(plan, endpoint_of(server, port), delay=1.5)

@@ -3,6 +3,7 @@ hand with its own --node_rank, as Kubernetes or a person starts them (xrun.runne
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,9 +31,16 @@ sys.exit(int(os.environ.get("FAIL_CODE", "0")) if mine else 0)
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: the outgoing sockets of other tests (a flood of 1,500 in
+    tests/test_channel_attacks.py) take and linger on ephemeral ports, which a port from bind(0) may be next."""
+    while True:
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))  # noqa: S104 - free on every address, as node 0's checks need
+            except OSError:
+                continue
+            return port
 
 
 class Pod:
