@@ -25,9 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xrun.errors import XrunError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
-from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE
+from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, PlatformError
 from xrun.runner.hosts.selection import Pool
 from xrun.values import MAX_RANKS
 
@@ -36,15 +35,9 @@ _COUNTS_ITEM = re.compile(rf"\s*({_NUMBER})\s*(?:\(x({_NUMBER})\))?\s*")
 _SHOWN = 60  # characters of a bad value quoted in an error
 
 
-class SlurmAllocationError(XrunError):
-    """A Slurm variable that cannot be read as documented, or an allocation xrun cannot use."""
-
-    def __init__(self, variable: str, value: str, reason: str) -> None:
-        self.variable = variable
-        self.value = value
-        self.reason = reason
-        shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
-        super().__init__(f"{variable}={shown!r}: {reason}")
+class SlurmAllocationError(PlatformError):
+    """A Slurm variable that cannot be read as documented, or an allocation xrun cannot use (the value quoted
+    and clipped as every platform variable's is)."""
 
 
 @dataclass(frozen=True)
