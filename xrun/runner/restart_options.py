@@ -45,5 +45,9 @@ def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
         if ns.min_attempt_s is not None:
             raise UsageError("--min_attempt_s", "does not apply with --elastic (torch's agent restarts the workers)")
         return RestartPolicy()
+    if ns.max_restarts is not None and ns.max_restarts < 0:
+        raise UsageError("--max_restarts", f"must be >= 0, not {ns.max_restarts}")
+    if ns.min_attempt_s is not None and ns.min_attempt_s < 0:
+        raise UsageError("--min_attempt_s", f"must be >= 0 seconds, not {ns.min_attempt_s:g}")
     min_attempt = DEFAULT_MIN_ATTEMPT_S if ns.min_attempt_s is None else ns.min_attempt_s
     return RestartPolicy(max_restarts=ns.max_restarts or 0, min_attempt_s=min_attempt)
