@@ -1,9 +1,9 @@
 """The scenario registry: name (and number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
 
 ``SCENARIOS`` are issue 7's suite, numbered 1-9 (``all``, ``local`` = 1-6). ``OPT_IN`` ones (10: ``stacks``,
-issue 14; 11: ``network_check``, issue 24; 12: ``restarts``, issue 23) run when named. ``SCALE`` are issue 15's: the node agent's start
-and the 10,000-agent control plane, run by name or as the group ``scale``; they compare xrun with what bounds
-it (an interpreter start, the protocol's own targets), not with the other launchers.
+issue 14; 11: ``network_check``, issue 24; 12: ``restarts``, issue 23) run when named. ``SCALE`` are issue
+15's: the node agent's start and the 10,000-agent control plane, run by name or as the group ``scale``; they
+compare xrun with what bounds it (an interpreter start, the protocol's own targets), not with the other launchers.
 """
 
 from __future__ import annotations
