@@ -39,6 +39,8 @@ from xrun.runner.job.events import (
     SignalReceived,
     Tick,
 )
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 from xrun.runner.job.server import ControlServer
@@ -262,6 +264,15 @@ def _alive(pid):
 
 # -- the head's control server with real agents (no ssh) ---------------------------------------------------------
 
+def serve(plan):
+    """The control server on loopback and the plan's agents as local processes (tests.test_control's way)."""
+    nodes = len(plan.nodes)
+    gate = Gate(NodeKeys.shared_secret(nodes, "t0ken"), nodes=nodes, prove_server=False)
+    server = ControlServer(plan, gate, join_timeout=30.0, status=PlainStatus(nodes))
+    port = server.listen(["127.0.0.1"])
+    return server, LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken", gate.fingerprint))
+
+
 def run_restarting_job(tmp_path, env, *, max_restarts=2, min_attempt_s=60.0):
     script = tmp_path / "flaky.py"
     script.write_text(FLAKY)
@@ -269,9 +280,7 @@ def run_restarting_job(tmp_path, env, *, max_restarts=2, min_attempt_s=60.0):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable, local_rank_arg=False),
                          env=env, cwd=str(tmp_path), restart=RestartPolicy(max_restarts, min_attempt_s))
     plan = make_plan(request, world, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=30.0, status=PlainStatus(2))
-    port = server.listen(["127.0.0.1"])
-    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"))
+    server, sessions = serve(plan)
     code = server.run(sessions, own_signals=False)
     sessions.terminate()
     out = b"".join(sessions.output.get(h, b"") for h in world).decode()
@@ -302,9 +311,7 @@ def test_head_summary_json_has_the_history(tmp_path):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
                          cwd=str(tmp_path), restart=RestartPolicy(2, 60.0))
     plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0, 1)}, "ssh")
-    server = ControlServer(plan, "t0ken", join_timeout=30.0, status=PlainStatus(1))
-    port = server.listen(["127.0.0.1"])
-    sessions = LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken"))
+    server, sessions = serve(plan)
     assert server.run(sessions, own_signals=False) == 0
     sessions.terminate()
     summary = json.loads((logs / "summary.json").read_text())

@@ -469,7 +469,7 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         if first.get("max_restarts"):  # the runner may start the job again: wait for its word
             from xrun.launch.restarts import next_attempts
 
-            code = next_attempts(hooks, spec, code, near=sock.getsockname()[0])
+            code = next_attempts(hooks, spec, code, near=link.sock.getsockname()[0])
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
