@@ -72,7 +72,10 @@ def start(cluster, tmp_path, python, backend, *args, env=None, nodes=None):
                 GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark}, **(env or {}))
     exports = [f"--export={name}" for name in ("CKPT", MARK, *(env or {}))]
     argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--python", python,
-            "--ssh_config", str(cluster.ssh_config), *exports, "--shutdown_timeout", "5", *args, str(script)]
+            "--ssh_config", str(cluster.ssh_config), *exports, "--shutdown_timeout", "5",
+            # not the default 29500: a killed node leaves rank 0's store connections lingering on node1, and
+            # tests/cluster/test_multinode.py's `xrun check` then finds 29500 taken there
+            "--master_port", "0", *args, str(script)]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, mark
 
