@@ -11,7 +11,7 @@ in the ranks, so this is the agents' reaction and restart time only. xrun ``--el
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from bench import harness, procs
 from bench.launchers import LocalJob, torchrun_argv, xrun_argv, xrun_supports
@@ -55,13 +55,14 @@ def elastic_argv(variant: str, job: LocalJob) -> list[str]:
     return [argv[0], "--elastic", "--max_restarts", "1", *argv[1:]]
 
 
-def restart_trial(variant: str, n: int) -> harness.Trial:
+def restart_trial(variant: str, n: int, *, argv: Callable[[str, LocalJob], list[str]] | None = None) -> harness.Trial:
+    """One run of ``variant``; ``argv`` renders its command (scenario 12 passes its own)."""
     with harness.RunDir() as run:
         tag = procs.new_tag()
         args = harness.rank_args(tag, run, ("fail_rank=1", "fail_after=1", "code=7", "sleep=60"))
         job = LocalJob(nproc=n, script=harness.rank_script("elastic_rank.py"), args=args,
                        master_port=harness.free_port())  # fmt: skip
-        got = harness.run_command(elastic_argv(variant, job), tag, run, deadline_s=120.0)
+        got = harness.run_command((argv or elastic_argv)(variant, job), tag, run, deadline_s=120.0)
         generations = _generations(run.path)
         fail_ts = _read_float(os.path.join(run.path, "fail_ts"))
         tail = run.tail(300)

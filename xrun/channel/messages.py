@@ -9,14 +9,18 @@ Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, b
 Agent -> runner                                   Runner -> agent
   auth(client_nonce, node_rank)   the first frame  challenge(server_nonce[, server_proof])   the answer to auth;
                                                                           server_proof: pod mode, checked first
-  hello(proof, node_rank, host, pid, addr,          spec(spec)            after a valid hello only (head mode)
+  hello(proof, node_rank, host, pid, addr,          spec(spec[, max_restarts])   after a valid hello (head mode)
         versions[, digest])                         accept                after a valid hello (pod mode)
   ready(master_port)                                waiting(ready, total, missing, elapsed)   pod mode's barrier
-  started                                           start(master_addr, master_port)   the start barrier
+  started                                           start(master_addr, master_port[, restart_count])   the barrier
+                                                    restart(attempt[, pick_master_port, master_port])
+                                                          --max_restarts: after every node's done, the next
+                                                          attempt (the agent says ready again; node 0: the port)
   rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
               tail, figures)
   done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
-  pong / error(message)                                     stopped_after)   pod mode: how the job ended
+  pong / error(message)                                     stopped_after)   pod mode, and head mode with
+                                                            --max_restarts: how the job ended (no more attempts)
   want_stacks(reason)   SIGQUIT reached an agent    ping
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
@@ -68,6 +72,7 @@ class Kind(str, enum.Enum):
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
     OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
+    RESTART = "restart"  # --max_restarts: every node is done with an attempt; prepare the next and say ready
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

@@ -51,6 +51,11 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
 
 def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     """Run this node's ranks to the end; print the failure report; return the node's exit code."""
+    return run_node_result(spec, hooks=hooks)[0]
+
+
+def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple[int, NodeResult]:
+    """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
         from xrun.launch.elastic.run import run_elastic
 
@@ -60,7 +65,7 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
     code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
     if hooks:
         hooks.on_result(result)
-    return code
+    return code, result
 
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:

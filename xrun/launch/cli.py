@@ -108,9 +108,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--hang_timeout"), type=seconds_arg(), metavar="SECONDS",
         help="when no rank anywhere has written output for this long, print every rank's stack, merged "
         "(a hang); see --hang_action")
-    add(*spellings("--hang_action"), choices=[a.value for a in HangAction], metavar="dump|stop",
+    add(*spellings("--hang_action"), choices=[a.value for a in HangAction], metavar="dump|stop|restart",
         help="with --hang_timeout: dump (default) prints the stacks and goes on; stop also stops the job "
-        f"(exit code {HANG_EXIT})")
+        f"(exit code {HANG_EXIT}); restart stops it as a failure that --max_restarts restarts")
     add(*spellings("--no_failure_stacks"), action="store_true",
         help="when a rank fails, do not put the other ranks' stacks in the failure report")
     add(*spellings("--network_interface"), metavar="NAME|auto|none",
@@ -131,7 +131,8 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add(*spellings("--max_nodes"), type=int_arg(high=MAX_HOSTS),
         metavar="N", help="with --elastic: most nodes (default: hosts selected)")
     add(*spellings("--max_restarts"), type=int_arg(high=MAX_RESTARTS),
-        metavar="N", help="with --elastic: worker group restarts (default 0)")
+        metavar="N", help="restarts after a failure (default 0): of the whole job on every node (xrun's own), or "
+        "with --elastic of each node's worker group (torch's agent)")
     add(*spellings("--rdzv_backend"), metavar="NAME",
         help=f"with --elastic: {', '.join(RDZV_BACKENDS)} (default c10d)")
     add(*spellings("--rdzv_endpoint"), metavar="HOST:PORT",
@@ -150,9 +151,11 @@ _ELASTIC_ONLY = ("nnodes", "min_nodes", "max_nodes", "max_restarts", "rdzv_backe
                  "rdzv_conf", "monitor_interval")  # fmt: skip
 
 
-def elastic_options(ns: argparse.Namespace) -> ElasticOptions | None:
-    """The elastic request (node counts may stay open until the world is known); None without --elastic."""
-    given = [name for name in _ELASTIC_ONLY if getattr(ns, name) is not None]
+def elastic_options(ns: argparse.Namespace, *, static_restarts: bool = False) -> ElasticOptions | None:
+    """The elastic request (node counts may stay open until the world is known); None without --elastic.
+    ``static_restarts``: --max_restarts also applies without --elastic (the runner restarts the whole job)."""
+    given = [name for name in _ELASTIC_ONLY if getattr(ns, name) is not None
+             and not (static_restarts and name == "max_restarts")]
     if not ns.elastic:
         if given:
             raise UsageError(f"--{given[0]}", "only applies with --elastic")

@@ -189,11 +189,13 @@ def hello(proof_fields: Mapping[str, Any], sock: socket.socket) -> dict[str, Any
     )
 
 
-def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int) -> NodeSpec:
-    """Fill in what was decided at the barrier (the runner's plan carries placeholders for both)."""
+def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_count: int = 0) -> NodeSpec:
+    """Fill in what was decided at the barrier (the runner's plan carries placeholders for both) and, with
+    --max_restarts, the attempt (torch's contract: ``TORCHELASTIC_RESTART_COUNT``)."""
     ranks = tuple(
         RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
-                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                      "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
         for r in spec.ranks
     )
     return replace(spec, ranks=ranks)
@@ -216,6 +218,7 @@ class ChannelHooks:
         self._thread: threading.Thread | None = None
         self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.lost_reason: str | None = None  # why the channel was lost, once it was
+        self._between = False  # --max_restarts: no rank group (between attempts): stop goes to the inbox
         self.result_delivered = False  # the node's done went out: the runner has its exit code
 
     # -- AgentHooks -----------------------------------------------------------------------------------------
@@ -226,9 +229,20 @@ class ChannelHooks:
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
         group.add_reader(self._wake_r, self._on_wake)
-        self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
-        self._thread.start()
+        if self._thread is None:  # a later attempt (--max_restarts) keeps the reader of the first
+            self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
+            self._thread.start()
         self.send(message(Kind.STARTED))
+
+    def detach(self) -> None:
+        """--max_restarts: the attempt's rank group is over. What it had not handled is stale (a stop sent to
+        every node after this one's failure); until the next start, stop and the rest go to the inbox."""
+        self._between = True
+        while True:
+            try:
+                self._events.get_nowait()
+            except queue.Empty:
+                return
 
     def on_rank_exit(self, outcome: Any) -> None:
         self.send(message(
@@ -344,7 +358,10 @@ class ChannelHooks:
                 self._inbox.put(None)
                 return
             kind = msg.get("type")
-            if kind == Kind.PING.value:
+            if self._between and kind != Kind.PING.value:
+                self._between = kind != Kind.START.value  # from the start on, a stop is the next group's
+                self._inbox.put(msg)
+            elif kind == Kind.PING.value:
                 self.send(message(Kind.PONG))
             elif kind == Kind.STOP.value:
                 self._post("stop", msg)
@@ -438,12 +455,15 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     start = wait_for_start(link)
     if start is None:
         return 128 + signal.SIGTERM
-    spec = with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]))
     from xrun.launch.agent import run_node
 
     hooks = ChannelHooks(link)
     try:
-        code = run_node(spec, hooks=hooks)
+        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"])), hooks=hooks)
+        if first.get("max_restarts"):  # the runner may start the job again: wait for its word
+            from xrun.launch.restarts import next_attempts
+
+            code = next_attempts(hooks, spec, code, near=link.sock.getsockname()[0])
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code

@@ -103,6 +103,7 @@ class HangAction(enum.Enum):
 
     DUMP = "dump"  # print the merged stacks and go on; again only after new output and another silence
     STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.launch.result.outcome)
+    RESTART = "restart"  # as stop, then the hang is a failure like any other: --max_restarts may restart the job
 
 
 @dataclass(frozen=True)
@@ -335,9 +336,11 @@ def world_shape(world: World) -> WorldShape:
 
 
 def rank_env(
-    world: World, node_rank: int, local_rank: int, rdzv: Rendezvous, *, shape: WorldShape | None = None
+    world: World, node_rank: int, local_rank: int, rdzv: Rendezvous, *, shape: WorldShape | None = None,
+    max_restarts: int = 0,
 ) -> dict[str, str]:
-    """The union of the torchrun and DeepSpeed per-rank env contracts."""
+    """The union of the torchrun and DeepSpeed per-rank env contracts (``max_restarts``: a static job's
+    ``--max_restarts``; the agent raises ``TORCHELASTIC_RESTART_COUNT`` with each attempt)."""
     shape = shape or world_shape(world)
     hosts = shape.hosts
     slots = world[hosts[node_rank]]
@@ -363,7 +366,7 @@ def rank_env(
         "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     }
 
 
@@ -376,6 +379,7 @@ def node_ranks(
     args: tuple[str, ...],
     *,
     shape: WorldShape | None = None,
+    max_restarts: int = 0,
 ) -> tuple[RankSpec, ...]:
     """Every rank of one node, in slot order (``shape``: the world's, when the caller plans every node)."""
     shape = shape or world_shape(world)
@@ -385,7 +389,7 @@ def node_ranks(
     slots = world[hosts[node_rank]]
     ranks = []
     for local_rank in range(len(slots)):
-        env = rank_env(world, node_rank, local_rank, rdzv, shape=shape)
+        env = rank_env(world, node_rank, local_rank, rdzv, shape=shape, max_restarts=max_restarts)
         seen = local_rank  # the local rank the program is told
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})

@@ -30,6 +30,7 @@ from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod_options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
+from xrun.runner.restart_options import add_restart_flags, restart_policy
 from xrun.runner.validate import validate
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_flags(parser)
     add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
     add_pod_flags(parser)
+    add_restart_flags(parser)
     return parser
 
 
@@ -103,8 +105,9 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         run_id=ns.run_id or f"xrun-{os.urandom(4).hex()}",  # an id, not a secret: skip importing secrets
         remote=remote_options(ns),
         cwd=os.getcwd(),
-        elastic=elastic_options(ns),
+        elastic=elastic_options(ns, static_restarts=True),
         pod=pod_request(ns),
+        restart=restart_policy(ns),
     )
     return request, ns.dry_run
 

@@ -25,6 +25,8 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "world_info": plan.world_info,
         "run_id": plan.rendezvous.run_id,
         **dry_run_json(plan),  # "platform": what was detected, "pod": this node's pod-mode setup
+        "restarts": {"max_restarts": plan.request.restart.max_restarts,
+                     "min_attempt_s": plan.request.restart.min_attempt_s},
         "nodes": [
             {
                 "host": node.host,
@@ -71,6 +73,16 @@ def port_note(plan: Plan) -> list[str]:
     return []
 
 
+def restart_note(plan: Plan) -> list[str]:
+    """--max_restarts of a static job (issue 23): how the job keeps going after a failure."""
+    policy = plan.request.restart
+    if not policy.restarts:
+        return []
+    stop = (f"; stop early when two attempts in a row fail the same way within {policy.min_attempt_s:g} s "
+            f"(--min_attempt_s)" if policy.min_attempt_s > 0 else "")
+    return [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"]
+
+
 def plan_text(plan: Plan, invocation: Invocation) -> str:
     from xrun.runner.pod.plan import dry_run_lines  # platform detection and the digest: for dry runs only
 
@@ -80,6 +92,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         f"backend {plan.backend}",
         f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         *port_note(plan),
+        *restart_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]

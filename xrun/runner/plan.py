@@ -37,6 +37,7 @@ from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.pod_options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
+from xrun.runner.restart_options import RestartPolicy
 from xrun.values import MAX_RANKS
 
 
@@ -67,6 +68,7 @@ class JobRequest:
     cwd: str | None = None  # remote agents chdir here
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
     pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.place)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,8 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         NodeSpec(
             host=host,
             node_rank=node_rank,
-            ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape),
+            ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape,
+                             max_restarts=request.restart.max_restarts),
             options=request.options,
             env=dict(request.env),  # a local run: only its --export (planner.with_local_exports)
             cwd=None if traits.local else request.cwd,

@@ -180,9 +180,10 @@ class LocalView:
 
     def _hung(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
         self._show(stacks, problem, reason)
-        if self._doctor.options.hang_action is HangAction.STOP:
+        action = self._doctor.options.hang_action
+        if action is not HangAction.DUMP:  # stop, or restart (the local backend's attempts decide)
             self._doctor.group.stacks = tuple(stacks)
-            self._doctor.group.stop_hung(f"{reason}; --hang_action stop")
+            self._doctor.group.stop_hung(f"{reason}; --hang_action {action.value}")
 
     def _show(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
         host = self._doctor.host

@@ -42,6 +42,10 @@ class LocalBackend:
         )
 
     def execute(self, plan: Plan) -> int:
+        if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
+            from xrun.runner.backends.local_restarts import run_attempts  # noqa: PLC0415 - only when asked for
+
+            return run_attempts(plan)
         from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
         return run_node(plan.nodes[0])

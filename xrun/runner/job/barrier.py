@@ -26,8 +26,9 @@ def reachable(addr: str | None, host: str, nodes: int) -> str:
 class Barrier:
     """Holds the nodes until they may start; ``started_at`` is when the job started (None: not yet)."""
 
-    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float) -> None:
+    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float, attempt: int = 0) -> None:
         self.config = config
+        self.attempt = attempt  # --max_restarts: the attempt this barrier starts
         self.nodes = nodes
         self.t0 = t0
         self.started_at: float | None = None
@@ -73,7 +74,7 @@ class Barrier:
         started = ShowStarted(len(self.nodes), config.world_size, now - self.t0, master_addr, master_port)
         for node in self.nodes:
             node.state = NodeState.RUNNING
-        return [started, SendStart(self.nodes.reachable(), master_addr, master_port)]
+        return [started, SendStart(self.nodes.reachable(), master_addr, master_port, self.attempt)]
 
     def _start_elastic(self, node: Node, rule: ElasticRule, now: float) -> list[Action]:
         node.state = NodeState.RUNNING

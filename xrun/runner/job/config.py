@@ -1,10 +1,13 @@
 """What the job state machine (``xrun.runner.job.machine``) is told about a run: its nodes, its deadlines, its
-rendezvous endpoint, and whether it is elastic (issue 6) or pod mode (the verdict goes to every node)."""
+rendezvous endpoint, whether it is elastic (issue 6) or pod mode (the verdict goes to every node), and how it
+restarts (issue 23)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from xrun.runner.restart_options import RestartPolicy
 
 if TYPE_CHECKING:
     from xrun.runner.plan import Plan
@@ -29,6 +32,7 @@ class JobConfig:
     pick_master_port: bool = False  # master_port is node 0's first try; its agent reports the port it will use
     elastic: ElasticRule | None = None
     verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
 
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
@@ -42,4 +46,5 @@ class JobConfig:
             master_port=plan.rendezvous.master_port,
             pick_master_port=plan.node0_picks_port,
             elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
+            restart=plan.request.restart,
         )

@@ -46,9 +46,10 @@ class Show:
 
 @dataclass(frozen=True)
 class Hang:
-    """--hang_action stop: stop the job as hung, for ``reason``."""
+    """--hang_action stop|restart: stop the job as hung, for ``reason`` (``restart``: a failure to retry)."""
 
     reason: str
+    restart: bool = False
 
 
 Step = Union[Send, Show, Hang]
@@ -147,6 +148,7 @@ class HeadDoctor:
         lines = show_stacks(collection.stacks, None, collection.reason, log_dir=self._log_dir) if collection.stacks \
             else [f"{collection.reason}: no stacks came back"]
         steps: list[Step] = [Show(tuple(lines + problems))]
-        if collection.hang and self._hang_action is HangAction.STOP:
-            steps.append(Hang(f"{collection.reason}; --hang_action stop"))
+        if collection.hang and self._hang_action is not HangAction.DUMP:
+            action = self._hang_action
+            steps.append(Hang(f"{collection.reason}; --hang_action {action.value}", action is HangAction.RESTART))
         return steps

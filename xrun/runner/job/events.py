@@ -99,9 +99,10 @@ class SignalReceived:
 
 @dataclass(frozen=True)
 class Hung:
-    """--hang_action stop: every running node was silent for --hang_timeout and the stacks were shown."""
+    """--hang_action stop|restart: every running node was silent for --hang_timeout and the stacks were shown."""
 
     reason: str
+    restart: bool = False  # --hang_action restart: a failure like any other (with --max_restarts)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,18 @@ class SendStart:
     nodes: tuple[int, ...]
     master_addr: str
     master_port: int | None
+    attempt: int = 0  # --max_restarts: the ranks' TORCHELASTIC_RESTART_COUNT
+
+
+@dataclass(frozen=True)
+class SendRestart:
+    """--max_restarts: every node's agent (each done with the attempt before) prepares attempt ``attempt`` and says
+    ready again; node 0 checks or picks rank 0's port as at the first barrier."""
+
+    nodes: tuple[int, ...]
+    attempt: int
+    pick_master_port: bool
+    master_port: int  # node 0's: the given port to check, or 0 (picking: a fresh one)
 
 
 @dataclass(frozen=True)
@@ -212,8 +225,8 @@ class SendVerdict:
 
 
 Action = Union[
-    Admit, TurnAway, SendSpec, SendAccept, SendStart, SendStop, SendPing, SendVerdict, Drop, ShowLine, ShowJoined,
-    ShowWaiting, ShowStarted,
+    Admit, TurnAway, SendSpec, SendAccept, SendStart, SendRestart, SendStop, SendPing, SendVerdict, Drop, ShowLine,
+    ShowJoined, ShowWaiting, ShowStarted,
 ]
 
 # -- the outcome ----------------------------------------------------------------------------------------------
@@ -228,6 +241,7 @@ class Failure:
     exit_code: int
     rank: int | None = None
     tail: tuple[str, ...] = ()
+    final: bool = False  # no restart mends it (a refused node, a busy --master_port, --hang_action stop)
 
 
 @dataclass(frozen=True)
@@ -238,3 +252,29 @@ class Verdict:
     failure: Failure | None = None  # the root cause (the first failure)
     interrupted_by: int | None = None  # the signal that stopped the job, if one did
     stopped_after: float | None = None  # seconds from the first failure until every node was over
+    attempts: tuple[Attempt, ...] = ()  # --max_restarts: every attempt, the last one included
+    restart_lines: tuple[str, ...] = ()  # why the restarts ended and each attempt's root cause
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job with --max_restarts (xrun.runner.job.attempts), as the report and summary.json show it."""
+
+    number: int  # 0 for the first run: the ranks' TORCHELASTIC_RESTART_COUNT
+    began_at: float  # seconds since the job began: the attempt's barrier opened
+    ran_s: float  # from its ranks' start (or its beginning, when they never started) to its first failure
+    failure: Failure | None
+    ended_at: float | None = None  # seconds since the job began: every node of the attempt was over
+
+    def to_json(self) -> dict[str, object]:
+        failure = self.failure
+        return {
+            "attempt": self.number,
+            "began_at_s": round(self.began_at, 3),
+            "ran_s": round(self.ran_s, 3),
+            "ended_at_s": None if self.ended_at is None else round(self.ended_at, 3),
+            "root_cause": None if failure is None else failure.reason,
+            "host": None if failure is None else failure.host,
+            "rank": None if failure is None else failure.rank,
+            "exit_code": None if failure is None else failure.exit_code,
+        }

@@ -31,6 +31,7 @@ from typing import Any, Callable, ClassVar, Protocol
 from xrun import __version__
 from xrun.channel import DEAD_AFTER, PING_INTERVAL
 from xrun.launch.procs.posix import signal_name
+from xrun.runner.job.attempts import Attempts, Ending, restart_actions
 from xrun.runner.job.barrier import Barrier
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import (
@@ -126,6 +127,7 @@ class Job:
         self.next_ping = now
         self._out: list[Action] = []
         self.strays = 0  # hellos the policy turned away
+        self.attempts = Attempts(config.restart, t0=now)  # --max_restarts: attempt over -> the next, or the end
 
     # -- the interface --------------------------------------------------------------------------------------
 
@@ -138,10 +140,10 @@ class Job:
                 return []  # the socket layer sends none; a late one from a dropped connection changes nothing
             node.last_seen = now
         self._HANDLERS[type(event)](self, event)
-        if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping):
+        if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping) and not self._restarted():
             self.all_over_at = now
             verdict = self.cause.fix(self.nodes, now)
-            if self.config.verdict_to_nodes:
+            if self.config.verdict_to_nodes or self.config.restart.restarts:  # agents that wait for a restart
                 self._out.append(SendVerdict(tuple(n.rank for n in self.nodes if n.connected), verdict))
         out, self._out = self._out, []
         return out
@@ -239,9 +241,6 @@ class Job:
         self._fail(agent_failure(event, node.host))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
 
-    def _heard(self, event: Heard) -> None:
-        pass  # handle() noted the time
-
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes[event.node]
         node.connected = False
@@ -294,14 +293,12 @@ class Job:
         if self.now < self.next_ping:
             return
         self.next_ping = self.now + PING_INTERVAL
-        alive = []
-        for node in self.nodes.live():
-            if self.now - node.last_seen > DEAD_AFTER:
-                self._lose(node, f"no word from its agent for {DEAD_AFTER:g} s (network cut or node down?)")
-            else:
-                alive.append(node.rank)
+        # --max_restarts: agents done with an attempt wait connected for the next one: keep them alive too
+        silent, alive = self.nodes.ping_round(self.now, DEAD_AFTER, done_too=self.config.restart.restarts)
+        for node in silent:
+            self._lose(node, f"no word from its agent for {DEAD_AFTER:g} s (network cut or node down?)")
         if alive:
-            self._out.append(SendPing(tuple(alive)))
+            self._out.append(SendPing(alive))
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -337,6 +334,21 @@ class Job:
             if targets:
                 self._out.append(SendStop(targets, int(signum), deadline, reason))
 
+    def _restarted(self) -> bool:
+        """--max_restarts: the attempt just over is followed by another (decided in xrun.runner.job.attempts)."""
+        if not self.config.restart.restarts:
+            return False
+        missing = sum(1 for n in self.nodes if not n.connected)
+        ending = self.attempts.over(self.cause, self.barrier.started_at, self.now, nodes_missing=missing)
+        if ending is not Ending.RESTART:
+            return False
+        attempt = self.attempts.begin_next(self.now)
+        self._out += restart_actions(self.config, self.nodes, attempt, self.failure)
+        self.cause.next_attempt()
+        self.stopping, self.stop_deadline = False, None
+        self.barrier = Barrier(self.config, self.nodes, t0=self.now, attempt=attempt)
+        return True
+
     def _elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""
         rule = self.config.elastic
@@ -352,7 +364,7 @@ Job._HANDLERS = {
     RankExited: Job._rank_exited,
     Done: Job._done,
     AgentError: Job._agent_error,
-    Heard: Job._heard,
+    Heard: lambda job, event: None,  # handle() noted the time
     ConnectionLost: Job._connection_lost,
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,

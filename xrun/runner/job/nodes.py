@@ -117,6 +117,15 @@ class Nodes(list[Node]):
         """A scan, once per ping round: the nodes connected and not over (the keepalive's to check)."""
         return [n for n in self if n.connected and not n.over]
 
+    def ping_round(self, now: float, dead_after: float, *, done_too: bool) -> tuple[list[Node], tuple[int, ...]]:
+        """A scan, once per ping round: the live nodes silent for ``dead_after`` (lost), and the nodes to ping
+        (the other live ones, and with ``done_too`` the connected nodes done, which wait for a restart)."""
+        silent = [n for n in self.live() if now - n.last_seen > dead_after]
+        gone = {n.rank for n in silent}
+        pinged = tuple(n.rank for n in self if n.connected and n.rank not in gone
+                       and (not n.over or (done_too and n.state is NodeState.DONE)))
+        return silent, pinged
+
     def lost_hosts(self) -> set[str]:
         return {n.host for n in self if n.state is NodeState.LOST}
 

@@ -2,7 +2,8 @@
 
 ``job failed: <root cause> (exit code N); every node stopped X s later`` (the code only where the cause did not
 say it) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
-``stopped by SIGINT (exit code 130)``; before either, how many connections were turned away for not presenting
+``stopped by SIGINT (exit code 130)``; after either, with ``--max_restarts``, why the restarts ended and each
+attempt's root cause; before either, how many connections were turned away for not presenting
 the run's token. A job that succeeded says nothing.
 """
 
@@ -36,4 +37,4 @@ def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
         hint = failure_hint(failure.tail)
         if hint:
             lines.append(hint)
-    return lines
+    return lines + list(verdict.restart_lines)  # --max_restarts: why they ended, each attempt's root cause

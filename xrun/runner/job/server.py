@@ -70,6 +70,7 @@ from xrun.runner.job.events import (
     Ready,
     SendAccept,
     SendPing,
+    SendRestart,
     SendSpec,
     SendStart,
     SendStop,
@@ -194,7 +195,7 @@ class ControlServer:
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
             say(line)
-        self.extras.sum_up(verdict.exit_code)
+        self.extras.sum_up(verdict)
         return verdict.exit_code
 
     def close(self) -> None:
@@ -217,7 +218,8 @@ class ControlServer:
             SendAccept: lambda a: self._send(a.node, message(Kind.ACCEPT)),
             SendVerdict: lambda a: self._send_all(a.nodes, verdict_message(a.verdict)),
             SendStart: lambda a: self._send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
-                                                                  master_port=a.master_port)),
+                                                                  master_port=a.master_port, restart_count=a.attempt)),
+            SendRestart: self._send_restart,
             SendStop: lambda a: self._send_all(a.nodes, message(Kind.STOP, signal=a.signal, deadline=a.deadline,
                                                                  reason=a.reason, stacks=self.extras.failure_stacks())),
             SendPing: lambda a: self._send_all(a.nodes, message(Kind.PING)),
@@ -322,8 +324,17 @@ class ControlServer:
 
     def _send_spec(self, action: SendSpec) -> None:
         spec = self.plan.nodes[action.node].to_json()
+        restarts = self.job.config.restart.max_restarts  # the agent waits for a restart after its done
         self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port,
-                                        master_port=action.master_port))
+                                        master_port=action.master_port, max_restarts=restarts))
+
+    def _send_restart(self, action: SendRestart) -> None:
+        """--max_restarts: the next attempt; what the doctor and the figures held was the attempt before's."""
+        self.extras = _Extras(self)
+        for node in action.nodes:
+            node0 = node == 0
+            self._send(node, message(Kind.RESTART, attempt=action.attempt, pick_master_port=node0 and
+                                     action.pick_master_port, master_port=action.master_port if node0 else 0))
 
     def _send_all(self, nodes: Iterable[int], msg: Message) -> None:
         for node in nodes:
@@ -388,11 +399,13 @@ class _Extras:
                 for line in step.lines:
                     say(line)
             else:
-                self.server._feed(Hung(step.reason))
+                self.server._feed(Hung(step.reason, restart=step.restart))
 
-    def sum_up(self, exit_code: int) -> None:
-        """After the verdict: every node's stacks from before the stop, merged; then every rank's figures as the
-        agents sent them: one line on success, the table on failure, the JSON."""
+    def sum_up(self, verdict: Verdict) -> None:
+        """After the verdict: every node's stacks from before the stop, merged; then every rank's figures (the last
+        attempt's) as the agents sent them: one line on success, the table on failure, the JSON (with the
+        restart history, when there were attempts)."""
+        exit_code = verdict.exit_code
         stacks = self.doctor.stop_stacks
         if exit_code != 0 and stacks:
             say(f"stacks of {len(stacks)} rank(s) taken before the stop, outliers first:")
@@ -406,7 +419,10 @@ class _Extras:
             sys.stderr.write("\n".join(table_lines(self.figures)) + "\n")
         log_dir = self.server.plan.request.options.log_dir
         if log_dir is not None:
-            write_json(os.path.join(log_dir, "summary.json"), summary_json(self.figures, exit_code=exit_code))
+            data = summary_json(self.figures, exit_code=exit_code)
+            if verdict.attempts:
+                data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
+            write_json(os.path.join(log_dir, "summary.json"), data)
 
 
 def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.outcome import HANG_EXIT
-from xrun.runner.job.events import AgentError, Done, Failure, Hung, RankExited, SessionEnded, Verdict
+from xrun.runner.job.events import AgentError, Attempt, Done, Failure, Hung, RankExited, SessionEnded, Verdict
 from xrun.runner.job.nodes import Node, NodeState
 
 NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
@@ -29,6 +29,12 @@ class RootCause:
         self.failure_at: float | None = None
         self.interrupted_by: int | None = None
         self.fixed: Verdict | None = None  # set once: it stays whatever arrives during the last linger
+        self.attempts: tuple[Attempt, ...] = ()  # --max_restarts: the history the verdict carries
+        self.restart_lines: tuple[str, ...] = ()
+
+    def next_attempt(self) -> None:
+        """--max_restarts: the attempt over was retried; the next one's first failure is its own root cause."""
+        self.failure = self.failure_at = None
 
     def failed(self, failure: Failure, now: float) -> None:
         if self.failure is None and self.interrupted_by is None:  # the first one is the root cause
@@ -44,7 +50,7 @@ class RootCause:
         if self.failure_at is not None and all_over_at is not None:
             stopped_after = all_over_at - self.failure_at
         code = exit_code(nodes, self.failure, self.interrupted_by, elastic=self.elastic)
-        return Verdict(code, self.failure, self.interrupted_by, stopped_after)
+        return Verdict(code, self.failure, self.interrupted_by, stopped_after, self.attempts, self.restart_lines)
 
     def fix(self, nodes: Sequence[Node], all_over_at: float) -> Verdict:
         self.fixed = self.decide(nodes, all_over_at)
@@ -90,7 +96,7 @@ def agent_failure(event: AgentError, host: str) -> Failure:
     # name the host once: an error that names it already (a busy --master_port "in use on node1") stands alone
     named = re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])", event.message)
     reason = event.message if named else f"agent on {host}: {event.message}"
-    return Failure(host, reason, event.exit_code)
+    return Failure(host, reason, event.exit_code, final=event.exit_code == REFUSED_EXIT)  # a busy --master_port
 
 
 def session_failure(event: SessionEnded, host: str) -> Failure:
@@ -106,8 +112,8 @@ def lost_failure(host: str, reason: str) -> Failure:
 
 
 def hang_failure(event: Hung) -> Failure:
-    return Failure("every node", event.reason, HANG_EXIT)
+    return Failure("every node", event.reason, HANG_EXIT, final=not event.restart)
 
 
 def refused_failure(host: str, reason: str) -> Failure:
-    return Failure(host, reason, REFUSED_EXIT)
+    return Failure(host, reason, REFUSED_EXIT, final=True)

@@ -1,0 +1,69 @@
+"""The agent's side of whole-job restarts (``--max_restarts`` on a static job, issue 23).
+
+After an attempt the agent has sent ``done`` and stays connected. The runner decides what follows once every node
+is over (``xrun.runner.job.attempts``), and says it:
+
+    restart(attempt) -> preflight again -> ready(master_port) -> start -> run_node(...) -> done -> ...
+    verdict, or the channel closing -> the agent ends with its last attempt's code
+
+Node 0 checks the given ``--master_port`` again, or picks a fresh port, exactly as before the first start. A stop
+between attempts is stale (the runner sent it to every node after the failure) and is skipped; one during the
+next barrier ends the agent, as before the first start.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from xrun.channel import Kind, message
+from xrun.errors import PortBusyError, XrunError
+from xrun.launch.agent import run_node
+from xrun.launch.connect import ChannelHooks, node0_port, with_rendezvous
+from xrun.launch.preflight import check_spec
+from xrun.launch.spec import NodeSpec
+
+STOPPED = 128 + signal.SIGTERM  # told to stop before the attempt's ranks started
+
+
+def next_attempts(hooks: ChannelHooks, spec: NodeSpec, code: int, *, near: str) -> int:
+    """Run the attempts the runner asks for after the first; the last attempt's exit code."""
+    while True:
+        hooks.detach()
+        restart = _next_of(hooks, (Kind.RESTART, Kind.VERDICT))
+        if restart is None or restart.get("type") != Kind.RESTART.value:
+            return code  # the job is over (a verdict), or the runner is gone
+        ready = _ready(hooks, spec, restart, near=near)
+        if ready is not None:
+            return ready
+        start = _next_of(hooks, (Kind.START, Kind.STOP))
+        if start is None or start.get("type") != Kind.START.value:
+            return STOPPED
+        attempt = int(start.get("restart_count") or restart.get("attempt") or 0)
+        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]), attempt),
+                        hooks=hooks)
+
+
+def _ready(hooks: ChannelHooks, spec: NodeSpec, restart: dict[str, Any], *, near: str) -> int | None:
+    """The preflight again, then ready (node 0: with the port it checked or picked); an exit code if it fails."""
+    try:
+        check_spec(spec)  # the node may have lost its script or log dir since: the runner names this host
+        port = node0_port(spec.host, restart, near=near)
+    except PortBusyError as err:
+        hooks.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+        return err.exit_code
+    except XrunError as err:
+        hooks.send(message(Kind.ERROR, message=str(err)))
+        return err.exit_code
+    hooks.send(message(Kind.READY, master_port=port))
+    return None
+
+
+def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | None:
+    """The next message of ``kinds`` from the inbox; None once the channel is lost. Others are skipped: a stale
+    stop, a dump or a signal meant for the attempt before has nothing left to act on."""
+    wanted = {kind.value for kind in kinds}
+    while True:
+        msg = hooks.next_message(None)
+        if msg is None or msg.get("type") in wanted:
+            return msg

@@ -1,0 +1,69 @@
+"""The local backend's whole-job restarts (``--max_restarts`` on a static job, issue 23): the agent runs in xrun's
+own process, so the attempts are a loop around it. The rules (restart? exhausted? no progress?) are the head's
+(``xrun.runner.job.attempts``); each attempt's ranks see ``TORCHELASTIC_RESTART_COUNT`` and a fresh port.
+
+Ctrl-C during an attempt stops its ranks and ends the loop (130); between attempts no rank runs, and the
+``KeyboardInterrupt`` ends xrun the same way.
+"""
+
+from __future__ import annotations
+
+import time
+
+from xrun.launch.connect import with_rendezvous
+from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
+from xrun.launch.spec import HangAction, NodeSpec
+from xrun.net import free_port
+from xrun.runner.job.attempts import Attempts, Ending
+from xrun.runner.job.events import Failure
+from xrun.runner.job.status import say
+from xrun.runner.job.verdict import RootCause
+from xrun.runner.plan import Plan, PortChoice
+
+
+def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
+    """The attempt's root cause as the head's rules read it (None: it succeeded, or a signal stopped it)."""
+    root = result.root_cause
+    if root is not None:
+        reason = f"rank {root.rank} (local {root.local_rank}) on {spec.host} {describe(root)}"
+        return Failure(spec.host, reason, exit_code_of(root), rank=root.rank, tail=root.stderr_tail)
+    if result.hang is not None:
+        return Failure(spec.host, result.hang, HANG_EXIT, final=spec.options.hang_action is not HangAction.RESTART)
+    if result.exit_code != 0 and result.interrupted_by is None:
+        return Failure(spec.host, f"the node's ranks ended with code {result.exit_code}", result.exit_code)
+    return None
+
+
+def run_attempts(plan: Plan) -> int:
+    """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code."""
+    from xrun.launch.agent import run_node_result  # noqa: PLC0415 - supervision code loads only for a real run
+
+    node, policy = plan.nodes[0], plan.request.restart
+    attempts = Attempts(policy, t0=time.monotonic())
+    spec = node
+    while True:
+        began = time.monotonic()
+        code, result = run_node_result(spec)
+        cause = RootCause(elastic=False)
+        if result.interrupted_by is not None:
+            cause.interrupted(result.interrupted_by)
+        failure = node_failure(result, spec)
+        if failure is not None:
+            runtime = result.root_cause.runtime_s if result.root_cause is not None else time.monotonic() - began
+            cause.failed(failure, began + runtime)
+        ending = attempts.over(cause, began, time.monotonic(), nodes_missing=0)
+        if ending is not Ending.RESTART:
+            for line in cause.restart_lines:
+                say(line)
+            return code
+        attempt = attempts.begin_next(time.monotonic())
+        say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
+        spec = with_rendezvous(node, plan.rendezvous.master_addr, _port(plan), attempt)
+
+
+def _port(plan: Plan) -> int:
+    """Rank 0's port for the next attempt: a fresh free one, unless the user gave one."""
+    if plan.request.master_port_choice is PortChoice.GIVEN and plan.rendezvous.master_port:
+        return plan.rendezvous.master_port
+    return free_port(plan.rendezvous.master_addr)
+

@@ -1,0 +1,138 @@
+"""Whole-job restarts (issue 23): when an attempt is over, whether the job starts another one, and its history.
+
+A static job with ``--max_restarts N`` runs in attempts. Once every node of an attempt is over, ``decide`` reads
+the attempt's outcome and the attempts before it and answers with an ``Ending``:
+
+* ``RESTART``: a failure the job can retry: every node's agent is still connected, restarts are left, and the
+  no-progress rule does not hold;
+* ``FINAL``: nothing to retry: the attempt succeeded, a signal stopped it, or its failure is not one a restart
+  mends (a node refused at its hello, a busy ``--master_port``, a hang under ``--hang_action stop``);
+* ``NODE_LOST``: a node's agent is gone and no spare can take its place;
+* ``EXHAUSTED``: the N restarts are used up;
+* ``NO_PROGRESS``: this attempt and the one before it failed the same way (same rank, same exit code, or the
+  same node-level cause on the same host) and neither ran ``--min_attempt_s`` seconds from its start to its
+  failure: restarting again would only repeat it.
+
+Pure: the caller (``xrun.runner.job.machine``) feeds the times; the local backend uses the same rules.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.events import Action, Attempt, Failure, SendRestart, ShowLine
+from xrun.runner.job.nodes import Nodes, NodeState
+from xrun.runner.job.verdict import RootCause
+from xrun.runner.restart_options import RestartPolicy
+
+
+class Ending(enum.Enum):
+    RESTART = "restart"
+    FINAL = "final"
+    NODE_LOST = "node lost"
+    EXHAUSTED = "exhausted"
+    NO_PROGRESS = "no progress"
+
+
+def same_way(a: Failure | None, b: Failure | None) -> bool:
+    """Two failures that look alike: the same rank with the same code, or the same node-level cause's host."""
+    if a is None or b is None:
+        return False
+    if a.rank is not None or b.rank is not None:
+        return (a.rank, a.exit_code) == (b.rank, b.exit_code)
+    return (a.host, a.exit_code) == (b.host, b.exit_code)
+
+
+def decide(policy: RestartPolicy, history: Sequence[Attempt], *, interrupted: bool, nodes_missing: int) -> Ending:
+    """What follows the last attempt of ``history`` (it is over); ``nodes_missing``: nodes whose agent is gone
+    (beyond the spares that could take their places)."""
+    last = history[-1]
+    if last.failure is None or interrupted or not policy.restarts or last.failure.final:
+        return Ending.FINAL
+    if nodes_missing:
+        return Ending.NODE_LOST
+    if len(history) > policy.max_restarts:
+        return Ending.EXHAUSTED
+    if no_progress(policy, history):
+        return Ending.NO_PROGRESS
+    return Ending.RESTART
+
+
+def no_progress(policy: RestartPolicy, history: Sequence[Attempt]) -> bool:
+    """The last two attempts failed the same way, each sooner than ``--min_attempt_s`` after its start."""
+    if len(history) < 2 or policy.min_attempt_s <= 0:
+        return False
+    before, last = history[-2], history[-1]
+    short = before.ran_s < policy.min_attempt_s and last.ran_s < policy.min_attempt_s
+    return short and same_way(before.failure, last.failure)
+
+
+def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attempt]) -> list[str]:
+    """Why the restarts ended, and (after several attempts) each attempt's root cause, one line each."""
+    restarts = len(history) - 1
+    last = history[-1].failure
+    if ending is Ending.EXHAUSTED:
+        head = f"{policy.max_restarts} restart(s) exhausted (--max_restarts {policy.max_restarts})"
+    elif ending is Ending.NO_PROGRESS:
+        head = (f"stopped restarting: no progress: attempts {restarts - 1} and {restarts} failed the same way "
+                f"within --min_attempt_s {policy.min_attempt_s:g} s of their start"
+                + (f" ({last.reason})" if last is not None else ""))
+    elif ending is Ending.NODE_LOST:
+        head = f"stopped restarting after {restarts} restart(s): a node is lost and no spare can take its place"
+    elif restarts:
+        head = f"the job ran {len(history)} attempts ({restarts} restart(s))"
+    else:
+        return []
+    return [head, *attempt_lines(history)]
+
+
+def attempt_lines(history: Sequence[Attempt]) -> list[str]:
+    return [f"  attempt {a.number} ({a.ran_s:.1f} s): {a.failure.reason if a.failure else 'succeeded'}"
+            for a in history]
+
+
+class Attempts:
+    """The job's attempts so far: the current one's number and beginning, the history of those over."""
+
+    def __init__(self, policy: RestartPolicy, *, t0: float) -> None:
+        self.policy = policy
+        self.t0 = t0
+        self.number = 0
+        self.began = t0
+        self.history: list[Attempt] = []
+        self.ending: Ending | None = None
+
+    def over(self, cause: RootCause, started_at: float | None, now: float, *, nodes_missing: int) -> Ending:
+        """The current attempt is over (every node is): record it, and the history ``cause``'s verdict carries;
+        what follows. ``started_at``: when its ranks were told to start (None: never)."""
+        start = started_at if started_at is not None else self.began
+        ran = (cause.failure_at if cause.failure_at is not None else now) - start
+        self.history.append(Attempt(self.number, self.began - self.t0, max(0.0, ran), cause.failure, now - self.t0))
+        self.ending = decide(self.policy, self.history, interrupted=cause.interrupted_by is not None,
+                             nodes_missing=nodes_missing)
+        cause.attempts, cause.restart_lines = tuple(self.history), self.lines()
+        return self.ending
+
+    def begin_next(self, now: float) -> int:
+        self.number += 1
+        self.began = now
+        return self.number
+
+    def lines(self) -> tuple[str, ...]:
+        if self.ending is None or not self.history:
+            return ()
+        return tuple(ending_lines(self.ending, self.policy, self.history))
+
+
+def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Failure | None) -> list[Action]:
+    """Every node (each done with the attempt before, still connected) back to JOINED, and told to prepare
+    ``attempt``: node 0 checks the given ``--master_port`` again, or picks a fresh port (its first try 0)."""
+    for node in nodes:
+        node.state, node.master_port, node.exit_code = NodeState.JOINED, None, None
+    reason = failure.reason if failure is not None else "a failure"
+    line = ShowLine(f"restarting the job on every node: attempt {attempt} of {config.restart.max_restarts + 1} "
+                    f"(after: {reason})")
+    picks = config.pick_master_port or config.master_port == 0
+    return [line, SendRestart(tuple(n.rank for n in nodes), attempt, picks, 0 if picks else config.master_port)]
