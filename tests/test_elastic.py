@@ -296,7 +296,7 @@ def test_local_crash_restarts_and_resumes_from_checkpoint(tmp_path, weird_args):
     result = elastic_run(tmp_path, "--max_restarts", "2",
                          script_args=("--steps", "6", "--crash_rank", "1", "--crash_at_step", "3"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "rank 1 (local 1) exited with code 7; restarting the worker group (restart 1 of 2)" in result.stderr
+    assert "rank 1 (local 1) exited with code 7; restarting the worker group (restart 1 of 2)" in result.stderr, result.stderr
     assert "[localhost:0] resume rank 0 from step 2" in result.stdout
     # rank 0's summary; rank 1's last step line may come after it (two processes: no order across ranks)
     [summary] = [line for line in result.stdout.splitlines() if '] {"done"' in line]
