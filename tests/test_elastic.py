@@ -54,7 +54,8 @@ def test_no_elastic_flags_means_static():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max_restarts", "2"], "--max_restarts: only applies with --elastic"),
+        # --max_restarts alone restarts a static job now (issue 23: tests/test_restarts.py); its elastic-only twin:
+        (["--elastic", "--min_attempt_s", "5"], "--min_attempt_s: does not apply with --elastic"),
         (["--nnodes", "1:2"], "--nnodes: only applies with --elastic"),
         (["--elastic", "--nnodes", "1:x"], "--nnodes: '1:x' is not N or MIN:MAX"),
         (["--elastic", "--nnodes", "2", "--min_nodes", "1"], "--nnodes: give either"),
