@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 
 from xrun import channel
-from xrun.channel import ChannelError, ClientHandshake, Kind, Message, message
+from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel.handshake import ClientHandshake
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context, peer_fingerprint, pin_ok
 

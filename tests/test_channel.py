@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xrun import channel
-from xrun.channel import ChannelError, FrameReader, Kind, decode_body, encode, message
+from xrun.channel import ChannelError, FrameReader, Kind, decode_body, encode, fields, message
+from xrun.channel.fields import AUTH_FIELDS, CHALLENGE_FIELDS, HELLO_FIELDS, fields_error
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -223,8 +224,8 @@ GOOD_AUTH = {"type": "auth", "client_nonce": NONCE_HEX, "node_rank": 3}
 
 
 def test_a_good_auth_fits():
-    assert channel.fields_error(GOOD_AUTH, channel.AUTH_FIELDS) is None
-    assert channel.fields_error({**GOOD_AUTH, "future": [1]}, channel.AUTH_FIELDS) is None  # extra fields: ignored
+    assert fields_error(GOOD_AUTH, AUTH_FIELDS) is None
+    assert fields_error({**GOOD_AUTH, "future": [1]}, AUTH_FIELDS) is None  # extra fields: ignored
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -234,14 +235,14 @@ def test_a_good_auth_fits():
     ("node_rank", True), ("node_rank", -1), ("node_rank", 1.0), ("node_rank", "1"), ("node_rank", 1 << 40),
 ])
 def test_a_misshapen_auth_field_is_named(name, value):
-    err = channel.fields_error({**GOOD_AUTH, name: value}, channel.AUTH_FIELDS)
+    err = fields_error({**GOOD_AUTH, name: value}, AUTH_FIELDS)
     assert isinstance(err, ChannelError) and repr(name) in err.reason
 
 
 @pytest.mark.parametrize("name", ["client_nonce", "node_rank"])
 def test_a_missing_auth_field_is_named(name):
     msg = {k: v for k, v in GOOD_AUTH.items() if k != name}
-    err = channel.fields_error(msg, channel.AUTH_FIELDS)
+    err = fields_error(msg, AUTH_FIELDS)
     assert isinstance(err, ChannelError) and f"no {name!r}" in err.reason
 
 
@@ -256,22 +257,22 @@ GOOD_HELLO = {"type": "hello", "proof": "0f" * 32, "node_rank": 0, "host": "node
     ("digest", {"fields": {}, "sha256": "x"}, True), ("digest", "x", False),
 ])
 def test_hello_fields(name, value, fits):
-    assert (channel.fields_error({**GOOD_HELLO, name: value}, channel.HELLO_FIELDS) is None) is fits
+    assert (fields_error({**GOOD_HELLO, name: value}, HELLO_FIELDS) is None) is fits
 
 
 def test_the_challenge_proof_is_optional_but_shaped():
     challenge = {"type": "challenge", "server_nonce": NONCE_HEX}
-    assert channel.fields_error(challenge, channel.CHALLENGE_FIELDS) is None
-    assert channel.fields_error({**challenge, "server_proof": "00" * 32}, channel.CHALLENGE_FIELDS) is None
-    assert channel.fields_error({**challenge, "server_proof": None}, channel.CHALLENGE_FIELDS) is not None
+    assert fields_error(challenge, CHALLENGE_FIELDS) is None
+    assert fields_error({**challenge, "server_proof": "00" * 32}, CHALLENGE_FIELDS) is None
+    assert fields_error({**challenge, "server_proof": None}, CHALLENGE_FIELDS) is not None
 
 
 @given(AS_OBJECT, st.sampled_from(["AUTH_FIELDS", "CHALLENGE_FIELDS", "HELLO_FIELDS"]))
 def test_any_object_gets_a_verdict_never_an_exception(msg, table):
-    verdict = channel.fields_error(msg, getattr(channel, table))
+    verdict = fields_error(msg, getattr(fields, table))
     assert verdict is None or isinstance(verdict, ChannelError)
 
 
 def test_a_strangers_strings_in_a_refusal_are_short_and_escaped():
-    err = channel.fields_error({"type": "\x1b[2J" + "x" * 100}, channel.AUTH_FIELDS)
+    err = fields_error({"type": "\x1b[2J" + "x" * 100}, AUTH_FIELDS)
     assert "\x1b" not in err.reason and "\\x1b" in err.reason and len(err.reason) < 60

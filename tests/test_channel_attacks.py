@@ -43,7 +43,8 @@ from tests.conftest import ROOT
 from tests.headserver import TOKEN, endpoint_of, head_server
 from tests.test_control import RANK, LocalSessions
 from xrun import channel
-from xrun.channel import ClientHandshake, Kind, ServerHandshake, message
+from xrun.channel import Kind, message
+from xrun.channel.handshake import ClientHandshake, ServerHandshake
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity
@@ -666,7 +667,7 @@ def test_pod_mode_a_fake_node_0_learns_nothing_but_a_nonce(tmp_path, answer):
 THIEF = r"""
 import json, os, socket, sys, time
 from xrun import channel
-from xrun.channel import ClientHandshake
+from xrun.channel.handshake import ClientHandshake
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tlspipe import TlsPipe, client_handshake

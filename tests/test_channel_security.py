@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from xrun import channel
-from xrun.channel import ChannelError, ClientHandshake, Kind, ServerHandshake, message, proof, tls, tls_server
+from xrun.channel import ChannelError, Kind, message, proof, tls, tls_server
+from xrun.channel.admission import Admission, PendingLimits, fd_headroom
+from xrun.channel.handshake import ClientHandshake, ServerHandshake
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -577,7 +579,7 @@ class _Clock:
 
 def _admission(**limits):
     clock = _Clock()
-    return channel.Admission(channel.PendingLimits(**limits), clock=clock), clock
+    return Admission(PendingLimits(**limits), clock=clock), clock
 
 
 def test_pending_connections_are_capped_per_source_and_in_total():
@@ -650,13 +652,13 @@ def test_an_ipv6_host_cannot_dodge_the_per_source_cap_by_changing_address():
 
 
 def test_fd_headroom_keeps_the_agents_descriptors():
-    assert channel.fd_headroom(1024, 100, keep=128) == 796
-    assert channel.fd_headroom(1024, 1000, keep=128) == 0
+    assert fd_headroom(1024, 100, keep=128) == 796
+    assert fd_headroom(1024, 1000, keep=128) == 0
 
 
 SHED = r"""
 import errno, resource, socket
-from xrun.channel import SpareFd
+from xrun.channel.admission import SpareFd
 
 listener = socket.create_server(("127.0.0.1", 0))
 listener.setblocking(False)

@@ -14,7 +14,8 @@ import socket
 import pytest
 
 from xrun import channel
-from xrun.channel import ChannelError, ClientHandshake, Kind, Message, ServerHandshake, message
+from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel.handshake import ClientHandshake, ServerHandshake
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity

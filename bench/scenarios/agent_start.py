@@ -128,7 +128,8 @@ def _serve_one(raw: socket.socket, spec: dict[str, Any], t0: float,
                identity: Any) -> tuple[float | None, str | None]:
     """The runner's side of one node's life; (seconds to ready, what went wrong)."""
     from xrun import channel
-    from xrun.channel import Kind, ServerHandshake, message
+    from xrun.channel import Kind, message
+    from xrun.channel.handshake import ServerHandshake
     from xrun.channel.proof import HEAD_PURPOSE, token_key
 
     key = token_key(TOKEN, HEAD_PURPOSE)

@@ -9,12 +9,11 @@ reads as the protocol does.
 Security (issue 22), one module per question: ``framing`` (any bytes give a message or a ``ChannelError``),
 ``fields`` (a stranger's fields have sane shapes), ``tls`` and ``tls_server`` (TLS 1.3, a per-run certificate,
 pinning), ``proof`` (challenge-response over fresh nonces, bound to the certificate), ``handshake`` (who proves
-what, when), ``admission`` (how many strangers, how many failed guesses). Neither TLS module is re-exported: both
-import ``ssl`` (~5-7 ms), so code that opens a channel imports them itself, and a local run never does.
+what, when), ``admission`` (how many strangers, how many failed guesses). Only the wire is re-exported here: the
+TLS modules import ``ssl`` (~5-7 ms) and the server's modules (``admission``, ``tls_server``) are no agent's
+business, so code that opens a channel imports what it needs itself, and a local run never loads any of it.
 """
 
-from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
-from xrun.channel.fields import AUTH_FIELDS, CHALLENGE_FIELDS, HELLO_FIELDS, Field, FieldKind, fields_error
 from xrun.channel.framing import (
     HEADER,
     MAX_DEPTH,
@@ -28,7 +27,6 @@ from xrun.channel.framing import (
     recv,
     send,
 )
-from xrun.channel.handshake import ClientHandshake, ServerHandshake
 from xrun.channel.messages import STOP_STACKS, Kind, message, output_bytes, output_message
 from xrun.channel.sockets import (
     DEAD_AFTER,
@@ -42,11 +40,8 @@ from xrun.channel.sockets import (
 )
 
 __all__ = [
-    "AUTH_FIELDS",
-    "CHALLENGE_FIELDS",
     "DEAD_AFTER",
     "HEADER",
-    "HELLO_FIELDS",
     "HELLO_TIMEOUT",
     "KEEPALIVE_COUNT",
     "KEEPALIVE_IDLE",
@@ -57,21 +52,12 @@ __all__ = [
     "PING_INTERVAL",
     "STOP_STACKS",
     "USER_TIMEOUT",
-    "Admission",
     "ChannelError",
-    "ClientHandshake",
-    "Field",
-    "FieldKind",
     "FrameReader",
     "Kind",
     "Message",
-    "PendingLimits",
-    "ServerHandshake",
-    "SpareFd",
     "decode_body",
     "encode",
-    "fd_headroom",
-    "fields_error",
     "message",
     "output_bytes",
     "output_message",
