@@ -195,3 +195,18 @@ def test_check_notes_a_busy_default_port_and_fails_a_busy_given_one():
         assert "port 29500 IN USE (no --master_port: a free one will be used)" in default.stdout
         given = run_xrun("check", "--master_port", "29500")
         assert given.returncode == 1 and "master port 29500 is in use on localhost" in given.stdout
+
+
+def test_a_free_port_is_picked_below_the_ephemeral_range():
+    """A port from bind(0) may be handed to an outgoing connection (even a rank's self-connect to it) before rank 0
+    binds it: EADDRINUSE in a busy CI run. xrun picks below the kernel's ephemeral range instead."""
+    import socket
+
+    from xrun import net
+
+    low = net._ephemeral_low()
+    for _ in range(20):
+        port = net.free_port("127.0.0.1")
+        assert port < low or low <= net.PICK_FROM
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # and it is free

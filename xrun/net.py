@@ -12,6 +12,7 @@ and replaced by a kernel-chosen free port when taken, so a busy 29500 never kill
 from __future__ import annotations
 
 import errno
+import random
 import socket
 
 from xrun.errors import PortBusyError
@@ -27,9 +28,40 @@ def free_port(addr: str, *, every_address: bool = False) -> int:
     The port is released before this returns, so another process may take it before its user binds it; the
     control channel therefore agrees on one port per run (node 0 picks, everyone is told) instead of guessing.
     """
-    with socket.socket(_family(addr), socket.SOCK_STREAM) as sock:
-        sock.bind(("" if every_address else addr, 0))
+    family, host = _family(addr), "" if every_address else addr
+    low = _ephemeral_low()
+    for _ in range(64):  # below the kernel's ephemeral range: no outgoing connection is given it meanwhile
+        port = random.randrange(PICK_FROM, low) if low > PICK_FROM else 0  # noqa: S311 - spreads, not secret
+        if port == 0:
+            break
+        if _bindable(family, host, port):
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+# A port from bind(0) is an ephemeral one: between its release and rank 0's bind, the kernel may hand it to any
+# outgoing connection as its source port, even a rank's own connect to that very port (a TCP self-connect),
+# and rank 0's store then fails with EADDRINUSE. Ports below the ephemeral range are never handed out so.
+PICK_FROM = 20000
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(family: int, host: str, port: int) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def route_source(addr: str, port: int = 22) -> str:

@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 
 from xrun.launch.output.streams import host_log_dir, notice
+from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import failure_hint
@@ -37,6 +38,7 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
     (``announce``: this node is the whole job); write its summary under ``log_dir``; return its exit code."""
     figures = [RankFigures.of(o) for o in result.outcomes]
     if result.root_cause is not None or result.interrupted_by is not None or result.hang is not None:
+        writer().drain()  # the node's queued lines and notices first (the console is written from a thread)
         sys.stderr.write(each_line(format_failure_report(result)) + "\n")  # tails, stacks: escaped (issue 22)
         if log_dir is not None:
             write_failure_json(os.path.join(host_log_dir(log_dir, result.host), "failure.json"), result)
