@@ -42,11 +42,14 @@ class LocalSessions:
             proc.stdin.close()
             self.procs[node.host] = proc
         self.output = {}
+        self.readers = []
 
     def register(self, loop):
         for host, proc in self.procs.items():
-            threading.Thread(target=lambda h=host, p=proc: self.output.__setitem__(h, p.stdout.read()),
-                             daemon=True).start()
+            reader = threading.Thread(target=lambda h=host, p=proc: self.output.__setitem__(h, p.stdout.read()),
+                                      daemon=True)
+            reader.start()
+            self.readers.append(reader)
 
     def finished(self, lost):
         return all(p.poll() is not None for p in self.procs.values())
@@ -56,6 +59,10 @@ class LocalSessions:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
+        # An agent that has exited may still have output in its pipe: the reader thread stores it at EOF, and a
+        # test that read ``output`` before then lost a whole node's lines (seen in a full CI run).
+        for reader in self.readers:
+            reader.join(10)
 
 
 def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=None, in_thread=False):
