@@ -186,7 +186,7 @@ def test_quiet_watch_reports_one_silence_and_its_end():
 
 
 def head(hang_timeout=None, action=HangAction.DUMP, tmp_path=None):
-    return HeadDoctor(("a", "b", "c"), hang_timeout=hang_timeout, hang_action=action,
+    return HeadDoctor(("a", "b", "c").__getitem__, hang_timeout=hang_timeout, hang_action=action,
                       log_dir=str(tmp_path) if tmp_path else None)
 
 

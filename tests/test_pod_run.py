@@ -59,8 +59,9 @@ class Pod:
         self.env.pop("XRUN_TOKEN", None) if "XRUN_TOKEN" not in (env or {}) else None
         self.procs = {}
 
-    def start(self, node, *, script="train.py", env=None, control_port=None, **popen):
-        argv = [sys.executable, "-m", "xrun", "-H", str(self.tmp / "hosts"), "--pod", "--node_rank", str(node),
+    def start(self, node, *, script="train.py", env=None, control_port=None, wrap=(), where=None, **popen):
+        where = ["-H", str(self.tmp / "hosts")] if where is None else where
+        argv = [*wrap, sys.executable, "-m", "xrun", *where, "--pod", "--node_rank", str(node),
                 "--master_port", str(self.ports[0]), "--control_port", str(control_port or self.ports[1]),
                 "--join_timeout", str(self.join_timeout), script]
         self.procs[node] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
@@ -247,3 +248,20 @@ def test_node_0_shows_every_nodes_lines_merged_and_each_node_its_own(tmp_path):
             assert out[rank][1].splitlines().count(f"[{host}:{rank}] every rank says this".encode()) == 1
     assert "] every rank on stderr" in out[0][2] and out[0][2].count("] every rank on stderr") <= 2
 
+
+
+def test_numbered_pods_go_by_the_host_names_they_report(tmp_path):
+    """A platform that gives a node count but no names (seed 001's PyTorchJob variables): the nodes are numbered
+    until they join, then named by the host name each reports, in prefixes and reports (issue 25 §6). Each node runs
+    in a UTS namespace of its own, named off by one from its index as the seed's pods were."""
+    pod = Pod(tmp_path, env={"FAIL_NODE": "2", "FAIL_CODE": "7", "SLEEP": "60"})
+    for node in (0, 1, 2):
+        name = f"train-worker-{node + 1}"
+        pod.start(node, wrap=["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', name],
+                  where=["--num_nodes", "3", "--master_addr", "127.0.0.1"])
+    out = pod.finish()
+    assert [code for code, _, _ in out.values()] == [7, 7, 7], out
+    assert "job failed: rank 2 (local 0) on train-worker-3 exited with code 7" in out[0][2], out[0][2]
+    assert "node2" not in out[0][2] and "node 2" not in out[0][2], out[0][2]
+    for node in (0, 1, 2):
+        assert f"[train-worker-{node + 1}:{node}] rank {node} token None" in out[node][1], out[node]

@@ -45,6 +45,9 @@ class PodRequest:
     token_file: str | None = None
     explicit: frozenset[str] = frozenset()  # of EXPLICIT_FLAGS, those given on the command line
     detected: Detection | None = None
+    # Filled by the planner: the platform gave a node count but no names, so the plan calls the nodes node0..N-1;
+    # once a node joins it goes by the host name it reports (issue 25 §6).
+    numbered: bool = False
 
 
 def add_pod_flags(parser: argparse.ArgumentParser) -> None:

@@ -33,12 +33,13 @@ class JobConfig:
     elastic: ElasticRule | None = None
     verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
+    numbered: bool = False  # pod mode without host names: a node goes by the host name its hello reports
 
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
         elastic = plan.nodes[0].elastic if plan.nodes else None
         return cls(
-            hosts=tuple(node.host for node in plan.nodes),
+            hosts=tuple(f"node {node.node_rank}" if plan.request.pod.numbered else node.host for node in plan.nodes),
             join_timeout=join_timeout,
             shutdown_timeout=plan.request.options.shutdown_timeout,
             world_size=plan.world_size,
@@ -47,4 +48,5 @@ class JobConfig:
             pick_master_port=plan.node0_picks_port,
             elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
             restart=plan.request.restart,
+            numbered=plan.request.pod.numbered,
         )

@@ -20,7 +20,7 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -69,13 +69,13 @@ class _Collection:
 class HeadDoctor:
     def __init__(
         self,
-        hosts: Sequence[str],
+        host_of: Callable[[int], str],  # a node rank's name now (pod mode: the host name it reported)
         *,
         hang_timeout: float | None,
         hang_action: HangAction,
         log_dir: str | None,
     ) -> None:
-        self._hosts = hosts
+        self._host_of = host_of
         self._hang_timeout = hang_timeout
         self._hang_action = hang_action
         self._log_dir = log_dir
@@ -142,7 +142,7 @@ class HeadDoctor:
     def _finish(self, collection: _Collection) -> list[Step]:
         self._collection = None
         problems = list(dict.fromkeys(collection.problems))
-        missing = [self._hosts[n] for n in sorted(collection.waiting)]
+        missing = [self._host_of(n) for n in sorted(collection.waiting)]
         if missing:
             problems.append(f"no answer in time from {', '.join(missing)}")
         lines = show_stacks(collection.stacks, None, collection.reason, log_dir=self._log_dir) if collection.stacks \

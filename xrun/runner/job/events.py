@@ -32,6 +32,7 @@ class HelloReceived:
     peer: str
     xrun_version: str | None = None
     digest: PlanDigest | None = None  # pod mode: the node's plan digest (None: absent or malformed)
+    host: str | None = None  # the host name the node reports (checked printable text: xrun.channel.fields)
 
 
 @dataclass(frozen=True)

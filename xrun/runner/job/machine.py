@@ -198,7 +198,7 @@ class Job:
             self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
             self._out.append(TurnAway(event.conn))
             return
-        node.state, node.connected, node.addr, node.last_seen = NodeState.JOINED, True, event.addr, self.now
+        self.nodes.join(node, event.addr, self.now, name=event.host if self.config.numbered else None)
         self._out.append(Admit(node.rank, event.conn))
         if event.xrun_version != __version__:
             self._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")

@@ -95,6 +95,20 @@ class Nodes(list[Node]):
         for node in self:
             self.by_host.setdefault(node.host, []).append(node)
 
+    def join(self, node: Node, addr: str, now: float, *, name: str | None = None) -> None:
+        """``node``'s hello was admitted; with ``name`` (pod mode without host names) it goes by the host name it
+        reported from now on, unless another node already does (pods on one host: ``node K (name)`` then)."""
+        node.state, node.connected, node.addr, node.last_seen = NodeState.JOINED, True, addr, now
+        if name is not None and name != node.host:
+            self.rename(node, name if name not in self.by_host else f"node {node.rank} ({name})")
+
+    def rename(self, node: Node, name: str) -> None:
+        self.by_host[node.host].remove(node)
+        if not self.by_host[node.host]:
+            del self.by_host[node.host]
+        node.host = name
+        self.by_host.setdefault(name, []).append(node)
+
     def up(self) -> int:
         return self.tally.count(UP)
 

@@ -357,7 +357,7 @@ class _Extras:
     def __init__(self, server: ControlServer) -> None:
         options = server.plan.request.options
         self.server = server
-        self.doctor = HeadDoctor(tuple(n.host for n in server.plan.nodes), hang_timeout=options.hang_timeout,
+        self.doctor = HeadDoctor(lambda rank: server.job.nodes[rank].host, hang_timeout=options.hang_timeout,
                                  hang_action=options.hang_action, log_dir=options.log_dir)
         self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
 
@@ -377,7 +377,7 @@ class _Extras:
             elif kind == Kind.STACKS.value:
                 self.carry_out(self.doctor.stacks(node, msg, now))
             elif kind == Kind.WANT_STACKS.value:
-                self.want(f"{msg.get('reason') or 'a request'} at {self.server.plan.nodes[node].host}")
+                self.want(f"{msg.get('reason') or 'a request'} at {self.server.job.nodes[node].host}")
             elif kind == Kind.QUIET.value:
                 self.carry_out(self.doctor.quiet(node, self.running(), now))
             elif kind == Kind.SPOKE.value:
@@ -433,7 +433,9 @@ def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived
     versions = msg.get("versions")
     version = versions.get("xrun") if isinstance(versions, dict) else None
     addr = str(msg.get("addr") or peer)
-    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version)
+    host = msg.get("host")
+    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version,
+                         host=host if isinstance(host, str) and host else None)
 
 
 def verdict_message(verdict: Verdict) -> Message:

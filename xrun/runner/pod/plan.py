@@ -112,7 +112,7 @@ def _pod(request: JobRequest, detection: Detection | None, io: NodeIO) -> Placem
     placed = replace(
         request, master_addr=master_addr, master_port=master_port, master_port_choice=choice, run_id=run_id,
         remote=replace(request.remote, no_ssh=True, node_rank=node_rank),
-        pod=replace(request.pod, detected=detection),
+        pod=replace(request.pod, detected=detection, numbered=not hosts.named),
     )
     control_port(placed)  # checked now, used by the runtime
     return Placement(placed, hosts.pool, _announcement(request, detection))

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun import channel
@@ -37,6 +37,7 @@ from xrun.channel.link import Credentials, Link, open_link
 from xrun.errors import PortBusyError
 from xrun.launch.output.consoleroute import Route, routed
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.launch.spec import NodeSpec
 from xrun.net import master_port
 from xrun.runner.job.events import Failure, Verdict
 from xrun.runner.job.machine import LINGER, STOP_GRACE
@@ -241,7 +242,7 @@ def run_ranks(plan: Plan, setup: PodSetup, link: Link, node0: _Node0, port: int)
     from xrun.launch.agent import run_node  # noqa: PLC0415 - the rank group loads once the barrier is passed
     from xrun.launch.connect import ChannelHooks, with_rendezvous  # noqa: PLC0415
 
-    spec = plan.nodes[setup.node_rank]
+    spec = own_name(plan, plan.nodes[setup.node_rank])
     if spec.elastic is None and port != plan.rendezvous.master_port:  # node 0 took another: every rank's env says so
         spec = with_rendezvous(spec, plan.rendezvous.master_addr, port)
     hooks = ChannelHooks(link)
@@ -254,6 +255,12 @@ def run_ranks(plan: Plan, setup: PodSetup, link: Link, node0: _Node0, port: int)
         return _finish(setup, _next_verdict(hooks, bound, node0, code))
     finally:
         hooks.close()
+
+
+def own_name(plan: Plan, spec: NodeSpec) -> NodeSpec:
+    """This node's spec under the host name it reports in its hello, where the plan could only number the nodes:
+    its lines' prefixes, log folder and reports then name the pod a user finds in ``kubectl`` (issue 25 §6)."""
+    return replace(spec, host=socket.gethostname()) if plan.request.pod.numbered else spec
 
 
 def console_route(plan: Plan, setup: PodSetup, hooks: Any) -> Route | None:
