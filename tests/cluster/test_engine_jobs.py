@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import signal
 import subprocess
@@ -44,7 +45,7 @@ ENGINES = ["openmpi", "mpich", "slurm"]
 RANK_SCRIPT = r"""
 import json, os, socket, sys, time
 keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "WEIRD", "XRUN_TOKEN", "PYTHONPATH"]
+        "WEIRD", "XRUN_TOKEN", "PYTHONPATH", "HOME"]
 record = {k: os.environ.get(k) for k in keys}
 record.update(host=socket.gethostname(), args=sys.argv[1:], cwd=os.getcwd(),
               cpus=sorted(os.sched_getaffinity(0)))
@@ -220,6 +221,9 @@ def test_env_args_and_rank_contract_arrive_exact(job, engine, weird_args):
         assert rec["WEIRD"] == WEIRD_ENV
         assert rec["XRUN_TOKEN"] is None  # the agent took it out of the environment before starting ranks
         assert rec["cwd"] == str(job.tmp)
+        # the remote account's home as a login gives it, not the head's (job.env sets another): srun starts its
+        # tasks without HOME (the never-send list) and the agent restores it from the password database
+        assert rec["HOME"] == pwd.getpwuid(os.getuid()).pw_dir, rec
     assert not seen, seen
     assert not os.path.exists("/tmp/xrun-pwned")
     job.assert_clean()
