@@ -403,3 +403,37 @@ def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine):
     assert code == 0, out + err
     assert_shown_once_across_nodes(out, err)
     job.assert_clean()
+
+
+RESTART_SCRIPT = r"""
+import os, sys, time
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+print("attempt", attempt, os.environ["RANK"], os.getppid(), os.environ["TORCHELASTIC_MAX_RESTARTS"], flush=True)
+if attempt == "0" and os.environ["RANK"] == "3":
+    time.sleep(0.3)
+    sys.exit(7)
+time.sleep(0.2)
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rank_crash_restarts_in_place_over_the_engines_agents(job, engine):
+    """--max_restarts on an engine (issue 23): the agents the engine started once survive the failure, and the next
+    attempt's ranks start under the same agents with the restart count; nothing left behind."""
+    need_engine(engine)
+    script = job.tmp / "restart.py"
+    script.write_text(RESTART_SCRIPT)
+    code, out, err = job.run(engine, "--max_restarts", "2", script=script)
+    assert code == 0, out + err
+    assert "restarting the job on every node: attempt 1 of 3 (after: rank 3 (local 1) on node1 exited with code 7)" \
+        in err, err
+    seen = {}  # (attempt, rank) -> the agent's pid (the rank's parent)
+    for line in out.splitlines():
+        prefix, _, body = line.partition("] ")
+        if body.startswith("attempt "):
+            _, attempt, rank, agent, most = body.split()
+            assert most == "2" and prefix == f"[{NODE_ORDER[int(rank) // 2]}:{rank}", line
+            seen[(attempt, int(rank))] = agent
+    assert {rank for attempt, rank in seen if attempt == "1"} == set(range(6)), out
+    assert all(seen[("1", rank)] == agent for (attempt, rank), agent in seen.items() if attempt == "0"), seen
+    job.assert_clean()
