@@ -43,3 +43,10 @@ def test_lightning_joins_xruns_ranks(tmp_path):
     pytest.importorskip("lightning", reason="pip install -e '.[clients]'")
     reports = run_client("lightning_job.py", tmp_path)
     assert {r["env"] for r in reports} == {"TorchElasticEnvironment"}
+
+
+def test_deepspeed_script_with_local_rank_argument(tmp_path):
+    pytest.importorskip("deepspeed", reason="DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed")
+    reports = run_client("deepspeed_job.py", tmp_path)
+    assert all(r["local_rank_arg"] == r["local_rank_env"] == r["rank"] and r["steps"] == 2 for r in reports)
+    assert reports[0]["checksum"] == reports[1]["checksum"]  # DeepSpeed's gradient all-reduce ran over xrun's world
