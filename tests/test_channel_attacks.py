@@ -525,9 +525,18 @@ class Relay:
 
 
 def replay(port: int, streams: list[bytearray]) -> None:
-    """Each recorded agent stream, byte for byte, on a fresh connection; whatever comes back is ignored."""
+    """Each recorded agent stream, byte for byte, on a fresh connection; whatever comes back is ignored. A server
+    not listening yet (a loaded machine starts node 0 late) is waited for: a refused replay would prove nothing."""
+    deadline = time.monotonic() + 30.0
     for stream in streams:
-        with contextlib.suppress(OSError), dial(port, timeout=5.0) as sock:
+        while True:
+            try:
+                sock = dial(port, timeout=5.0)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, f"nothing listens on port {port}"
+                time.sleep(0.05)
+        with contextlib.suppress(OSError), sock:
             sock.sendall(bytes(stream))
             sock.shutdown(socket.SHUT_WR)
             until_closed(sock)

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import resource
 import selectors
 import socket
 import ssl
@@ -25,6 +26,7 @@ from xrun import channel
 from xrun.channel import ChannelError, Kind, message, proof, tls, tls_server
 from xrun.channel.admission import Admission, PendingLimits, fd_headroom
 from xrun.channel.handshake import ClientHandshake, ServerHandshake
+from xrun.runner.job.gate import descriptor_room, limits_for
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -654,6 +656,15 @@ def test_an_ipv6_host_cannot_dodge_the_per_source_cap_by_changing_address():
 def test_fd_headroom_keeps_the_agents_descriptors():
     assert fd_headroom(1024, 100, keep=128) == 796
     assert fd_headroom(1024, 1000, keep=128) == 0
+
+
+def test_the_pending_cap_never_exceeds_the_descriptors_left():
+    assert limits_for(8) == PendingLimits(total=512, per_source=16)
+    assert limits_for(8, room=796) == PendingLimits(total=512, per_source=16)  # ulimit -n 1024: the cap as is
+    assert limits_for(8, room=100) == PendingLimits(total=100, per_source=16)  # a low limit: fewer strangers
+    assert limits_for(2000, room=0) == PendingLimits(total=16, per_source=16)  # always room to admit a node
+    room = descriptor_room(8)
+    assert room is not None and 0 <= room < resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 8
 
 
 SHED = r"""

@@ -17,11 +17,12 @@ A stranger is closed without a word back; ``strays`` counts them for the job's l
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from typing import TYPE_CHECKING
 
 from xrun.channel import Message
-from xrun.channel.admission import Admission, PendingLimits, SpareFd
+from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.handshake import ServerHandshake
 from xrun.runner.job.keys import NodeKeys
 
@@ -35,10 +36,32 @@ OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 REFUSALS_PER_TURN = 256
 
 
-def limits_for(nodes: int) -> PendingLimits:
-    """Room for every node's agent to connect at once, even from one address, and bounds for the rest."""
-    return PendingLimits(total=max(PENDING_TOTAL, nodes + PENDING_PER_SOURCE),
-                         per_source=max(PENDING_PER_SOURCE, nodes))
+KEEP_DESCRIPTORS = 128  # beside one per node: node 0's own agent (pod mode) needs its ranks' pipes and logs
+
+
+def limits_for(nodes: int, room: int | None = None) -> PendingLimits:
+    """Room for every node's agent to connect at once, even from one address, and bounds for the rest; with
+    ``room`` (the descriptors strangers may hold: ``descriptor_room``) never more pending than that, so a flood
+    under a low ``ulimit -n`` cannot take the descriptors the nodes and node 0's agent need (issue 22 §2)."""
+    total = max(PENDING_TOTAL, nodes + PENDING_PER_SOURCE)
+    if room is not None:
+        total = max(PENDING_PER_SOURCE, min(total, room))
+    return PendingLimits(total=total, per_source=min(total, max(PENDING_PER_SOURCE, nodes)))
+
+
+def descriptor_room(nodes: int) -> int | None:
+    """How many descriptors pending strangers may take under ``RLIMIT_NOFILE``, keeping one per node (its
+    admitted connection) and ``KEEP_DESCRIPTORS``; None where the open descriptors cannot be counted."""
+    import resource  # noqa: PLC0415 - a server's concern only
+
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return fd_headroom(soft, in_use, keep=KEEP_DESCRIPTORS + nodes)
 
 
 class Gate:
@@ -52,7 +75,7 @@ class Gate:
         self.tls = self.identity.server_context()
         self.keys = keys
         self.prove_server = prove_server
-        self.admission = Admission(limits_for(nodes))
+        self.admission = Admission(limits_for(nodes, descriptor_room(nodes)))
         self.spare = SpareFd()
         self.held: dict[int, list[tuple[Conn, Message]]] = {}  # hellos waiting for their node's announced key
         self.strays = 0
