@@ -56,6 +56,7 @@ from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
+from xrun.launch.network.modes import MissingInterface
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.stacks import RankStack
@@ -408,16 +409,29 @@ class ChannelHooks:
 
 
 def wait_for_start(link: Link) -> dict[str, Any] | None:
-    """Block at the barrier; answer pings. Returns the start message, or None when told to stop."""
-    while True:
-        msg = link.recv(timeout=channel.DEAD_AFTER)
-        kind = msg.get("type")
-        if kind == Kind.START.value:
-            return msg
-        if kind == Kind.PING.value:
-            link.send(message(Kind.PONG))
-        elif kind == Kind.STOP.value:
-            return None
+    """Block at the barrier; answer pings and, with ``--precheck``, the runner's probe commands (issue 24: its
+    network check across the nodes, before any rank starts). Returns the start message, or None when told to
+    stop."""
+    probes: Any = None  # xrun.launch.network.onchannel.NodeProbes, loaded only when the runner asks
+    try:
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)
+            kind = msg.get("type")
+            if kind == Kind.START.value:
+                return msg
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.STOP.value:
+                return None
+            elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
+                if probes is None:
+                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
+
+                    probes = NodeProbes(link.send)
+                probes.handle(msg)
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 def node0_port(host: str, first: Mapping[str, Any], *, near: str) -> int | None:
@@ -444,7 +458,9 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
-        link.send(message(Kind.ERROR, message=str(err)))
+        # a missing --network_interface is bad input (exit 2); what else fails here ends the job as a node failure
+        bad_input = isinstance(err, MissingInterface)
+        link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code if bad_input else None))
         return err.exit_code
     try:
         rank0_port = node0_port(spec.host, first, near=link.sock.getsockname()[0])
