@@ -469,7 +469,8 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         return err.exit_code
     link.send(message(Kind.READY, master_port=rank0_port))
     start = wait_for_start(link)
-    if start is None:
+    if start is None:  # stopped at the barrier (another node failed, --precheck found a bad node): say so, end
+        link.send(message(Kind.DONE, exit_code=128 + signal.SIGTERM))
         return 128 + signal.SIGTERM
     from xrun.launch.agent import run_node
 

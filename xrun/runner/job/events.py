@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from xrun.runner.job.digest import PlanDigest
-    from xrun.runner.job.precheck import PrecheckResult
+    from xrun.runner.network.report import PrecheckResult
 
 # -- events ---------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""``--precheck`` (issue 24) as data and one decision: what the network check across a job's nodes found, and what
-the job does about it. Pure: no socket, no clock.
+"""``--precheck`` (issue 24): the one decision about what the network check across a job's nodes found (its result
+is data: ``xrun.runner.network.report.PrecheckResult``, each bad node's rank, host, verdict, reason and figures).
+Pure: no socket, no clock.
 
 The check itself is ``xrun check --network``'s (``xrun.runner.network``: the same rounds, the same verdict rules),
 run over the job's own connected agents once every node is through the start barrier and before any rank starts
@@ -12,45 +13,9 @@ bad nodes can be replaced by spares that passed becomes "replace them" instead o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from xrun.runner.job.events import Failure
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
-from xrun.runner.network.report import NodeRow, format_table
-from xrun.runner.network.verdict import RULE, Verdict
-
-
-@dataclass(frozen=True)
-class BadNode:
-    """A node the check named: its node rank, host, verdict ('slow' or 'unreachable'), why, and its figures."""
-
-    rank: int
-    row: NodeRow
-
-    def describe(self) -> str:
-        result, figures = self.row.result, self.row.result.figures
-        shown = (f"best pair {figures.latency_ms:.3f} ms, {figures.throughput_mbs:.1f} MB/s" if figures
-                 else "no pair with it succeeded")
-        why = f": {result.reason}" if result.reason else ""
-        return f"{self.row.host} {result.verdict.value}{why} ({shown})"
-
-
-@dataclass(frozen=True)
-class PrecheckResult:
-    """Every checked node's row (host, interface, address, figures, verdict), by node rank; the check's time."""
-
-    ranks: tuple[int, ...]  # the node ranks checked, in the order of ``rows``
-    rows: tuple[NodeRow, ...]
-    elapsed: float
-
-    @property
-    def bad(self) -> tuple[BadNode, ...]:
-        return tuple(BadNode(rank, row) for rank, row in zip(self.ranks, self.rows)
-                     if row.result.verdict is not Verdict.OK)
-
-    def table(self) -> list[str]:
-        """The check's table (``xrun check --network``'s), to show next to a failure."""
-        return format_table(self.rows).splitlines()
+from xrun.runner.network.report import PrecheckResult
 
 
 def decide(result: PrecheckResult) -> Failure | None:
@@ -61,7 +26,7 @@ def decide(result: PrecheckResult) -> Failure | None:
     if not bad:
         return None
     named = "; ".join(node.describe() for node in bad)
-    reason = f"precheck: {len(bad)} of {len(result.rows)} node(s) bad, no rank started: {named} [rule: {RULE}]"
+    reason = f"precheck: {len(bad)} of {len(result.rows)} node(s) bad, no rank started: {named}"
     return Failure(", ".join(node.row.host for node in bad), reason, NODE_FAILURE_EXIT, final=True)
 
 

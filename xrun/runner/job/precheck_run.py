@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from xrun.channel import Kind, Message, message
 from xrun.runner.job.events import PrecheckDone, RunPrecheck
-from xrun.runner.job.precheck import PrecheckResult
 from xrun.runner.job.status import say
 from xrun.runner.network.coordinate import REACH, Check, Request, Stepper
-from xrun.runner.network.report import node_rows
+from xrun.runner.network.report import PrecheckResult, node_rows
 from xrun.runner.network.verdict import Probe
 
 if TYPE_CHECKING:
