@@ -115,8 +115,7 @@ class FakeServer:
     """What ChannelPrecheck uses of the control server; a node answers as the network says, or stays mute."""
 
     def __init__(self, count, *, slow=(), mute_open=(), mute_probe=()):
-        self.plan = SimpleNamespace(nodes=[SimpleNamespace(host=f"n{i}") for i in range(count)])
-        self.job = SimpleNamespace(stopping=False)
+        self.job = SimpleNamespace(stopping=False, nodes=[SimpleNamespace(host=f"n{i}") for i in range(count)])
         self.slow, self.mute_open, self.mute_probe = set(slow), set(mute_open), set(mute_probe)
         self.sent, self.fed, self.timers, self.inbox = [], [], [], []
 
