@@ -76,9 +76,7 @@ class Barrier:
     def _precheck(self) -> list[Action]:
         """Every node is up: the network check across them (the restarts of --max_restarts skip it)."""
         self.prechecking = True
-        nodes = self.nodes.reachable()
-        line = f"precheck: checking the network across {len(nodes)} node(s) before any rank starts"
-        return [ShowLine(line), RunPrecheck(nodes, self._master_addr())]
+        return [RunPrecheck(self.nodes.reachable(), self._master_addr())]
 
     def _master_addr(self) -> str:
         node0 = self.nodes[0]
