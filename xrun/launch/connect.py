@@ -470,8 +470,7 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     link.send(message(Kind.READY, master_port=rank0_port))
     start = wait_for_start(link)
     if start is None:  # stopped at the barrier (another node failed, --precheck found a bad node): say so, end
-        link.send(message(Kind.DONE, exit_code=128 + signal.SIGTERM))
-        return 128 + signal.SIGTERM
+        return stopped_at_barrier(link, engine=engine)
     from xrun.launch.agent import run_node
 
     hooks = ChannelHooks(link)
@@ -484,6 +483,17 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
+
+
+def stopped_at_barrier(link: Link, *, engine: bool) -> int:
+    """The node's ``done`` when the runner stopped the job before any rank started (the runner then has every node
+    over at once, not after a dropped connection each); to an engine, 0 once it went out (``engine_exit_code``)."""
+    code = 128 + signal.SIGTERM
+    try:
+        link.send(message(Kind.DONE, exit_code=code))
+    except OSError:
+        return code
+    return engine_exit_code(code, delivered=True) if engine else code
 
 
 def use_spec(link: Link, first: Mapping[str, Any]) -> NodeSpec:
