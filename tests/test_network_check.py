@@ -125,7 +125,7 @@ class FakeNet:
 
 
 def verdicts_of(net, count, down=None):
-    outcome = Check(net, range(count), down).run()
+    outcome = Check(range(count), down).run(net)
     return {n: v.verdict.value for n, v in outcome.verdicts.items()}
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.cluster.harness import IFACE, tool
+from tests.cluster.harness import IFACE, _cmdline, netns_pids, tool
 from tests.conftest import ROOT
 
 RANK_SCRIPT = "import os, socket; print('IF', socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), " \
@@ -109,9 +109,9 @@ def test_five_nodes_odd_count_all_covered_in_time(make_cluster, tmp_path, python
     assert done.returncode == 0 and elapsed < 30, (elapsed, done.stdout, done.stderr)
 
 
-def run_job(cluster, tmp_path, python, *args, env=None):
+def run_job(cluster, tmp_path, python, *args, env=None, script_text=RANK_SCRIPT):
     script = tmp_path / "ifname.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(script_text)
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=1)
     argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
             "--ssh_config", str(cluster.ssh_config), *args, str(script)]
@@ -146,3 +146,54 @@ def test_network_interface_none_and_a_missing_name(cluster, tmp_path, python):
     named = [line for line in done.stderr.splitlines() if "has no interface 'ib7'; it has: lo, xceth0" in line]
     assert len(named) == 1 and named[0].startswith("xrun:"), done.stderr
     assert "ranks" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr  # bad input, not a node failure
+
+
+# -- --precheck: the same check across a job's nodes, over its agents, before any rank starts ------------------
+
+# Each rank leaves a file named after its host the moment it starts: no file, no rank ever ran.
+MARKED_SCRIPT = ("import os, socket, sys; open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "
+                 "'started-' + socket.gethostname()), 'w').close(); " + RANK_SCRIPT)
+
+
+def agents_left(cluster):
+    """Every xrun process still running on a node (agents, ranks): none may outlive the job."""
+    return [(node.name, _cmdline(pid)) for node in cluster.nodes for pid in netns_pids(node.netns)
+            if "xrun.launch" in _cmdline(pid) or "ifname.py" in _cmdline(pid)]
+
+
+def test_precheck_on_a_healthy_cluster_starts_the_ranks(cluster, tmp_path, python):
+    done, seen = run_job(cluster, tmp_path, python, "--precheck", script_text=MARKED_SCRIPT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert seen == {f"node{i}": (IFACE, IFACE) for i in (1, 2, 3)}, done.stdout
+    passed = [line for line in done.stderr.splitlines() if "precheck passed: 3 node(s) ok in" in line]
+    assert len(passed) == 1, done.stderr
+
+
+def test_precheck_ends_the_job_before_any_rank_when_a_node_is_slow(cluster, tmp_path, python):
+    slow_ingress(cluster, "node2")
+    try:
+        done, seen = run_job(cluster, tmp_path, python, "--precheck", script_text=MARKED_SCRIPT)
+    finally:
+        heal_ingress(cluster, "node2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert seen == {} and not list(tmp_path.glob("started-*")), done.stdout  # no rank ever started
+    failed = [line for line in done.stderr.splitlines() if line.startswith("xrun: job failed: precheck:")]
+    assert len(failed) == 1 and "node2 slow: throughput" in failed[0] and "MB/s" in failed[0], done.stderr
+    assert "node1 slow" not in failed[0] and "node3" not in failed[0], failed[0]
+    deadline = time.monotonic() + 10
+    while agents_left(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents_left(cluster) == []
+
+
+def test_precheck_names_a_node_refusing_inbound_tcp_unreachable(cluster, tmp_path, python):
+    refuse_inbound(cluster, "node3")  # its agent still reaches the head (outbound): only its probe server is refused
+    try:
+        done, seen = run_job(cluster, tmp_path, python, "--precheck", script_text=MARKED_SCRIPT)
+    finally:
+        refuse_inbound(cluster, "node3", on=False)
+    assert done.returncode == 1 and seen == {} and not list(tmp_path.glob("started-*")), done.stdout + done.stderr
+    failed = [line for line in done.stderr.splitlines() if line.startswith("xrun: job failed: precheck:")]
+    assert len(failed) == 1 and "node3 unreachable: refuses connections" in failed[0], done.stderr
+    assert "node1" not in failed[0] and "node2" not in failed[0], failed[0]

@@ -27,6 +27,9 @@ Agent -> runner                                   Runner -> agent
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
   output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
                      shown on node 0's console
+  probe_ready(address, port, interface, ...)        probe_open(toward)    --precheck, at the barrier: open the
+                                                                          node's probe server (issue 24)
+  probed(id, ok, latency_ms, throughput_mbs, error) probe(id, probe, mode, seconds, timeout)   probe a peer
 
 Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel as 64 lowercase hex digits. Head
 mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).
@@ -73,6 +76,10 @@ class Kind(str, enum.Enum):
     SPOKE = "spoke"  # the first output after quiet
     OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
     RESTART = "restart"  # --max_restarts: every node is done with an attempt; prepare the next and say ready
+    PROBE_OPEN = "probe_open"  # --precheck (issue 24): open this node's probe server, say where it listens
+    PROBE_READY = "probe_ready"  # the answer: address, port and interface toward the master
+    PROBE = "probe"  # --precheck: probe a peer's server (id, probe ADDR:PORT, mode, seconds, timeout)
+    PROBED = "probed"  # the answer: id and the measurement (ok, latency_ms, throughput_mbs, error)
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

@@ -56,6 +56,7 @@ from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
+from xrun.launch.network.modes import MissingInterface
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.stacks import RankStack
@@ -408,16 +409,29 @@ class ChannelHooks:
 
 
 def wait_for_start(link: Link) -> dict[str, Any] | None:
-    """Block at the barrier; answer pings. Returns the start message, or None when told to stop."""
-    while True:
-        msg = link.recv(timeout=channel.DEAD_AFTER)
-        kind = msg.get("type")
-        if kind == Kind.START.value:
-            return msg
-        if kind == Kind.PING.value:
-            link.send(message(Kind.PONG))
-        elif kind == Kind.STOP.value:
-            return None
+    """Block at the barrier; answer pings and, with ``--precheck``, the runner's probe commands (issue 24: its
+    network check across the nodes, before any rank starts). Returns the start message, or None when told to
+    stop."""
+    probes: Any = None  # xrun.launch.network.onchannel.NodeProbes, loaded only when the runner asks
+    try:
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)
+            kind = msg.get("type")
+            if kind == Kind.START.value:
+                return msg
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.STOP.value:
+                return None
+            elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
+                if probes is None:
+                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
+
+                    probes = NodeProbes(link.send)
+                probes.handle(msg)
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 def node0_port(host: str, first: Mapping[str, Any], *, near: str) -> int | None:
@@ -444,7 +458,9 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
     except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
-        link.send(message(Kind.ERROR, message=str(err)))
+        # a missing --network_interface is bad input (exit 2); what else fails here ends the job as a node failure
+        bad_input = isinstance(err, MissingInterface)
+        link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code if bad_input else None))
         return err.exit_code
     try:
         rank0_port = node0_port(spec.host, first, near=link.sock.getsockname()[0])
@@ -453,8 +469,8 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         return err.exit_code
     link.send(message(Kind.READY, master_port=rank0_port))
     start = wait_for_start(link)
-    if start is None:
-        return 128 + signal.SIGTERM
+    if start is None:  # stopped at the barrier (another node failed, --precheck found a bad node): say so, end
+        return stopped_at_barrier(link, engine=engine)
     from xrun.launch.agent import run_node
 
     hooks = ChannelHooks(link)
@@ -467,6 +483,17 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
+
+
+def stopped_at_barrier(link: Link, *, engine: bool) -> int:
+    """The node's ``done`` when the runner stopped the job before any rank started (the runner then has every node
+    over at once, not after a dropped connection each); to an engine, 0 once it went out (``engine_exit_code``)."""
+    code = 128 + signal.SIGTERM
+    try:
+        link.send(message(Kind.DONE, exit_code=code))
+    except OSError:
+        return code
+    return engine_exit_code(code, delivered=True) if engine else code
 
 
 def use_spec(link: Link, first: Mapping[str, Any]) -> NodeSpec:

@@ -27,6 +27,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         **dry_run_json(plan),  # "platform": what was detected, "pod": this node's pod-mode setup
         "restarts": {"max_restarts": plan.request.restart.max_restarts,
                      "min_attempt_s": plan.request.restart.min_attempt_s},
+        "precheck": plan.request.remote.precheck,
         "nodes": [
             {
                 "host": node.host,
@@ -83,6 +84,14 @@ def restart_note(plan: Plan) -> list[str]:
     return [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"]
 
 
+def precheck_note(plan: Plan) -> list[str]:
+    """--precheck (issue 24): the network check that runs before any rank starts."""
+    if not plan.request.remote.precheck:
+        return []
+    return [f"precheck: once every agent is up, the network check (as xrun check --network) across the "
+            f"{len(plan.nodes)} nodes before any rank starts; a slow or unreachable node ends the job (exit 1)"]
+
+
 def plan_text(plan: Plan, invocation: Invocation) -> str:
     from xrun.runner.pod.plan import dry_run_lines  # platform detection and the digest: for dry runs only
 
@@ -93,6 +102,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         *port_note(plan),
         *restart_note(plan),
+        *precheck_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]

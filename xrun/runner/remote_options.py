@@ -52,6 +52,7 @@ class RemoteOptions:
     no_ssh: bool = False
     node_rank: int | None = None  # --no_ssh: this node's rank, given by hand
     launcher_args: tuple[str, ...] = ()  # --launcher_args, shell-split: extra arguments for mpirun/srun
+    precheck: bool = False  # --precheck: the network check across the nodes before any rank starts (issue 24)
 
     @property
     def ssh(self) -> SshSettings:
@@ -86,6 +87,9 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
         help="with --no_ssh or --pod: this node's index in the hostfile")
     add(*spellings("--launcher_args"), default="", metavar="ARGS",
         help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")
+    add("--precheck", action="store_true",
+        help="once every node's agent is up, run the network check (xrun check --network) across the nodes "
+             "before any rank starts; a slow or unreachable node ends the job, named (exit 1)")
 
 
 def ssh_settings(ns: argparse.Namespace) -> SshSettings:
@@ -118,4 +122,5 @@ def remote_options(ns: argparse.Namespace) -> RemoteOptions:
         exports=tuple(ns.export),
         no_ssh=ns.no_ssh,
         node_rank=ns.node_rank,
+        precheck=ns.precheck,
     )

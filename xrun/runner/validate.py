@@ -3,10 +3,11 @@ real run executes (one function for both, so a dry run that passes means the run
 
 On this machine: the nodes whose agent runs here (a local run; a ``--no_ssh``/pod node's own share) get the
 node preflight (``xrun.launch.preflight``: interpreter, program, log directory), a ``--control_addr`` must be an
-address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue 17), and
-the job's open files must fit under this machine's hard limit (``xrun.fdlimit``: a control channel per node, or
-the ranks that run here). What only a remote node can tell (its script, its interpreter) is checked by its agent
-there and reported as one line naming the host.
+address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue 17),
+``--precheck`` needs a static job of several nodes with a head, and the job's open files must fit under this
+machine's hard limit (``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a
+remote node can tell (its script, its interpreter) is checked by its agent there and reported as one line naming
+the host.
 """
 
 from __future__ import annotations
@@ -35,7 +36,22 @@ def validate(plan: Plan) -> None:
     if request.restart.restarts and traits.nodes_start_themselves:  # issue 23's pod part is not built yet
         raise UsageError("--max_restarts", "without --elastic it is not supported in pod mode (--pod, --no_ssh) yet; "
                          "use --elastic --max_restarts, or let the platform restart the pods")
+    if request.remote.precheck:
+        check_precheck(plan, traits)
     check_open_files("this job's head node", head_open_files(plan, traits))
+
+
+def check_precheck(plan: Plan, traits: Traits) -> None:
+    """--precheck (issue 24) pairs the nodes of a static job over the head's control channel."""
+    if len(plan.nodes) < 2:
+        hosts = ", ".join(node.host for node in plan.nodes)
+        raise UsageError("--precheck", f"needs at least 2 nodes to pair, the job has {len(plan.nodes)} ({hosts})")
+    if not traits.uses_channel:
+        raise UsageError("--precheck", "is not supported in pod mode (--pod, --no_ssh) yet; run xrun check --network "
+                         "-H HOSTFILE before the job instead")
+    if plan.nodes[0].elastic is not None:
+        raise UsageError("--precheck", "does not go with --elastic: its nodes start as they come, never all at once; "
+                         "run xrun check --network -H HOSTFILE before the job instead")
 
 
 def head_open_files(plan: Plan, traits: Traits) -> int:

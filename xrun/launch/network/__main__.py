@@ -19,36 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
 
-from xrun.launch.network import interfaces
-from xrun.launch.network.probe import Measurement, ProbeServer, measure, reach
-
-
-def hello(toward: str | None, port: int) -> dict[str, Any]:
-    choice = interfaces.interface_toward(toward or socket.gethostname())
-    return {
-        "ready": True,
-        "host": socket.gethostname(),
-        "address": choice.source,
-        "port": port,
-        "interface": choice.interface,
-        "interfaces": list(interfaces.interface_names()),
-        "loopback_name": interfaces.hostname_is_loopback(socket.gethostname()),
-    }
-
-
-def answer(command: dict[str, Any]) -> Measurement:
-    address, _, port = str(command["probe"]).rpartition(":")
-    address = address.strip("[]")  # [v6]:port
-    timeout = float(command.get("timeout", 3.0))
-    if command.get("mode") == "reach":
-        return reach(address, int(port), timeout=timeout)
-    return measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
+from xrun.launch.network.commands import hello, safe_answer
+from xrun.launch.network.probe import ProbeServer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,11 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             try:
                 command = json.loads(line)
-                if command.get("quit"):
-                    break
-                result = answer(command)
-            except (ValueError, KeyError, TypeError) as err:
-                result = Measurement(ok=False, error=f"bad command {line.strip()[:80]!r}: {err}")
+            except ValueError:
+                command = {}
+            if isinstance(command, dict) and command.get("quit"):
+                break
+            result = safe_answer(command if isinstance(command, dict) else {}, line)
             print(json.dumps(asdict(result)), flush=True)
     finally:
         server.close()

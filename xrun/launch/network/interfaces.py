@@ -22,8 +22,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xrun.errors import UsageError
-from xrun.launch.network.modes import AUTO, NONE, VARIABLES  # noqa: F401 - re-exported: the module's words
+from xrun.launch.network.modes import AUTO, NONE, VARIABLES, MissingInterface  # noqa: F401 - re-exported
 
 _SIOCGIFADDR = 0x8915  # netdevice(7): an interface's primary IPv4 address
 
@@ -178,7 +177,7 @@ def interface_names() -> tuple[str, ...]:
 def check_interface_name(host: str, name: str, names: Sequence[str]) -> None:
     """``--network_interface NAME`` on a node that lacks it: one line naming the node and what it has."""
     if name not in names:
-        raise UsageError("--network_interface", f"{host} has no interface {name!r}; it has: {', '.join(names)}")
+        raise MissingInterface(host, name, tuple(names))
 
 
 def interface_variables(interface: str | None, env: Mapping[str, str]) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """The job's start barrier (``xrun.runner.job.machine``): when the nodes are told to start, and with which endpoint.
 
 A static job holds every node until all are ready, or until ``--join_timeout`` passes (naming the missing hosts),
-with a status line every ``STATUS_EVERY`` while it holds. ``--elastic`` starts each node as soon as it is ready:
+with a status line every ``STATUS_EVERY`` while it holds; with ``--precheck`` it then holds them through the
+network check (``RunPrecheck``; no join timeout meanwhile: the check bounds its own time) until the machine
+hears it passed (``precheck_passed``). ``--elastic`` starts each node as soon as it is ready:
 torch's rendezvous is the barrier, and the job counts as started once ``--min_nodes`` run. Pure: the caller feeds
 the time and carries out the actions.
 """
@@ -9,7 +11,7 @@ the time and carries out the actions.
 from __future__ import annotations
 
 from xrun.runner.job.config import ElasticRule, JobConfig
-from xrun.runner.job.events import Action, Failure, SendStart, ShowLine, ShowStarted, ShowWaiting
+from xrun.runner.job.events import Action, Failure, RunPrecheck, SendStart, ShowLine, ShowStarted, ShowWaiting
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 
@@ -33,10 +35,11 @@ class Barrier:
         self.t0 = t0
         self.started_at: float | None = None
         self.next_status = t0
+        self.prechecking = False  # --precheck: every node is up, the network check runs
 
     def holding(self, *, stopping: bool) -> bool:
-        """Still waiting for the nodes to start (a stopping job waits for nothing)."""
-        return self.started_at is None and not stopping
+        """Still waiting for the nodes to come up (a stopping job waits for nothing)."""
+        return self.started_at is None and not stopping and not self.prechecking
 
     def deadlines(self) -> list[float]:
         """While holding: the next status line and the join timeout."""
@@ -47,8 +50,13 @@ class Barrier:
         if self.config.elastic is not None:
             return self._start_elastic(node, self.config.elastic, now)
         if self.nodes.up() == len(self.nodes):
-            return self._start_all(now)
+            return self._precheck() if self.config.precheck and self.attempt == 0 else self._start_all(now)
         return []
+
+    def precheck_passed(self, line: str, now: float) -> list[Action]:
+        """--precheck found every node ok: ``line`` says so, and the ranks start."""
+        self.prechecking = False
+        return [ShowLine(line), *self._start_all(now)]
 
     def timed_out(self, now: float) -> Failure | None:
         """The join timeout, naming the hosts not ready, once ``--join_timeout`` has passed."""
@@ -65,9 +73,18 @@ class Barrier:
         self.next_status = now + STATUS_EVERY
         return [ShowWaiting(self.nodes.up(), tuple(self.nodes.missing()), now - self.t0)]
 
+    def _precheck(self) -> list[Action]:
+        """Every node is up: the network check across them (the restarts of --max_restarts skip it)."""
+        self.prechecking = True
+        return [RunPrecheck(self.nodes.reachable(), self._master_addr())]
+
+    def _master_addr(self) -> str:
+        node0 = self.nodes[0]
+        return self.config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
+
     def _start_all(self, now: float) -> list[Action]:
         node0, config = self.nodes[0], self.config
-        master_addr = config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
+        master_addr = self._master_addr()
         picked = config.pick_master_port or not config.master_port
         master_port = node0.master_port if picked and node0.master_port else config.master_port
         self.started_at = now

@@ -34,6 +34,7 @@ class JobConfig:
     verdict_to_nodes: bool = False  # pod mode: every node exits with the job's code, so it must be told
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
     numbered: bool = False  # pod mode without host names: a node goes by the host name its hello reports
+    precheck: bool = False  # --precheck (issue 24): the network check across the nodes before any rank starts
 
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
@@ -49,4 +50,5 @@ class JobConfig:
             elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
             restart=plan.request.restart,
             numbered=plan.request.pod.numbered,
+            precheck=plan.request.remote.precheck,
         )

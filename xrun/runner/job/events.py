@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from xrun.runner.job.digest import PlanDigest
+    from xrun.runner.network.report import PrecheckResult
 
 # -- events ---------------------------------------------------------------------------------------------------
 
@@ -107,6 +108,13 @@ class Hung:
 
 
 @dataclass(frozen=True)
+class PrecheckDone:
+    """--precheck (issue 24): the network check across the nodes is over (xrun.runner.job.precheck_run)."""
+
+    result: PrecheckResult
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: deadlines (join, stop, keepalive, linger) are checked against the ``now`` it is fed with."""
 
@@ -115,7 +123,7 @@ class Tick:
 AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
 Event = Union[
     HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Hung,
-    Tick,
+    Tick, PrecheckDone,
 ]
 
 # -- actions --------------------------------------------------------------------------------------------------
@@ -178,6 +186,15 @@ class SendStop:
 
 
 @dataclass(frozen=True)
+class RunPrecheck:
+    """--precheck (issue 24): every node is ready; run the network check across ``nodes`` before any rank starts
+    (each node's interface is the one toward ``toward``, the master address)."""
+
+    nodes: tuple[int, ...]
+    toward: str
+
+
+@dataclass(frozen=True)
 class SendPing:
     nodes: tuple[int, ...]
 
@@ -227,7 +244,7 @@ class SendVerdict:
 
 Action = Union[
     Admit, TurnAway, SendSpec, SendAccept, SendStart, SendRestart, SendStop, SendPing, SendVerdict, Drop, ShowLine,
-    ShowJoined, ShowWaiting, ShowStarted,
+    ShowJoined, ShowWaiting, ShowStarted, RunPrecheck,
 ]
 
 # -- the outcome ----------------------------------------------------------------------------------------------

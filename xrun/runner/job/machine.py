@@ -47,6 +47,7 @@ from xrun.runner.job.events import (
     Heard,
     HelloReceived,
     Hung,
+    PrecheckDone,
     RankExited,
     Ready,
     SendPing,
@@ -62,6 +63,7 @@ from xrun.runner.job.events import (
     Verdict,
 )
 from xrun.runner.job.nodes import Node, Nodes, NodeState
+from xrun.runner.job.precheck import decide, passed_line
 from xrun.runner.job.verdict import (
     RootCause,
     agent_failure,
@@ -358,6 +360,18 @@ class Job:
         self._out.append(ShowLine(text))
 
 
+def _precheck_done(job: Job, event: PrecheckDone) -> None:
+    """--precheck is over (issue 24): the ranks start, or the job ends as ``precheck.decide`` says (outside the
+    class: its bound)."""
+    if job.stopping:
+        return  # a node was lost or a signal came meanwhile: the job is ending already
+    failure = decide(event.result)
+    if failure is None:
+        job._out += job.barrier.precheck_passed(passed_line(event.result), job.now)
+    else:
+        job._fail(failure)
+
+
 Job._HANDLERS = {
     HelloReceived: Job._hello,
     Ready: Job._ready,
@@ -370,4 +384,5 @@ Job._HANDLERS = {
     SignalReceived: Job._signal,
     Hung: Job._hung,
     Tick: Job._tick,
+    PrecheckDone: _precheck_done,
 }

@@ -68,6 +68,7 @@ from xrun.runner.job.events import (
     Hung,
     RankExited,
     Ready,
+    RunPrecheck,
     SendAccept,
     SendPing,
     SendRestart,
@@ -227,6 +228,7 @@ class ControlServer:
             ShowJoined: lambda a: status.joined(a.host, a.ready, a.total),
             ShowWaiting: lambda a: status.waiting(a.ready, list(a.missing), a.elapsed),
             ShowStarted: lambda a: status.started(a.nodes, a.ranks, a.elapsed, a.master_addr, a.master_port),
+            RunPrecheck: lambda a: self.extras.run_precheck(a),
         }
 
     def _on_signal_received(self, signum: int) -> None:
@@ -351,8 +353,9 @@ class ControlServer:
 
 
 class _Extras:
-    """What the loop carries besides the job: the hang doctor (xrun.runner.job.doctor) and every rank's figures
-    (xrun.launch.result.summary), both fed from the agents' messages before the machine sees them."""
+    """What the loop carries besides the job: the hang doctor (xrun.runner.job.doctor), every rank's figures
+    (xrun.launch.result.summary) and ``--precheck``'s network check (xrun.runner.job.precheck_run), all fed from
+    the agents' messages before the machine sees them."""
 
     def __init__(self, server: ControlServer) -> None:
         options = server.plan.request.options
@@ -360,6 +363,12 @@ class _Extras:
         self.doctor = HeadDoctor(lambda rank: server.job.nodes[rank].host, hang_timeout=options.hang_timeout,
                                  hang_action=options.hang_action, log_dir=options.log_dir)
         self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
+        self.precheck: Any = None  # --precheck: its ChannelPrecheck while it runs (loaded only then)
+
+    def run_precheck(self, action: RunPrecheck) -> None:
+        from xrun.runner.job.precheck_run import ChannelPrecheck  # noqa: PLC0415 - --precheck only
+
+        self.precheck = ChannelPrecheck(self.server, action, now=time.monotonic())
 
     def failure_stacks(self) -> bool:
         """A stop because something failed (not a signal, not a hang): the agents take their ranks' stacks first."""
@@ -382,6 +391,8 @@ class _Extras:
                 self.carry_out(self.doctor.quiet(node, self.running(), now))
             elif kind == Kind.SPOKE.value:
                 self.doctor.spoke(node)
+            elif kind in (Kind.PROBE_READY.value, Kind.PROBED.value) and self.precheck is not None:
+                self.precheck.message(node, msg, now)
         except ValueError as err:
             raise ChannelError(f"{kind}: {err}") from None
 

@@ -38,7 +38,7 @@ def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSetting
     links = {i: s for i, s in enumerate(started) if isinstance(s, Link)}
     down = {i: f"the probe did not start: {s.reason}" for i, s in enumerate(started) if isinstance(s, Down)}
     try:
-        outcome = Check(LinkProber(links), range(len(hosts)), down).run()
+        outcome = Check(range(len(hosts)), down).run(LinkProber(links))
     finally:
         for link in links.values():
             link.close()

@@ -11,7 +11,7 @@ with N (the probes of a wave run in parallel on different nodes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,42 +51,59 @@ class Outcome:
     probes: tuple[Probe, ...]  # every probe that ran, in order
 
 
-class Check:
-    """One network check over ``nodes`` (indices the prober knows); ``down`` are nodes that never came up."""
+# A check's steps: each yields one batch of requests and is sent back their probes, in order; it returns the outcome.
+Steps = Generator[Sequence[Request], Sequence[Probe], Outcome]
+_Asks = Generator[Sequence[Request], Sequence[Probe], None]  # a step that returns nothing
 
-    def __init__(self, prober: Prober, nodes: Sequence[int], down: Mapping[int, str] | None = None) -> None:
-        self._prober = prober
+
+class Check:
+    """One network check over ``nodes`` (indices the prober knows); ``down`` are nodes that never came up.
+
+    ``run(prober)`` runs it against a ``Prober`` that blocks (``xrun check --network``); ``steps()`` is the same
+    check as a generator of request batches, for a caller whose answers arrive as messages (``Stepper``: a job's
+    ``--precheck`` over its control channel)."""
+
+    def __init__(self, nodes: Sequence[int], down: Mapping[int, str] | None = None) -> None:
         self._nodes = list(nodes)
         self._down = dict(down or {})
         self._pairs: list[tuple[tuple[int, int], Figures | None]] = []
         self._probes: list[Probe] = []
 
-    def run(self) -> Outcome:
+    def run(self, prober: Prober) -> Outcome:
+        stepper = Stepper(self)
+        requests = stepper.first()
+        while stepper.outcome is None:
+            requests = stepper.answer(prober.run(requests))
+        return stepper.outcome
+
+    def steps(self) -> Steps:
         alive = [n for n in self._nodes if n not in self._down]
         if len(alive) >= 2:
-            self._round(rounds.neighbour_round(len(alive)), alive)
+            yield from self._round(rounds.neighbour_round(len(alive)), alive)
             order = speed_order(best_figures(self._pairs), alive)
-            self._round(rounds.extremes_round(range(len(order))), order)
-            self._measure_pairs(rounds.untried_pairs(self._bare(alive), [pair for pair, _ in self._pairs]))
-        unreachable = {**self._down, **self._settle(alive)}
+            yield from self._round(rounds.extremes_round(range(len(order))), order)
+            yield from self._measure_pairs(rounds.untried_pairs(self._bare(alive), [p for p, _ in self._pairs]))
+        unreachable = {**self._down, **(yield from self._settle(alive))}
         if len(alive) < 2:
             unreachable.update({n: "no other node came up to test against" for n in alive})
-        self._cover([n for n in alive if n not in unreachable], unreachable)
+        yield from self._cover([n for n in alive if n not in unreachable], unreachable)
         return Outcome(judge(best_figures(self._pairs), unreachable, self._nodes), tuple(self._probes))
 
-    def _round(self, round_: rounds.Round, names: Sequence[int]) -> None:
+    def _round(self, round_: rounds.Round, names: Sequence[int]) -> _Asks:
         for wave in round_:
-            self._measure_pairs([(names[a], names[b]) for a, b in wave])
+            yield from self._measure_pairs([(names[a], names[b]) for a, b in wave])
 
-    def _measure_pairs(self, pairs: Sequence[tuple[int, int]]) -> None:
-        there = self._run([Request(a, b) for a, b in pairs])
-        back = self._run([Request(b, a) for a, b in pairs])
+    def _measure_pairs(self, pairs: Sequence[tuple[int, int]]) -> _Asks:
+        there = yield from self._run([Request(a, b) for a, b in pairs])
+        back = yield from self._run([Request(b, a) for a, b in pairs])
         self._pairs += [((a, b), pair_figures([x, y])) for (a, b), x, y in zip(pairs, there, back)]
 
-    def _run(self, requests: Sequence[Request]) -> list[Probe]:
+    def _run(self, requests: Sequence[Request]) -> Generator[Sequence[Request], Sequence[Probe], list[Probe]]:
         if not requests:
             return []
-        found = self._prober.run(requests)
+        found = list((yield requests))
+        if len(found) != len(requests):
+            raise ValueError(f"{len(requests)} requests were answered with {len(found)} probes")
         self._probes += found
         return found
 
@@ -100,7 +117,7 @@ class Check:
         best = best_figures(self._pairs)
         return speed_order(best, [n for n in alive if n in best])
 
-    def _settle(self, alive: Sequence[int]) -> dict[int, str]:
+    def _settle(self, alive: Sequence[int]) -> Generator[Sequence[Request], Sequence[Probe], dict[int, str]]:
         """Decide which side of each failed probe is bad (a third node probes both sides)."""
         failures = list({(p.src, p.dst): p for p in self._probes if not p.ok}.values())
         helpers = self._helpers(alive)
@@ -110,7 +127,7 @@ class Check:
             asks.append((failure, third[i % len(third)] if third else None))
         requests = [r for f, h in asks if h is not None
                     for r in (Request(h, f.dst, REACH), Request(f.src, h, REACH))]
-        answers = iter(self._run(requests))
+        answers = iter((yield from self._run(requests)))
         named: dict[int, str] = {}
         for failure, helper in asks:
             inbound, outbound = (next(answers), next(answers)) if helper is not None else (None, None)
@@ -118,7 +135,7 @@ class Check:
                 named.setdefault(node, reason)
         return named
 
-    def _cover(self, left: Sequence[int], unreachable: dict[int, str]) -> None:
+    def _cover(self, left: Sequence[int], unreachable: dict[int, str]) -> _Asks:
         """A good node that has no figures yet (its partners were all bad) gets a pair with a node that has."""
         helpers = self._helpers([n for n in self._nodes if n not in unreachable])
         pairs = []
@@ -126,4 +143,28 @@ class Check:
             others = [h for h in helpers if h != node]
             if others:
                 pairs.append((node, others[i % len(others)]))
-        self._measure_pairs(pairs)
+        yield from self._measure_pairs(pairs)
+
+
+class Stepper:
+    """A ``Check`` driven one batch at a time: ``first()``, then ``answer(probes)`` with each batch's probes in
+    order; both return the next batch, or ``[]`` once ``outcome`` is set."""
+
+    def __init__(self, check: Check) -> None:
+        self._steps = check.steps()
+        self.outcome: Outcome | None = None
+
+    def first(self) -> Sequence[Request]:
+        return self._advance(None)
+
+    def answer(self, probes: Sequence[Probe]) -> Sequence[Request]:
+        if self.outcome is not None:
+            raise ValueError("the check is over: no batch is waiting for its probes")
+        return self._advance(probes)
+
+    def _advance(self, probes: Sequence[Probe] | None) -> Sequence[Request]:
+        try:
+            return next(self._steps) if probes is None else self._steps.send(probes)
+        except StopIteration as over:
+            self.outcome = over.value
+            return []

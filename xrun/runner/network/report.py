@@ -1,4 +1,5 @@
-"""What ``xrun check --network`` prints: one line per node, or one JSON object (``--json``)."""
+"""What ``xrun check --network`` prints: one line per node, or one JSON object (``--json``); and a job's
+``--precheck`` result as data (``PrecheckResult``: which node ranks are bad, why, their figures)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,39 @@ class NodeRow:
             "verdict": self.result.verdict.value,
             "reason": self.result.reason,
         }
+
+
+@dataclass(frozen=True)
+class BadNode:
+    """A node the check named: its node rank, host, verdict ('slow' or 'unreachable'), why, and its figures."""
+
+    rank: int
+    row: NodeRow
+
+    def describe(self) -> str:
+        result, figures = self.row.result, self.row.result.figures
+        shown = (f"best pair {figures.latency_ms:.3f} ms, {figures.throughput_mbs:.1f} MB/s" if figures
+                 else "no pair with it succeeded")
+        why = f": {result.reason}" if result.reason else ""
+        return f"{self.row.host} {result.verdict.value}{why} ({shown})"
+
+
+@dataclass(frozen=True)
+class PrecheckResult:
+    """Every checked node's row (host, interface, address, figures, verdict), by node rank; the check's time."""
+
+    ranks: tuple[int, ...]  # the node ranks checked, in the order of ``rows``
+    rows: tuple[NodeRow, ...]
+    elapsed: float
+
+    @property
+    def bad(self) -> tuple[BadNode, ...]:
+        return tuple(BadNode(rank, row) for rank, row in zip(self.ranks, self.rows)
+                     if row.result.verdict is not Verdict.OK)
+
+    def table(self) -> list[str]:
+        """The check's table (as ``xrun check --network`` prints it) and its rule, to show before a failure."""
+        return [*format_table(self.rows).splitlines(), f"rule: {RULE}"]
 
 
 def node_rows(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]],

@@ -1,0 +1,43 @@
+"""What a probe process is asked, answered the same way over stdin (``xrun check --network``) and over a job's
+control channel (``--precheck``): its hello (where it listens, which interface leads to the master) and one probe.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from xrun.launch.network import interfaces
+from xrun.launch.network.probe import Measurement, measure, reach
+
+
+def hello(toward: str | None, port: int) -> dict[str, Any]:
+    """This node's probe server and its address and interface on the route to ``toward`` (the job's master)."""
+    choice = interfaces.interface_toward(toward or socket.gethostname())
+    return {
+        "ready": True,
+        "host": socket.gethostname(),
+        "address": choice.source,
+        "port": port,
+        "interface": choice.interface,
+        "interfaces": list(interfaces.interface_names()),
+        "loopback_name": interfaces.hostname_is_loopback(socket.gethostname()),
+    }
+
+
+def answer(command: dict[str, Any]) -> Measurement:
+    """One probe command (``{"probe": "ADDR:PORT", "mode": "measure"|"reach", "seconds", "timeout"}``)."""
+    address, _, port = str(command["probe"]).rpartition(":")
+    address = address.strip("[]")  # [v6]:port
+    timeout = float(command.get("timeout", 3.0))
+    if command.get("mode") == "reach":
+        return reach(address, int(port), timeout=timeout)
+    return measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
+
+
+def safe_answer(command: dict[str, Any], shown: str) -> Measurement:
+    """``answer``, with a malformed command as a failed measurement (``shown``: the command as it came)."""
+    try:
+        return answer(command)
+    except (ValueError, KeyError, TypeError) as err:
+        return Measurement(ok=False, error=f"bad command {shown.strip()[:80]!r}: {err}")
