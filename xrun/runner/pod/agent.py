@@ -101,6 +101,8 @@ class PodAgent:
                 return verdict_code(self.setup, msg)
             if kind in (Kind.ACCEPT.value, Kind.RESTART.value):
                 self.done, self.t0 = False, time.monotonic()
+                if kind == Kind.RESTART.value and self.setup.node_rank != 0:  # node 0's server says it there
+                    say(f"node 0 restarts the job on every node: attempt {msg.get('attempt')}")
                 self.hooks.send(self.ready() if kind == Kind.ACCEPT.value else self._restart_ready(msg))
             elif kind == Kind.WAITING.value:
                 self.status.waiting(int(msg.get("ready") or 0), [str(h) for h in msg.get("missing") or ()],
