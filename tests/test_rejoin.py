@@ -215,3 +215,19 @@ def test_a_signal_before_the_rank_group_owns_the_signals_stops_it_before_any_ran
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr
     assert "code 143 heard 1" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pod_mode_takes_max_restarts_and_the_dry_run_says_what_a_lost_node_may_do(tmp_path):
+    from xrun.runner.cli import parse_request
+    from xrun.runner.dryrun import restart_note
+    from xrun.runner.planner import plan_job
+    from xrun.runner.validate import validate
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=1\nb slots=1\n")
+    (tmp_path / "t.py").write_text("")
+    plan = plan_job(parse_request(["-H", str(hosts), "--pod", "--node_rank", "1", "--max_restarts", "3",
+                                   "--join_timeout", "600", str(tmp_path / "t.py")])[0])
+    validate(plan)  # no longer refused (exit 2) in pod mode
+    assert restart_note(plan)[1] == "restarts: a lost node other than node 0 may come back (the same command) within " \
+                                    "--join_timeout 600 s; node 0's loss ends the job"

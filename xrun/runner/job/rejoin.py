@@ -29,7 +29,7 @@ from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.verdict import RootCause
 
 
-class Job(Protocol):
+class JobView(Protocol):
     """What these rules read of the machine (``xrun.runner.job.machine.Job``)."""
 
     config: JobConfig
@@ -53,7 +53,7 @@ def unawaited(nodes: Nodes, config: JobConfig) -> int:
     return sum(1 for n in nodes if not n.connected and (not rejoin or n.rank == 0 or n.state is NodeState.WAITING))
 
 
-def pod_hello(job: Job, node: Node, event: HelloReceived, refused: str | None) -> list[Action] | None:
+def pod_hello(job: JobView, node: Node, event: HelloReceived, refused: str | None) -> list[Action] | None:
     """The actions for a late or returning node's hello (``refused``: the hello policy's reason, if it refused
     it); None: not one of those, the usual rules apply."""
     if not job.config.verdict_to_nodes:
@@ -66,7 +66,7 @@ def pod_hello(job: Job, node: Node, event: HelloReceived, refused: str | None) -
     return None
 
 
-def _back(job: Job, node: Node, event: HelloReceived, refused: str | None) -> list[Action]:
+def _back(job: JobView, node: Node, event: HelloReceived, refused: str | None) -> list[Action]:
     name = f"node {node.rank} ({node.host})"
     if refused is not None:  # its place stays open for a node that runs this job, until --join_timeout
         return [ShowLine(f"{refused}: turned away"), TurnAway(event.conn)]
@@ -78,7 +78,7 @@ def _back(job: Job, node: Node, event: HelloReceived, refused: str | None) -> li
     return [Admit(node.rank, event.conn), ShowLine(f"{name} is back: it joins the next attempt")]
 
 
-def _late(job: Job, node: Node, event: HelloReceived) -> list[Action]:
+def _late(job: JobView, node: Node, event: HelloReceived) -> list[Action]:
     """A node that joins a job already ending is told how it ends (it must exit with that code)."""
     node.state, node.connected, node.last_seen = NodeState.JOINED, True, job.now
     if job.cause.fixed is not None:

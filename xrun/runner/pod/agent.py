@@ -107,7 +107,7 @@ class PodAgent:
             elif kind == Kind.WAITING.value:
                 self.status.waiting(int(msg.get("ready") or 0), [str(h) for h in msg.get("missing") or ()],
                                     float(msg.get("elapsed") or 0.0))
-            elif kind == Kind.START.value:
+            elif kind == Kind.START.value and not self.done:  # done: a signal declined this attempt meanwhile
                 self._attempt(msg)
             elif kind == Kind.STOP.value and not self.done:  # refused, or another node failed or timed out
                 self._done(128 + int(msg.get("signal") or signal.SIGTERM))

@@ -216,7 +216,8 @@ def ready_message(plan: Plan, setup: PodSetup) -> Message:
 
 @contextmanager
 def _interruptible() -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP raise ``_Interrupted`` out of a blocking connect or receive (main thread only)."""
+    """SIGINT/SIGTERM/SIGHUP raise ``_Interrupted`` out of the join's blocking connect or handshake (main thread
+    only; one that came before is handed over by the latch at once). Nothing is shared yet: raising is safe."""
 
     def raise_it(signum: int, _frame: object) -> None:
         raise _Interrupted(signum)
