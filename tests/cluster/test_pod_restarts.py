@@ -19,6 +19,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 MARK = "XRUN_TEST_MARK"
+HOLD_29500 = "import socket, time; s = socket.socket(); s.bind(('', 29500)); s.listen(); print('held', flush=True); " \
+             "time.sleep(300)"
 
 TRAIN = r"""
 import os, socket, sys, time
@@ -54,7 +56,7 @@ class PodRestartJob:
         self.cluster, self.tmp, self.mark = cluster, tmp_path, uuid.uuid4().hex
         (tmp_path / "train.py").write_text(TRAIN)
         hosts = cluster.hostfile(tmp_path / "hosts", slots=1)
-        ports = ("--master_port", "29710") if port else ()
+        ports = ("--master_port", "29710") if port else ("--control_port", "29712")  # never 29500/29501
         self.argv = [sys.executable, "-m", "xrun", "-H", str(hosts), "--pod", *ports, "--max_restarts", "2",
                      "--join_timeout", "60", "--shutdown_timeout", "5"]
         self.env = {**os.environ, "PYTHONPATH": ROOT, MARK: self.mark, "CKPT": str(tmp_path / "ckpt"),
@@ -88,17 +90,25 @@ def lines_of(out, word):
 
 
 def test_pod_rank_crash_restarts_every_node_in_place_on_a_fresh_port(cluster, tmp_path):
-    job = PodRestartJob(cluster, tmp_path, env={"CRASH_RANK": "1"}, port=False)
-    for k in range(3):
-        job.start(k)
-    out = job.finish()
+    # 29500, the default, held on node 0 for the test: every attempt's port is one node 0 picks, and no store of
+    # this job lingers on 29500 for the tests after it (tests/cluster/test_console.py holds it too)
+    holder = cluster.popen_on(cluster.nodes[0], [sys.executable, "-c", HOLD_29500], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = PodRestartJob(cluster, tmp_path, env={"CRASH_RANK": "1"}, port=False)
+        for k in range(3):
+            job.start(k)
+        out = job.finish()
+    finally:
+        holder.kill()
+        holder.wait()
     assert {k: [c for c, _, _ in runs] for k, runs in out.items()} == {0: [0], 1: [0], 2: [0]}, \
         {k: runs[0][2] for k, runs in out.items()}
     resumed = lines_of(out, "RESUME")
     assert [r[:3] for r in resumed] == [("0", "0", "0"), ("0", "1", "0"), ("0", "2", "0"), ("1", "0", "3"),
                                         ("1", "1", "3"), ("1", "2", "3")], resumed  # attempt 1 from the checkpoint
     ports = {attempt: port for attempt, _, _, port in resumed}
-    assert ports["0"] != ports["1"], resumed  # each attempt's port agreed through the channel
+    assert ports["0"] != ports["1"] and "29500" not in ports.values(), resumed  # each attempt's, agreed by node 0
     assert lines_of(out, "DONE") == [("1", "0", "6"), ("1", "1", "6"), ("1", "2", "6")]
     node0 = out[0][0][2]
     assert "restarting the job on every node: attempt 1 of 3 (after: rank 1 (local 0) on node2 exited with code 5)" \
