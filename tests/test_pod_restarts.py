@@ -175,3 +175,15 @@ def test_sigterm_to_node_0_stops_the_job_everywhere_and_is_not_restarted(tmp_pat
     assert codes(out) == {0: [143], 1: [143], 2: [143]}, out
     assert "stopped by SIGTERM (exit code 143)" in out[0][0][2]
     assert "restarting" not in out[0][0][2]
+
+
+def test_node_0_killed_ends_the_job_on_every_node_even_with_restarts_left(tmp_path):
+    job = PodJob(tmp_path, env={"STEPS": "40"})
+    for node in (0, 1, 2):
+        job.start(node)
+    job.wait_ranks(3)
+    job.procs[0][0].kill()
+    out = job.finish(timeout=30)
+    assert codes(out) == {0: [-signal.SIGKILL], 1: [1], 2: [1]}, out
+    for node in (1, 2):
+        assert "lost node 0 (127.0.0.1), which hosts the job's control channel" in out[node][0][2]

@@ -133,7 +133,7 @@ def owned_signals(
             latch = previous if isinstance(previous, SignalLatch) else latch
             signal.signal(signum, _chained(previous, handler) if isinstance(previous, SignalLatch) else handler)
         for signum in latch.hand_over(saved) if latch is not None else ():
-            handler(signum, None)  # arrived before this owner took over: its to act on (may raise, like a signal)
+            handler(signum, None)  # came before this owner took over: it acts on it now (may raise, as a signal)
         yield OwnedSignals(wake_r)
     finally:
         for signum, previous in saved.items():
