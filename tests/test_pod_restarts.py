@@ -187,3 +187,17 @@ def test_node_0_killed_ends_the_job_on_every_node_even_with_restarts_left(tmp_pa
     assert codes(out) == {0: [-signal.SIGKILL], 1: [1], 2: [1]}, out
     for node in (1, 2):
         assert "lost node 0 (127.0.0.1), which hosts the job's control channel" in out[node][0][2]
+
+
+def test_ctrl_c_to_node_0_while_the_next_attempt_waits_stops_every_node_with_130(tmp_path):
+    job = PodJob(tmp_path, env={"STEPS": "40"})
+    for node in (0, 1, 2):
+        job.start(node)
+    job.wait_ranks(3)
+    job.procs[2][0].kill()  # the next attempt waits for node 2 ...
+    time.sleep(2.0)
+    job.procs[0][0].send_signal(signal.SIGINT)  # ... when node 0 gets Ctrl-C
+    out = job.finish(timeout=30)
+    assert codes(out) == {0: [130], 1: [130], 2: [-signal.SIGKILL]}, out
+    assert "restarting the job on every node: attempt 1 of 3" in out[0][0][2]
+    assert "stopped by SIGINT (exit code 130)" in out[0][0][2] and "attempt 2" not in out[0][0][2]
