@@ -195,7 +195,11 @@ def test_ctrl_c_to_node_0_while_the_next_attempt_waits_stops_every_node_with_130
         job.start(node)
     job.wait_ranks(3)
     job.procs[2][0].kill()  # the next attempt waits for node 2 ...
-    time.sleep(2.0)
+    deadline = time.monotonic() + 20
+    while _ranks(job.marker):  # the attempt is over once every rank is gone: the restart follows at once
+        assert time.monotonic() < deadline, "the attempt did not end"
+        time.sleep(0.05)
+    time.sleep(0.5)
     job.procs[0][0].send_signal(signal.SIGINT)  # ... when node 0 gets Ctrl-C
     out = job.finish(timeout=30)
     assert codes(out) == {0: [130], 1: [130], 2: [-signal.SIGKILL]}, out
