@@ -58,10 +58,10 @@ class PodJob:
         self.procs = {}  # node -> every xrun started for it, in order
         self.out = {}
 
-    def start(self, node):
+    def start(self, node, script="train.py"):
         argv = [sys.executable, "-m", "xrun", "-H", str(self.tmp / "hosts"), "--pod", "--node_rank", str(node),
                 "--master_port", str(self.ports[0]), "--control_port", str(self.ports[1]), "--join_timeout",
-                str(self.join_timeout), "--max_restarts", str(self.restarts), "--shutdown_timeout", "3", "train.py"]
+                str(self.join_timeout), "--max_restarts", str(self.restarts), "--shutdown_timeout", "3", script]
         proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 errors="surrogateescape", cwd=str(self.tmp))
         self.procs.setdefault(node, []).append(proc)
@@ -205,3 +205,35 @@ def test_ctrl_c_to_node_0_while_the_next_attempt_waits_stops_every_node_with_130
     assert codes(out) == {0: [130], 1: [130], 2: [-signal.SIGKILL]}, out
     assert "restarting the job on every node: attempt 1 of 3" in out[0][0][2]
     assert "stopped by SIGINT (exit code 130)" in out[0][0][2] and "attempt 2" not in out[0][0][2]
+
+
+def test_a_second_xrun_for_a_live_node_cannot_take_its_place_until_the_first_one_is_gone(tmp_path):
+    job = PodJob(tmp_path, env={"STEPS": "12"})
+    for node in (0, 1, 2):
+        job.start(node)
+    job.wait_ranks(3)
+    job.start(2)  # another xrun for node 2 while the first is connected: one live agent per place
+    time.sleep(2.5)
+    assert job.procs[2][1].poll() is None  # node 0 cannot prove a taken place: it tries again, quietly
+    job.procs[2][0].kill()  # the first one gone, its place reopens: the second takes it at the next attempt
+    out = job.finish()
+    assert codes(out) == {0: [0], 1: [0], 2: [-signal.SIGKILL, 0]}, out
+    assert said(out, "DONE") == [(1, 0, 12), (1, 1, 12), (1, 2, 12)]
+    assert re.search(r"closed \d+ connection\(s\) that did not prove this run's key", out[0][0][2]), out[0][0][2]
+
+
+def test_a_node_back_with_another_command_is_turned_away_and_the_job_ends_naming_it(tmp_path):
+    job = PodJob(tmp_path, join_timeout=8, env={"STEPS": "40"})
+    (tmp_path / "other.py").write_text(SCRIPT)
+    for node in (0, 1, 2):
+        job.start(node)
+    job.wait_ranks(3)
+    job.procs[2][0].kill()
+    time.sleep(0.5)
+    job.start(2, script="other.py")
+    out = job.finish()
+    assert codes(out) == {0: [1], 1: [1], 2: [-signal.SIGKILL, 1]}, out
+    assert "node 2 (127.0.0.3) runs another job: 127.0.0.3 runs other.py; node 0 runs train.py: turned away" \
+        in out[0][0][2]
+    assert "not ready within --join_timeout 8 s: 127.0.0.3" in out[0][0][2]
+    assert "node 0 turned this node away without a word" in out[2][1][2]

@@ -44,10 +44,10 @@ LOST_C = [*STARTED, 5.0, ConnectionLost(2, "connection closed"), Done(0, 143), D
 class Accept:
     """Pod mode's policy in short: every hello is accepted (its digest is xrun.runner.pod.hello's to check)."""
 
-    refuse_conn: int | None = None
+    refuse: frozenset = frozenset()  # the connections whose hello is another job's
 
     def answer(self, hello):
-        if hello.conn == self.refuse_conn:
+        if hello.conn in self.refuse:
             return Refusal(f"node {hello.node} runs another job")
         return SendAccept(hello.node)
 
@@ -118,9 +118,18 @@ def test_without_restarts_a_lost_pod_node_is_not_taken_back():
 
 
 def test_a_node_back_with_another_job_is_turned_away_and_named():
-    job, actions = pod([*STARTED, ConnectionLost(2, "connection closed"), hello(2, conn=9)], policy=Accept(refuse_conn=9))
+    job, actions = pod([*STARTED, ConnectionLost(2, "connection closed"), hello(2, conn=9)], policy=Accept(refuse=frozenset({9, 10})))
     assert TurnAway(9) in actions and ShowLine("node 2 runs another job: turned away") in actions
-    assert job.verdict().exit_code != 2  # the job itself was not refused: it waits for a node 2 that runs it
+    job, actions = pod([Done(0, 143), Done(1, 143), hello(2, conn=10)], job)  # at the next attempt's barrier too
+    assert TurnAway(10) in actions and job.state(2) is NodeState.WAITING
+    job.policy = Accept()
+    _, actions = pod([hello(2, conn=11)], job)
+    assert Admit(2, 11) in actions and SendAccept(2) in actions  # its place was kept for the right one
+
+
+def test_a_node_that_first_joins_with_another_job_still_ends_the_job_with_2():
+    job, _ = pod([hello(0), hello(1), hello(2, conn=9)], policy=Accept(refuse=frozenset({9, 10})))
+    assert job.failure.exit_code == 2 and job.failure.final
 
 
 def test_a_node_back_after_the_end_is_told_the_verdict():

@@ -11,7 +11,9 @@ job is no longer waiting for it:
   any moment one live agent at most holds a node's place. While the attempt that lost it is still ending, or
   after its own part of an attempt is over, it is admitted and *parked* (DONE and connected: pinged, never
   counted live, told the next ``restart`` or the verdict like the others); once the next attempt's barrier is
-  open it joins it as any node does. A node back after the job's end is told the verdict.
+  open it joins it as any node does. A node back after the job's end is told the verdict. One back with another
+  plan digest is turned away, named (its place stays open for the right one until ``--join_timeout``), where a
+  node that joins the first attempt so is refused and ends the job with exit 2.
 
 Which lost nodes the next attempt may wait for (``unawaited``): with re-join, every node but node 0 (it hosts the
 channel), unless it was already awaited at the barrier of the attempt just over and did not come within
@@ -23,6 +25,7 @@ from __future__ import annotations
 import signal
 from typing import Protocol
 
+from xrun.runner.job.attempts import Attempts
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import Action, Admit, Failure, HelloReceived, SendStop, SendVerdict, ShowLine, TurnAway
 from xrun.runner.job.nodes import Node, Nodes, NodeState
@@ -34,6 +37,7 @@ class JobView(Protocol):
 
     config: JobConfig
     nodes: Nodes
+    attempts: Attempts
     stopping: bool
     now: float
     cause: RootCause
@@ -58,24 +62,32 @@ def pod_hello(job: JobView, node: Node, event: HelloReceived, refused: str | Non
     it); None: not one of those, the usual rules apply."""
     if not job.config.verdict_to_nodes:
         return None
-    if rejoins(job.config) and node.rank != 0 and not node.connected and (
-            node.over or (node.state is NodeState.WAITING and job.stopping)):
-        return _back(job, node, event, refused)
+    if comes_back(job, node):
+        if refused is not None:  # its place stays open for a node that runs this job, until --join_timeout
+            return [ShowLine(f"{refused}: turned away"), TurnAway(event.conn)]
+        if node.over or job.stopping:
+            return _park(job, node, event)
+        return None  # the next attempt's barrier is open: it joins as any node does
     if job.stopping and node.state is NodeState.WAITING:
         return _late(job, node, event)
     return None
 
 
-def _back(job: JobView, node: Node, event: HelloReceived, refused: str | None) -> list[Action]:
-    name = f"node {node.rank} ({node.host})"
-    if refused is not None:  # its place stays open for a node that runs this job, until --join_timeout
-        return [ShowLine(f"{refused}: turned away"), TurnAway(event.conn)]
+def comes_back(job: JobView, node: Node) -> bool:
+    """A node other than node 0 whose agent was lost in an earlier attempt, or in this one, says hello again."""
+    return rejoins(job.config) and node.rank != 0 and not node.connected and (
+        node.over or (node.state is NodeState.WAITING and job.attempts.number > 0))
+
+
+def _park(job: JobView, node: Node, event: HelloReceived) -> list[Action]:
+    """Admitted, DONE and connected until the next attempt's restart (or the verdict, once fixed)."""
     job.nodes.join(node, event.addr, job.now, name=event.host if job.config.numbered else None)
     node.state = NodeState.DONE  # parked: connected, pinged, never counted live
     fixed = job.cause.fixed
     if fixed is not None:
         return [Admit(node.rank, event.conn), SendVerdict((node.rank,), fixed)]
-    return [Admit(node.rank, event.conn), ShowLine(f"{name} is back: it joins the next attempt")]
+    back = ShowLine(f"node {node.rank} ({node.host}) is back: it joins the next attempt")
+    return [Admit(node.rank, event.conn), back]
 
 
 def _late(job: JobView, node: Node, event: HelloReceived) -> list[Action]:

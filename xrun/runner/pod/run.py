@@ -54,6 +54,7 @@ from xrun.runner.pod.secret import TOKEN_ENV, auth_notice, load_token, pod_key
 
 RETRY_EVERY = 0.5  # between attempts to reach node 0
 RETRY_LINE_EVERY = 10.0  # the "still waiting for node 0" line
+HELLO_AGAIN_EVERY = 2.0  # --max_restarts: after node 0 turned this node away (each try is a line on node 0's console)
 WRONG_KEY = ("node 0 could not prove this job's secret: is XRUN_TOKEN/--token_file the same on every node? "
              "(without one: the run id, --run_id, --master_addr, --master_port)")
 REFUSED = "node 0 closed the channel without answering: this node's hello was refused (or the job had just ended)"
@@ -117,6 +118,7 @@ def run_agent(plan: Plan, setup: PodSetup, node0: Node0, latch: SignalLatch) -> 
     deadline = time.monotonic() + join_timeout
     nudge = _Nudge()
     latch.listen(nudge)
+    turned_away = False
     try:
         while True:
             acted = latch.count  # a signal from here to the loop is the loop's (the join raises on one)
@@ -130,7 +132,11 @@ def run_agent(plan: Plan, setup: PodSetup, node0: Node0, latch: SignalLatch) -> 
             except TurnedAway:
                 if not plan.request.restart.restarts or time.monotonic() >= deadline:
                     raise PodEnd(NODE_FAILURE_EXIT, REFUSED) from None
-                time.sleep(RETRY_EVERY)  # its old connection may still be open at node 0: until it is noticed gone
+                if not turned_away:
+                    say("node 0 turned this node away without a word (its old connection may still be open there); "
+                        "saying hello again until --join_timeout")
+                turned_away = True
+                time.sleep(HELLO_AGAIN_EVERY)  # its old connection may be open at node 0 until the keepalive ends it
             finally:
                 nudge.hooks = None
                 hooks.close()
