@@ -58,11 +58,11 @@ class PodJob:
         self.procs = {}  # node -> every xrun started for it, in order
         self.out = {}
 
-    def start(self, node, script="train.py"):
+    def start(self, node, script="train.py", env=None):
         argv = [sys.executable, "-m", "xrun", "-H", str(self.tmp / "hosts"), "--pod", "--node_rank", str(node),
                 "--master_port", str(self.ports[0]), "--control_port", str(self.ports[1]), "--join_timeout",
                 str(self.join_timeout), "--max_restarts", str(self.restarts), "--shutdown_timeout", "3", script]
-        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        proc = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 errors="surrogateescape", cwd=str(self.tmp))
         self.procs.setdefault(node, []).append(proc)
         return proc
@@ -237,3 +237,22 @@ def test_a_node_back_with_another_command_is_turned_away_and_the_job_ends_naming
         in out[0][0][2]
     assert "not ready within --join_timeout 8 s: 127.0.0.3" in out[0][0][2]
     assert "node 0 turned this node away without a word" in out[2][1][2]
+
+
+@pytest.mark.parametrize("restarts, said_", [(2, "got SIGTERM: this node leaves the job"),
+                                              (0, "got SIGTERM after this node's part was over; exit code 143")])
+def test_sigterm_after_a_nodes_part_is_over_is_an_exit_143_not_a_death_by_signal(tmp_path, restarts, said_):
+    job = PodJob(tmp_path, restarts=restarts, env={"STEPS": "30"})
+    job.start(0)
+    job.start(1, env={"STEPS": "1"})  # node 1's rank is done at once; the others go on
+    job.start(2)
+    job.wait_ranks(3)
+    deadline = time.monotonic() + 20
+    while len(_ranks(job.marker)) > 2:
+        assert time.monotonic() < deadline, "node 1's rank did not end"
+        time.sleep(0.05)
+    time.sleep(0.5)  # node 1 waits for the job's verdict: no signal handler of a rank group is in place
+    job.procs[1][0].send_signal(signal.SIGTERM)
+    out = job.finish()
+    assert codes(out) == {0: [0], 1: [143], 2: [0]}, out  # translated, never the default action (-15)
+    assert said_ in out[1][0][2]
