@@ -242,7 +242,7 @@ def test_a_node_back_with_another_command_is_turned_away_and_the_job_ends_naming
 @pytest.mark.parametrize("restarts, said_", [(2, "got SIGTERM: this node leaves the job"),
                                               (0, "got SIGTERM after this node's part was over; exit code 143")])
 def test_sigterm_after_a_nodes_part_is_over_is_an_exit_143_not_a_death_by_signal(tmp_path, restarts, said_):
-    job = PodJob(tmp_path, restarts=restarts, env={"STEPS": "30"})
+    job = PodJob(tmp_path, restarts=restarts, env={"STEPS": "15"})
     job.start(0)
     job.start(1, env={"STEPS": "1"})  # node 1's rank is done at once; the others go on
     job.start(2)
