@@ -149,9 +149,10 @@ class PodAgent:
         first start); an ``error`` the job ends with if either fails."""
         from xrun.launch.preflight import check_spec  # noqa: PLC0415
 
+        spec = own_name(self.plan, self.plan.nodes[self.setup.node_rank])
         try:
-            check_spec(self.plan.nodes[self.setup.node_rank])  # the script may be gone since: node 0 names this host
-            port = node0_port(self.plan.nodes[0].host, restart, near="0.0.0.0")  # noqa: S104 - every address
+            check_spec(spec)  # the script may be gone since: node 0 names this host
+            port = node0_port(spec.host, restart, near="0.0.0.0")  # noqa: S104 - node 0 only: others get no port
         except PortBusyError as err:
             return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
         except XrunError as err:
