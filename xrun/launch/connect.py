@@ -221,6 +221,23 @@ class ChannelHooks:
         self.lost_reason: str | None = None  # why the channel was lost, once it was
         self._between = False  # --max_restarts: no rank group (between attempts): stop goes to the inbox
         self.result_delivered = False  # the node's done went out: the runner has its exit code
+        self.heard = False  # a message came from the runner (pod mode: else a closed channel is a turn-away)
+
+    def listen(self) -> None:
+        """Pod mode: read from now on, before any rank group: until a start, every message but a ping goes to
+        the inbox (``next_message``), as between two attempts."""
+        self._between = True
+        self._start_reader()
+
+    def post_local(self, msg: dict[str, Any]) -> None:
+        """Wake ``next_message`` with ``msg`` from this process (a signal's translation). Safe in a signal handler:
+        ``SimpleQueue.put`` is reentrant."""
+        self._inbox.put(msg)
+
+    def _start_reader(self) -> None:
+        if self._thread is None:  # once: a later attempt (--max_restarts) keeps the reader of the first
+            self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
+            self._thread.start()
 
     # -- AgentHooks -----------------------------------------------------------------------------------------
 
@@ -230,9 +247,7 @@ class ChannelHooks:
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
         group.add_reader(self._wake_r, self._on_wake)
-        if self._thread is None:  # a later attempt (--max_restarts) keeps the reader of the first
-            self._thread = threading.Thread(target=self._read_forever, name="xrun-channel", daemon=True)
-            self._thread.start()
+        self._start_reader()
         self.send(message(Kind.STARTED))
 
     def detach(self) -> None:
@@ -358,6 +373,7 @@ class ChannelHooks:
                 self._post("lost", reason)
                 self._inbox.put(None)
                 return
+            self.heard = True
             kind = msg.get("type")
             if self._between and kind != Kind.PING.value:
                 self._between = kind != Kind.START.value  # from the start on, a stop is the next group's

@@ -81,7 +81,11 @@ def restart_note(plan: Plan) -> list[str]:
         return []
     stop = (f"; stop early when two attempts in a row fail the same way within {policy.min_attempt_s:g} s "
             f"(--min_attempt_s)" if policy.min_attempt_s > 0 else "")
-    return [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"]
+    lines = [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"]
+    if plan.request.remote.no_ssh:  # pod mode: node 0 waits at the next barrier for a lost node that comes back
+        lines.append(f"restarts: a lost node other than node 0 may come back (the same command) within "
+                     f"--join_timeout {plan.request.remote.join_timeout:g} s; node 0's loss ends the job")
+    return lines
 
 
 def precheck_note(plan: Plan) -> list[str]:

@@ -33,9 +33,6 @@ def validate(plan: Plan) -> None:
         master_port(plan.nodes[0].host, plan.rendezvous.master_port, pick=False)
     if traits.uses_channel and request.remote.control_addr is not None:
         check_listen_address(request.remote.control_addr)
-    if request.restart.restarts and traits.nodes_start_themselves:  # issue 23's pod part is not built yet
-        raise UsageError("--max_restarts", "without --elastic it is not supported in pod mode (--pod, --no_ssh) yet; "
-                         "use --elastic --max_restarts, or let the platform restart the pods")
     if request.remote.precheck:
         check_precheck(plan, traits)
     check_open_files("this job's head node", head_open_files(plan, traits))

@@ -5,6 +5,13 @@ four steps, and their reverse in any case: remember the previous handlers, insta
 or raise: cleanup happens on the main path), point ``signal.set_wakeup_fd`` at a pipe its event loop watches,
 and keep ignoring what the caller already ignored (``nohup`` leaves SIGHUP ignored, a background job of a
 non-interactive shell SIGINT): the user asked for that, so xrun honours it.
+
+Between two owners a signal must not take its default action either (pod mode: a SIGTERM between the start
+barrier and the rank group killed that node's xrun outright, and the other nodes exited 1 instead of 143).
+``SignalLatch`` is installed once, where the process starts, and owns the signals whenever nobody else does: its
+handler only records the signal and tells its listeners (which only translate: a queue put, a pipe write). An
+owner that takes over from it (``owned_signals``) is handed at once what arrived while nobody owned the signals,
+and the latch goes on hearing every signal the owner gets, so the code around the owners knows it was signalled.
 """
 
 from __future__ import annotations
@@ -46,6 +53,65 @@ class OwnedSignals:
         return data
 
 
+class SignalLatch:
+    """The handler while no supervisor owns the shutdown signals (see the module doc). ``count`` grows with every
+    signal heard, owned by another or not; ``last`` is the latest."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last: int | None = None
+        self._unowned: list[int] = []  # heard while nobody else owned them: the next owner's to act on
+        self._listeners: list[Callable[[int], object]] = []
+
+    def __call__(self, signum: int, _frame: FrameType | None = None) -> None:
+        self._unowned.append(signum)
+        self.heard(signum)
+
+    def heard(self, signum: int) -> None:
+        self.count += 1
+        self.last = signum
+        for listener in self._listeners:
+            listener(signum)
+
+    def listen(self, listener: Callable[[int], object]) -> None:
+        """Call ``listener(signum)`` for every signal from now on, and at once for the last one heard before."""
+        self._listeners.append(listener)
+        if self.last is not None:
+            listener(self.last)
+
+    def hand_over(self, signums: Iterable[int]) -> list[int]:
+        """The signals among ``signums`` that nobody acted on yet, oldest first; they are the caller's now."""
+        wanted = set(signums)
+        taken = [s for s in self._unowned if s in wanted]
+        self._unowned = [s for s in self._unowned if s not in wanted]
+        return taken
+
+    @contextmanager
+    def installed(self, signums: Iterable[int] = SHUTDOWN_SIGNALS) -> Iterator[SignalLatch]:
+        """Own ``signums`` with this latch from now on (what the caller ignored stays ignored); restore after."""
+        saved: dict[int, Any] = {}
+        try:
+            for signum in signums:
+                saved[signum] = signal.getsignal(signum)
+                if saved[signum] is signal.SIG_IGN and signum in KEEP_IGNORED:
+                    continue
+                signal.signal(signum, self)
+            yield self
+        finally:
+            for signum, previous in saved.items():
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+def _chained(latch: SignalLatch, handler: Handler) -> Handler:
+    """``handler``, the latch hearing each signal first (it only records and tells its listeners)."""
+
+    def both(signum: int, frame: FrameType | None) -> Any:
+        latch.heard(signum)
+        return handler(signum, frame)
+
+    return both
+
+
 @contextmanager
 def owned_signals(
     signums: Iterable[int], handler: Handler, *, keep_ignored: frozenset[int] = KEEP_IGNORED
@@ -56,6 +122,7 @@ def owned_signals(
     os.set_blocking(wake_w, False)
     saved: dict[int, Any] = {}
     saved_wakeup: int | None = None
+    latch: SignalLatch | None = None
     try:
         saved_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         for signum in signums:
@@ -63,7 +130,10 @@ def owned_signals(
             saved[signum] = previous
             if previous is signal.SIG_IGN and signum in keep_ignored:
                 continue
-            signal.signal(signum, handler)
+            latch = previous if isinstance(previous, SignalLatch) else latch
+            signal.signal(signum, _chained(previous, handler) if isinstance(previous, SignalLatch) else handler)
+        for signum in latch.hand_over(saved) if latch is not None else ():
+            handler(signum, None)  # came before this owner took over: it acts on it now (may raise, as a signal)
         yield OwnedSignals(wake_r)
     finally:
         for signum, previous in saved.items():

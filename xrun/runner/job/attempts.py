@@ -128,9 +128,11 @@ class Attempts:
 
 def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Failure | None) -> list[Action]:
     """Every node (each done with the attempt before, still connected) back to JOINED, and told to prepare
-    ``attempt``: node 0 checks the given ``--master_port`` again, or picks a fresh port (its first try 0)."""
+    ``attempt``: node 0 checks the given ``--master_port`` again, or picks a fresh port (its first try 0). A node
+    whose agent is gone (pod mode: it may come back, xrun.runner.job.rejoin) waits for its hello at the barrier."""
     for node in nodes:
-        node.state, node.master_port, node.exit_code = NodeState.JOINED, None, None
+        node.state = NodeState.JOINED if node.connected else NodeState.WAITING
+        node.master_port, node.exit_code = None, None
     reason = failure.reason if failure is not None else "a failure"
     line = ShowLine(f"restarting the job on every node: attempt {attempt} of {config.restart.max_restarts + 1} "
                     f"(after: {reason})")

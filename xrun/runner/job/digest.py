@@ -15,7 +15,8 @@ In the digest (the same on every node of a correctly started job):
   comes);
 * ``exports``: the NAMES of the variables sent to the ranks (values may be secrets, and may differ per node
   on purpose, e.g. ``NCCL_SOCKET_IFNAME``);
-* ``elastic``: the elastic settings, or null.
+* ``elastic``: the elastic settings, or null;
+* ``restarts``: ``--max_restarts`` of a static job, only when above 0 (every node must wait for node 0's restart).
 
 Out, because they differ between the nodes of a good job or belong to the node, not the job: this node's rank
 and host name, the working directory, the interpreter path (venvs live in different places), environment
@@ -131,6 +132,8 @@ def plan_digest(plan: Plan) -> PlanDigest:
         "master": {"addr": plan.rendezvous.master_addr, "port": plan.rendezvous.master_port},
         "exports": sorted(request.env),
         "elastic": elastic.to_json() if elastic is not None else None,
+        # --max_restarts: every node's xrun must wait for node 0's restart (absent without: digests stay as they were)
+        **({"restarts": request.restart.max_restarts} if request.restart.restarts else {}),
     })
 
 
@@ -240,6 +243,10 @@ def _elastic(them: str, b: Any, me: str, a: Any) -> str:
     return f"{them} has elastic {key}={_short(b.get(key))}; {me} has {key}={_short(a.get(key))}"
 
 
+def _restarts(them: str, b: Any, me: str, a: Any) -> str:
+    return f"{them} has --max_restarts {b or 0}; {me} has --max_restarts {a or 0}"
+
+
 _WORDING: dict[str, Describe] = {
     "xrun": _version,
     "script": _script,
@@ -249,4 +256,5 @@ _WORDING: dict[str, Describe] = {
     "master": _master,
     "exports": _exports,
     "elastic": _elastic,
+    "restarts": _restarts,
 }

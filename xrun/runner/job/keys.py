@@ -12,7 +12,9 @@ connection. Where the key comes from depends on the backend (``xrun.runner.backe
   key. A hello that comes before its node's key waits for it (``awaited``).
 
 Either way a place is taken once: after its agent is admitted, no key opens it again (``claim``), so a second
-agent for the same node (a stray copy, or another user who read something) proves nothing.
+agent for the same node (a stray copy, or another user who read something) proves nothing. The one exception is
+pod mode with ``--max_restarts``: once the admitted agent's connection is closed, its place reopens (``release``)
+for a node that comes back, so one live agent at most holds it at any time.
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ class NodeKeys:
         return True
 
     def claim(self, node: int) -> None:
-        """Node ``node``'s agent is admitted: its place is taken for good."""
+        """Node ``node``'s agent is admitted: its place is taken (for good, unless ``release``)."""
         self._claimed.add(node)
+
+    def release(self, node: int) -> None:
+        """Pod mode with --max_restarts only: node ``node``'s admitted connection is closed, so its place opens
+        again for one agent that proves the key (a re-created pod: xrun.runner.job.rejoin)."""
+        self._claimed.discard(node)
 

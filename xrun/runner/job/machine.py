@@ -16,7 +16,8 @@ with SIGKILL. A node that neither finishes nor answers by the stop deadline coun
 What a hello gets back is a ``HelloPolicy``: the head sends each node its spec (``SendSpecs``); a policy may
 instead refuse a node (pod mode compares plan digests: ``xrun.runner.pod.hello``), which ends the job with exit
 code 2, or find it a ``Stray`` (a wrong key), turned away without a word before it is admitted. With
-``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected.
+``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected, and
+a node's hello may come late or, with ``--max_restarts``, after its agent was lost (``xrun.runner.job.rejoin``).
 
 The job's exit code is decided once every node is over (``RootCause.fix``); ``Job.verdict`` then stays the same
 whatever arrives during the last linger.
@@ -64,6 +65,7 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.precheck import decide, passed_line
+from xrun.runner.job.rejoin import pod_hello, unawaited
 from xrun.runner.job.verdict import (
     RootCause,
     agent_failure,
@@ -193,8 +195,9 @@ class Job:
             self._out.append(TurnAway(event.conn))
             return
         node = self.nodes[event.node]
-        if self.stopping and node.state is NodeState.WAITING and self.config.verdict_to_nodes:
-            self._late(node, event)
+        pod = pod_hello(self, node, event, answer.reason if isinstance(answer, Refusal) else None)
+        if pod is not None:  # pod mode: a node late for a job that is ending, or back (xrun.runner.job.rejoin)
+            self._out += pod
             return
         if node.state is not NodeState.WAITING or self.stopping:
             self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
@@ -208,16 +211,6 @@ class Job:
             self._fail(refused_failure(node.host, answer.reason))
         else:
             self._out.append(answer)
-
-    def _late(self, node: Node, event: HelloReceived) -> None:
-        """Pod mode: a node that joins a job already ending is told how it ends (it must exit with that code)."""
-        node.state, node.connected, node.last_seen = NodeState.JOINED, True, self.now
-        self._out.append(Admit(node.rank, event.conn))
-        if self.cause.fixed is not None:
-            self._out.append(SendVerdict((node.rank,), self.cause.fixed))
-        else:
-            reason = self.failure.reason if self.failure is not None else "the job is stopping"
-            self._out.append(SendStop((node.rank,), int(signal.SIGTERM), self.config.shutdown_timeout, reason))
 
     def _ready(self, event: Ready) -> None:
         node = self.nodes[event.node]
@@ -340,7 +333,7 @@ class Job:
         """--max_restarts: the attempt just over is followed by another (decided in xrun.runner.job.attempts)."""
         if not self.config.restart.restarts:
             return False
-        missing = sum(1 for n in self.nodes if not n.connected)
+        missing = unawaited(self.nodes, self.config)  # pod mode: a lost node may come back (xrun.runner.job.rejoin)
         ending = self.attempts.over(self.cause, self.barrier.started_at, self.now, nodes_missing=missing)
         if ending is not Ending.RESTART:
             return False

@@ -10,7 +10,12 @@ from head mode (``xrun.runner.job.server.ControlServer``):
   shows it through node 0's own agent, so the server itself shows only its one-off lines;
 * the verdict goes to every node (``JobConfig.verdict_to_nodes``), and the server stays until every node has
   read it and closed its connection (or ``LINGER`` passed);
-* it runs off the main thread: node 0's own agent owns the signals there (``own_signals=False``);
+* it runs off the main thread: node 0's own xrun owns the signals there (``own_signals=False``) and hands each
+  shutdown signal it gets to this server (``post_signal``): node 0 is the job's head, so a signal to its xrun
+  stops the job on every node, as one to the head does (never restarted);
+* with ``--max_restarts`` a node other than node 0 whose connection is closed may come back
+  (``xrun.runner.job.rejoin``): its place on the channel reopens (``NodeKeys.release``) once, and only once, its
+  old connection is gone;
 * with ``--dedupe`` (the default) every node forwards its console writes (``output`` messages,
   xrun.launch.output.consoleroute) and the server relays them through one merger onto node 0's console
   (``xrun.runner.job.relay.NodeLines``), so a line every rank prints is shown there once across nodes (issue 17).
@@ -21,6 +26,7 @@ address of its family (a Service name that resolves to a cluster IP, say); one l
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -35,6 +41,7 @@ from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowW
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
+from xrun.runner.job.rejoin import rejoins
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer, hello_event
 from xrun.runner.job.status import PlainStatus, say
@@ -65,6 +72,41 @@ class PodControlServer(ControlServer):
         self.doers[ShowStarted] = lambda a: None
         merger = head_merger(plan)
         self.lines = NodeLines(merger) if merger is not None else None
+        self.rejoin = rejoins(self.job.config)
+        self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from node 0's main thread
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.add_reader(self._wake_r, self._drain_wake)
+
+    def post_signal(self, signum: int) -> None:
+        """Node 0's xrun got ``signum`` (called on its main thread, from the signal handler): the loop takes it
+        on its next turn, as the head's own signal (``SelectLoop.take_signals``)."""
+        self.loop.signals.append(signum)  # one append: atomic, the loop pops
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass  # closed: the job is over; or the pipe is full: a wake-up is pending anyway
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        super().close()
+        if self._wake_r >= 0:
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1  # first: post_signal then finds no fd to write to
+            self.remove_reader(wake_r)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _drop(self, conn: Conn, *, failed: bool = False) -> None:
+        super()._drop(conn, failed=failed)
+        node = conn.node
+        if self.rejoin and node is not None and node != 0 and node not in self.node_conns:
+            self.gate.keys.release(node)  # its one connection is gone: a re-created pod may take its place
 
     def _make_job(self, plan: Plan, join_timeout: float) -> Job:
         config = replace(JobConfig.from_plan(plan, join_timeout=join_timeout), verdict_to_nodes=True)
