@@ -344,23 +344,23 @@ def rank_env(
     shape = shape or world_shape(world)
     hosts = shape.hosts
     slots = world[hosts[node_rank]]
-    world_size = shape.world_size
-    rank = shape.first_ranks[node_rank] + local_rank
-    node = str(node_rank)
+    # one string per value, shared by the keys that repeat it: a head plans 10,000 nodes' environments at once
+    rank, node, size, local, nodes = (str(n) for n in (shape.first_ranks[node_rank] + local_rank, node_rank,
+                                                       shape.world_size, len(slots), len(hosts)))
     return {
-        "RANK": str(rank),
+        "RANK": rank,
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(len(slots)),
-        "LOCAL_SIZE": str(len(slots)),
+        "WORLD_SIZE": size,
+        "LOCAL_WORLD_SIZE": local,
+        "LOCAL_SIZE": local,
         "GROUP_RANK": node,
         "NODE_RANK": node,
         "CROSS_RANK": node,
-        "GROUP_WORLD_SIZE": str(len(hosts)),
-        "CROSS_SIZE": str(len(hosts)),
+        "GROUP_WORLD_SIZE": nodes,
+        "CROSS_SIZE": nodes,
         "ROLE_NAME": "default",
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_RANK": rank,
+        "ROLE_WORLD_SIZE": size,
         "MASTER_ADDR": rdzv.master_addr,
         "MASTER_PORT": str(rdzv.master_port),
         "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
