@@ -1,10 +1,9 @@
 """TLS over a socket through memory buffers: the caller owns the socket, this object owns the cipher state.
 
-Why not an ``SSLSocket``: the control server reads only when ``select`` says a socket is readable, and a TLS
-record may arrive in pieces; an ``SSLSocket`` in blocking mode would then wait inside ``recv`` for the rest of
-the record, so one peer that sends half a record could stall the loop that serves the whole job. The agent, for
-its part, reads on one thread and sends on another, and OpenSSL allows one thread at a time on a connection.
-``TlsPipe`` solves both: raw bytes go in with ``feed`` (never blocks: whatever is complete comes out, the rest
+The agent's end (the control server holds a non-blocking ``SSLSocket`` per connection instead, which keeps no
+buffers between records: ``xrun.runner.job.connections``). Why not an ``SSLSocket`` here: the agent reads on
+one thread and sends on another, OpenSSL allows one thread at a time on a connection, and a blocking
+``SSLSocket`` would hold its lock inside ``recv`` while a record is half there. ``TlsPipe`` solves it: raw bytes go in with ``feed`` (never blocks: whatever is complete comes out, the rest
 waits in memory), plaintext goes out with ``send`` (encrypted in memory, then written to the socket), and one
 lock covers every touch of the cipher state and every write of its records, so records never interleave.
 
@@ -22,16 +21,6 @@ from xrun.channel.framing import ChannelError
 from xrun.channel.tls import peer_fingerprint, reason
 
 READ_CHUNK = 65536
-_scratch = threading.local()  # one read buffer per thread: a 64 KiB allocation per read, shrunk to what came,
-# left holes between the sessions' long-lived allocations (a server holding 10,000 sessions grew by them)
-
-
-def scratch() -> memoryview:
-    """This thread's ``READ_CHUNK``-byte buffer, for reads whose bytes are copied out before the next one."""
-    buf: memoryview | None = getattr(_scratch, "buf", None)
-    if buf is None:
-        buf = _scratch.buf = memoryview(bytearray(READ_CHUNK))
-    return buf
 
 
 class TlsPipe:
@@ -56,7 +45,7 @@ class TlsPipe:
             self._flush()
             return self.handshake_done
 
-    def feed(self, raw: bytes | memoryview) -> bytes:
+    def feed(self, raw: bytes) -> bytes:
         """The plaintext that ``raw`` completes (possibly none); the handshake first, if it is not done."""
         with self._lock:
             self._incoming.write(raw)
@@ -94,10 +83,9 @@ class TlsPipe:
 
     def _read_all(self) -> bytes:
         chunks = []
-        buf = scratch()
         while True:
             try:
-                size = self._tls.read(READ_CHUNK, buf)
+                chunk = self._tls.read(READ_CHUNK)
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:
@@ -105,10 +93,10 @@ class TlsPipe:
                 break
             except (ssl.SSLError, ValueError) as err:
                 raise ChannelError(f"TLS: {reason(err)}") from None
-            if not size:
+            if not chunk:
                 break
-            chunks.append(bytes(buf[:size]))
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _flush(self) -> None:
         out = self._outgoing.read()

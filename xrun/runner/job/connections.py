@@ -150,7 +150,8 @@ class Conn:
         """The plaintext of the records at hand (at most ``READ_BUDGET`` bytes a turn, so one busy peer does not
         hold the loop; the rest stays in the kernel's buffer and the socket stays readable: OpenSSL reads one
         record at a time), and why the connection is over, if it is."""
-        buf, chunks, total = _recv_buffer(), [], 0
+        buf, total = _recv_buffer(), 0
+        chunks: list[bytes] = []
         while total < READ_BUDGET:
             try:
                 size = self.sock.recv_into(buf)
