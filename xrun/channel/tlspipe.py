@@ -3,9 +3,10 @@
 The agent's end (the control server holds a non-blocking ``SSLSocket`` per connection instead, which keeps no
 buffers between records: ``xrun.runner.job.connections``). Why not an ``SSLSocket`` here: the agent reads on
 one thread and sends on another, OpenSSL allows one thread at a time on a connection, and a blocking
-``SSLSocket`` would hold its lock inside ``recv`` while a record is half there. ``TlsPipe`` solves it: raw bytes go in with ``feed`` (never blocks: whatever is complete comes out, the rest
-waits in memory), plaintext goes out with ``send`` (encrypted in memory, then written to the socket), and one
-lock covers every touch of the cipher state and every write of its records, so records never interleave.
+``SSLSocket`` would hold its lock inside ``recv`` while a record is half there. ``TlsPipe`` solves it: raw bytes
+go in with ``feed`` (never blocks: whatever is complete comes out, the rest waits in memory), plaintext goes out
+with ``send`` (encrypted in memory, then written to the socket), and one lock covers every touch of the cipher
+state and every write of its records, so records never interleave.
 
 A failure of the peer's TLS (a bad record, a handshake that does not verify, bytes that are not TLS at all) is a
 ``ChannelError``; ``closed`` turns True when the peer closed its TLS session cleanly.
