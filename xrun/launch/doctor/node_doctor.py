@@ -27,23 +27,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from xrun.launch.doctor.stackdump import (
-    EXITED,
-    FAILURE_BUDGET,
-    ON_DEMAND_BUDGET,
-    StackDumps,
-    dump_ranks,
-    pyspy_path,
-    stack_problem,
-)
+from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
-from xrun.launch.result.stacks import RankStack
 from xrun.launch.spec import AgentOptions, HangAction
 
 if TYPE_CHECKING:
+    from xrun.launch.doctor.stackdump import StackDumps
     from xrun.launch.ranks.supervise import RankGroup
+    from xrun.launch.result.stacks import RankStack
 
-DumpDone = Callable[[list[RankStack], "str | None"], None]  # the stacks, and why there are none (or None)
+DumpDone = Callable[["list[RankStack]", "str | None"], None]  # the stacks, and why there are none (or None)
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
 
 
@@ -96,7 +89,11 @@ class NodeDoctor:
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._dumps = StackDumps(host, self._pyspy) if self._pyspy is not None else None
+        self._dumps: StackDumps | None = None
+        if self._pyspy is not None:  # py-spy's runner (subprocess, a thread) is loaded only where it can run
+            from xrun.launch.doctor.stackdump import StackDumps  # noqa: PLC0415 - issue 25 §4
+
+            self._dumps = StackDumps(host, self._pyspy)
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self.link: DoctorLink = LocalView(self)
@@ -139,10 +136,14 @@ class NodeDoctor:
         targets = group.live_targets()
         if not targets:
             return
+        from xrun.launch.result.stacks import RankStack  # noqa: PLC0415 - only at a failure (issue 25 §4)
+
         if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
             why = stack_problem(self.host, self._environ) or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
+        from xrun.launch.doctor.stackdump import dump_ranks  # noqa: PLC0415 - see __init__
+
         stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
         group.stacks = tuple(s for s in stacks if s.error != EXITED)
