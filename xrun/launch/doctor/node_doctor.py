@@ -89,11 +89,7 @@ class NodeDoctor:
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._dumps: StackDumps | None = None
-        if self._pyspy is not None:  # py-spy's runner (subprocess, a thread) is loaded only where it can run
-            from xrun.launch.doctor.stackdump import StackDumps  # noqa: PLC0415 - issue 25 §4
-
-            self._dumps = StackDumps(host, self._pyspy)
+        self._dumps: StackDumps | None = None  # py-spy's runner: made at the first dump (issue 25 §4)
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self.link: DoctorLink = LocalView(self)
@@ -101,8 +97,6 @@ class NodeDoctor:
     def attach(self, group: RankGroup) -> None:
         self._group = group
         group.plugins.signals[signal.SIGQUIT] = lambda: self.link.stacks_wanted("SIGQUIT")
-        if self._dumps is not None:
-            group.add_reader(self._dumps, self._dumps.ready)
         if self.options.hang_timeout is not None:
             self._watch = QuietWatch(self.options.hang_timeout, time.monotonic())
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
@@ -121,11 +115,22 @@ class NodeDoctor:
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
         """Take every live rank's stack in the background; ``on_done(stacks, problem)`` runs in the loop."""
         problem = stack_problem(self.host, self._environ)
-        if self._dumps is None or problem is not None:
+        if self._pyspy is None or problem is not None:
             on_done([], problem)
             return
-        if not self._dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
+        dumps = self._stack_dumps(self._pyspy)
+        if not dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
             notice(self.host, "a stack dump is already running; this request is dropped")
+
+    def _stack_dumps(self, pyspy: str) -> StackDumps:
+        """The background dumper, made and watched by the loop at the first dump: a run that never asks for stacks
+        loads neither it nor the stacks' types."""
+        if self._dumps is None:
+            from xrun.launch.doctor.stackdump import StackDumps  # noqa: PLC0415 - see __init__
+
+            self._dumps = StackDumps(self.host, pyspy)
+            self.group.add_reader(self._dumps, self._dumps.ready)
+        return self._dumps
 
     def take_stop_stacks(self) -> None:
         """The live ranks' stacks, now and within FAILURE_BUDGET (blocking: they are about to be stopped), kept

@@ -32,6 +32,7 @@ import signal
 import threading  # already imported by subprocess; only to check we are on the main thread
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xrun.launch.output.streams import Console, flush_python_output, notice
 from xrun.launch.procs import proctable
@@ -45,7 +46,9 @@ from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.launch.result.stacks import DumpTarget, RankStack
+
+if TYPE_CHECKING:
+    from xrun.launch.result.stacks import DumpTarget, RankStack
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class RankGroup:
 
     def live_targets(self) -> list[DumpTarget]:
         """The ranks whose main process is running, for a stack dump."""
+        from xrun.launch.result.stacks import DumpTarget  # noqa: PLC0415 - only when stacks are taken (issue 25 §4)
+
         return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in self._reaper.running()]
 
     def stop_hung(self, reason: str) -> None:
