@@ -177,6 +177,13 @@ def test_a_failed_hello_spends_the_handshake():
     assert not server.check_hello(message(Kind.HELLO, **client.proof_fields()))
 
 
+def test_what_an_admitted_connection_keeps_refuses_everything():
+    spent = ServerHandshake.spent()
+    client = ClientHandshake(KEY, FP, 0, expect_server_proof=False)
+    assert isinstance(spent.on_auth(client.auth_message()), ChannelError)
+    assert spent.check_hello(message(Kind.HELLO, proof="0" * 64, node_rank=0)) is False
+
+
 def test_pod_mode_no_key_for_the_node_drops_the_connection_at_auth():
     server = ServerHandshake(lambda rank: None, FP, prove_server=True)
     assert isinstance(server.on_auth(ClientHandshake(KEY, FP, 9, expect_server_proof=True).auth_message()),
@@ -278,6 +285,25 @@ def test_each_run_mints_its_own_p256_key_and_the_repr_hides_it(identity):
     assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
     assert tls_server.ServerIdentity.mint().fingerprint != identity.fingerprint
     assert "PRIVATE" not in repr(identity) and identity.fingerprint in repr(identity)
+
+
+def test_a_single_threaded_server_mints_in_a_child_and_never_loads_cryptography():
+    """Issue 22 §7: the head holding 10,000 sessions does not carry ``cryptography`` (~12 MiB) for the run."""
+    code = ("import hashlib, ssl, sys\nfrom xrun.channel.tls_server import ServerIdentity\n"
+            "made = ServerIdentity.mint_apart()\nmade.server_context()\n"
+            "der = ssl.PEM_cert_to_DER_cert(made.cert_pem.decode())\n"
+            "print('cryptography' in sys.modules, made.fingerprint == hashlib.sha256(der).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.split() == ["False", "True"]
+
+
+def test_with_other_threads_running_the_server_mints_in_process(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    monkeypatch.setattr(tls_server.os, "fork", lambda: pytest.fail("forked with threads running"))
+    made = tls_server.ServerIdentity.mint_apart()
+    assert isinstance(made.server_context(), ssl.SSLContext)
 
 
 def test_contexts_speak_tls13_only_and_the_client_pins_instead_of_checking_names(identity):

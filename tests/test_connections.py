@@ -88,7 +88,7 @@ class Client:
             self.conn.read()
             done = self.pipe.handshake(self.sock.recv(65536))
         self.serve()  # the client's Finished
-        assert self.conn.pipe.handshake_done and self.pipe.fingerprint() == IDENTITY.fingerprint
+        assert self.conn.secure and self.pipe.fingerprint() == IDENTITY.fingerprint
 
     def serve(self) -> None:
         """The connection reads until nothing more is on its way (TCP may split what was sent at once)."""

@@ -642,7 +642,7 @@ def test_dry_run_says_the_cpus_are_near_the_gpu(monkeypatch, tmp_path):
     root = gpu_tree(tmp_path, [1, 0])
     monkeypatch.setattr(local_backend, "gpu_nodes", lambda node, env: gpu_nodes(node, env, root))
     monkeypatch.setattr(ranks_module, "gpu_nodes", lambda spec, env: gpu_nodes(spec, env, root))
-    monkeypatch.setattr(ranks_module.binding, "read_topology", lambda: TWO_NODES)
+    monkeypatch.setattr("xrun.launch.ranks.binding.read_topology", lambda: TWO_NODES)  # imported when binding
     monkeypatch.setattr(ranks_module.os, "sched_getaffinity", lambda pid: set(range(8)))
     ranks = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": "0,1"}, ("x",)) for r in range(2))
     node = NodeSpec("localhost", 0, ranks, options=AgentOptions(bind_cores=True))

@@ -17,7 +17,6 @@ import json
 import math
 import socket
 import struct
-from collections import deque
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -120,11 +119,15 @@ class FrameReader:
     proven itself; an agent does the same with a server it has not authenticated yet (pod mode's challenge).
     """
 
+    # A server holds one reader per agent (10,000 in the control-plane scenario): slots, and no queue object
+    # of its own (an empty deque is a 528-byte block) for the rare messages pushed back.
+    __slots__ = ("limit", "strict", "_buffer", "_held")
+
     def __init__(self, limit: int = MAX_FRAME, *, strict: bool = False) -> None:
         self.limit = limit
         self.strict = strict
         self._buffer = bytearray()
-        self._ready: deque[Message] = deque()
+        self._held: list[Message] | None = None  # pushed back by a blocking reader, returned before new ones
 
     @classmethod
     def stranger(cls) -> FrameReader:
@@ -138,6 +141,7 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[Message]:
         """Add bytes; return (and consume) every message now complete."""
+        out, self._held = self._held or [], None
         self._buffer += data
         while len(self._buffer) >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buffer)
@@ -147,14 +151,13 @@ class FrameReader:
                 break
             body = bytes(self._buffer[HEADER.size : HEADER.size + size])
             del self._buffer[: HEADER.size + size]
-            self._ready.append(decode_body(body, strict=self.strict))
-        out = list(self._ready)
-        self._ready.clear()
+            out.append(decode_body(body, strict=self.strict))
         return out
 
     def push_back(self, messages: list[Message]) -> None:
         """Keep messages that arrived together with the one a blocking reader wanted."""
-        self._ready.extendleft(reversed(messages))
+        if messages:
+            self._held = [*messages, *(self._held or [])]
 
     @property
     def pending(self) -> int:

@@ -1,12 +1,12 @@
 """TLS over a socket through memory buffers: the caller owns the socket, this object owns the cipher state.
 
-Why not an ``SSLSocket``: the control server reads only when ``select`` says a socket is readable, and a TLS
-record may arrive in pieces; an ``SSLSocket`` in blocking mode would then wait inside ``recv`` for the rest of
-the record, so one peer that sends half a record could stall the loop that serves the whole job. The agent, for
-its part, reads on one thread and sends on another, and OpenSSL allows one thread at a time on a connection.
-``TlsPipe`` solves both: raw bytes go in with ``feed`` (never blocks: whatever is complete comes out, the rest
-waits in memory), plaintext goes out with ``send`` (encrypted in memory, then written to the socket), and one
-lock covers every touch of the cipher state and every write of its records, so records never interleave.
+The agent's end (the control server holds a non-blocking ``SSLSocket`` per connection instead, which keeps no
+buffers between records: ``xrun.runner.job.connections``). Why not an ``SSLSocket`` here: the agent reads on
+one thread and sends on another, OpenSSL allows one thread at a time on a connection, and a blocking
+``SSLSocket`` would hold its lock inside ``recv`` while a record is half there. ``TlsPipe`` solves it: raw bytes
+go in with ``feed`` (never blocks: whatever is complete comes out, the rest waits in memory), plaintext goes out
+with ``send`` (encrypted in memory, then written to the socket), and one lock covers every touch of the cipher
+state and every write of its records, so records never interleave.
 
 A failure of the peer's TLS (a bad record, a handshake that does not verify, bytes that are not TLS at all) is a
 ``ChannelError``; ``closed`` turns True when the peer closed its TLS session cleanly.
@@ -26,6 +26,8 @@ READ_CHUNK = 65536
 
 class TlsPipe:
     """One TLS session over ``sock`` (see the module doc); ``server_side`` for the end that accepted it."""
+
+    __slots__ = ("_incoming", "_outgoing", "_tls", "_sock", "_lock", "handshake_done", "closed")
 
     def __init__(self, ctx: ssl.SSLContext, sock: socket.socket, *, server_side: bool) -> None:
         self._incoming = ssl.MemoryBIO()

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xrun import __version__, channel
 from xrun.channel import STOP_STACKS, ChannelError, Kind, message
@@ -59,11 +59,13 @@ from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.network.modes import MissingInterface
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
-from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.summary import RankFigures
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
 from xrun.net import master_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
+
+if TYPE_CHECKING:
+    from xrun.launch.result.stacks import RankStack
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
 # A server at its bound of unproven connections closes new ones at once: try again (xrun.runner.job.gate).

@@ -315,7 +315,7 @@ def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[s
     else:
         # A script named like an option (``xrun -- -weird.py``) needs python's own ``--`` to be run as a script.
         head = (launch.python, "-u", "--", script) if script.startswith("-") else (launch.python, "-u", script)
-    local = (f"--local_rank={local_rank}",) if launch.local_rank_arg else ()
+    local = (sys.intern(f"--local_rank={local_rank}"),) if launch.local_rank_arg else ()  # one per value, not per rank
     return head + local + tuple(args)
 
 
@@ -344,25 +344,27 @@ def rank_env(
     shape = shape or world_shape(world)
     hosts = shape.hosts
     slots = world[hosts[node_rank]]
-    world_size = shape.world_size
-    rank = shape.first_ranks[node_rank] + local_rank
-    node = str(node_rank)
+    # one string per value, shared by the keys (and, interned, the ranks) that repeat it: a head plans 10,000
+    # nodes' environments at once
+    rank, node = str(shape.first_ranks[node_rank] + local_rank), str(node_rank)
+    size, local, nodes, port = (sys.intern(str(n)) for n in (shape.world_size, len(slots), len(hosts),
+                                                              rdzv.master_port))
     return {
-        "RANK": str(rank),
+        "RANK": rank,
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(len(slots)),
-        "LOCAL_SIZE": str(len(slots)),
+        "WORLD_SIZE": size,
+        "LOCAL_WORLD_SIZE": local,
+        "LOCAL_SIZE": local,
         "GROUP_RANK": node,
         "NODE_RANK": node,
         "CROSS_RANK": node,
-        "GROUP_WORLD_SIZE": str(len(hosts)),
-        "CROSS_SIZE": str(len(hosts)),
+        "GROUP_WORLD_SIZE": nodes,
+        "CROSS_SIZE": nodes,
         "ROLE_NAME": "default",
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_RANK": rank,
+        "ROLE_WORLD_SIZE": size,
         "MASTER_ADDR": rdzv.master_addr,
-        "MASTER_PORT": str(rdzv.master_port),
+        "MASTER_PORT": port,
         "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",

@@ -27,23 +27,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from xrun.launch.doctor.stackdump import (
-    EXITED,
-    FAILURE_BUDGET,
-    ON_DEMAND_BUDGET,
-    StackDumps,
-    dump_ranks,
-    pyspy_path,
-    stack_problem,
-)
+from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
-from xrun.launch.result.stacks import RankStack
 from xrun.launch.spec import AgentOptions, HangAction
 
 if TYPE_CHECKING:
+    from xrun.launch.doctor.stackdump import StackDumps
     from xrun.launch.ranks.supervise import RankGroup
+    from xrun.launch.result.stacks import RankStack
 
-DumpDone = Callable[[list[RankStack], "str | None"], None]  # the stacks, and why there are none (or None)
+DumpDone = Callable[["list[RankStack]", "str | None"], None]  # the stacks, and why there are none (or None)
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
 
 
@@ -96,7 +89,7 @@ class NodeDoctor:
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._dumps = StackDumps(host, self._pyspy) if self._pyspy is not None else None
+        self._dumps: StackDumps | None = None  # py-spy's runner: made at the first dump (issue 25 §4)
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self.link: DoctorLink = LocalView(self)
@@ -104,8 +97,6 @@ class NodeDoctor:
     def attach(self, group: RankGroup) -> None:
         self._group = group
         group.plugins.signals[signal.SIGQUIT] = lambda: self.link.stacks_wanted("SIGQUIT")
-        if self._dumps is not None:
-            group.add_reader(self._dumps, self._dumps.ready)
         if self.options.hang_timeout is not None:
             self._watch = QuietWatch(self.options.hang_timeout, time.monotonic())
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
@@ -124,11 +115,22 @@ class NodeDoctor:
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
         """Take every live rank's stack in the background; ``on_done(stacks, problem)`` runs in the loop."""
         problem = stack_problem(self.host, self._environ)
-        if self._dumps is None or problem is not None:
+        if self._pyspy is None or problem is not None:
             on_done([], problem)
             return
-        if not self._dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
+        dumps = self._stack_dumps(self._pyspy)
+        if not dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
             notice(self.host, "a stack dump is already running; this request is dropped")
+
+    def _stack_dumps(self, pyspy: str) -> StackDumps:
+        """The background dumper, made and watched by the loop at the first dump: a run that never asks for stacks
+        loads neither it nor the stacks' types."""
+        if self._dumps is None:
+            from xrun.launch.doctor.stackdump import StackDumps  # noqa: PLC0415 - see __init__
+
+            self._dumps = StackDumps(self.host, pyspy)
+            self.group.add_reader(self._dumps, self._dumps.ready)
+        return self._dumps
 
     def take_stop_stacks(self) -> None:
         """The live ranks' stacks, now and within FAILURE_BUDGET (blocking: they are about to be stopped), kept
@@ -139,10 +141,14 @@ class NodeDoctor:
         targets = group.live_targets()
         if not targets:
             return
+        from xrun.launch.result.stacks import RankStack  # noqa: PLC0415 - only at a failure (issue 25 §4)
+
         if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
             why = stack_problem(self.host, self._environ) or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
+        from xrun.launch.doctor.stackdump import dump_ranks  # noqa: PLC0415 - see __init__
+
         stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
         group.stacks = tuple(s for s in stacks if s.error != EXITED)

@@ -14,10 +14,9 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xrun.launch.network.ranks_env import rank_network_env
-from xrun.launch.ranks import binding
-from xrun.launch.ranks.binding import RankBinding
 from xrun.launch.ranks.devices import (
     NVIDIA_VISIBLE,
     Devices,
@@ -31,6 +30,9 @@ from xrun.launch.ranks.devices import (
 from xrun.launch.result import errorfile
 from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
+
+if TYPE_CHECKING:
+    from xrun.launch.ranks.binding import RankBinding
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
     """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
     if not spec.options.bind_cores:
         return None
+    from xrun.launch.ranks import binding  # noqa: PLC0415 - five dataclasses and a regex: only when binding (issue 25 §4)
+
     binding.check_binding_env(env)
     allowed = frozenset(os.sched_getaffinity(0))
     return binding.plan_binding(
@@ -139,6 +143,8 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
                 file=sys.stderr,
             )
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
+    from xrun.launch.ranks import binding  # noqa: PLC0415 - see plan_bindings
+
     pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
     note = binding.binding_note(bindings, pool)
     if note:

@@ -32,6 +32,7 @@ import signal
 import threading  # already imported by subprocess; only to check we are on the main thread
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xrun.launch.output.streams import Console, flush_python_output, notice
 from xrun.launch.procs import proctable
@@ -45,7 +46,9 @@ from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.launch.result.stacks import DumpTarget, RankStack
+
+if TYPE_CHECKING:
+    from xrun.launch.result.stacks import DumpTarget, RankStack
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ class RankGroup:
 
     def live_targets(self) -> list[DumpTarget]:
         """The ranks whose main process is running, for a stack dump."""
-        return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in self._reaper.running()]
+        return dump_targets(self._reaper.running())
 
     def stop_hung(self, reason: str) -> None:
         """--hang_action stop: stop every rank like request_stop, and end with HANG_EXIT and ``reason``."""
@@ -317,3 +320,10 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
     merge = options.dedupe and len(echoed) > 1  # one rank has nobody to repeat it: no line is held
     return Console(prefix=options.prefix, quiet=options.quiet, on_close=on_close,
                    merge_as=options.host if merge else None, ranks_shown=len(echoed), host=options.host)
+
+
+def dump_targets(running: Sequence[RankState]) -> list[DumpTarget]:
+    """What py-spy is pointed at (the stacks' types load only when stacks are taken: issue 25 §4)."""
+    from xrun.launch.result.stacks import DumpTarget  # noqa: PLC0415
+
+    return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in running]

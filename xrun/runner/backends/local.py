@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from xrun.launch.command import agent_argv
-from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
@@ -18,6 +17,8 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
     bindings = plan_bindings(node, os.environ)
     if bindings is None:
         return {}
+    from xrun.launch.ranks.binding import format_cpus  # noqa: PLC0415 - only when binding (issue 25 §4)
+
     near = gpu_nodes(node, os.environ) or (None,) * len(bindings)
     return {
         rank.rank: format_cpus(b.cpus) + (f", near its GPU on NUMA node {gpu}" if gpu == b.numa_node is not None

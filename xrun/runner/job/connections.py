@@ -1,8 +1,10 @@
 """The control server's connections (``xrun.runner.job.server``): one per accepted socket, each reading its own
 frames and handing them to the server, and the bookkeeping that finds them again.
 
-A connection is TLS from its first byte (``xrun.channel.tlspipe``: decrypted in memory, so half a record never
-blocks the loop). It reads only when its socket is readable and decodes whole frames (at most ``MAX_HELLO``
+A connection is TLS from its first byte: a non-blocking ``SSLSocket`` (half a record never blocks the loop: it
+waits in OpenSSL's buffer until the rest comes), which holds no buffer between records (CPython sets OpenSSL's
+``SSL_MODE_RELEASE_BUFFERS``), where a session over memory BIOs kept ~3 KiB each of 10,000 connections (issue
+22 §7). It reads only when its socket is readable and decodes whole frames (at most ``MAX_HELLO``
 bytes, strictly, until the machine admits its hello; then ``MAX_FRAME``). Its first message must be ``auth``,
 answered with a ``challenge`` (``xrun.channel.handshake``); the next, the hello with its proof, goes to
 ``ConnOwner.on_hello``, the later ones to ``on_message``; a connection that ends, breaks or breaks the protocol
@@ -17,17 +19,24 @@ from __future__ import annotations
 import itertools
 import socket
 import ssl
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from xrun import channel
 from xrun.channel import ChannelError, Message
 from xrun.channel.handshake import ServerHandshake
-from xrun.channel.tlspipe import TlsPipe
+from xrun.channel.tls import reason
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
+RECV_CHUNK = 65536
+TLS_HANDSHAKE_RECORD, TLS_MAJOR = 0x16, 0x03  # a TLS record's first two bytes: content type, major version
+READ_BUDGET = 4 * RECV_CHUNK  # plaintext read from one connection per wake-up
 SEND_TIMEOUT = 5.0  # bounds a send to a peer that stopped reading; reads happen only when readable
+
+
+_recv = threading.local()
+SPENT = ServerHandshake.spent()
 
 
 class ConnOwner(Protocol):
@@ -43,36 +52,40 @@ class ConnOwner(Protocol):
         """The connection ended or broke, or its peer broke the protocol."""
 
 
-@dataclass(eq=False)
 class Conn:
-    """One accepted connection: its TLS session, its handshake, its frames."""
+    """One accepted connection: its TLS session, its handshake, its frames (slots: a server holds 10,000)."""
 
-    serial: int
-    sock: socket.socket
-    peer: str
-    opened: float
-    owner: ConnOwner
-    pipe: TlsPipe
-    handshake: ServerHandshake
-    reader: channel.FrameReader = field(default_factory=channel.FrameReader.stranger)
-    node: int | None = None  # set once the machine admits its hello
-    challenged: bool = False  # its ``auth`` was answered: the next message is the hello
+    __slots__ = ("serial", "sock", "peer", "opened", "owner", "tls", "secure", "handshake", "reader", "node",
+                 "challenged")
+
+    def __init__(self, *, serial: int, sock: socket.socket, peer: str, opened: float, owner: ConnOwner,
+                 tls: ssl.SSLContext, handshake: ServerHandshake) -> None:
+        self.serial = serial
+        self.sock: socket.socket | ssl.SSLSocket = sock  # an SSLSocket from its first TLS record on
+        self.tls: ssl.SSLContext | None = tls  # until the socket is wrapped
+        self.peer = peer
+        self.opened = opened
+        self.owner = owner
+        self.secure = False  # its TLS handshake is complete
+        self.handshake = handshake
+        self.reader = channel.FrameReader.stranger()
+        self.node: int | None = None  # set once the machine admits its hello
+        self.challenged = False  # its ``auth`` was answered: the next message is the hello
 
     @classmethod
     def accepted(cls, serial: int, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner,
                  tls: ssl.SSLContext, handshake: ServerHandshake) -> Conn:
-        sock.setblocking(True)
-        sock.settimeout(SEND_TIMEOUT)
         channel.tune_socket(sock)
-        pipe = TlsPipe(tls, sock, server_side=True)
-        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, owner=owner, pipe=pipe,
+        sock.setblocking(False)  # reads only what is there; ``send`` waits, bounded, for room
+        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, owner=owner, tls=tls,
                    handshake=handshake)
 
     def read(self) -> None:
         """The socket is readable: hand on every whole message that arrived, or say why the connection is over.
 
         Whatever a peer sends costs its own connection only: every failure here, expected or not, closes this
-        connection and nothing else (issue 22); an unproven peer is dropped without a word back."""
+        connection and nothing else (issue 22); an unproven peer is dropped without a word back (a peer whose TLS
+        handshake fails gets OpenSSL's alert, which tells it nothing a TLS client does not learn by connecting)."""
         try:
             self._read()
         except ChannelError as err:
@@ -81,20 +94,13 @@ class Conn:
             self.owner.on_closed(self, f"protocol error: {err.__class__.__name__}")
 
     def _read(self) -> None:
-        try:
-            data = self.sock.recv(65536)
-        except socket.timeout:
-            return
-        except OSError as err:
-            self.owner.on_closed(self, f"connection error: {err.strerror or err}")
-            return
-        if not data:
-            self.owner.on_closed(self, "connection closed")
-            return
-        plain = self.pipe.feed(data)
-        if self.pipe.closed:
-            self.owner.on_closed(self, "connection closed")
-            return
+        if not self.secure:
+            ended = self._handshake_step()
+            if ended:
+                self.owner.on_closed(self, ended)
+            if not self.secure:
+                return
+        plain, reason = self._decrypted()
         for msg in self.reader.feed(plain):
             if self.node is not None:
                 self.owner.on_message(self.node, msg)
@@ -104,6 +110,62 @@ class Conn:
                 self.owner.on_hello(self, msg)
                 if self.node is None:
                     return  # not admitted (yet): whatever came with the hello is not read
+        if reason and self.sock.fileno() >= 0:  # not closed already by what it said
+            self.owner.on_closed(self, reason)
+
+    def _handshake_step(self) -> str | None:
+        """Advance the TLS handshake with what arrived (``secure`` once it is complete); why the connection is
+        over, if the peer went away (a peer that breaks the handshake is a ``ChannelError``)."""
+        try:
+            if self.tls is not None and not self._wrap(self.tls):
+                return None
+            assert isinstance(self.sock, ssl.SSLSocket)
+            self.sock.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+            return None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            return "connection closed"
+        except ssl.SSLError as err:
+            raise ChannelError(f"TLS handshake failed: {reason(err)}") from None
+        except OSError as err:
+            return f"connection error: {err.strerror or err}"
+        self.secure = True
+        return None
+
+    def _wrap(self, tls: ssl.SSLContext) -> bool:
+        """Start TLS once the first bytes are there, if they open a TLS handshake record: anything else is
+        dropped before OpenSSL sees it, so a stray that does not speak TLS gets not a byte back (not even an
+        alert). False: nothing has come yet."""
+        first = self.sock.recv(3, socket.MSG_PEEK)
+        if not first:
+            raise ssl.SSLEOFError("closed before TLS")
+        if first[0] != TLS_HANDSHAKE_RECORD or (len(first) > 1 and first[1] != TLS_MAJOR):
+            self.sock.recv(RECV_CHUNK)  # taken off the queue: closed with bytes unread, the peer would get a reset
+            raise ChannelError("TLS handshake failed: not a TLS record")
+        self.sock = tls.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        self.tls = None
+        return True
+
+    def _decrypted(self) -> tuple[bytes, str | None]:
+        """The plaintext of the records at hand (at most ``READ_BUDGET`` bytes a turn, so one busy peer does not
+        hold the loop; the rest stays in the kernel's buffer and the socket stays readable: OpenSSL reads one
+        record at a time), and why the connection is over, if it is."""
+        buf, total = _recv_buffer(), 0
+        chunks: list[bytes] = []
+        while total < READ_BUDGET:
+            try:
+                size = self.sock.recv_into(buf)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except ssl.SSLError as err:
+                raise ChannelError(f"TLS: {reason(err)}") from None
+            except OSError as err:
+                return b"".join(chunks), f"connection error: {err.strerror or err}"
+            if not size:  # the peer's close_notify, or its TCP close
+                return b"".join(chunks), "connection closed"
+            chunks.append(bytes(buf[:size]))
+            total += size
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), None
 
     def _answer_auth(self, msg: Message) -> None:
         reply = self.handshake.on_auth(msg)
@@ -115,17 +177,32 @@ class Conn:
     def admit(self, node: int) -> None:
         """The machine admitted the hello: the connection is ``node``'s and may carry full-size frames."""
         self.node = node
+        self.handshake = SPENT  # its job is done: the nonces and the key lookup go
         self.reader.trust()
 
     def send(self, msg: Message) -> None:
-        """Send one message (an ``OSError`` is the caller's: the connection is broken)."""
-        self.pipe.send(channel.encode(msg))
+        """Send one message, waiting at most ``SEND_TIMEOUT`` for room (an ``OSError`` is the caller's: the
+        connection is broken or its peer stopped reading)."""
+        self.sock.settimeout(SEND_TIMEOUT)
+        try:
+            self.sock.sendall(channel.encode(msg))
+        finally:
+            self.sock.settimeout(0.0)
 
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
+
+
+def _recv_buffer() -> memoryview:
+    """The loop thread's buffer for decrypted bytes (``recv(65536)`` allocates 64 KiB per read and shrinks it to
+    what came: holes in the heap of a server that holds 10,000 TLS sessions)."""
+    buf: memoryview | None = getattr(_recv, "buf", None)
+    if buf is None:
+        buf = _recv.buf = memoryview(bytearray(RECV_CHUNK))
+    return buf
 
 
 class Unadmitted(dict[int, Conn]):

@@ -71,7 +71,7 @@ class Gate:
                  identity: ServerIdentity | None = None) -> None:
         from xrun.channel.tls_server import ServerIdentity  # noqa: PLC0415 - cryptography: a real run's server only
 
-        self.identity = identity if identity is not None else ServerIdentity.mint()
+        self.identity = identity if identity is not None else ServerIdentity.mint_apart()
         self.tls = self.identity.server_context()
         self.keys = keys
         self.prove_server = prove_server

@@ -1,0 +1,49 @@
+"""Where py-spy is, and why no stack can be taken on a node: what a node agent checks at every start, kept apart
+from ``xrun.launch.doctor.stackdump`` (subprocess, threads, the stacks as data), which is loaded only when a
+dump is taken (issue 25 §4: the agent's start path)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+
+PYSPY = "py-spy"
+PYSPY_ENV = "XRUN_PYSPY"  # another py-spy binary than the one on PATH (tests, odd installs)
+ON_DEMAND_BUDGET = 5.0  # SIGQUIT and the hang watchdog: a loaded node may need a while per process
+FAILURE_BUDGET = 2.0  # at the first failure the survivors wait for their stop: keep it short
+EXITED = "exited before its stack was taken"  # py-spy failed because the rank had ended meanwhile (no diagnosis)
+PTRACE_HINT = (
+    "py-spy needs ptrace permission: run as the ranks' user with kernel.yama.ptrace_scope <= 1 "
+    "(sysctl kernel.yama.ptrace_scope=0 for non-root), and in a container add the SYS_PTRACE capability "
+    "(docker run --cap-add SYS_PTRACE; Kubernetes securityContext.capabilities.add: [SYS_PTRACE])"
+)
+
+
+def pyspy_path(environ: Mapping[str, str] = os.environ, scripts: str | None = None) -> str | None:
+    """The py-spy to run: ``$XRUN_PYSPY``, else the one installed beside the agent's interpreter (``pip install
+    py-spy`` in its environment puts it there), else the one on PATH; None when there is none.
+
+    Beside the interpreter comes first because PATH often finds a version manager's shim (pyenv's is a bash
+    script), whose start doubles the time a failure's stacks delay the stop (about 40 against 20 ms here).
+    """
+    if environ.get(PYSPY_ENV):
+        return shutil.which(environ[PYSPY_ENV], path=environ.get("PATH"))
+    beside = os.path.join(scripts if scripts is not None else _scripts_dir(), PYSPY)
+    if os.access(beside, os.X_OK) and os.path.isfile(beside):
+        return beside
+    return shutil.which(PYSPY, path=environ.get("PATH"))
+
+
+def _scripts_dir() -> str:
+    import sysconfig  # only when stacks are wanted: not on the agent's start path
+
+    return sysconfig.get_path("scripts")
+
+
+def stack_problem(host: str, environ: Mapping[str, str] = os.environ, scripts: str | None = None) -> str | None:
+    """Why no stack can be taken on this node at all, in one line with the fix; None when py-spy is there."""
+    if pyspy_path(environ, scripts) is None:
+        return (f"no stacks from {host}: py-spy is not installed there (pip install py-spy, in the environment "
+                f"of the agent's python); the job goes on")
+    return None
