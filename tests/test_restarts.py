@@ -196,10 +196,14 @@ def test_a_stop_goes_to_every_node_of_the_current_attempt():
 # -- the local backend: a loop of attempts in xrun's own process -------------------------------------------------
 
 FLAKY = """
-import os, sys
+import os, sys, time
 n = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print("attempt", n, os.environ["TORCHELASTIC_MAX_RESTARTS"], os.environ["RANK"], os.environ["MASTER_PORT"])
+open(f"printed-{n}-{os.environ['RANK']}", "w").close()
 if os.environ["RANK"] == "1" and n < int(os.environ.get("FAILS", "1")):
+    deadline = time.monotonic() + 10  # rank 0 has printed before the failure stops it (the test counts its line)
+    while not os.path.exists(f"printed-{n}-0") and time.monotonic() < deadline:
+        time.sleep(0.01)
     sys.exit(3)
 """
 
