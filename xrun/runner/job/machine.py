@@ -13,10 +13,8 @@ keepalive, lost nodes (``--elastic`` leaves one to torch while at least ``--min_
 stop. The first failure stops every other node; SIGINT/SIGTERM/SIGHUP stop every node gracefully, a second SIGINT
 with SIGKILL. A node that neither finishes nor answers by the stop deadline counts as lost.
 
-What a hello gets back is a ``HelloPolicy``: the head sends each node its spec (``SendSpecs``); a policy may
-instead refuse a node (pod mode compares plan digests: ``xrun.runner.pod.hello``), which ends the job with exit
-code 2, or find it a ``Stray`` (a wrong key), turned away without a word before it is admitted. With
-``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected, and
+What a hello gets back is a ``HelloPolicy``'s answer (``xrun.runner.job.hellos``: the spec, a refusal, a stray).
+With ``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected, and
 a node's hello may come late or, with ``--max_restarts``, after its agent was lost (``xrun.runner.job.rejoin``).
 
 The job's exit code is decided once every node is over (``RootCause.fix``); ``Job.verdict`` then stays the same
@@ -26,10 +24,8 @@ whatever arrives during the last linger.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar
 
-from xrun import __version__
 from xrun.channel import DEAD_AFTER, PING_INTERVAL
 from xrun.launch.procs.posix import signal_name
 from xrun.runner.job.attempts import Attempts, Ending, restart_actions
@@ -38,7 +34,6 @@ from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import (
     AGENT_EVENTS,
     Action,
-    Admit,
     AgentError,
     ConnectionLost,
     Done,
@@ -52,7 +47,6 @@ from xrun.runner.job.events import (
     RankExited,
     Ready,
     SendPing,
-    SendSpec,
     SendStop,
     SendVerdict,
     SessionEnded,
@@ -60,12 +54,14 @@ from xrun.runner.job.events import (
     ShowLine,
     SignalReceived,
     Tick,
-    TurnAway,
     Verdict,
 )
+from xrun.runner.job.hellos import HelloPolicy, SendSpecs, on_hello
+from xrun.runner.job.hellos import Refusal as Refusal  # re-exported: the hello policies (pod mode) name them here
+from xrun.runner.job.hellos import Stray as Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.precheck import decide, passed_line
-from xrun.runner.job.rejoin import pod_hello, unawaited
+from xrun.runner.job.rejoin import unawaited
 from xrun.runner.job.verdict import (
     RootCause,
     agent_failure,
@@ -73,42 +69,11 @@ from xrun.runner.job.verdict import (
     hang_failure,
     lost_failure,
     rank_failure,
-    refused_failure,
     session_failure,
 )
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 STOP_GRACE = 5.0  # beyond the agents' own shutdown deadline before a node counts as not stopping
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A hello policy's no: the job ends with ``REFUSED_EXIT``; ``reason`` names the node and why."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stray:
-    """A hello policy's "not one of ours" (a wrong key): closed without a word, counted, never admitted."""
-
-
-class HelloPolicy(Protocol):
-    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
-        """What an admitted node is sent first, why it is refused, or that it is a stray."""
-
-
-@dataclass(frozen=True)
-class SendSpecs:
-    """Head mode: every node gets its spec; node 0 checks rank 0's port (``master_port``) or picks one."""
-
-    pick_master_port: bool
-    master_port: int = 0  # node 0's port to check, or its first try when picking
-
-    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
-        node0 = hello.node == 0
-        return SendSpec(hello.node, pick_master_port=self.pick_master_port and node0,
-                        master_port=self.master_port if node0 else 0)
 
 
 class Job:
@@ -187,30 +152,6 @@ class Job:
         return self.cause.failure_at
 
     # -- what the agents say --------------------------------------------------------------------------------
-
-    def _hello(self, event: HelloReceived) -> None:
-        answer = self.policy.answer(event)
-        if isinstance(answer, Stray):
-            self.strays += 1
-            self._out.append(TurnAway(event.conn))
-            return
-        node = self.nodes[event.node]
-        pod = pod_hello(self, node, event, answer.reason if isinstance(answer, Refusal) else None)
-        if pod is not None:  # pod mode: a node late for a job that is ending, or back (xrun.runner.job.rejoin)
-            self._out += pod
-            return
-        if node.state is not NodeState.WAITING or self.stopping:
-            self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
-            self._out.append(TurnAway(event.conn))
-            return
-        self.nodes.join(node, event.addr, self.now, name=event.host if self.config.numbered else None)
-        self._out.append(Admit(node.rank, event.conn))
-        if event.xrun_version != __version__:
-            self._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
-        if isinstance(answer, Refusal):
-            self._fail(refused_failure(node.host, answer.reason))
-        else:
-            self._out.append(answer)
 
     def _ready(self, event: Ready) -> None:
         node = self.nodes[event.node]
@@ -366,7 +307,7 @@ def _precheck_done(job: Job, event: PrecheckDone) -> None:
 
 
 Job._HANDLERS = {
-    HelloReceived: Job._hello,
+    HelloReceived: on_hello,
     Ready: Job._ready,
     RankExited: Job._rank_exited,
     Done: Job._done,

@@ -1,0 +1,77 @@
+"""The hellos (``xrun.runner.job.machine``): what an agent that proved its key is answered, as the job's rules.
+
+A hello is answered by the job's ``HelloPolicy``: head mode sends each node its spec (``SendSpecs``); a policy may
+instead refuse a node (pod mode compares plan digests: ``xrun.runner.pod.hello``), which ends the job with exit
+code 2, or find it a ``Stray`` (a wrong key), turned away without a word before it is admitted. A second agent for
+a node already joined is turned away; pod mode's late and returning nodes are ``xrun.runner.job.rejoin``'s.
+Pure, like the machine whose state it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from xrun import __version__
+from xrun.runner.job.events import Action, Admit, HelloReceived, SendSpec, TurnAway
+from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.rejoin import pod_hello
+from xrun.runner.job.verdict import refused_failure
+
+if TYPE_CHECKING:
+    from xrun.runner.job.machine import Job
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A hello policy's no: the job ends with ``REFUSED_EXIT``; ``reason`` names the node and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stray:
+    """A hello policy's "not one of ours" (a wrong key): closed without a word, counted, never admitted."""
+
+
+class HelloPolicy(Protocol):
+    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
+        """What an admitted node is sent first, why it is refused, or that it is a stray."""
+
+
+@dataclass(frozen=True)
+class SendSpecs:
+    """Head mode: every node gets its spec; node 0 checks rank 0's port (``master_port``) or picks one."""
+
+    pick_master_port: bool
+    master_port: int = 0  # node 0's port to check, or its first try when picking
+
+    def answer(self, hello: HelloReceived) -> Action | Refusal | Stray:
+        node0 = hello.node == 0
+        return SendSpec(hello.node, pick_master_port=self.pick_master_port and node0,
+                        master_port=self.master_port if node0 else 0)
+
+
+def on_hello(job: Job, event: HelloReceived) -> None:
+    answer = job.policy.answer(event)
+    if isinstance(answer, Stray):
+        job.strays += 1
+        job._out.append(TurnAway(event.conn))
+        return
+    node = job.nodes[event.node]
+    pod = pod_hello(job, node, event, answer.reason if isinstance(answer, Refusal) else None)
+    if pod is not None:  # pod mode: a node late for a job that is ending, or back (xrun.runner.job.rejoin)
+        job._out += pod
+        return
+    if node.state is not NodeState.WAITING or job.stopping:
+        job._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
+        job._out.append(TurnAway(event.conn))
+        return
+    job.nodes.join(node, event.addr, job.now, name=event.host if job.config.numbered else None)
+    job._out.append(Admit(node.rank, event.conn))
+    if event.xrun_version != __version__:
+        job._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
+    if isinstance(answer, Refusal):
+        job._fail(refused_failure(node.host, answer.reason))
+    else:
+        job._out.append(answer)
