@@ -472,6 +472,13 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
     if first.get("type") != Kind.SPEC.value:
         raise ChannelError(f"expected the node spec, got {first.get('type')!r}")
+    if first.get("standby"):  # a hot spare (--spares): preflight, then wait for a lost node's spec or the end
+        from xrun.launch.restarts import stand_by
+
+        taken = stand_by(link, first)
+        if isinstance(taken, int):
+            return engine_exit_code(taken, delivered=True) if engine else taken
+        first = taken
     spec = use_spec(link, first)
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
@@ -493,7 +500,9 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
 
     hooks = ChannelHooks(link)
     try:
-        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"])), hooks=hooks)
+        attempt = int(start.get("restart_count") or 0)  # a hot spare starts at the attempt it joins
+        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]), attempt),
+                        hooks=hooks)
         if first.get("max_restarts"):  # the runner may start the job again: wait for its word
             from xrun.launch.restarts import next_attempts
 

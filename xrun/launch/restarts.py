@@ -9,6 +9,10 @@ is over (``xrun.runner.job.attempts``), and says it:
 Node 0 checks the given ``--master_port`` again, or picks a fresh port, exactly as before the first start. A stop
 between attempts is stale (the runner sent it to every node after the failure) and is skipped; one during the
 next barrier ends the agent, as before the first start.
+
+A hot spare (``--spares``) gets a ``spec`` marked ``standby`` first: it runs the same preflight, says ready and
+waits connected, answering pings (``stand_by``). A second ``spec`` is a lost node's, with this host: from then on
+the spare is that node (its attempt's number comes with the start). The verdict, or a stop, ends it with 0.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from xrun import channel
 from xrun.channel import Kind, message
+from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
-from xrun.launch.connect import ChannelHooks, node0_port, with_rendezvous
+from xrun.launch.connect import ChannelHooks, node0_port, use_spec, with_rendezvous
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -67,3 +73,23 @@ def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | N
         msg = hooks.next_message(None)
         if msg is None or msg.get("type") in wanted:
             return msg
+
+
+def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
+    """A hot spare: the preflight of the standby spec, ready, then the wait: the spec of the node whose place it
+    takes, or an exit code (0: the job ended without it; the preflight's code when it failed)."""
+    try:
+        check_spec(use_spec(link, first))  # the same checks as any node's, before the spare counts as standing by
+    except XrunError as err:
+        link.send(message(Kind.ERROR, message=str(err)))
+        return err.exit_code
+    link.send(message(Kind.READY))
+    while True:
+        msg = link.recv(timeout=channel.DEAD_AFTER)  # the runner pings spares too: silence is its loss
+        kind = msg.get("type")
+        if kind == Kind.PING.value:
+            link.send(message(Kind.PONG))
+        elif kind == Kind.SPEC.value:
+            return msg
+        elif kind in (Kind.VERDICT.value, Kind.STOP.value):
+            return 0

@@ -20,22 +20,21 @@ from xrun.shell import render
 
 
 def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) -> tuple[NodeCommand, ...]:
-    """Pure: the remote command of every node (placeholders for the endpoint when it is not open yet)."""
+    """Pure: the remote command of every agent, the world's nodes' then the hot spares' (placeholders for the
+    endpoint when it is not open yet). An agent's id is its node rank, or for a spare the next after the world's."""
     python = plan.request.launch.python
     return tuple(
         NodeCommand(
-            host=node.host,
-            argv=agent_connect_argv(
-                python, endpoints[node.host] if endpoints else None, str(node.node_rank), token_on_stdin=True
-            ),
+            host=host,
+            argv=agent_connect_argv(python, endpoints[host] if endpoints else None, str(agent), token_on_stdin=True),
         )
-        for node in plan.nodes
+        for agent, host in enumerate(plan.agent_hosts)
     )
 
 
 class SshBackend:
     name = "ssh"
-    traits = Traits(uses_channel=True, extra_fds_per_node=3)
+    traits = Traits(uses_channel=True, extra_fds_per_node=3, spares=True)
 
     def render(self, plan: Plan) -> Invocation:
         return Invocation(
@@ -49,7 +48,7 @@ class SshBackend:
         # paramiko loads here, only when the ssh backend really runs.
         from xrun.runner.backends.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
 
-        results = connect_all([node.host for node in plan.nodes], plan.request.remote.ssh)
+        results = connect_all(list(plan.agent_hosts), plan.request.remote.ssh)  # the hot spares' too: standby
         try:
             connected = [r for r in results if isinstance(r, Connected)]
             if len(connected) != len(results):

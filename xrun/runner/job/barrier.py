@@ -95,7 +95,7 @@ class Barrier:
 
     def _start_elastic(self, node: Node, rule: ElasticRule, now: float) -> list[Action]:
         node.state = NodeState.RUNNING
-        start = SendStart((node.rank,), rule.master_addr, self.config.master_port)
+        start = SendStart((node.agent,), rule.master_addr, self.config.master_port)
         started = self.nodes.running()
         if self.started_at is None and started >= rule.min_nodes:
             self.started_at = now

@@ -10,16 +10,16 @@ Pure, like the machine whose state it changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from xrun import __version__
-from xrun.runner.job.events import Action, Admit, HelloReceived, SendSpec, TurnAway
-from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.attempts import Attempts
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.events import Action, Admit, Failure, HelloReceived, SendSpec, TurnAway
+from xrun.runner.job.nodes import Nodes, NodeState
 from xrun.runner.job.rejoin import pod_hello
-from xrun.runner.job.verdict import refused_failure
-
-if TYPE_CHECKING:
-    from xrun.runner.job.machine import Job
+from xrun.runner.job.spares import Spares
+from xrun.runner.job.verdict import RootCause, refused_failure
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,38 @@ class SendSpecs:
                         master_port=self.master_port if node0 else 0)
 
 
+class Job(Protocol):
+    """What of the job (``xrun.runner.job.machine.Job``) a hello reads and changes."""
+
+    policy: HelloPolicy
+    config: JobConfig
+    attempts: Attempts
+    nodes: Nodes
+    spares: Spares
+    cause: RootCause
+    now: float
+    stopping: bool
+    strays: int
+    _out: list[Action]
+
+    @property
+    def failure(self) -> Failure | None: ...
+
+    def _say(self, text: str) -> None: ...
+
+    def _fail(self, failure: Failure) -> None: ...
+
+
 def on_hello(job: Job, event: HelloReceived) -> None:
     answer = job.policy.answer(event)
     if isinstance(answer, Stray):
         job.strays += 1
         job._out.append(TurnAway(event.conn))
         return
-    node = job.nodes[event.node]
+    node = job.nodes.by_agent.get(event.node)
+    if node is None:  # a hot spare's agent (--spares), or a replaced node's: the spares answer
+        job._out += job.spares.hello(event, job.now, ending=job.cause.fixed is not None)
+        return
     pod = pod_hello(job, node, event, answer.reason if isinstance(answer, Refusal) else None)
     if pod is not None:  # pod mode: a node late for a job that is ending, or back (xrun.runner.job.rejoin)
         job._out += pod
@@ -68,7 +93,7 @@ def on_hello(job: Job, event: HelloReceived) -> None:
         job._out.append(TurnAway(event.conn))
         return
     job.nodes.join(node, event.addr, job.now, name=event.host if job.config.numbered else None)
-    job._out.append(Admit(node.rank, event.conn))
+    job._out.append(Admit(node.agent, event.conn))
     if event.xrun_version != __version__:
         job._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
     if isinstance(answer, Refusal):

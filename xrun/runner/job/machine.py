@@ -28,13 +28,14 @@ from typing import Any, Callable, ClassVar
 
 from xrun.channel import DEAD_AFTER, PING_INTERVAL
 from xrun.launch.procs.posix import signal_name
-from xrun.runner.job.attempts import Attempts, Ending, restart_actions
+from xrun.runner.job.attempts import Attempts, Ending, restart_actions, seated_specs
 from xrun.runner.job.barrier import Barrier
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import (
     AGENT_EVENTS,
     Action,
     AgentError,
+    AgentEvent,
     ConnectionLost,
     Done,
     Drop,
@@ -43,6 +44,7 @@ from xrun.runner.job.events import (
     Heard,
     HelloReceived,
     Hung,
+    NodesFaulty,
     PrecheckDone,
     RankExited,
     Ready,
@@ -61,7 +63,8 @@ from xrun.runner.job.hellos import Refusal as Refusal  # re-exported: the hello 
 from xrun.runner.job.hellos import Stray as Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.precheck import decide, passed_line
-from xrun.runner.job.rejoin import unawaited
+from xrun.runner.job.rejoin import rejoins, unawaited_nodes
+from xrun.runner.job.spares import Spares
 from xrun.runner.job.verdict import (
     RootCause,
     agent_failure,
@@ -86,6 +89,7 @@ class Job:
         picks = config.pick_master_port or config.master_port == 0
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
+        self.spares = Spares(config.spares, first_agent=len(config.hosts))  # --spares: agent ids after the world's
         self.barrier = Barrier(config, self.nodes, t0=now)
         self.cause = RootCause(elastic=config.elastic is not None)
         self.now = now
@@ -103,17 +107,14 @@ class Job:
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply one event at time ``now``; return what to do about it, in order."""
         self.now = now
-        if isinstance(event, AGENT_EVENTS):
-            node = self.nodes[event.node]
-            if not node.connected:
-                return []  # the socket layer sends none; a late one from a dropped connection changes nothing
-            node.last_seen = now
-        self._HANDLERS[type(event)](self, event)
+        if not isinstance(event, AGENT_EVENTS) or self._from_world(event):
+            self._HANDLERS[type(event)](self, event)
         if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping) and not self._restarted():
             self.all_over_at = now
             verdict = self.cause.fix(self.nodes, now)
             if self.config.verdict_to_nodes or self.config.restart.restarts:  # agents that wait for a restart
-                self._out.append(SendVerdict(tuple(n.rank for n in self.nodes if n.connected), verdict))
+                told = (*(n.agent for n in self.nodes if n.connected), *self.spares.connected())
+                self._out.append(SendVerdict(told, verdict))
         out, self._out = self._out, []
         return out
 
@@ -133,7 +134,7 @@ class Job:
         return self.all_over_at is not None and now >= self.all_over_at + LINGER
 
     def lost_hosts(self) -> set[str]:
-        return self.nodes.lost_hosts()
+        return self.nodes.lost_hosts() | self.spares.gone
 
     def state(self, node: int) -> NodeState:
         return self.nodes[node].state
@@ -153,32 +154,43 @@ class Job:
 
     # -- what the agents say --------------------------------------------------------------------------------
 
+    def _from_world(self, event: AgentEvent) -> bool:
+        """An admitted agent's word: a world node's goes on to the handlers; a spare's to the spares."""
+        node = self.nodes.by_agent.get(event.node)
+        if node is None:
+            self._out += self.spares.heard(event, self.now)
+            return False
+        if not node.connected:
+            return False  # the socket layer sends none; a late one from a dropped connection changes nothing
+        node.last_seen = self.now
+        return True
+
     def _ready(self, event: Ready) -> None:
-        node = self.nodes[event.node]
+        node = self.nodes.by_agent[event.node]
         node.state, node.master_port = NodeState.READY, event.master_port
         self._out.append(ShowJoined(node.host, self.nodes.up(), len(self.nodes)))
         if not self.stopping:
             self._out += self.barrier.ready(node, self.now)
 
     def _rank_exited(self, event: RankExited) -> None:
-        failure = rank_failure(event, self.nodes[event.node].host)
+        failure = rank_failure(event, self.nodes.by_agent[event.node].host)
         if failure is not None:
             self._fail(failure)
 
     def _done(self, event: Done) -> None:
-        node = self.nodes[event.node]
+        node = self.nodes.by_agent[event.node]
         node.state, node.exit_code = NodeState.DONE, event.exit_code
         failure = done_failure(event, node.host)
         if failure is not None and not self.stopping:
             self._fail(failure)
 
     def _agent_error(self, event: AgentError) -> None:
-        node = self.nodes[event.node]
+        node = self.nodes.by_agent[event.node]
         self._fail(agent_failure(event, node.host))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
 
     def _connection_lost(self, event: ConnectionLost) -> None:
-        node = self.nodes[event.node]
+        node = self.nodes.by_agent[event.node]
         node.connected = False
         if not node.over:
             self._lose(node, f"its agent's connection dropped ({event.reason})")
@@ -186,6 +198,7 @@ class Job:
     # -- what happens around them ---------------------------------------------------------------------------
 
     def _session_ended(self, event: SessionEnded) -> None:
+        self._out += self.spares.session_ended(event.host)
         for node in self.nodes if event.host is None else self.nodes.by_host.get(event.host, []):
             if node.over or node.connected:
                 continue  # a connected node's own connection tells how it ended
@@ -233,8 +246,10 @@ class Job:
         silent, alive = self.nodes.ping_round(self.now, DEAD_AFTER, done_too=self.config.restart.restarts)
         for node in silent:
             self._lose(node, f"no word from its agent for {DEAD_AFTER:g} s (network cut or node down?)")
-        if alive:
-            self._out.append(SendPing(alive))
+        lost_spares, standing = self.spares.ping_round(self.now, DEAD_AFTER)
+        self._out += lost_spares
+        if alive or standing:
+            self._out.append(SendPing((*alive, *standing)))
 
     # -- the job --------------------------------------------------------------------------------------------
 
@@ -258,7 +273,7 @@ class Job:
             self._say(f"{node.host}: {reason}")
         if node.connected:
             node.connected = False
-            self._out.append(Drop(node.rank))
+            self._out.append(Drop(node.agent))
 
     def _stop(self, signum: int, reason: str) -> None:
         first = not self.stopping
@@ -274,16 +289,37 @@ class Job:
         """--max_restarts: the attempt just over is followed by another (decided in xrun.runner.job.attempts)."""
         if not self.config.restart.restarts:
             return False
-        missing = unawaited(self.nodes, self.config)  # pod mode: a lost node may come back (xrun.runner.job.rejoin)
-        ending = self.attempts.over(self.cause, self.barrier.started_at, self.now, nodes_missing=missing)
+        # lost, or failed its preflight: a spare on standby may take its place (pod mode: a lost node other than
+        # node 0 may come back instead, xrun.runner.job.rejoin)
+        faulty = unawaited_nodes(self.nodes, self.config) if rejoins(self.config) else self.nodes.faulty()
+        ending = self.attempts.over(self.cause, self.barrier.started_at, self.now,
+                                    lost=tuple(n.host for n in faulty), spares=len(self.spares.ready()))
         if ending is not Ending.RESTART:
             return False
         attempt = self.attempts.begin_next(self.now)
-        self._out += restart_actions(self.config, self.nodes, attempt, self.failure)
+        self.attempts.replaced, seating = self.spares.seat_all(self.nodes, faulty, attempt)
+        self._out += seating
+        self._out += restart_actions(self.config, self.nodes, attempt, self.failure, self.attempts.replaced)
         self.cause.next_attempt()
         self.stopping, self.stop_deadline = False, None
         self.barrier = Barrier(self.config, self.nodes, t0=self.now, attempt=attempt)
         return True
+
+    def _nodes_faulty(self, event: NodesFaulty) -> None:
+        """--precheck's seam (issue 24): before the attempt's ranks start, each bad node is replaced by a spare on
+        standby at once (not a restart; the barrier waits for the spare); without enough spares, or once the
+        ranks run, they are lost nodes: the job stops, and the next attempt runs on spares or the job ends."""
+        bad = [self.nodes[r] for r in dict.fromkeys(event.node_ranks) if 0 <= r < len(self.nodes)]
+        bad = [node for node in bad if not node.over]
+        if self.barrier.holding(stopping=self.stopping) and len(bad) <= len(self.spares.ready()):
+            seated, actions = self.spares.seat_all(self.nodes, bad, self.attempts.number)
+            self.attempts.replaced += seated
+            self._out += [*actions, *seated_specs(self.config, bad)]
+            return
+        for node in bad:
+            self._mark_lost(node, event.reason)
+        if bad:
+            self._fail(lost_failure(", ".join(n.host for n in bad), event.reason))
 
     def _elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""
@@ -317,6 +353,7 @@ Job._HANDLERS = {
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,
     Hung: Job._hung,
+    NodesFaulty: Job._nodes_faulty,
     Tick: Job._tick,
     PrecheckDone: _precheck_done,
 }
