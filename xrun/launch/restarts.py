@@ -8,7 +8,7 @@ is over (``xrun.runner.job.attempts``), and says it:
 
 Node 0 checks the given ``--master_port`` again, or picks a fresh port, exactly as before the first start. A stop
 between attempts is stale (the runner sent it to every node after the failure) and is skipped; one during the
-next barrier ends the agent, as before the first start.
+next barrier ends that attempt on this node (``done``), and the agent waits for the runner's next word.
 
 A hot spare (``--spares``) gets a ``spec`` marked ``standby`` first: it runs the same preflight, says ready and
 waits connected, answering pings (``stand_by``). A second ``spec`` is a lost node's, with this host: from then on
@@ -43,8 +43,15 @@ def next_attempts(hooks: ChannelHooks, spec: NodeSpec, code: int, *, near: str) 
         if ready is not None:
             return ready
         start = _next_of(hooks, (Kind.START, Kind.STOP))
-        if start is None or start.get("type") != Kind.START.value:
+        if start is None:
             return STOPPED
+        if start.get("type") != Kind.START.value:
+            # Stopped before the ranks started (another node failed its preflight, or was lost): this attempt is
+            # over here, not the job; say so, and wait for the runner's word (a restart, maybe with a hot spare
+            # in the other node's place, or the verdict).
+            hooks.send(message(Kind.DONE, exit_code=STOPPED))
+            code = STOPPED
+            continue
         attempt = int(start.get("restart_count") or restart.get("attempt") or 0)
         code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]), attempt),
                         hooks=hooks)

@@ -48,6 +48,8 @@ def add_restart_flags(parser: argparse.ArgumentParser) -> None:
 
 def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
     """The static job's restart policy (with --elastic, --max_restarts is torch's: the policy stays empty)."""
+    if ns.spares is not None and ns.spares < 0:
+        raise UsageError("--spares", f"must be >= 0, not {ns.spares}")
     if ns.spares and ns.elastic:
         raise UsageError("--spares", "does not apply with --elastic (torch's rendezvous decides which nodes take part)")
     if ns.spares and not ns.max_restarts:

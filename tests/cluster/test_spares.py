@@ -1,0 +1,82 @@
+"""Hot spares across real hosts (issue 23): ``--spares N`` over ssh and pdsh.
+
+The last host of the hostfile stands by outside the world; real torch gloo ranks checkpoint every step to a file
+(the nodes share the filesystem) and resume from it. A node killed mid-run is replaced by the spare (same node rank,
+same slots) and the job finishes at the same world size with exit 0; two nodes lost with one spare end the job
+naming both. Nothing is left on any node after either. The helpers are tests/cluster/test_restarts.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def python(tmp_path):
+    """The remote interpreter: this tree first on PYTHONPATH (over ssh nothing else would)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def started(proc, ranks, timeout=60.0):
+    """Read the job's output on a thread; return its lines once ``ranks`` ranks resumed (attempt 0 runs)."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while sum("RESUME" in line for line in lines) < ranks:
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    return lines
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_killed_node_is_replaced_by_the_hot_spare_and_the_job_finishes(cluster, tmp_path, python, backend):
+    logs = tmp_path / "logs"
+    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "2", "--spares", "1",
+                       "--log_dir", str(logs), env={"STEP_S": "1"})
+    lines = started(proc, 2)
+    killed = time.time()
+    cluster.kill_node("node2")  # node rank 1: its agent, its ranks, its sshd
+    rest, err = proc.communicate(timeout=120)
+    out = "".join(lines) + rest  # the reader thread and communicate() share the pipe
+    assert proc.returncode == 0, err
+    assert "xrun: spare node3 is standing by" in err
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place (node rank 1, same slots); node2 is not " \
+           "used again" in err
+    assert re.search(r"attempt 0 \([\d.]+ s\): lost node node2", err), err
+    assert re.search(r"attempt 1 \([\d.]+ s\): succeeded \(on node3 in place of node2 \(node 1\)\)", err), err
+    resumed = re.findall(r"\[(node\d):(\d)\] RESUME 1 (\d) (\d+)", out)
+    assert sorted((host, rank) for host, rank, _, _ in resumed) == [("node1", "0"), ("node3", "1")], out
+    assert len({step for *_, step in resumed}) == 1 and int(resumed[0][3]) > 0  # both resumed the checkpoint
+    assert sorted(tuple(words) for words in lines_of(out, "DONE")) == [("1", "0", "6"), ("1", "1", "6")]
+    restarted = max(float(words[2]) for words in lines_of(out, "STARTED") if words[0] == "1")
+    print(f"{backend}: node killed -> every rank of attempt 1 started on the spare: {restarted - killed:.2f} s")
+    assert restarted - killed < 10.0
+    summary = json.loads((logs / "summary.json").read_text())
+    assert [a["replaced"] for a in summary["attempts"]] == [
+        [], [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 1}]]
+    assert_nothing_left(cluster, mark)
+
+
+def test_two_lost_nodes_with_one_spare_end_the_job_naming_both(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "3", "--spares", "1",
+                       env={"STEP_S": "2"})
+    started(proc, 2)
+    cluster.cut("node1")  # both silent from the same moment: the keepalive loses them in the same round
+    cluster.cut("node2")
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err
+    assert "stopped restarting after 0 restart(s): 2 node(s) lost (node1, node2) and 1 spare(s) on standby to " \
+           "take their places" in err
+    assert_nothing_left(cluster, mark, timeout=30.0)  # the cut nodes' agents stop their ranks once the head is silent
