@@ -12,6 +12,8 @@ import sys
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from tests.test_job import JOINED, STATIC, hello, play
@@ -31,6 +33,7 @@ from xrun.runner.job.events import (
     SendRestart,
     SendSpec,
     SendStart,
+    SendStop,
     SendVerdict,
     SessionEnded,
     ShowLine,
@@ -38,6 +41,7 @@ from xrun.runner.job.events import (
     Tick,
     TurnAway,
 )
+from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 from xrun.runner.plan import JobRequest, make_plan
@@ -242,3 +246,46 @@ def test_the_dry_run_shows_the_world_the_spares_and_the_policy(tmp_path):
     assert data["spares"] == [{"host": "c", "agent": 2, "command": data["spares"][0]["command"]}]
     assert "--node_rank=2" in data["spares"][0]["command"]
     assert data["restarts"]["spares"] == 1
+
+
+# -- any sequence -------------------------------------------------------------------------------------------------
+
+AGENT = st.integers(0, 4)
+EVENTS = st.one_of(
+    st.builds(hello, AGENT, conn=st.integers(0, 20)),
+    st.builds(Ready, AGENT, st.none() | st.integers(1, 9)),
+    st.builds(RankExited, AGENT, st.none() | st.integers(0, 5), st.none(), st.integers(0, 9)),
+    st.builds(Done, AGENT, st.sampled_from([0, 1, 143])),
+    st.builds(AgentError, AGENT, st.just("preflight")),
+    st.builds(ConnectionLost, AGENT, st.just("connection closed")),
+    st.builds(SessionEnded, st.none() | st.sampled_from(["a", "c", "d", "e"]), st.none()),
+    st.builds(NodesFaulty, st.lists(st.integers(0, 3), max_size=3).map(tuple), st.just("bad link")),
+    st.just(Tick()),
+    st.floats(0.0, 12.0),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=50))
+def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(steps):
+    job, now, connected, verdict = Job(SPARES, now=0.0), 0.0, set(), None
+    for step in [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]:
+        if isinstance(step, float):
+            now += step
+            continue
+        if isinstance(step, ConnectionLost):
+            connected.discard(step.node)
+        for action in job.handle(step, now):
+            if isinstance(action, Admit):
+                connected.add(action.node)
+            elif isinstance(action, Drop):
+                connected.discard(action.node)
+            if isinstance(action, (SendSpec, SendStart, SendStop, SendPing, SendRestart, SendVerdict)):
+                targets = getattr(action, "nodes", (getattr(action, "node", None),))
+                assert set(targets) <= connected, action
+        assert len({n.agent for n in job.nodes}) == 3  # one agent per node rank, never shared
+        assert not {n.host for n in job.nodes} & {s.host for s in job.spares.standing.values()}
+        if job.all_over_at is not None:
+            verdict = verdict or job.verdict()
+            assert job.verdict() == verdict
+    assert verdict is not None and isinstance(verdict.exit_code, int)
