@@ -67,6 +67,7 @@ from xrun.runner.job.events import (
     Heard,
     HelloReceived,
     Hung,
+    NodesFaulty,
     RankExited,
     Ready,
     RunPrecheck,
@@ -175,6 +176,10 @@ class ControlServer:
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
         self._feed(SessionEnded(host, code, detail))
+
+    def nodes_faulty(self, node_ranks: tuple[int, ...], reason: str) -> None:
+        """These nodes are bad (``--precheck``, issue 24): replaced by hot spares before the start, else lost."""
+        self._feed(NodesFaulty(node_ranks, reason))
 
     # -- the loop -------------------------------------------------------------------------------------------
 
