@@ -25,6 +25,7 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Done,
     Drop,
+    Heard,
     NodesFaulty,
     RankExited,
     Ready,
@@ -71,10 +72,12 @@ def test_a_spares_hello_gets_a_standby_spec_and_its_ready_does_not_count_for_the
 def test_spares_are_pinged_and_a_silent_one_is_lost_without_stopping_the_job():
     job, actions = play([*RUNNING, 5.0, Tick()], config=SPARES)
     assert SendPing((0, 1, 2, 3, 4)) in actions
-    job, actions = play([20.0, Done(0), Done(1), Done(2), Tick()], job)  # b/c/a answered; d, e silent 20 s
+    job, actions = play([20.0, Heard(0), Heard(1), Heard(2), Tick()], job)  # a, b, c answer; d, e silent 20 s
     assert f"spare d is lost: no word from its agent for {DEAD_AFTER:g} s; 1 spare(s) left" in lines(actions)
-    assert Drop(3) in actions and Drop(4) in actions
+    assert Drop(3) in actions and Drop(4) in actions and job.all_over_at is None
+    job, actions = play([Done(0), Done(1), Done(2)], job)
     assert job.verdict().exit_code == 0
+    assert [a.nodes for a in actions if isinstance(a, SendVerdict)] == [(0, 1, 2)]
 
 
 def test_a_lost_node_is_replaced_by_the_first_spare_same_rank_same_slots():
@@ -164,6 +167,8 @@ def test_a_signal_ends_the_job_and_tells_the_spares():
                         config=SPARES)
     assert job.verdict().exit_code == 130
     assert [a.nodes for a in actions if isinstance(a, SendVerdict)] == [(0, 1, 2, 3, 4)]
+    _, actions = play([ConnectionLost(3, "connection closed"), SessionEnded("e", 0), 20.0, Tick()], job)
+    assert lines(actions) == []  # told the verdict, the spares leave: no news
 
 
 # -- the seam for --precheck (issue 24) ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import threading
 import time
@@ -27,6 +28,14 @@ def python(tmp_path):
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+def assert_idle(cluster, node, timeout=15.0):
+    """Nothing but the node's sshd is left in its namespace: the spare's agent, told the end, exited."""
+    deadline = time.monotonic() + timeout
+    while left := [p for p in cluster.pids(node) if p != cluster.sshd_pid(node)]:
+        assert time.monotonic() < deadline, f"left on {node}: {left}"
+        time.sleep(0.05)
 
 
 def started(proc, ranks, timeout=60.0):
@@ -80,3 +89,16 @@ def test_two_lost_nodes_with_one_spare_end_the_job_naming_both(cluster, tmp_path
     assert "stopped restarting after 0 restart(s): 2 node(s) lost (node1, node2) and 1 spare(s) on standby to " \
            "take their places" in err
     assert_nothing_left(cluster, mark, timeout=30.0)  # the cut nodes' agents stop their ranks once the head is silent
+    assert_idle(cluster, "node3")
+
+
+def test_ctrl_c_stops_the_job_and_the_standing_spare(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "2", "--spares", "1",
+                       env={"STEP_S": "2"})
+    started(proc, 2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "xrun: spare node3 is standing by" in err and "spare node3 is lost" not in err
+    assert_nothing_left(cluster, mark)
+    assert_idle(cluster, "node3")

@@ -113,7 +113,7 @@ class Job:
             self.all_over_at = now
             verdict = self.cause.fix(self.nodes, now)
             if self.config.verdict_to_nodes or self.config.restart.restarts:  # agents that wait for a restart
-                told = (*(n.agent for n in self.nodes if n.connected), *self.spares.connected())
+                told = (*(n.agent for n in self.nodes if n.connected), *self.spares.release())
                 self._out.append(SendVerdict(told, verdict))
         out, self._out = self._out, []
         return out

@@ -47,6 +47,13 @@ class Spares:
     def connected(self) -> tuple[int, ...]:
         return tuple(s.agent for s in self.standing.values() if s.connected)
 
+    def release(self) -> tuple[int, ...]:
+        """The job is over: the spares connected (to be told the verdict; each exits 0). From now on none stands
+        by, so their agents leaving is no news."""
+        told = self.connected()
+        self.standing = {}
+        return told
+
     # -- what the spares' agents say ----------------------------------------------------------------------------
 
     def hello(self, event: HelloReceived, now: float, *, ending: bool) -> list[Action]:
