@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from tests.test_job import JOINED, STATIC, hello, play
+from tests.test_precheck import GONE, OK, SLOW
 from xrun.channel import DEAD_AFTER
 from xrun.errors import UsageError
 from xrun.runner.job.events import (
@@ -27,9 +28,11 @@ from xrun.runner.job.events import (
     Drop,
     Heard,
     NodesFaulty,
+    PrecheckDone,
     RankExited,
     Ready,
     Replacement,
+    RunPrecheck,
     SendPing,
     SendRestart,
     SendSpec,
@@ -45,6 +48,7 @@ from xrun.runner.job.events import (
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
+from xrun.runner.network.report import NodeRow, PrecheckResult
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 
@@ -294,3 +298,48 @@ def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_e
             verdict = verdict or job.verdict()
             assert job.verdict() == verdict
     assert verdict is not None and isinstance(verdict.exit_code, int)
+
+
+# -- --precheck with hot spares (issue 24 x 23): the spares are checked beside the nodes ----------------------------
+
+def checked(*verdicts):
+    hosts = ("a", "b", "c", "d", "e")
+    rows = tuple(NodeRow(hosts[i], "eth0", f"10.0.0.{i + 1}", v) for i, v in enumerate(verdicts))
+    return PrecheckResult(tuple(range(len(verdicts))), rows, 1.5)
+
+
+PRECHECKED = replace(SPARES, precheck=True)
+CHECKING = [*STANDBY, Ready(0, 29501), Ready(1), Ready(2)]
+
+
+def test_the_precheck_checks_the_standing_spares_too():
+    _, actions = play(CHECKING, config=PRECHECKED)
+    assert RunPrecheck((0, 1, 2, 3, 4), "10.0.0.1", ("a", "b", "c", "d", "e")) in actions
+
+
+def test_a_node_the_precheck_finds_bad_is_replaced_by_a_spare_that_passed_then_the_ranks_start():
+    job, _ = play(CHECKING, config=PRECHECKED)
+    job, actions = play([PrecheckDone(checked(OK, SLOW, OK, OK, OK))], job)
+    assert lines(actions)[0].startswith("precheck: 1 node(s) bad: b slow: ")
+    assert lines(actions)[0].endswith("; hot spares take their places")
+    assert Drop(1) in actions and SendSpec(3, False, 0, node_rank=1) in actions
+    assert not [a for a in actions if isinstance(a, (SendStart, SendStop))]
+    _, actions = play([Ready(3)], job)
+    assert [a for a in actions if isinstance(a, RunPrecheck)] == []  # the spare passed this check already
+    assert SendStart((0, 3, 2), "10.0.0.1", 29501) in actions
+    assert job.attempts.replaced == (Replacement(1, "b", "d", 0),)
+
+
+def test_a_spare_the_precheck_finds_bad_is_dropped_and_another_takes_the_place():
+    job, _ = play(CHECKING, config=PRECHECKED)
+    job, actions = play([PrecheckDone(checked(OK, OK, GONE, GONE, OK))], job)
+    assert lines(actions)[0].startswith("spare d is lost: precheck: d unreachable")
+    assert SendSpec(4, False, 0, node_rank=2) in actions and Drop(3) in actions
+
+
+def test_too_few_spares_that_passed_end_the_job_naming_the_bad_nodes():
+    job, _ = play([*CHECKING, PrecheckDone(checked(OK, SLOW, GONE, OK, GONE)), Done(0, 143), Done(1, 143),
+                   Done(2, 143)], config=PRECHECKED)
+    verdict = job.verdict()
+    assert verdict.exit_code == 1 and verdict.failure.host == "b, c"
+    assert verdict.failure.reason.startswith("precheck: 2 of 3 node(s) bad, no rank started: b slow")

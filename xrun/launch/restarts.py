@@ -11,8 +11,9 @@ between attempts is stale (the runner sent it to every node after the failure) a
 next barrier ends that attempt on this node (``done``), and the agent waits for the runner's next word.
 
 A hot spare (``--spares``) gets a ``spec`` marked ``standby`` first: it runs the same preflight, says ready and
-waits connected, answering pings (``stand_by``). A second ``spec`` is a lost node's, with this host: from then on
-the spare is that node (its attempt's number comes with the start). The verdict, or a stop, ends it with 0.
+waits connected, answering pings and ``--precheck``'s probes (``stand_by``). A second ``spec`` is a lost node's,
+with this host: from then on the spare is that node (its attempt's number comes with the start). The verdict, or a
+stop, ends it with 0.
 """
 
 from __future__ import annotations
@@ -91,12 +92,23 @@ def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
         link.send(message(Kind.ERROR, message=str(err)))
         return err.exit_code
     link.send(message(Kind.READY))
-    while True:
-        msg = link.recv(timeout=channel.DEAD_AFTER)  # the runner pings spares too: silence is its loss
-        kind = msg.get("type")
-        if kind == Kind.PING.value:
-            link.send(message(Kind.PONG))
-        elif kind == Kind.SPEC.value:
-            return msg
-        elif kind in (Kind.VERDICT.value, Kind.STOP.value):
-            return 0
+    probes: Any = None  # --precheck checks the spares too (xrun.launch.network.onchannel), loaded only then
+    try:
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)  # the runner pings spares too: silence is its loss
+            kind = msg.get("type")
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.SPEC.value:
+                return msg
+            elif kind in (Kind.VERDICT.value, Kind.STOP.value):
+                return 0
+            elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
+                if probes is None:
+                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
+
+                    probes = NodeProbes(link.send)
+                probes.handle(msg)
+    finally:
+        if probes is not None:
+            probes.close()

@@ -10,6 +10,8 @@ the time and carries out the actions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from xrun.runner.job.config import ElasticRule, JobConfig
 from xrun.runner.job.events import Action, Failure, RunPrecheck, SendStart, ShowLine, ShowStarted, ShowWaiting
 from xrun.runner.job.nodes import Node, Nodes, NodeState
@@ -28,7 +30,8 @@ def reachable(addr: str | None, host: str, nodes: int) -> str:
 class Barrier:
     """Holds the nodes until they may start; ``started_at`` is when the job started (None: not yet)."""
 
-    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float, attempt: int = 0) -> None:
+    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float, attempt: int = 0,
+                 standby: Callable[[], Sequence[Node]] = list) -> None:
         self.config = config
         self.attempt = attempt  # --max_restarts: the attempt this barrier starts
         self.nodes = nodes
@@ -36,6 +39,8 @@ class Barrier:
         self.started_at: float | None = None
         self.next_status = t0
         self.prechecking = False  # --precheck: every node is up, the network check runs
+        self.prechecked = False  # --precheck: it ran (hot spares took bad nodes' places: no second check)
+        self.standby = standby  # --spares: the spares on standby, checked by --precheck with the nodes
 
     def holding(self, *, stopping: bool) -> bool:
         """Still waiting for the nodes to come up (a stopping job waits for nothing)."""
@@ -50,7 +55,8 @@ class Barrier:
         if self.config.elastic is not None:
             return self._start_elastic(node, self.config.elastic, now)
         if self.nodes.up() == len(self.nodes):
-            return self._precheck() if self.config.precheck and self.attempt == 0 else self._start_all(now)
+            precheck = self.config.precheck and self.attempt == 0 and not self.prechecked
+            return self._precheck() if precheck else self._start_all(now)
         return []
 
     def precheck_passed(self, line: str, now: float) -> list[Action]:
@@ -76,7 +82,13 @@ class Barrier:
     def _precheck(self) -> list[Action]:
         """Every node is up: the network check across them (the restarts of --max_restarts skip it)."""
         self.prechecking = True
-        return [RunPrecheck(self.nodes.reachable(), self._master_addr())]
+        checked = [*(n for n in self.nodes if n.connected and not n.over), *self.standby()]
+        return [RunPrecheck(tuple(n.agent for n in checked), self._master_addr(), tuple(n.host for n in checked))]
+
+    def reopen(self, now: float) -> None:
+        """--precheck put hot spares in bad nodes' places: hold again until they are ready (a fresh
+        ``--join_timeout``), then start without a second check (the spares passed this one)."""
+        self.prechecking, self.prechecked, self.t0, self.next_status = False, True, now, now
 
     def _master_addr(self) -> str:
         node0 = self.nodes[0]

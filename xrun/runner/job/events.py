@@ -207,8 +207,9 @@ class RunPrecheck:
     """--precheck (issue 24): every node is ready; run the network check across ``nodes`` before any rank starts
     (each node's interface is the one toward ``toward``, the master address)."""
 
-    nodes: tuple[int, ...]
+    nodes: tuple[int, ...]  # the agents: the world's nodes' and the hot spares' on standby (--spares)
     toward: str
+    hosts: tuple[str, ...] = ()  # each agent's host, as the job names it
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ from xrun.runner.job.hellos import HelloPolicy, SendSpecs, on_hello
 from xrun.runner.job.hellos import Refusal as Refusal  # re-exported: the hello policies (pod mode) name them here
 from xrun.runner.job.hellos import Stray as Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
-from xrun.runner.job.precheck import decide, passed_line
+from xrun.runner.job.precheck import decide_with_spares, passed_line
 from xrun.runner.job.rejoin import rejoins, unawaited_nodes
 from xrun.runner.job.spares import Spares
 from xrun.runner.job.verdict import (
@@ -90,7 +90,7 @@ class Job:
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
         self.spares = Spares(config.spares, first_agent=len(config.hosts))  # --spares: agent ids after the world's
-        self.barrier = Barrier(config, self.nodes, t0=now)
+        self.barrier = Barrier(config, self.nodes, t0=now, standby=self.spares.ready)
         self.cause = RootCause(elastic=config.elastic is not None)
         self.now = now
         self.sigints = 0
@@ -305,22 +305,6 @@ class Job:
         self.barrier = Barrier(self.config, self.nodes, t0=self.now, attempt=attempt)
         return True
 
-    def _nodes_faulty(self, event: NodesFaulty) -> None:
-        """--precheck's seam (issue 24): before the attempt's ranks start, each bad node is replaced by a spare on
-        standby at once (not a restart; the barrier waits for the spare); without enough spares, or once the
-        ranks run, they are lost nodes: the job stops, and the next attempt runs on spares or the job ends."""
-        bad = [self.nodes[r] for r in dict.fromkeys(event.node_ranks) if 0 <= r < len(self.nodes)]
-        bad = [node for node in bad if not node.over]
-        if self.barrier.holding(stopping=self.stopping) and len(bad) <= len(self.spares.ready()):
-            seated, actions = self.spares.seat_all(self.nodes, bad, self.attempts.number)
-            self.attempts.replaced += seated
-            self._out += [*actions, *seated_specs(self.config, bad)]
-            return
-        for node in bad:
-            self._mark_lost(node, event.reason)
-        if bad:
-            self._fail(lost_failure(", ".join(n.host for n in bad), event.reason))
-
     def _elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""
         rule = self.config.elastic
@@ -331,15 +315,51 @@ class Job:
 
 
 def _precheck_done(job: Job, event: PrecheckDone) -> None:
-    """--precheck is over (issue 24): the ranks start, or the job ends as ``precheck.decide`` says (outside the
-    class: its bound)."""
+    """--precheck is over (issue 24): the ranks start, hot spares that passed take bad nodes' places (issue 23), or
+    the job ends, as ``precheck.decide_with_spares`` says (outside the class: its bound)."""
     if job.stopping:
         return  # a node was lost or a signal came meanwhile: the job is ending already
-    failure = decide(event.result)
-    if failure is None:
+    standing = job.spares.ready()
+    bad_spares, outcome = decide_with_spares(event.result, world=job.nodes.by_agent, spares=[s.agent for s in standing])
+    for bad in bad_spares:
+        spare = job.spares.standing.get(bad.rank)
+        if spare is not None:
+            job._out += job.spares.lose(spare, f"precheck: {bad.describe()}")
+    if outcome is None:
         job._out += job.barrier.precheck_passed(passed_line(event.result), job.now)
+    elif isinstance(outcome, Failure):
+        job._fail(outcome)
     else:
-        job._fail(failure)
+        job._say(outcome.line)
+        _replace_now(job, [(job.nodes.by_agent[node], spare) for node, spare in outcome.pairs])
+        job.barrier.reopen(job.now)
+
+
+def _nodes_faulty(job: Job, event: NodesFaulty) -> None:
+    """These nodes are bad (the seam for any check before the start, issue 24): while the start barrier holds, each
+    is replaced at once by a spare on standby (not a restart; the barrier waits for the spares), if there are
+    enough; otherwise, or once the ranks run, they are lost nodes: the job stops, and with --max_restarts the next
+    attempt runs on spares or the job ends naming every lost node."""
+    nodes = job.nodes
+    bad = [nodes[r] for r in dict.fromkeys(event.node_ranks) if 0 <= r < len(nodes) and not nodes[r].over]
+    standing = job.spares.ready()
+    if job.barrier.holding(stopping=job.stopping) and len(bad) <= len(standing):
+        _replace_now(job, [(node, spare.agent) for node, spare in zip(bad, standing)])
+        return
+    for node in bad:
+        job._mark_lost(node, event.reason)
+    if bad:
+        job._fail(lost_failure(", ".join(n.host for n in bad), event.reason))
+
+
+def _replace_now(job: Job, pairs: list[tuple[Node, int]]) -> None:
+    """Before any rank of the attempt started: each spare (an agent id) runs its node from now on, and is sent the
+    node's spec (its preflight and ready follow; the barrier holds until then)."""
+    for node, spare in pairs:
+        replacement, actions = job.spares.seat(job.nodes, node, job.attempts.number, spare)
+        job.attempts.replaced += (replacement,)
+        job._out += actions
+    job._out += seated_specs(job.config, [node for node, _ in pairs])
 
 
 Job._HANDLERS = {
@@ -353,7 +373,7 @@ Job._HANDLERS = {
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,
     Hung: Job._hung,
-    NodesFaulty: Job._nodes_faulty,
+    NodesFaulty: _nodes_faulty,
     Tick: Job._tick,
     PrecheckDone: _precheck_done,
 }

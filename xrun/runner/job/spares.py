@@ -111,10 +111,11 @@ class Spares:
             actions += seating
         return tuple(seated), actions
 
-    def seat(self, nodes: Nodes, node: Node, attempt: int) -> tuple[Replacement, list[Action]]:
-        """The next spare on standby runs ``node`` (lost) from ``attempt`` on: same node rank, same slots. The
-        caller sends the spare the node's spec (``SendSpec(node_rank=...)``) once the node is JOINED again."""
-        spare = self.ready()[0]
+    def seat(self, nodes: Nodes, node: Node, attempt: int, spare_agent: int | None = None
+             ) -> tuple[Replacement, list[Action]]:
+        """The spare ``spare_agent`` (default: the next on standby) runs ``node`` (lost) from ``attempt`` on: same
+        node rank, same slots. The caller sends the spare the node's spec (``SendSpec(node_rank=...)``)."""
+        spare = self.ready()[0] if spare_agent is None else self.standing[spare_agent]
         del self.standing[spare.agent]
         actions: list[Action] = [Drop(node.agent)] if node.connected else []  # a lost agent still connected: gone
         node.connected = False
