@@ -343,3 +343,17 @@ def test_too_few_spares_that_passed_end_the_job_naming_the_bad_nodes():
     verdict = job.verdict()
     assert verdict.exit_code == 1 and verdict.failure.host == "b, c"
     assert verdict.failure.reason.startswith("precheck: 2 of 3 node(s) bad, no rank started: b slow")
+
+
+def test_the_precheck_waits_for_spares_still_joining_at_most_until_the_join_timeout():
+    job, actions = play([*JOINED, hello(3), hello(4), Ready(0, 29501), Ready(1), Ready(2)], config=PRECHECKED)
+    assert not [a for a in actions if isinstance(a, RunPrecheck)]  # d and e are in their preflight
+    job, actions = play([Ready(3)], job)
+    assert not [a for a in actions if isinstance(a, RunPrecheck)]
+    job, actions = play([Ready(4)], job)
+    assert RunPrecheck((0, 1, 2, 3, 4), "10.0.0.1", ("a", "b", "c", "d", "e")) in actions
+    short = replace(PRECHECKED, join_timeout=8.0)  # within the keepalive's DEAD_AFTER: no pongs needed
+    job, _ = play([*JOINED, hello(3), Ready(0, 29501), Ready(1), Ready(2), Ready(3), 7.0, Tick()], config=short)
+    assert job.barrier.prechecking is False
+    job, actions = play([9.0, Tick()], job)  # e never joined: past --join_timeout the check goes on without it
+    assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions and job.failure is None

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from tests.cluster.test_network import MARKED_SCRIPT, refuse_inbound, run_job
 from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
 from tests.conftest import ROOT
 
@@ -102,3 +103,17 @@ def test_ctrl_c_stops_the_job_and_the_standing_spare(cluster, tmp_path, python):
     assert "xrun: spare node3 is standing by" in err and "spare node3 is lost" not in err
     assert_nothing_left(cluster, mark)
     assert_idle(cluster, "node3")
+
+
+def test_precheck_replaces_a_node_it_finds_bad_by_the_spare_before_any_rank(cluster, tmp_path, python):
+    refuse_inbound(cluster, "node2")  # its agent still reaches the head; its probe server is refused: unreachable
+    try:
+        done, _ = run_job(cluster, tmp_path, python, "--precheck", "--max_restarts", "1", "--spares", "1",
+                          script_text=MARKED_SCRIPT)
+    finally:
+        refuse_inbound(cluster, "node2", on=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-node1", "started-node3"]
+    assert "precheck: 1 node(s) bad: node2 unreachable" in done.stderr
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place" in done.stderr
+    assert "restarting" not in done.stderr  # replaced before the start: not a restart

@@ -90,7 +90,7 @@ class Job:
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
         self.spares = Spares(config.spares, first_agent=len(config.hosts))  # --spares: agent ids after the world's
-        self.barrier = Barrier(config, self.nodes, t0=now, standby=self.spares.ready)
+        self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None)
         self.now = now
         self.sigints = 0
@@ -159,6 +159,8 @@ class Job:
         node = self.nodes.by_agent.get(event.node)
         if node is None:
             self._out += self.spares.heard(event, self.now)
+            if self.barrier.holding(stopping=self.stopping):  # --precheck may wait for this spare
+                self._out += self.barrier.poke(self.now)
             return False
         if not node.connected:
             return False  # the socket layer sends none; a late one from a dropped connection changes nothing

@@ -44,6 +44,10 @@ class Spares:
         """The spares on standby (their preflight passed), in agent order: the next to take a place first."""
         return [s for s in self.standing.values() if s.connected and s.state is NodeState.READY]
 
+    def joining(self) -> bool:
+        """A spare not lost is not on standby yet (its agent is still to connect, or in its preflight)."""
+        return any(s.state is not NodeState.READY for s in self.standing.values())
+
     def connected(self) -> tuple[int, ...]:
         return tuple(s.agent for s in self.standing.values() if s.connected)
 
