@@ -163,7 +163,7 @@ def test_a_spare_that_fails_its_preflight_or_drops_is_lost_and_not_used():
 
 def test_a_spares_session_that_ends_before_it_joined_loses_it():
     _, actions = play([*JOINED, SessionEnded("e", 255, "ssh exited")], config=SPARES)
-    assert lines(actions) == ["spare e is lost: its session ended before its agent joined; 1 spare(s) left"]
+    assert lines(actions) == ["spare e is lost: its session ended before its agent joined (ssh exited); 1 spare(s) left"]
 
 
 def test_a_signal_ends_the_job_and_tells_the_spares():

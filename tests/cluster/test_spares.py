@@ -117,3 +117,14 @@ def test_precheck_replaces_a_node_it_finds_bad_by_the_spare_before_any_rank(clus
     assert "precheck: 1 node(s) bad: node2 unreachable" in done.stderr
     assert "node 1 (node2) is lost: the hot spare node3 takes its place" in done.stderr
     assert "restarting" not in done.stderr  # replaced before the start: not a restart
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_spare_that_cannot_be_reached_is_dropped_and_the_job_runs(cluster, tmp_path, python, backend):
+    cluster.kill_node("node3")  # its sshd too: the spare's session cannot start
+    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "1", "--spares", "1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert re.search(r"spare node3 is lost: its session ended before its agent joined.*; 0 spare\(s\) left", err), err
+    assert sorted(tuple(words) for words in lines_of(out, "DONE")) == [("0", "0", "6"), ("0", "1", "6")]
+    assert_nothing_left(cluster, mark)

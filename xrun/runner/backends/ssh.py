@@ -7,7 +7,7 @@ control channel (``xrun.runner.job.server``). Connection settings: ``xrun.runner
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xrun.launch.output.dedupe import LineMerger
@@ -21,7 +21,8 @@ from xrun.shell import render
 
 def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) -> tuple[NodeCommand, ...]:
     """Pure: the remote command of every agent, the world's nodes' then the hot spares' (placeholders for the
-    endpoint when it is not open yet). An agent's id is its node rank, or for a spare the next after the world's."""
+    endpoint when it is not open yet; with ``endpoints``, the hosts that have one). An agent's id is its node rank,
+    or for a spare the next after the world's."""
     python = plan.request.launch.python
     return tuple(
         NodeCommand(
@@ -29,6 +30,7 @@ def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) ->
             argv=agent_connect_argv(python, endpoints[host] if endpoints else None, str(agent), token_on_stdin=True),
         )
         for agent, host in enumerate(plan.agent_hosts)
+        if endpoints is None or host in endpoints
     )
 
 
@@ -51,12 +53,14 @@ class SshBackend:
         results = connect_all(list(plan.agent_hosts), plan.request.remote.ssh)  # the hot spares' too: standby
         try:
             connected = [r for r in results if isinstance(r, Connected)]
-            if len(connected) != len(results):
-                raise HostConnectError([r for r in results if not isinstance(r, Connected)])
+            failed = [r for r in results if not isinstance(r, Connected)]
+            if any(r.host not in plan.spares for r in failed):  # a spare that cannot be reached is only not one
+                raise HostConnectError(failed)
             override = plan.request.remote.control_addr
             # Per host: our end of the TCP connection to it is the address it can reach us on.
             addrs = {c.host: override or c.local_address or route_source(c.address) for c in connected}
-            return run_over_channel(plan, addrs, lambda endpoints: SshSessions.start(connected, plan, endpoints))
+            return run_over_channel(plan, addrs,
+                                    lambda endpoints: SshSessions.start(connected, plan, endpoints, failed))
         finally:
             close_all(results)
 
@@ -73,13 +77,17 @@ class SshSessions:
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
         self.lines = NodeLines(merger)
+        self.unreachable: list[Any] = []  # hot spares ssh could not reach: the job goes on without them
 
     @classmethod
-    def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints) -> SshSessions:
-        """Run every node's agent command on its connection (in parallel) and hand each its token."""
+    def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints, unreachable: Sequence[Any] = ()
+              ) -> SshSessions:
+        """Run every agent's command on its connection (in parallel) and hand each its token; the hot spares that
+        could not be reached are reported as sessions that ended (the job drops them, one line each)."""
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
 
         sessions = cls(connected, ssh_commands(plan, endpoints), endpoints, head_merger(plan))
+        sessions.unreachable = list(unreachable)
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:
             opened = list(pool.map(sessions._exec, sessions.commands))
         sessions.channels = dict(zip((c.host for c in sessions.commands), opened))
@@ -96,6 +104,8 @@ class SshSessions:
         for host, chan in self.channels.items():
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
         self.lines.register(loop)
+        for failed in self.unreachable:
+            loop.session_ended(failed.host, None, f"ssh cannot reach it: {failed.reason}")
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
         while chan.recv_ready():

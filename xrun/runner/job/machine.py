@@ -200,7 +200,7 @@ class Job:
     # -- what happens around them ---------------------------------------------------------------------------
 
     def _session_ended(self, event: SessionEnded) -> None:
-        self._out += self.spares.session_ended(event.host)
+        self._out += self.spares.session_ended(event.host, event.detail)
         for node in self.nodes if event.host is None else self.nodes.by_host.get(event.host, []):
             if node.over or node.connected:
                 continue  # a connected node's own connection tells how it ended

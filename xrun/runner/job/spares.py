@@ -84,10 +84,11 @@ class Spares:
             return self.lose(spare, f"its agent's connection dropped ({event.reason})")
         return []  # a pong
 
-    def session_ended(self, host: str | None) -> list[Action]:
+    def session_ended(self, host: str | None, detail: str = "") -> list[Action]:
         """A backend session ended (None: the one of every node): a spare whose agent never connected is lost."""
         ended = [s for s in self.standing.values() if not s.connected and host in (None, s.host)]
-        return [action for spare in ended for action in self.lose(spare, "its session ended before its agent joined")]
+        why = "its session ended before its agent joined" + (f" ({detail})" if detail else "")
+        return [action for spare in ended for action in self.lose(spare, why)]
 
     def ping_round(self, now: float, dead_after: float) -> tuple[list[Action], tuple[int, ...]]:
         """The spares silent for ``dead_after`` are lost; the others connected are to be pinged."""
