@@ -26,7 +26,7 @@ from xrun.channel import Kind, message
 from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
-from xrun.launch.connect import ChannelHooks, node0_port, use_spec, with_rendezvous
+from xrun.launch.connect import ChannelHooks, node0_port, use_spec, wait_for_start, with_rendezvous
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -81,6 +81,36 @@ def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | N
         msg = hooks.next_message(None)
         if msg is None or msg.get("type") in wanted:
             return msg
+
+
+def after_barrier_stop(link: Link, spec: NodeSpec, *, near: str) -> dict[str, Any] | int:
+    """Stopped at the first attempt's barrier (before the channel's reader thread exists): say ``done``, then, on the
+    link itself, answer pings until the runner's restart (the preflight again, ready, the barrier: its start) or
+    verdict (an exit code: the job is over)."""
+    while True:
+        link.send(message(Kind.DONE, exit_code=STOPPED))
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)
+            kind = msg.get("type")
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.VERDICT.value:
+                return STOPPED
+            elif kind == Kind.RESTART.value:
+                break  # a stale stop or anything else before it is skipped
+        try:
+            check_spec(spec)
+            port = node0_port(spec.host, msg, near=near)
+        except PortBusyError as err:  # a given --master_port taken on node 0: the job ends with 2
+            link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+            return err.exit_code
+        except XrunError as err:  # the runner names this host; a spare may take its place
+            link.send(message(Kind.ERROR, message=str(err)))
+            return err.exit_code
+        link.send(message(Kind.READY, master_port=port))
+        start = wait_for_start(link)
+        if start is not None:
+            return start
 
 
 def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
