@@ -357,3 +357,52 @@ def test_the_precheck_waits_for_spares_still_joining_at_most_until_the_join_time
     assert job.barrier.prechecking is False
     job, actions = play([9.0, Tick()], job)  # e never joined: past --join_timeout the check goes on without it
     assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions and job.failure is None
+
+
+# -- the agent's side: stopped at the first barrier under --max_restarts, it waits (a fake link) -------------------
+
+class FakeLink:
+    def __init__(self, *incoming):
+        self.incoming, self.sent = list(incoming), []
+
+    def recv(self, timeout=None):
+        return self.incoming.pop(0)
+
+    def send(self, msg):
+        self.sent.append(msg["type"])
+
+
+def a_spec(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    return make_plan(JobRequest(script=str(script)), {"a": (0,), "b": (0,)}, "ssh").nodes[1]
+
+
+def test_an_agent_stopped_at_the_first_barrier_waits_for_the_restart_and_starts_it(tmp_path):
+    from xrun.channel import Kind, message
+    from xrun.launch.restarts import STOPPED, after_barrier_stop
+
+    start = message(Kind.START, master_addr="10.0.0.1", master_port=4000, restart_count=1)
+    link = FakeLink(message(Kind.PING), message(Kind.STOP, signal=15, deadline=5.0, reason="x"),
+                    message(Kind.RESTART, attempt=1, pick_master_port=False, master_port=0), start)
+    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == start
+    assert link.sent == ["done", "pong", "ready"]
+    link = FakeLink(message(Kind.VERDICT, exit_code=1))
+    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == STOPPED and link.sent == ["done"]
+
+
+def test_a_spare_stands_by_answering_pings_until_a_lost_nodes_spec_or_the_verdict(tmp_path):
+    from xrun.channel import Kind, message
+    from xrun.launch.restarts import stand_by
+
+    spec = a_spec(tmp_path).to_json()
+    standby = message(Kind.SPEC, spec=spec, standby=True, max_restarts=2)
+    taken = message(Kind.SPEC, spec=spec, pick_master_port=False, master_port=0, max_restarts=2)
+    link = FakeLink(message(Kind.PING), taken)
+    assert stand_by(link, standby) == taken and link.sent == ["ready", "pong"]
+    link = FakeLink(message(Kind.VERDICT, exit_code=0))
+    assert stand_by(link, standby) == 0 and link.sent == ["ready"]
+    broken = message(Kind.SPEC, spec={**spec, "ranks": [{**spec["ranks"][0], "argv": ["/nonexistent/python", "x"]}]},
+                     standby=True)
+    link = FakeLink()
+    assert stand_by(link, broken) != 0 and link.sent == ["error"]  # its preflight failed: never on standby
