@@ -406,3 +406,24 @@ def test_a_spare_stands_by_answering_pings_until_a_lost_nodes_spec_or_the_verdic
                      standby=True)
     link = FakeLink()
     assert stand_by(link, broken) != 0 and link.sent == ["error"]  # its preflight failed: never on standby
+
+
+def test_a_node_joining_a_stopping_attempt_is_stopped_and_restarted_on_a_spare_that_was_still_joining():
+    # c's session ends before its agent joined; a joins after the stop; the spare d is still in its preflight
+    job, actions = play([hello(0), hello(3), SessionEnded("c", 7, "exit 7"), hello(1)], config=SPARES)
+    assert job.stopping and Admit(1, 1) in actions
+    assert [a for a in actions if isinstance(a, SendStop) and a.nodes == (1,)]  # told at once: the attempt stops
+    job, actions = play([Ready(0, 1), Ready(1), Done(0, 143), Done(1, 143)], job)
+    assert job.all_over_at is None and not [a for a in actions if isinstance(a, SendRestart)]  # d still joining
+    job, actions = play([Ready(3)], job)
+    assert SendSpec(3, False, 0, node_rank=2) in actions and SendRestart((0, 1), 1, True, 0) in actions
+
+
+def test_a_spare_that_never_gets_ready_is_waited_for_at_most_the_join_timeout():
+    short = replace(SPARES, join_timeout=8.0)
+    job, _ = play([hello(0), hello(1), hello(3), Ready(0, 1), Ready(1), SessionEnded("c", 7), Done(0, 143),
+                   Done(1, 143)], config=short)
+    assert job.all_over_at is None
+    job, _ = play([9.0, Tick()], job)
+    assert job.all_over_at is not None and job.verdict().exit_code == 7  # the session's code
+    assert "1 node(s) lost (c) and no spare(s) on standby" in job.verdict().restart_lines[0]

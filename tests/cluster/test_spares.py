@@ -128,3 +128,18 @@ def test_a_spare_that_cannot_be_reached_is_dropped_and_the_job_runs(cluster, tmp
     assert re.search(r"spare node3 is lost: its session ended before its agent joined.*; 0 spare\(s\) left", err), err
     assert sorted(tuple(words) for words in lines_of(out, "DONE")) == [("0", "0", "6"), ("0", "1", "6")]
     assert_nothing_left(cluster, mark)
+
+
+def test_a_node_whose_agent_cannot_start_is_replaced_before_any_rank_ran(cluster, tmp_path, python):
+    # node2's interpreter refuses to start there: its agent never joins, its session ends; the other node, stopped at
+    # the first barrier, waits for the restart instead of leaving, and the spare runs node 1 from attempt 1
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\n[ "$(hostname)" = node2 ] && exit 7\n'
+                       f'PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "1", "--spares", "1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place" in err
+    assert re.findall(r"\[(node\d):(\d)\] DONE 1 \d 6", out) == [("node1", "0"), ("node3", "1")] or \
+        sorted(re.findall(r"\[(node\d):(\d)\] DONE 1 \d 6", out)) == [("node1", "0"), ("node3", "1")], out
+    assert_nothing_left(cluster, mark)

@@ -88,7 +88,11 @@ def on_hello(job: Job, event: HelloReceived) -> None:
     if pod is not None:  # pod mode: a node late for a job that is ending, or back (xrun.runner.job.rejoin)
         job._out += pod
         return
-    if node.state is not NodeState.WAITING or job.stopping:
+    # --max_restarts: a node joining an attempt that is stopping (before the verdict) joins the job: it is told to
+    # stop right after its spec, says done, and waits for the next attempt with the others
+    joins_next = job.stopping and job.config.restart.restarts and job.cause.fixed is None \
+        and not job.config.verdict_to_nodes  # head mode: pod mode's are xrun.runner.job.rejoin's
+    if node.state is not NodeState.WAITING or (job.stopping and not joins_next):
         job._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
         job._out.append(TurnAway(event.conn))
         return
@@ -100,3 +104,6 @@ def on_hello(job: Job, event: HelloReceived) -> None:
         job._fail(refused_failure(node.host, answer.reason))
     else:
         job._out.append(answer)
+    if joins_next:
+        reason = job.failure.reason if job.failure is not None else "the attempt is stopping"
+        job._out.append(SendStop((node.agent,), int(signal.SIGTERM), job.config.shutdown_timeout, reason))

@@ -288,12 +288,15 @@ class Job:
                 self._out.append(SendStop(targets, int(signum), deadline, reason))
 
     def _restarted(self) -> bool:
-        """--max_restarts: the attempt just over is followed by another (decided in xrun.runner.job.attempts)."""
+        """--max_restarts: the attempt just over is followed by another (decided in xrun.runner.job.attempts), or
+        waits for spares still joining to decide."""
         if not self.config.restart.restarts:
             return False
         # lost, or failed its preflight: a spare on standby may take its place (pod mode: a lost node other than
         # node 0 may come back instead, xrun.runner.job.rejoin)
         faulty = unawaited_nodes(self.nodes, self.config) if rejoins(self.config) else self.nodes.faulty()
+        if faulty and self._joining(short=len(faulty) > len(self.spares.ready())):
+            return True  # not over yet: decided once they joined (or stand by) or are lost, at the latest a tick
         ending = self.attempts.over(self.cause, self.barrier.started_at, self.now,
                                     lost=tuple(n.host for n in faulty), spares=len(self.spares.ready()))
         if ending is not Ending.RESTART:
@@ -306,6 +309,16 @@ class Job:
         self.stopping, self.stop_deadline = False, None
         self.barrier = Barrier(self.config, self.nodes, t0=self.now, attempt=attempt)
         return True
+
+    def _joining(self, *, short: bool) -> bool:
+        """A failure to restart, within --join_timeout of the job's start, while nodes are still to join (they join
+        the next attempt) or, ``short`` of spares, spares are still to stand by: what follows waits for them."""
+        failure = self.failure
+        if failure is None or failure.final or self.cause.interrupted_by is not None or self.config.verdict_to_nodes:
+            return False  # pod mode: nodes that join late or come back are xrun.runner.job.rejoin's
+        if self.now >= self.attempts.t0 + self.config.join_timeout:
+            return False
+        return any(n.state is NodeState.WAITING for n in self.nodes) or (short and self.spares.joining())
 
     def _elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""
