@@ -9,13 +9,14 @@ Pure, like the machine whose state it changes.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Protocol
 
 from xrun import __version__
 from xrun.runner.job.attempts import Attempts
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.events import Action, Admit, Failure, HelloReceived, SendSpec, TurnAway
+from xrun.runner.job.events import Action, Admit, Failure, HelloReceived, SendSpec, SendStop, TurnAway
 from xrun.runner.job.nodes import Nodes, NodeState
 from xrun.runner.job.rejoin import pod_hello
 from xrun.runner.job.spares import Spares
