@@ -162,7 +162,7 @@ def test_a_node_that_never_comes_back_ends_the_job_named_after_join_timeout(tmp_
     assert codes(out) == {0: [1], 1: [1], 2: [-signal.SIGKILL]}, out
     for node in (0, 1):
         assert "not ready within --join_timeout 8 s: 127.0.0.3" in out[node][0][2], out[node][0][2]
-    assert "stopped restarting after 1 restart(s): a node is lost" in out[0][0][2]
+    assert "stopped restarting after 1 restart(s): 1 node(s) lost" in out[0][0][2]
 
 
 def test_sigterm_to_node_0_stops_the_job_everywhere_and_is_not_restarted(tmp_path):

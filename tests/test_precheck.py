@@ -64,7 +64,7 @@ def test_every_bad_node_is_named_with_its_rank_for_the_spares_to_replace():
 
 def test_the_barrier_holds_the_ranks_through_the_precheck():
     job, actions = play(STARTED, config=replace(SHORT_JOIN, precheck=True))
-    assert RunPrecheck((0, 1, 2), "10.0.0.1") in actions and not any(isinstance(a, SendStart) for a in actions)
+    assert RunPrecheck((0, 1, 2), "10.0.0.1", ("a", "b", "c")) in actions and not any(isinstance(a, SendStart) for a in actions)
     _, later = play([9.0, Tick()], job=job)  # past --join_timeout: the check bounds its own time, no failure
     assert not any(isinstance(a, SendStop) for a in later) and job.failure is None
 

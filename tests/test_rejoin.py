@@ -93,15 +93,15 @@ def test_a_node_that_does_not_come_back_ends_the_job_named_after_join_timeout():
     verdict = job.verdict()
     assert job.all_over_at is not None and verdict.exit_code == 1
     assert verdict.failure.reason == "not ready within --join_timeout 30 s: c"
-    assert verdict.restart_lines[0] == "stopped restarting after 1 restart(s): a node is lost and no spare can take " \
-                                       "its place"
+    assert verdict.restart_lines[0] == "stopped restarting after 1 restart(s): 1 node(s) lost (c) and no spare(s) on " \
+                                       "standby to take their places"
     assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((0, 1), verdict)]
 
 
 def test_node_0_lost_ends_the_job():
     job, _ = pod([*STARTED, ConnectionLost(0, "connection closed"), Done(1, 143), Done(2, 143)])
     assert job.all_over_at is not None and job.verdict().exit_code == 1
-    assert job.verdict().restart_lines[0].startswith("stopped restarting after 0 restart(s): a node is lost")
+    assert job.verdict().restart_lines[0].startswith("stopped restarting after 0 restart(s): 1 node(s) lost (a)")
 
 
 def test_a_second_agent_is_turned_away_while_the_first_ones_connection_is_open():

@@ -472,6 +472,13 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
     if first.get("type") != Kind.SPEC.value:
         raise ChannelError(f"expected the node spec, got {first.get('type')!r}")
+    if first.get("standby"):  # a hot spare (--spares): preflight, then wait for a lost node's spec or the end
+        from xrun.launch.restarts import stand_by
+
+        taken = stand_by(link, first)
+        if isinstance(taken, int):
+            return engine_exit_code(taken, delivered=True) if engine else taken
+        first = taken
     spec = use_spec(link, first)
     try:
         check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
@@ -486,14 +493,16 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
         return err.exit_code
     link.send(message(Kind.READY, master_port=rank0_port))
-    start = wait_for_start(link)
-    if start is None:  # stopped at the barrier (another node failed, --precheck found a bad node): say so, end
-        return stopped_at_barrier(link, engine=engine)
+    start = through_barrier(link, first, spec, engine=engine)
+    if isinstance(start, int):
+        return start
     from xrun.launch.agent import run_node
 
     hooks = ChannelHooks(link)
     try:
-        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"])), hooks=hooks)
+        attempt = int(start.get("restart_count") or 0)  # a hot spare starts at the attempt it joins
+        code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]), attempt),
+                        hooks=hooks)
         if first.get("max_restarts"):  # the runner may start the job again: wait for its word
             from xrun.launch.restarts import next_attempts
 
@@ -501,6 +510,22 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     finally:
         hooks.close()
     return engine_exit_code(code, delivered=hooks.result_delivered) if engine else code
+
+
+def through_barrier(link: Link, first: Mapping[str, Any], spec: NodeSpec, *, engine: bool) -> dict[str, Any] | int:
+    """The start message, or the agent's exit code when it was stopped at the barrier (another node failed,
+    --precheck found a bad node). With --max_restarts the stop ends the attempt, not the agent: it waits for the
+    runner's next word (a restart, maybe with a hot spare in the failed node's place, or the verdict)."""
+    start: dict[str, Any] | int | None = wait_for_start(link)
+    if start is None and first.get("max_restarts"):
+        from xrun.launch.restarts import after_barrier_stop
+
+        start = after_barrier_stop(link, spec, near=link.sock.getsockname()[0])
+        if isinstance(start, int):
+            return engine_exit_code(start, delivered=True) if engine else start
+    if start is None:
+        return stopped_at_barrier(link, engine=engine)
+    return start
 
 
 def stopped_at_barrier(link: Link, *, engine: bool) -> int:

@@ -8,7 +8,12 @@ is over (``xrun.runner.job.attempts``), and says it:
 
 Node 0 checks the given ``--master_port`` again, or picks a fresh port, exactly as before the first start. A stop
 between attempts is stale (the runner sent it to every node after the failure) and is skipped; one during the
-next barrier ends the agent, as before the first start.
+next barrier ends that attempt on this node (``done``), and the agent waits for the runner's next word.
+
+A hot spare (``--spares``) gets a ``spec`` marked ``standby`` first: it runs the same preflight, says ready and
+waits connected, answering pings and ``--precheck``'s probes (``stand_by``). A second ``spec`` is a lost node's,
+with this host: from then on the spare is that node (its attempt's number comes with the start). The verdict, or a
+stop, ends it with 0.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from xrun import channel
 from xrun.channel import Kind, message
+from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
-from xrun.launch.connect import ChannelHooks, node0_port, with_rendezvous
+from xrun.launch.connect import ChannelHooks, node0_port, use_spec, wait_for_start, with_rendezvous
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -37,8 +44,15 @@ def next_attempts(hooks: ChannelHooks, spec: NodeSpec, code: int, *, near: str) 
         if ready is not None:
             return ready
         start = _next_of(hooks, (Kind.START, Kind.STOP))
-        if start is None or start.get("type") != Kind.START.value:
+        if start is None:
             return STOPPED
+        if start.get("type") != Kind.START.value:
+            # Stopped before the ranks started (another node failed its preflight, or was lost): this attempt is
+            # over here, not the job; say so, and wait for the runner's word (a restart, maybe with a hot spare
+            # in the other node's place, or the verdict).
+            hooks.send(message(Kind.DONE, exit_code=STOPPED))
+            code = STOPPED
+            continue
         attempt = int(start.get("restart_count") or restart.get("attempt") or 0)
         code = run_node(with_rendezvous(spec, str(start["master_addr"]), int(start["master_port"]), attempt),
                         hooks=hooks)
@@ -67,3 +81,64 @@ def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | N
         msg = hooks.next_message(None)
         if msg is None or msg.get("type") in wanted:
             return msg
+
+
+def after_barrier_stop(link: Link, spec: NodeSpec, *, near: str) -> dict[str, Any] | int:
+    """Stopped at the first attempt's barrier (before the channel's reader thread exists): say ``done``, then, on the
+    link itself, answer pings until the runner's restart (the preflight again, ready, the barrier: its start) or
+    verdict (an exit code: the job is over)."""
+    while True:
+        link.send(message(Kind.DONE, exit_code=STOPPED))
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)
+            kind = msg.get("type")
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.VERDICT.value:
+                return STOPPED
+            elif kind == Kind.RESTART.value:
+                break  # a stale stop or anything else before it is skipped
+        try:
+            check_spec(spec)
+            port = node0_port(spec.host, msg, near=near)
+        except PortBusyError as err:  # a given --master_port taken on node 0: the job ends with 2
+            link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+            return err.exit_code
+        except XrunError as err:  # the runner names this host; a spare may take its place
+            link.send(message(Kind.ERROR, message=str(err)))
+            return err.exit_code
+        link.send(message(Kind.READY, master_port=port))
+        start = wait_for_start(link)
+        if start is not None:
+            return start
+
+
+def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
+    """A hot spare: the preflight of the standby spec, ready, then the wait: the spec of the node whose place it
+    takes, or an exit code (0: the job ended without it; the preflight's code when it failed)."""
+    try:
+        check_spec(use_spec(link, first))  # the same checks as any node's, before the spare counts as standing by
+    except XrunError as err:
+        link.send(message(Kind.ERROR, message=str(err)))
+        return err.exit_code
+    link.send(message(Kind.READY))
+    probes: Any = None  # --precheck checks the spares too (xrun.launch.network.onchannel), loaded only then
+    try:
+        while True:
+            msg = link.recv(timeout=channel.DEAD_AFTER)  # the runner pings spares too: silence is its loss
+            kind = msg.get("type")
+            if kind == Kind.PING.value:
+                link.send(message(Kind.PONG))
+            elif kind == Kind.SPEC.value:
+                return msg
+            elif kind in (Kind.VERDICT.value, Kind.STOP.value):
+                return 0
+            elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
+                if probes is None:
+                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
+
+                    probes = NodeProbes(link.send)
+                probes.handle(msg)
+    finally:
+        if probes is not None:
+            probes.close()

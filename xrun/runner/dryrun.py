@@ -26,7 +26,11 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "run_id": plan.rendezvous.run_id,
         **dry_run_json(plan),  # "platform": what was detected, "pod": this node's pod-mode setup
         "restarts": {"max_restarts": plan.request.restart.max_restarts,
-                     "min_attempt_s": plan.request.restart.min_attempt_s},
+                     "min_attempt_s": plan.request.restart.min_attempt_s, "spares": len(plan.spares)},
+        # --spares: hot spares outside the world, by agent id (after the world's nodes'); a spare runs a lost
+        # node's slots, so it has none of its own here
+        "spares": [{"host": host, "agent": agent, "command": commands.get(host)}
+                   for agent, host in enumerate(plan.spares, start=len(plan.nodes))],
         "precheck": plan.request.remote.precheck,
         "nodes": [
             {
@@ -81,10 +85,14 @@ def restart_note(plan: Plan) -> list[str]:
         return []
     stop = (f"; stop early when two attempts in a row fail the same way within {policy.min_attempt_s:g} s "
             f"(--min_attempt_s)" if policy.min_attempt_s > 0 else "")
-    lines = [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"]
+    lines = [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"
+             + ("; a lost node's place goes to a hot spare" if plan.spares else "")]
     if plan.request.remote.no_ssh:  # pod mode: node 0 waits at the next barrier for a lost node that comes back
         lines.append(f"restarts: a lost node other than node 0 may come back (the same command) within "
                      f"--join_timeout {plan.request.remote.join_timeout:g} s; node 0's loss ends the job")
+    if plan.spares:
+        lines.append(f"spares: {', '.join(plan.spares)} (hot: its agent starts with the job and waits; a lost node's "
+                     f"place goes to it at a restart)")
     return lines
 
 
@@ -122,6 +130,10 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         for rank in node.ranks:
             cpus = f" [cpus {invocation.cpus[rank.rank]}]" if rank.rank in invocation.cpus else ""
             lines.append(f"  rank {rank.rank} (local {rank.local_rank}){cpus}: {render(rank.argv)}")
+    for agent, host in enumerate(plan.spares, start=len(plan.nodes)):
+        lines.append(f"spare {host}: agent {agent}, standing by outside the world")
+        if host in commands:
+            lines.append(f"  agent: {render(commands[host])}")
     if invocation.note:
         lines.append(f"({invocation.note})")
     return "\n".join(lines)

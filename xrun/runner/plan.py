@@ -78,6 +78,12 @@ class Plan:
     rendezvous: Rendezvous
     backend: str
     nodes: tuple[NodeSpec, ...]
+    spares: tuple[str, ...] = ()  # --spares: hot spares' hosts, outside the world (issue 23)
+
+    @property
+    def agent_hosts(self) -> tuple[str, ...]:
+        """Every agent's host by agent id: the world's nodes in node-rank order, then the hot spares."""
+        return (*(node.host for node in self.nodes), *self.spares)
 
     @property
     def world_info(self) -> str:
@@ -118,9 +124,29 @@ def master_placeholder(first_host: str) -> str:
     return f"<{first_host} address>"
 
 
-def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
-    """Pure: the world and the request fix every rank's env and argv."""
+def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str) -> tuple[World, tuple[str, ...]]:
+    """--spares N (issue 23): the last N selected hosts stand by outside the world; what is left is the world."""
     world = dict(world)
+    if not spares:
+        return world, ()
+    traits = backend_traits(backend)
+    if traits.local:
+        raise UsageError("--spares", "a local run is one node: there is no node to lose and no host to stand by")
+    if not traits.spares:
+        raise UsageError("--spares", f"the {backend} backend cannot start an agent on a spare when a node is lost; "
+                         "use --launcher ssh or --launcher pdsh")
+    hosts = list(world)
+    if spares >= len(hosts):
+        what = "more spares than" if spares > len(hosts) else "no world left of"
+        raise UsageError("--spares", f"{spares} leaves {what} the {len(hosts)} selected host(s); at least one must "
+                         "run the job")
+    kept = hosts[: len(hosts) - spares]
+    return {host: world[host] for host in kept}, tuple(hosts[len(kept):])
+
+
+def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
+    """Pure: the world and the request fix every rank's env and argv (the last ``--spares`` hosts stand by)."""
+    world, spares = split_spares(world, request.restart.spares, backend)
     size = sum(len(slots) for slots in world.values())
     if size > MAX_RANKS:  # a platform's or allocation's world, each within its per-node limits
         raise UsageError("world", f"{size} ranks; xrun accepts at most {MAX_RANKS} per job")
@@ -155,5 +181,5 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         )
         for node_rank, host in enumerate(world)
     )
-    return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes)
+    return Plan(request=request, world=world, rendezvous=rdzv, backend=backend, nodes=nodes, spares=spares)
 

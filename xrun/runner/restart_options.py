@@ -4,7 +4,9 @@
 static job xrun itself stops every rank on every node after a failure and starts the whole job again, up to N
 times, over the same agents and channel. ``--min_attempt_s`` is the no-progress rule's bound: two attempts in a
 row that fail the same way (same rank, same exit code), each sooner than that after its ranks started, stop the
-restarts (``xrun.runner.job.attempts``). The pure rules live there; this module holds the typed request.
+restarts (``xrun.runner.job.attempts``). ``--spares N``: the last N selected hosts stand by outside the world
+as hot spares, each ready to take a lost node's place at a restart (``xrun.runner.job.spares``); a replacement is a
+restart, so it needs ``--max_restarts``. The pure rules live there; this module holds the typed request.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.values import seconds_arg
+from xrun.values import MAX_HOSTS, int_arg, seconds_arg
 
 DEFAULT_MIN_ATTEMPT_S = 60.0
 
@@ -25,6 +27,7 @@ class RestartPolicy:
 
     max_restarts: int = 0
     min_attempt_s: float = DEFAULT_MIN_ATTEMPT_S  # 0: no no-progress stop, only the count
+    spares: int = 0  # --spares: the last N selected hosts are hot spares, outside the world
 
     @property
     def restarts(self) -> bool:
@@ -32,15 +35,25 @@ class RestartPolicy:
 
 
 def add_restart_flags(parser: argparse.ArgumentParser) -> None:
-    """``--min_attempt_s`` (``--max_restarts`` is defined with the elastic flags, which share it)."""
+    """``--min_attempt_s`` and ``--spares`` (``--max_restarts`` is defined with the elastic flags, which share it)."""
     parser.add_argument(
         *spellings("--min_attempt_s"), type=seconds_arg(), metavar="SECONDS",
         help=f"with --max_restarts: stop restarting when two attempts in a row fail the same way (same rank, same "
         f"exit code), each within this many seconds of its start (default {DEFAULT_MIN_ATTEMPT_S:g}; 0: never)")
+    parser.add_argument(
+        *spellings("--spares"), type=int_arg(high=MAX_HOSTS), metavar="N",
+        help="with --max_restarts: the last N selected hosts stand by as hot spares outside the world; a lost "
+        "node's place goes to one at the next attempt (same node rank, same slots); ssh and pdsh (default 0)")
 
 
 def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
     """The static job's restart policy (with --elastic, --max_restarts is torch's: the policy stays empty)."""
+    if ns.spares is not None and ns.spares < 0:
+        raise UsageError("--spares", f"must be >= 0, not {ns.spares}")
+    if ns.spares and ns.elastic:
+        raise UsageError("--spares", "does not apply with --elastic (torch's rendezvous decides which nodes take part)")
+    if ns.spares and not ns.max_restarts:
+        raise UsageError("--spares", "a spare takes a lost node's place at a restart: give --max_restarts N too")
     if ns.elastic:
         if ns.min_attempt_s is not None:
             raise UsageError("--min_attempt_s", "does not apply with --elastic (torch's agent restarts the workers)")
@@ -50,4 +63,4 @@ def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
     if ns.min_attempt_s is not None and ns.min_attempt_s < 0:
         raise UsageError("--min_attempt_s", f"must be >= 0 seconds, not {ns.min_attempt_s:g}")
     min_attempt = DEFAULT_MIN_ATTEMPT_S if ns.min_attempt_s is None else ns.min_attempt_s
-    return RestartPolicy(max_restarts=ns.max_restarts or 0, min_attempt_s=min_attempt)
+    return RestartPolicy(max_restarts=ns.max_restarts or 0, min_attempt_s=min_attempt, spares=ns.spares or 0)

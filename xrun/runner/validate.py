@@ -59,7 +59,7 @@ def head_open_files(plan: Plan, traits: Traits) -> int:
         ranks_here = 0  # the agents run elsewhere (or under an engine's process, with its own limit)
     channels = traits.uses_channel or (traits.nodes_start_themselves and len(plan.nodes) > 1)
     per_node = FDS_PER_CHANNEL_NODE + traits.extra_fds_per_node if channels else 0
-    return agent_open_files(ranks_here) + per_node * len(plan.nodes)
+    return agent_open_files(ranks_here) + per_node * len(plan.agent_hosts)  # the hot spares hold channels too
 
 
 def check_listen_address(addr: str) -> None:

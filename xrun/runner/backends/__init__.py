@@ -53,6 +53,8 @@ class Traits:
     # Open files the head holds per node beyond the channel's socket (ssh: the TCP connection to sshd and the
     # wake-up pipe pair paramiko makes when the channel joins the selector): the open-files check (xrun.fdlimit).
     extra_fds_per_node: int = 0
+    # The head starts one agent per host itself, so it can start one on each hot spare too (--spares, issue 23).
+    spares: bool = False
 
 
 # name -> "module:attribute" of the backend class (a zero-argument factory).

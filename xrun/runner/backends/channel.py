@@ -73,7 +73,7 @@ def run_over_channel(
     from xrun.runner.job.server import ControlServer  # noqa: PLC0415
 
     token = secrets.token_hex(TOKEN_BYTES)
-    nodes = len(plan.nodes)
+    nodes = len(plan.agent_hosts)  # every agent's, the hot spares' included (--spares)
     keys = NodeKeys.announced(nodes) if announced_keys else NodeKeys.shared_secret(nodes, token)
     gate = Gate(keys, nodes=nodes, prove_server=False)
     server = ControlServer(plan, gate, join_timeout=plan.request.remote.join_timeout)

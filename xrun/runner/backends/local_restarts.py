@@ -51,7 +51,7 @@ def run_attempts(plan: Plan) -> int:
         if failure is not None:
             runtime = result.root_cause.runtime_s if result.root_cause is not None else time.monotonic() - began
             cause.failed(failure, began + runtime)
-        ending = attempts.over(cause, began, time.monotonic(), nodes_missing=0)
+        ending = attempts.over(cause, began, time.monotonic())
         if ending is not Ending.RESTART:
             for line in cause.restart_lines:
                 say(line)

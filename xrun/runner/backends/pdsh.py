@@ -38,8 +38,8 @@ def remote_argv(plan: Plan, endpoint: Endpoint | None, node_rank: str = "%n") ->
 
 def pdsh_argv(plan: Plan, endpoint: Endpoint | None = None) -> tuple[str, ...]:
     """Pure: the one local command that starts every agent."""
-    hosts = ",".join(node.host for node in plan.nodes)
-    fanout = str(check_fanout(plan.request.remote.fanout, len(plan.nodes)))
+    hosts = ",".join(plan.agent_hosts)  # %n: the world's node ranks, then the hot spares' agent ids
+    fanout = str(check_fanout(plan.request.remote.fanout, len(plan.agent_hosts)))
     # pdsh joins its trailing words into the remote shell command: hand it one ready-quoted string.
     return ("pdsh", "-S", "-R", "ssh", "-f", fanout, "-N", "-w", hosts, render(remote_argv(plan, endpoint)))
 
@@ -61,11 +61,12 @@ def ssh_args_append(remote: RemoteOptions) -> str:
 
 class PdshBackend:
     name = "pdsh"
-    traits = Traits(uses_channel=True)
+    traits = Traits(uses_channel=True, spares=True)
 
     def render(self, plan: Plan) -> Invocation:
         commands = tuple(
-            NodeCommand(host=node.host, argv=remote_argv(plan, None, str(node.node_rank))) for node in plan.nodes
+            NodeCommand(host=host, argv=remote_argv(plan, None, str(agent)))
+            for agent, host in enumerate(plan.agent_hosts)
         )
         note = f"started as: PDSH_SSH_ARGS_APPEND={ssh_args_append(plan.request.remote)!r} {render(pdsh_argv(plan))}"
         return Invocation(backend=self.name, commands=commands, note=note)
@@ -74,7 +75,7 @@ class PdshBackend:
         pdsh = shutil.which("pdsh")
         if pdsh is None:
             raise UsageError("--launcher", "pdsh is not installed: apt-get install pdsh, or use --launcher ssh")
-        hosts = [node.host for node in plan.nodes]
+        hosts = list(plan.agent_hosts)
         # pdsh gives every node the same command, so every node connects to one address.
         addr = control_address(hosts, plan.request.remote)
         return run_over_channel(plan, dict.fromkeys(hosts, addr), lambda endpoints: self._start(pdsh, plan, endpoints),

@@ -7,7 +7,7 @@ control channel (``xrun.runner.job.server``). Connection settings: ``xrun.runner
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xrun.launch.output.dedupe import LineMerger
@@ -20,22 +20,23 @@ from xrun.shell import render
 
 
 def ssh_commands(plan: Plan, endpoints: Mapping[str, Endpoint] | None = None) -> tuple[NodeCommand, ...]:
-    """Pure: the remote command of every node (placeholders for the endpoint when it is not open yet)."""
+    """Pure: the remote command of every agent, the world's nodes' then the hot spares' (placeholders for the
+    endpoint when it is not open yet; with ``endpoints``, the hosts that have one). An agent's id is its node rank,
+    or for a spare the next after the world's."""
     python = plan.request.launch.python
     return tuple(
         NodeCommand(
-            host=node.host,
-            argv=agent_connect_argv(
-                python, endpoints[node.host] if endpoints else None, str(node.node_rank), token_on_stdin=True
-            ),
+            host=host,
+            argv=agent_connect_argv(python, endpoints[host] if endpoints else None, str(agent), token_on_stdin=True),
         )
-        for node in plan.nodes
+        for agent, host in enumerate(plan.agent_hosts)
+        if endpoints is None or host in endpoints
     )
 
 
 class SshBackend:
     name = "ssh"
-    traits = Traits(uses_channel=True, extra_fds_per_node=3)
+    traits = Traits(uses_channel=True, extra_fds_per_node=3, spares=True)
 
     def render(self, plan: Plan) -> Invocation:
         return Invocation(
@@ -49,15 +50,17 @@ class SshBackend:
         # paramiko loads here, only when the ssh backend really runs.
         from xrun.runner.backends.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
 
-        results = connect_all([node.host for node in plan.nodes], plan.request.remote.ssh)
+        results = connect_all(list(plan.agent_hosts), plan.request.remote.ssh)  # the hot spares' too: standby
         try:
             connected = [r for r in results if isinstance(r, Connected)]
-            if len(connected) != len(results):
-                raise HostConnectError([r for r in results if not isinstance(r, Connected)])
+            failed = [r for r in results if not isinstance(r, Connected)]
+            if any(r.host not in plan.spares for r in failed):  # a spare that cannot be reached is only not one
+                raise HostConnectError(failed)
             override = plan.request.remote.control_addr
             # Per host: our end of the TCP connection to it is the address it can reach us on.
             addrs = {c.host: override or c.local_address or route_source(c.address) for c in connected}
-            return run_over_channel(plan, addrs, lambda endpoints: SshSessions.start(connected, plan, endpoints))
+            return run_over_channel(plan, addrs,
+                                    lambda endpoints: SshSessions.start(connected, plan, endpoints, failed))
         finally:
             close_all(results)
 
@@ -74,13 +77,17 @@ class SshSessions:
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
         self.lines = NodeLines(merger)
+        self.unreachable: list[Any] = []  # hot spares ssh could not reach: the job goes on without them
 
     @classmethod
-    def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints) -> SshSessions:
-        """Run every node's agent command on its connection (in parallel) and hand each its token."""
+    def start(cls, connected: list[Any], plan: Plan, endpoints: Endpoints, unreachable: Sequence[Any] = ()
+              ) -> SshSessions:
+        """Run every agent's command on its connection (in parallel) and hand each its token; the hot spares that
+        could not be reached are reported as sessions that ended (the job drops them, one line each)."""
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
 
         sessions = cls(connected, ssh_commands(plan, endpoints), endpoints, head_merger(plan))
+        sessions.unreachable = list(unreachable)
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:
             opened = list(pool.map(sessions._exec, sessions.commands))
         sessions.channels = dict(zip((c.host for c in sessions.commands), opened))
@@ -97,6 +104,8 @@ class SshSessions:
         for host, chan in self.channels.items():
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
         self.lines.register(loop)
+        for failed in self.unreachable:
+            loop.session_ended(failed.host, None, f"ssh cannot reach it: {failed.reason}")
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
         while chan.recv_ready():

@@ -7,7 +7,8 @@ the attempt's outcome and the attempts before it and answers with an ``Ending``:
   no-progress rule does not hold;
 * ``FINAL``: nothing to retry: the attempt succeeded, a signal stopped it, or its failure is not one a restart
   mends (a node refused at its hello, a busy ``--master_port``, a hang under ``--hang_action stop``);
-* ``NODE_LOST``: a node's agent is gone and no spare can take its place;
+* ``NODE_LOST``: a node's agent is gone (or failed its preflight) and no hot spare (``--spares``) can take its
+  place; with enough spares on standby, the next attempt runs on them instead (``xrun.runner.job.spares``);
 * ``EXHAUSTED``: the N restarts are used up;
 * ``NO_PROGRESS``: this attempt and the one before it failed the same way (same rank, same exit code, or the
   same node-level cause on the same host) and neither ran ``--min_attempt_s`` seconds from its start to its
@@ -22,8 +23,8 @@ import enum
 from collections.abc import Sequence
 
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.events import Action, Attempt, Failure, SendRestart, ShowLine
-from xrun.runner.job.nodes import Nodes, NodeState
+from xrun.runner.job.events import Action, Attempt, Failure, Replacement, SendRestart, SendSpec, ShowLine
+from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.verdict import RootCause
 from xrun.runner.restart_options import RestartPolicy
 
@@ -69,8 +70,10 @@ def no_progress(policy: RestartPolicy, history: Sequence[Attempt]) -> bool:
     return short and same_way(before.failure, last.failure)
 
 
-def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attempt]) -> list[str]:
-    """Why the restarts ended, and (after several attempts) each attempt's root cause, one line each."""
+def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attempt], *, lost: Sequence[str] = (),
+                 spares: int = 0) -> list[str]:
+    """Why the restarts ended, and (after several attempts) each attempt's root cause, one line each; ``lost``:
+    the hosts of the nodes lost in the last attempt, ``spares`` the spares that stood by for them."""
     restarts = len(history) - 1
     last = history[-1].failure
     if ending is Ending.EXHAUSTED:
@@ -80,7 +83,9 @@ def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attemp
                 f"within --min_attempt_s {policy.min_attempt_s:g} s of their start"
                 + (f" ({last.reason})" if last is not None else ""))
     elif ending is Ending.NODE_LOST:
-        head = f"stopped restarting after {restarts} restart(s): a node is lost and no spare can take its place"
+        hosts = f" ({', '.join(lost)})" if lost else ""
+        head = (f"stopped restarting after {restarts} restart(s): {len(lost) or 'a'} node(s) lost{hosts} and "
+                f"{spares or 'no'} spare(s) on standby to take their places")
     elif restarts:
         head = f"the job ran {len(history)} attempts ({restarts} restart(s))"
     else:
@@ -90,7 +95,7 @@ def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attemp
 
 def attempt_lines(history: Sequence[Attempt]) -> list[str]:
     return [f"  attempt {a.number} ({a.ran_s:.1f} s): {a.failure.reason if a.failure else 'succeeded'}"
-            for a in history]
+            + (f" (on {', '.join(r.line() for r in a.replaced)})" if a.replaced else "") for a in history]
 
 
 class Attempts:
@@ -103,33 +108,43 @@ class Attempts:
         self.began = t0
         self.history: list[Attempt] = []
         self.ending: Ending | None = None
+        self.replaced: tuple[Replacement, ...] = ()  # the current attempt's: spares in lost nodes' places
+        self.lost: tuple[str, ...] = ()  # the last attempt's lost nodes' hosts, and the spares that stood by
+        self.spares = 0
 
-    def over(self, cause: RootCause, started_at: float | None, now: float, *, nodes_missing: int) -> Ending:
+    def over(self, cause: RootCause, started_at: float | None, now: float, *, lost: tuple[str, ...] = (),
+             spares: int = 0) -> Ending:
         """The current attempt is over (every node is): record it, and the history ``cause``'s verdict carries;
-        what follows. ``started_at``: when its ranks were told to start (None: never)."""
+        what follows. ``started_at``: when its ranks were told to start (None: never); ``lost``: the hosts of the
+        nodes whose agent is gone, ``spares``: the spares on standby to take their places."""
         start = started_at if started_at is not None else self.began
         ran = (cause.failure_at if cause.failure_at is not None else now) - start
-        self.history.append(Attempt(self.number, self.began - self.t0, max(0.0, ran), cause.failure, now - self.t0))
+        self.history.append(Attempt(self.number, self.began - self.t0, max(0.0, ran), cause.failure, now - self.t0,
+                                    self.replaced))
+        self.lost, self.spares = lost, spares
         self.ending = decide(self.policy, self.history, interrupted=cause.interrupted_by is not None,
-                             nodes_missing=nodes_missing)
+                             nodes_missing=max(0, len(lost) - spares))
         cause.attempts, cause.restart_lines = tuple(self.history), self.lines()
         return self.ending
 
     def begin_next(self, now: float) -> int:
         self.number += 1
         self.began = now
+        self.replaced = ()
         return self.number
 
     def lines(self) -> tuple[str, ...]:
         if self.ending is None or not self.history:
             return ()
-        return tuple(ending_lines(self.ending, self.policy, self.history))
+        return tuple(ending_lines(self.ending, self.policy, self.history, lost=self.lost, spares=self.spares))
 
 
-def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Failure | None) -> list[Action]:
+def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Failure | None,
+                    seated: Sequence[Replacement] = ()) -> list[Action]:
     """Every node (each done with the attempt before, still connected) back to JOINED, and told to prepare
     ``attempt``: node 0 checks the given ``--master_port`` again, or picks a fresh port (its first try 0). A node
-    whose agent is gone (pod mode: it may come back, xrun.runner.job.rejoin) waits for its hello at the barrier."""
+    whose agent is gone (pod mode: it may come back, xrun.runner.job.rejoin) waits for its hello at the barrier. A
+    node a hot spare took the place of (``seated``) is sent its spec instead: the spare has run nothing yet."""
     for node in nodes:
         node.state = NodeState.JOINED if node.connected else NodeState.WAITING
         node.master_port, node.exit_code = None, None
@@ -137,4 +152,16 @@ def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Fail
     line = ShowLine(f"restarting the job on every node: attempt {attempt} of {config.restart.max_restarts + 1} "
                     f"(after: {reason})")
     picks = config.pick_master_port or config.master_port == 0
-    return [line, SendRestart(tuple(n.rank for n in nodes), attempt, picks, 0 if picks else config.master_port)]
+    port = 0 if picks else config.master_port
+    fresh = {r.node_rank for r in seated}
+    specs = seated_specs(config, [n for n in nodes if n.rank in fresh])
+    restart = SendRestart(tuple(n.agent for n in nodes if n.rank not in fresh), attempt, picks, port, nodes[0].agent)
+    return [line, restart, *specs]
+
+
+def seated_specs(config: JobConfig, nodes: Sequence[Node]) -> list[Action]:
+    """The spec of each node a hot spare just took the place of, to the spare's agent (node 0's checks or picks
+    rank 0's port, as at the first barrier)."""
+    picks = config.pick_master_port or config.master_port == 0
+    port = 0 if picks else config.master_port
+    return [SendSpec(n.agent, picks and n.rank == 0, port if n.rank == 0 else 0, node_rank=n.rank) for n in nodes]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from xrun.runner.job.config import ElasticRule, JobConfig
 from xrun.runner.job.events import Action, Failure, RunPrecheck, SendStart, ShowLine, ShowStarted, ShowWaiting
 from xrun.runner.job.nodes import Node, Nodes, NodeState
+from xrun.runner.job.spares import Spares
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 
 STATUS_EVERY = 1.0  # the waiting-for-nodes status while the barrier holds
@@ -28,7 +29,8 @@ def reachable(addr: str | None, host: str, nodes: int) -> str:
 class Barrier:
     """Holds the nodes until they may start; ``started_at`` is when the job started (None: not yet)."""
 
-    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float, attempt: int = 0) -> None:
+    def __init__(self, config: JobConfig, nodes: Nodes, *, t0: float, attempt: int = 0,
+                 spares: Spares | None = None) -> None:
         self.config = config
         self.attempt = attempt  # --max_restarts: the attempt this barrier starts
         self.nodes = nodes
@@ -36,6 +38,8 @@ class Barrier:
         self.started_at: float | None = None
         self.next_status = t0
         self.prechecking = False  # --precheck: every node is up, the network check runs
+        self.prechecked = False  # --precheck: it ran (hot spares took bad nodes' places: no second check)
+        self.spares = spares  # --spares: the spares on standby are checked by --precheck with the nodes
 
     def holding(self, *, stopping: bool) -> bool:
         """Still waiting for the nodes to come up (a stopping job waits for nothing)."""
@@ -49,9 +53,18 @@ class Barrier:
         """``node`` is ready (and the job not stopping): start it (elastic), or every node once all are."""
         if self.config.elastic is not None:
             return self._start_elastic(node, self.config.elastic, now)
-        if self.nodes.up() == len(self.nodes):
-            return self._precheck() if self.config.precheck and self.attempt == 0 else self._start_all(now)
-        return []
+        return self.poke(now)
+
+    def poke(self, now: float) -> list[Action]:
+        """Once every node is up: the ranks start, or --precheck runs first; with hot spares still joining it waits
+        for them (they are checked too, and a third node decides which side of a bad pair is bad), at most until
+        ``--join_timeout``, then goes on without them. The machine pokes it when a spare is ready."""
+        if self.nodes.up() != len(self.nodes):
+            return []
+        if not (self.config.precheck and self.attempt == 0 and not self.prechecked):
+            return self._start_all(now)
+        joining = self.spares is not None and self.spares.joining()
+        return [] if joining and now - self.t0 < self.config.join_timeout else self._precheck()
 
     def precheck_passed(self, line: str, now: float) -> list[Action]:
         """--precheck found every node ok: ``line`` says so, and the ranks start."""
@@ -63,11 +76,15 @@ class Barrier:
         if now - self.t0 < self.config.join_timeout:
             return None
         missing = self.nodes.missing()
+        if not missing:
+            return None  # only spares were awaited: the next status goes on without them
         timeout = f"not ready within --join_timeout {self.config.join_timeout:g} s: {', '.join(missing)}"
         return Failure(", ".join(missing), timeout, NODE_FAILURE_EXIT)
 
     def status(self, now: float) -> list[Action]:
         """The waiting line, when due (every tick asks: the scan happens only once per line)."""
+        if self.nodes.up() == len(self.nodes):
+            return self.poke(now)  # only spares are awaited (--precheck): no waiting line
         if now < self.next_status:
             return []
         self.next_status = now + STATUS_EVERY
@@ -76,7 +93,14 @@ class Barrier:
     def _precheck(self) -> list[Action]:
         """Every node is up: the network check across them (the restarts of --max_restarts skip it)."""
         self.prechecking = True
-        return [RunPrecheck(self.nodes.reachable(), self._master_addr())]
+        standby = self.spares.ready() if self.spares is not None else []
+        checked = [*(n for n in self.nodes if n.connected and not n.over), *standby]
+        return [RunPrecheck(tuple(n.agent for n in checked), self._master_addr(), tuple(n.host for n in checked))]
+
+    def reopen(self, now: float) -> None:
+        """--precheck put hot spares in bad nodes' places: hold again until they are ready (a fresh
+        ``--join_timeout``), then start without a second check (the spares passed this one)."""
+        self.prechecking, self.prechecked, self.t0, self.next_status = False, True, now, now
 
     def _master_addr(self) -> str:
         node0 = self.nodes[0]
@@ -95,7 +119,7 @@ class Barrier:
 
     def _start_elastic(self, node: Node, rule: ElasticRule, now: float) -> list[Action]:
         node.state = NodeState.RUNNING
-        start = SendStart((node.rank,), rule.master_addr, self.config.master_port)
+        start = SendStart((node.agent,), rule.master_addr, self.config.master_port)
         started = self.nodes.running()
         if self.started_at is None and started >= rule.min_nodes:
             self.started_at = now

@@ -1,6 +1,6 @@
 """What the job state machine (``xrun.runner.job.machine``) is told about a run: its nodes, its deadlines, its
 rendezvous endpoint, whether it is elastic (issue 6) or pod mode (the verdict goes to every node), and how it
-restarts (issue 23)."""
+restarts, on which hot spares (issue 23)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class JobConfig:
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
     numbered: bool = False  # pod mode without host names: a node goes by the host name its hello reports
     precheck: bool = False  # --precheck (issue 24): the network check across the nodes before any rank starts
+    spares: tuple[str, ...] = ()  # --spares: the hot spares' hosts, whose agent ids follow the world's
 
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
@@ -51,4 +52,5 @@ class JobConfig:
             restart=plan.request.restart,
             numbered=plan.request.pod.numbered,
             precheck=plan.request.remote.precheck,
+            spares=plan.spares,
         )

@@ -1,7 +1,8 @@
 """The job state machine's vocabulary (``xrun.runner.job.machine``): events in, actions out, and the job's verdict.
 
-Every value here is a frozen dataclass of plain fields: no sockets, no clocks. Nodes are named by their node
-rank (the index into the plan's nodes); connections by the number the socket layer gave them, so an action can
+Every value here is a frozen dataclass of plain fields: no sockets, no clocks. Agents are named by their agent id
+(the order the backend started them: the world's nodes first, whose ids are their node ranks, then the hot spares;
+``NodesFaulty`` alone names node ranks); connections by the number the socket layer gave them, so an action can
 say which connection to keep or close without the machine holding one.
 
 Events come from the socket layer (``xrun.runner.job.server``): what an agent said, a connection that dropped, a
@@ -115,15 +116,25 @@ class PrecheckDone:
 
 
 @dataclass(frozen=True)
+class NodesFaulty:
+    """These nodes are bad (``--precheck``'s network check, issue 24): before the attempt's start each is replaced
+    by a hot spare at once, if enough are standing by, else the job ends naming them; later, each is a lost node."""
+
+    node_ranks: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: deadlines (join, stop, keepalive, linger) are checked against the ``now`` it is fed with."""
 
 
 # Sent by an admitted agent: the machine ignores them from a node without a connection.
 AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
+AgentEvent = Union[Ready, RankExited, Done, AgentError, Heard, ConnectionLost]
 Event = Union[
     HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Hung,
-    Tick, PrecheckDone,
+    NodesFaulty, Tick, PrecheckDone,
 ]
 
 # -- actions --------------------------------------------------------------------------------------------------
@@ -146,9 +157,14 @@ class TurnAway:
 
 @dataclass(frozen=True)
 class SendSpec:
+    """Agent ``node``'s spec: its own node rank's, or (a hot spare taking a lost node's place, issue 23) node
+    ``node_rank``'s with the spare's host; ``standby``: a spare's first spec, for its preflight only."""
+
     node: int
     pick_master_port: bool
     master_port: int = 0  # node 0: rank 0's port to check (given) or to try first (picking); 0: none
+    node_rank: int | None = None  # None: the agent's own (``node``)
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,7 @@ class SendRestart:
     attempt: int
     pick_master_port: bool
     master_port: int  # node 0's: the given port to check, or 0 (picking: a fresh one)
+    node0: int = 0  # the agent that runs node 0 (a hot spare's, once one took its place)
 
 
 @dataclass(frozen=True)
@@ -190,8 +207,9 @@ class RunPrecheck:
     """--precheck (issue 24): every node is ready; run the network check across ``nodes`` before any rank starts
     (each node's interface is the one toward ``toward``, the master address)."""
 
-    nodes: tuple[int, ...]
+    nodes: tuple[int, ...]  # the agents: the world's nodes' and the hot spares' on standby (--spares)
     toward: str
+    hosts: tuple[str, ...] = ()  # each agent's host, as the job names it
 
 
 @dataclass(frozen=True)
@@ -283,6 +301,7 @@ class Attempt:
     ran_s: float  # from its ranks' start (or its beginning, when they never started) to its first failure
     failure: Failure | None
     ended_at: float | None = None  # seconds since the job began: every node of the attempt was over
+    replaced: tuple[Replacement, ...] = ()  # --spares: the lost nodes hot spares took the places of, before it
 
     def to_json(self) -> dict[str, object]:
         failure = self.failure
@@ -295,4 +314,22 @@ class Attempt:
             "host": None if failure is None else failure.host,
             "rank": None if failure is None else failure.rank,
             "exit_code": None if failure is None else failure.exit_code,
+            "replaced": [r.to_json() for r in self.replaced],
         }
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """--spares (issue 23): the spare ``spare`` runs node ``node_rank`` in place of the lost ``lost`` from
+    ``attempt`` on (same node rank, same slots); ``lost`` is not used again by the job."""
+
+    node_rank: int
+    lost: str
+    spare: str
+    attempt: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"node_rank": self.node_rank, "lost_host": self.lost, "spare_host": self.spare, "attempt": self.attempt}
+
+    def line(self) -> str:
+        return f"{self.spare} in place of {self.lost} (node {self.node_rank})"

@@ -4,6 +4,11 @@ rules read after every message.
 A node goes WAITING -> JOINED (its hello admitted) -> READY (its agent is ready) -> RUNNING (told to start) and
 ends DONE or LOST. The counts are kept as nodes change (``Tally``): scanning every node per message made the start
 barrier and a stop quadratic in the nodes (10,000 simulated agents took minutes to join: issue 15).
+
+A node rank (the node's place in the world: its slots, its ranks) and the agent that runs it are two things: agents
+are numbered by the order the backend started them (the world's nodes first, then the hot spares, issue 23), and
+each node holds the id of the agent that runs it (``Node.agent``; its node rank until a spare takes its place).
+Every message and action names the agent; ``Nodes.by_agent`` finds the node it runs.
 """
 
 from __future__ import annotations
@@ -49,10 +54,12 @@ def _live(state: NodeState, connected: bool) -> int:
 class Node:
     """One node as the job sees it; ``state`` and ``connected`` keep the nodes' ``Tally`` up to date."""
 
-    __slots__ = ("rank", "host", "addr", "master_port", "exit_code", "last_seen", "_state", "_connected", "_tally")
+    __slots__ = ("rank", "agent", "host", "addr", "master_port", "exit_code", "last_seen", "_state", "_connected",
+                 "_tally")
 
     def __init__(self, rank: int, host: str, tally: Tally) -> None:
         self.rank = rank
+        self.agent = rank  # the id of the agent that runs it (a hot spare's, once one took its place)
         self.host = host
         self.addr: str | None = None
         self.master_port: int | None = None
@@ -94,6 +101,20 @@ class Nodes(list[Node]):
         self.by_host: dict[str, list[Node]] = {}
         for node in self:
             self.by_host.setdefault(node.host, []).append(node)
+        self.by_agent = {node.agent: node for node in self}
+
+    def seat(self, node: Node, agent: int, host: str) -> None:
+        """Agent ``agent`` on ``host`` (a hot spare) runs ``node`` from now on; its old agent and host are no
+        longer found."""
+        del self.by_agent[node.agent]
+        self.by_host[node.host].remove(node)
+        node.agent, node.host = agent, host
+        self.by_agent[agent] = node
+        self.by_host.setdefault(host, []).append(node)
+
+    def faulty(self) -> list[Node]:
+        """A scan, once per attempt: the nodes whose agent is lost or gone (a spare may take their places)."""
+        return [n for n in self if n.state is NodeState.LOST or not n.connected]
 
     def join(self, node: Node, addr: str, now: float, *, name: str | None = None) -> None:
         """``node``'s hello was admitted; with ``name`` (pod mode without host names) it goes by the host name it
@@ -124,8 +145,9 @@ class Nodes(list[Node]):
         return len(self) - self.tally.count(OVER)
 
     def reachable(self) -> tuple[int, ...]:
-        """A scan: once per start, stop and ping round, not per message."""
-        return tuple(n.rank for n in self if n.connected and not n.over)
+        """The agents of the nodes connected and not over. A scan: once per start, stop and ping round, not per
+        message."""
+        return tuple(n.agent for n in self if n.connected and not n.over)
 
     def live(self) -> list[Node]:
         """A scan, once per ping round: the nodes connected and not over (the keepalive's to check)."""
@@ -135,8 +157,8 @@ class Nodes(list[Node]):
         """A scan, once per ping round: the live nodes silent for ``dead_after`` (lost), and the nodes to ping
         (the other live ones, and with ``done_too`` the connected nodes done, which wait for a restart)."""
         silent = [n for n in self.live() if now - n.last_seen > dead_after]
-        gone = {n.rank for n in silent}
-        pinged = tuple(n.rank for n in self if n.connected and n.rank not in gone
+        gone = {n.agent for n in silent}
+        pinged = tuple(n.agent for n in self if n.connected and n.agent not in gone
                        and (not n.over or (done_too and n.state is NodeState.DONE)))
         return silent, pinged
 

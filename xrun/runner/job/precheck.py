@@ -6,16 +6,49 @@ The check itself is ``xrun check --network``'s (``xrun.runner.network``: the sam
 run over the job's own connected agents once every node is through the start barrier and before any rank starts
 (``xrun.runner.job.precheck_run`` drives it; the barrier holds meanwhile: ``xrun.runner.job.barrier``).
 
-``decide`` is the one place that says what a bad node means for the job. Today: the job ends before any rank
-starts (exit 1), naming every bad node with its figures. Hot spares (``--spares``) plug in here: a result whose
-bad nodes can be replaced by spares that passed becomes "replace them" instead of "end the job".
+``decide`` is the one place that says what a bad node means for the job: it ends before any rank starts (exit 1),
+naming every bad node with its figures. With hot spares (``--spares``, issue 23) the spares on standby are checked
+beside the nodes, and ``decide_with_spares`` comes first: a bad spare is dropped, and bad nodes that spares which
+passed can replace are replaced (``Replacing``; the machine seats them and the barrier waits for them, with no
+second check) instead of ending the job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
 from xrun.runner.job.events import Failure
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
-from xrun.runner.network.report import PrecheckResult
+from xrun.runner.network.report import BadNode, PrecheckResult
+
+
+@dataclass(frozen=True)
+class Replacing:
+    """--spares: each bad node's agent and the agent of the spare that passed and takes its place; ``line`` says so."""
+
+    pairs: tuple[tuple[int, int], ...]
+    line: str
+
+
+def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares: Sequence[int]
+                       ) -> tuple[tuple[BadNode, ...], Failure | Replacing | None]:
+    """What the job does with spares checked beside its nodes (``world``: the nodes' agents; ``spares``: the spares'
+    on standby, in the order they are used): the bad spares (to drop), and None (the ranks start), ``Replacing``
+    (each bad node gets a spare that passed), or ``decide``'s failure over the nodes alone (too few spares)."""
+    bad_spares = tuple(b for b in result.bad if b.rank not in world)
+    bad_nodes = [b for b in result.bad if b.rank in world]
+    if not bad_nodes:
+        return bad_spares, None
+    dropped = {b.rank for b in bad_spares}
+    passed = [agent for agent in spares if agent in result.ranks and agent not in dropped]
+    if len(passed) < len(bad_nodes):
+        rows = [(rank, row) for rank, row in zip(result.ranks, result.rows) if rank in world]
+        nodes_only = PrecheckResult(tuple(r for r, _ in rows), tuple(row for _, row in rows), result.elapsed)
+        return bad_spares, decide(nodes_only)
+    named = "; ".join(node.describe() for node in bad_nodes)
+    line = f"precheck: {len(bad_nodes)} node(s) bad: {named}; hot spares take their places"
+    return bad_spares, Replacing(tuple(zip((b.rank for b in bad_nodes), passed)), line)
 
 
 def decide(result: PrecheckResult) -> Failure | None:

@@ -46,7 +46,7 @@ class ChannelPrecheck:
     def __init__(self, server: ControlServer, action: RunPrecheck, *, now: float) -> None:
         self.server = server
         self.ranks = action.nodes
-        self.hosts = [server.job.nodes[rank].host for rank in self.ranks]
+        self.hosts = list(action.hosts) or [server.job.nodes[rank].host for rank in self.ranks]
         self.position = {rank: i for i, rank in enumerate(self.ranks)}
         self.t0 = now
         self.hellos: dict[int, dict[str, Any]] = {}

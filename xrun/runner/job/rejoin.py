@@ -52,9 +52,14 @@ def rejoins(config: JobConfig) -> bool:
 
 
 def unawaited(nodes: Nodes, config: JobConfig) -> int:
+    """How many nodes' agents are gone that the next attempt cannot wait for (see the module doc)."""
+    return len(unawaited_nodes(nodes, config))
+
+
+def unawaited_nodes(nodes: Nodes, config: JobConfig) -> list[Node]:
     """The nodes whose agent is gone and that the next attempt cannot wait for (see the module doc)."""
     rejoin = rejoins(config)
-    return sum(1 for n in nodes if not n.connected and (not rejoin or n.rank == 0 or n.state is NodeState.WAITING))
+    return [n for n in nodes if not n.connected and (not rejoin or n.rank == 0 or n.state is NodeState.WAITING)]
 
 
 def pod_hello(job: JobView, node: Node, event: HelloReceived, refused: str | None) -> list[Action] | None:

@@ -42,6 +42,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, message
@@ -66,6 +67,7 @@ from xrun.runner.job.events import (
     Heard,
     HelloReceived,
     Hung,
+    NodesFaulty,
     RankExited,
     Ready,
     RunPrecheck,
@@ -152,7 +154,7 @@ class ControlServer:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
         for addr in dict.fromkeys(addrs):
             try:
-                sock = listener(addr, port, backlog=len(self.plan.nodes))
+                sock = listener(addr, port, backlog=len(self.plan.agent_hosts))
             except ChannelError:
                 self.close()
                 raise
@@ -174,6 +176,10 @@ class ControlServer:
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
         self._feed(SessionEnded(host, code, detail))
+
+    def nodes_faulty(self, node_ranks: tuple[int, ...], reason: str) -> None:
+        """These nodes are bad (``--precheck``, issue 24): replaced by hot spares before the start, else lost."""
+        self._feed(NodesFaulty(node_ranks, reason))
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -299,7 +305,7 @@ class ControlServer:
 
     def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
         """The proven hello as the machine's event; None: a stray (here: a malformed hello)."""
-        return hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
+        return hello_event(conn.serial, conn.peer, msg, len(self.plan.agent_hosts))
 
     def on_closed(self, conn: Conn, reason: str) -> None:
         # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
@@ -325,16 +331,20 @@ class ControlServer:
             self._drop(conn)
 
     def _send_spec(self, action: SendSpec) -> None:
-        spec = self.plan.nodes[action.node].to_json()
+        """An agent's spec; a hot spare's (--spares) is the node's it stands by for or takes the place of (node 0's
+        for its standby preflight), with its own host."""
+        spec = self.plan.nodes[0 if action.standby else action.node if action.node_rank is None else action.node_rank]
+        host = self.plan.agent_hosts[action.node]
+        spec = spec if spec.host == host else replace(spec, host=host)
         restarts = self.job.config.restart.max_restarts  # the agent waits for a restart after its done
-        self._send(action.node, message(Kind.SPEC, spec=spec, pick_master_port=action.pick_master_port,
-                                        master_port=action.master_port, max_restarts=restarts))
+        self._send(action.node, message(Kind.SPEC, spec=spec.to_json(), pick_master_port=action.pick_master_port,
+                                        master_port=action.master_port, max_restarts=restarts, standby=action.standby))
 
     def _send_restart(self, action: SendRestart) -> None:
         """--max_restarts: the next attempt; what the doctor and the figures held was the attempt before's."""
         self.extras = _Extras(self)
         for node in action.nodes:
-            node0 = node == 0
+            node0 = node == action.node0
             self._send(node, message(Kind.RESTART, attempt=action.attempt, pick_master_port=node0 and
                                      action.pick_master_port, master_port=action.master_port if node0 else 0))
 
@@ -360,10 +370,15 @@ class _Extras:
     def __init__(self, server: ControlServer) -> None:
         options = server.plan.request.options
         self.server = server
-        self.doctor = HeadDoctor(lambda rank: server.job.nodes[rank].host, hang_timeout=options.hang_timeout,
+        self.doctor = HeadDoctor(self.host, hang_timeout=options.hang_timeout,
                                  hang_action=options.hang_action, log_dir=options.log_dir)
         self.figures: list[RankFigures] = []  # every rank's, from the agents' rank_exited messages
         self.precheck: Any = None  # --precheck: its ChannelPrecheck while it runs (loaded only then)
+
+    def host(self, agent: int) -> str:
+        """An agent's host as the job names it: its node's (pod mode may rename it), else a hot spare's."""
+        node = self.server.job.nodes.by_agent.get(agent)
+        return node.host if node is not None else self.server.plan.agent_hosts[agent]
 
     def run_precheck(self, action: RunPrecheck) -> None:
         from xrun.runner.job.precheck_run import ChannelPrecheck  # noqa: PLC0415 - --precheck only
@@ -376,7 +391,7 @@ class _Extras:
         return failure is not None and failure.exit_code != HANG_EXIT
 
     def running(self) -> list[int]:
-        return [n.rank for n in self.server.job.nodes if n.state is NodeState.RUNNING and n.connected]
+        return [n.agent for n in self.server.job.nodes if n.state is NodeState.RUNNING and n.connected]
 
     def message(self, node: int, msg: Message) -> None:
         kind, now = msg.get("type"), time.monotonic()
@@ -386,7 +401,7 @@ class _Extras:
             elif kind == Kind.STACKS.value:
                 self.carry_out(self.doctor.stacks(node, msg, now))
             elif kind == Kind.WANT_STACKS.value:
-                self.want(f"{msg.get('reason') or 'a request'} at {self.server.job.nodes[node].host}")
+                self.want(f"{msg.get('reason') or 'a request'} at {self.host(node)}")
             elif kind == Kind.QUIET.value:
                 self.carry_out(self.doctor.quiet(node, self.running(), now))
             elif kind == Kind.SPOKE.value:

@@ -1,0 +1,145 @@
+"""Hot spares across real hosts (issue 23): ``--spares N`` over ssh and pdsh.
+
+The last host of the hostfile stands by outside the world; real torch gloo ranks checkpoint every step to a file
+(the nodes share the filesystem) and resume from it. A node killed mid-run is replaced by the spare (same node rank,
+same slots) and the job finishes at the same world size with exit 0; two nodes lost with one spare end the job
+naming both. Nothing is left on any node after either. The helpers are tests/cluster/test_restarts.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.cluster.test_network import MARKED_SCRIPT, refuse_inbound, run_job
+from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
+from tests.conftest import ROOT
+
+
+@pytest.fixture
+def python(tmp_path):
+    """The remote interpreter: this tree first on PYTHONPATH (over ssh nothing else would)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def assert_idle(cluster, node, timeout=15.0):
+    """Nothing but the node's sshd is left in its namespace: the spare's agent, told the end, exited."""
+    deadline = time.monotonic() + timeout
+    while left := [p for p in cluster.pids(node) if p != cluster.sshd_pid(node)]:
+        assert time.monotonic() < deadline, f"left on {node}: {left}"
+        time.sleep(0.05)
+
+
+def started(proc, ranks, timeout=60.0):
+    """Read the job's output on a thread; return its lines once ``ranks`` ranks resumed (attempt 0 runs)."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while sum("RESUME" in line for line in lines) < ranks:
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    return lines
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_killed_node_is_replaced_by_the_hot_spare_and_the_job_finishes(cluster, tmp_path, python, backend):
+    logs = tmp_path / "logs"
+    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "2", "--spares", "1",
+                       "--log_dir", str(logs), env={"STEP_S": "1"})
+    lines = started(proc, 2)
+    killed = time.time()
+    cluster.kill_node("node2")  # node rank 1: its agent, its ranks, its sshd
+    rest, err = proc.communicate(timeout=120)
+    out = "".join(lines) + rest  # the reader thread and communicate() share the pipe
+    assert proc.returncode == 0, err
+    assert "xrun: spare node3 is standing by" in err
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place (node rank 1, same slots); node2 is not " \
+           "used again" in err
+    assert re.search(r"attempt 0 \([\d.]+ s\): lost node node2", err), err
+    assert re.search(r"attempt 1 \([\d.]+ s\): succeeded \(on node3 in place of node2 \(node 1\)\)", err), err
+    resumed = re.findall(r"\[(node\d):(\d)\] RESUME 1 (\d) (\d+)", out)
+    assert sorted((host, rank) for host, rank, _, _ in resumed) == [("node1", "0"), ("node3", "1")], out
+    assert len({step for *_, step in resumed}) == 1 and int(resumed[0][3]) > 0  # both resumed the checkpoint
+    assert sorted(tuple(words) for words in lines_of(out, "DONE")) == [("1", "0", "6"), ("1", "1", "6")]
+    restarted = max(float(words[2]) for words in lines_of(out, "STARTED") if words[0] == "1")
+    print(f"{backend}: node killed -> every rank of attempt 1 started on the spare: {restarted - killed:.2f} s")
+    assert restarted - killed < 10.0
+    summary = json.loads((logs / "summary.json").read_text())
+    assert [a["replaced"] for a in summary["attempts"]] == [
+        [], [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 1}]]
+    assert_nothing_left(cluster, mark)
+
+
+def test_two_lost_nodes_with_one_spare_end_the_job_naming_both(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "3", "--spares", "1",
+                       env={"STEP_S": "2"})
+    started(proc, 2)
+    cluster.cut("node1")  # both silent from the same moment: the keepalive loses them in the same round
+    cluster.cut("node2")
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err
+    assert "stopped restarting after 0 restart(s): 2 node(s) lost (node1, node2) and 1 spare(s) on standby to " \
+           "take their places" in err
+    assert_nothing_left(cluster, mark, timeout=30.0)  # the cut nodes' agents stop their ranks once the head is silent
+    assert_idle(cluster, "node3")
+
+
+def test_ctrl_c_stops_the_job_and_the_standing_spare(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "2", "--spares", "1",
+                       env={"STEP_S": "2"})
+    started(proc, 2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "xrun: spare node3 is standing by" in err and "spare node3 is lost" not in err
+    assert_nothing_left(cluster, mark)
+    assert_idle(cluster, "node3")
+
+
+def test_precheck_replaces_a_node_it_finds_bad_by_the_spare_before_any_rank(cluster, tmp_path, python):
+    refuse_inbound(cluster, "node2")  # its agent still reaches the head; its probe server is refused: unreachable
+    try:
+        done, _ = run_job(cluster, tmp_path, python, "--precheck", "--max_restarts", "1", "--spares", "1",
+                          script_text=MARKED_SCRIPT)
+    finally:
+        refuse_inbound(cluster, "node2", on=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-node1", "started-node3"]
+    assert "precheck: 1 node(s) bad: node2 unreachable" in done.stderr
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place" in done.stderr
+    assert "restarting" not in done.stderr  # replaced before the start: not a restart
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_spare_that_cannot_be_reached_is_dropped_and_the_job_runs(cluster, tmp_path, python, backend):
+    cluster.kill_node("node3")  # its sshd too: the spare's session cannot start
+    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "1", "--spares", "1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert re.search(r"spare node3 is lost: its session ended before its agent joined.*; 0 spare\(s\) left", err), err
+    assert sorted(tuple(words) for words in lines_of(out, "DONE")) == [("0", "0", "6"), ("0", "1", "6")]
+    assert_nothing_left(cluster, mark)
+
+
+def test_a_node_whose_agent_cannot_start_is_replaced_before_any_rank_ran(cluster, tmp_path, python):
+    # node2's interpreter refuses to start there: its agent never joins, its session ends; the other node, stopped at
+    # the first barrier, waits for the restart instead of leaving, and the spare runs node 1 from attempt 1
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\n[ "$(hostname)" = node2 ] && exit 7\n'
+                       f'PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "1", "--spares", "1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place" in err
+    assert re.findall(r"\[(node\d):(\d)\] DONE 1 \d 6", out) == [("node1", "0"), ("node3", "1")] or \
+        sorted(re.findall(r"\[(node\d):(\d)\] DONE 1 \d 6", out)) == [("node1", "0"), ("node3", "1")], out
+    assert_nothing_left(cluster, mark)

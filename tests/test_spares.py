@@ -1,0 +1,429 @@
+"""Hot spares (issue 23, ``--spares N``): pure.
+
+The job state machine with spares played as event sequences (no sockets): standby, the seat of a spare in a lost
+node's place at the restart, the lost host never used again, too few spares, the ``NodesFaulty`` seam for
+``--precheck``; the plan's split of the hosts and the flags' bad input; the dry run.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import ROOT
+from tests.test_job import JOINED, STATIC, hello, play
+from tests.test_precheck import GONE, OK, SLOW
+from xrun.channel import DEAD_AFTER
+from xrun.errors import UsageError
+from xrun.runner.job.events import (
+    Admit,
+    AgentError,
+    ConnectionLost,
+    Done,
+    Drop,
+    Heard,
+    NodesFaulty,
+    PrecheckDone,
+    RankExited,
+    Ready,
+    Replacement,
+    RunPrecheck,
+    SendPing,
+    SendRestart,
+    SendSpec,
+    SendStart,
+    SendStop,
+    SendVerdict,
+    SessionEnded,
+    ShowLine,
+    SignalReceived,
+    Tick,
+    TurnAway,
+)
+from xrun.runner.job.machine import Job
+from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.report import report_lines
+from xrun.runner.network.report import NodeRow, PrecheckResult
+from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.restart_options import RestartPolicy
+
+# world a, b, c (agents 0-2); spares d, e (agents 3, 4)
+SPARES = replace(STATIC, restart=RestartPolicy(max_restarts=3, min_attempt_s=60.0, spares=2), spares=("d", "e"))
+STANDBY = [*JOINED, hello(3), hello(4), Ready(3), Ready(4)]
+RUNNING = [*STANDBY, Ready(0, 29501), Ready(1), Ready(2)]
+C_LOST = [*RUNNING, ConnectionLost(2, "connection closed"), Done(0, 143), Done(1, 143)]
+
+
+def lines(actions):
+    return [a.text for a in actions if isinstance(a, ShowLine)]
+
+
+def test_a_spares_hello_gets_a_standby_spec_and_its_ready_does_not_count_for_the_barrier():
+    job, actions = play([*JOINED, hello(3)], config=SPARES)
+    assert Admit(3, 3) in actions and SendSpec(3, False, standby=True) in actions
+    job, actions = play([Ready(3), Ready(0, 29501), Ready(1)], job)
+    assert "spare d is standing by (hot: it takes a lost node's place at a restart)" in lines(actions)
+    assert not [a for a in actions if isinstance(a, SendStart)]  # node c is not ready: a spare is no substitute
+    _, actions = play([Ready(2)], job)
+    assert [a for a in actions if isinstance(a, SendStart)] == [SendStart((0, 1, 2), "10.0.0.1", 29501)]
+
+
+def test_spares_are_pinged_and_a_silent_one_is_lost_without_stopping_the_job():
+    job, actions = play([*RUNNING, 5.0, Tick()], config=SPARES)
+    assert SendPing((0, 1, 2, 3, 4)) in actions
+    job, actions = play([20.0, Heard(0), Heard(1), Heard(2), Tick()], job)  # a, b, c answer; d, e silent 20 s
+    assert f"spare d is lost: no word from its agent for {DEAD_AFTER:g} s; 1 spare(s) left" in lines(actions)
+    assert Drop(3) in actions and Drop(4) in actions and job.all_over_at is None
+    job, actions = play([Done(0), Done(1), Done(2)], job)
+    assert job.verdict().exit_code == 0
+    assert [a.nodes for a in actions if isinstance(a, SendVerdict)] == [(0, 1, 2)]
+
+
+def test_a_lost_node_is_replaced_by_the_first_spare_same_rank_same_slots():
+    job, actions = play(C_LOST, config=SPARES)
+    assert job.all_over_at is None
+    assert "node 2 (c) is lost: the hot spare d takes its place (node rank 2, same slots); c is not used again" \
+        in lines(actions)
+    assert SendRestart((0, 1), 1, True, 0, node0=0) in actions  # the others restart over their own agents
+    assert SendSpec(3, False, 0, node_rank=2) in actions  # the spare gets node 2's spec
+    assert job.nodes[2].host == "d" and job.nodes[2].agent == 3 and job.state(2) is NodeState.JOINED
+    job, actions = play([Ready(0, 40001), Ready(1), Ready(3)], job)
+    assert SendStart((0, 1, 3), "10.0.0.1", 40001, attempt=1) in actions
+    job, actions = play([70.0, Done(0), Done(1), Done(3)], job)
+    verdict = job.verdict()
+    assert verdict.exit_code == 0
+    assert verdict.attempts[1].replaced == (Replacement(2, "c", "d", 1),)
+    assert verdict.attempts[1].to_json()["replaced"] == [
+        {"node_rank": 2, "lost_host": "c", "spare_host": "d", "attempt": 1}]
+    assert "  attempt 1 (70.0 s): succeeded (on d in place of c (node 2))" in report_lines(verdict)
+    assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((0, 1, 3, 4), verdict)]
+    assert "c" in job.lost_hosts()  # its session may stay open: it is cut off
+
+
+def test_the_replaced_agent_is_no_ones_its_late_words_and_hellos_change_nothing():
+    job, _ = play(C_LOST, config=SPARES)
+    job, actions = play([Done(2, 1), RankExited(2, rank=3, local_rank=0, code=9), hello(2, conn=7)], job)
+    assert actions == [TurnAway(7)]
+    assert job.state(2) is NodeState.JOINED and job.nodes[2].connected
+
+
+def test_node_0_replaced_gets_the_port_to_pick_and_is_node_0_of_the_next_restart():
+    steps = [*RUNNING, ConnectionLost(0, "connection closed"), Done(1, 143), Done(2, 143)]
+    job, actions = play(steps, config=SPARES)
+    assert SendSpec(3, True, 0, node_rank=0) in actions
+    job, actions = play([Ready(3, 40002), Ready(1), Ready(2)], job)
+    assert SendStart((3, 1, 2), "10.0.0.4", 40002, attempt=1) in actions  # d's address is the master's now
+    job, actions = play([RankExited(1, rank=1, local_rank=0, code=3), Done(3, 143), Done(1, 3), Done(2, 143)], job)
+    assert SendRestart((3, 1, 2), 2, True, 0, node0=3) in actions  # a rank's exit: the same nodes again
+
+
+def test_a_rank_exit_is_not_a_node_fault_the_same_nodes_restart():
+    job, _ = play(RUNNING, config=SPARES)
+    job, actions = play([RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)], job)
+    assert SendRestart((0, 1, 2), 1, True, 0) in actions
+    assert not [a for a in actions if isinstance(a, SendSpec)] and len(job.spares.ready()) == 2
+
+
+def test_a_node_failing_its_preflight_at_a_restart_is_replaced():
+    steps = [*RUNNING, RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)]
+    job, _ = play(steps, config=SPARES)
+    job, actions = play([Ready(0, 40001), AgentError(1, "b: script train.py is missing"), Ready(2),
+                         Done(0, 143), Done(2, 143), ConnectionLost(1, "connection closed")], job)  # stopped: wait
+    assert SendSpec(3, False, 0, node_rank=1) in actions
+    assert job.nodes[1].host == "d"
+
+
+def test_two_lost_nodes_one_spare_end_the_job_naming_both():
+    config = replace(SPARES, spares=("d",), restart=replace(SPARES.restart, spares=1))
+    steps = [*JOINED, hello(3), Ready(3), Ready(0, 29501), Ready(1), Ready(2),
+             ConnectionLost(1, "connection closed"), ConnectionLost(2, "connection closed"), Done(0, 143)]
+    job, actions = play(steps, config=config)
+    verdict = job.verdict()
+    assert job.all_over_at is not None and verdict.exit_code == 1
+    assert verdict.restart_lines[0] == ("stopped restarting after 0 restart(s): 2 node(s) lost (b, c) and 1 spare(s) "
+                                        "on standby to take their places")
+    assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((0, 3), verdict)]  # d exits too
+
+
+def test_a_spare_that_fails_its_preflight_or_drops_is_lost_and_not_used():
+    job, actions = play([*JOINED, hello(3), hello(4), AgentError(3, "d: no such interpreter"), Ready(4),
+                         ConnectionLost(4, "connection closed")], config=SPARES)
+    assert lines(actions)[0] == "spare d is lost: it cannot stand by: d: no such interpreter; 1 spare(s) left"
+    assert lines(actions)[-1] == "spare e is lost: its agent's connection dropped (connection closed); 0 spare(s) left"
+    job, _ = play([Ready(0, 1), Ready(1), Ready(2), ConnectionLost(2, "connection closed"), Done(0, 143),
+                   Done(1, 143)], job)
+    assert job.all_over_at is not None and job.verdict().exit_code == 1
+    assert {"d", "e"} <= job.lost_hosts()
+
+
+def test_a_spares_session_that_ends_before_it_joined_loses_it():
+    _, actions = play([*JOINED, SessionEnded("e", 255, "ssh exited")], config=SPARES)
+    assert lines(actions) == ["spare e is lost: its session ended before its agent joined (ssh exited); 1 spare(s) left"]
+
+
+def test_a_signal_ends_the_job_and_tells_the_spares():
+    job, actions = play([*RUNNING, SignalReceived(int(signal.SIGINT)), Done(0, 130), Done(1, 130), Done(2, 130)],
+                        config=SPARES)
+    assert job.verdict().exit_code == 130
+    assert [a.nodes for a in actions if isinstance(a, SendVerdict)] == [(0, 1, 2, 3, 4)]
+    _, actions = play([ConnectionLost(3, "connection closed"), SessionEnded("e", 0), 20.0, Tick()], job)
+    assert lines(actions) == []  # told the verdict, the spares leave: no news
+
+
+# -- the seam for --precheck (issue 24) ---------------------------------------------------------------------------
+
+def test_nodes_faulty_before_the_start_are_replaced_at_once_and_the_barrier_waits_for_the_spares():
+    job, actions = play([*STANDBY, Ready(0, 29501), Ready(1), NodesFaulty((1,), "cannot reach c's port")],
+                        config=SPARES)
+    assert Drop(1) in actions and SendSpec(3, False, 0, node_rank=1) in actions
+    assert not [a for a in actions if isinstance(a, SendStart)]
+    _, actions = play([Ready(2), Ready(3)], job)
+    assert SendStart((0, 3, 2), "10.0.0.1", 29501) in actions
+    assert job.attempts.number == 0 and job.attempts.replaced == (Replacement(1, "b", "d", 0),)
+
+
+def test_nodes_faulty_beyond_the_spares_end_the_job_naming_them():
+    job, actions = play([*STANDBY, NodesFaulty((0, 1, 2), "no route"), Done(0), Done(1), Done(2)], config=SPARES)
+    verdict = job.verdict()
+    assert job.all_over_at is not None and verdict.exit_code == 1
+    assert verdict.failure.reason == "lost node a, b, c: no route"
+    assert "3 node(s) lost (a, b, c) and 2 spare(s)" in verdict.restart_lines[0]
+
+
+# -- the plan and the flags ---------------------------------------------------------------------------------------
+
+WORLD = {"a": (0, 1), "b": (0, 1), "c": (0, 1), "d": (0,)}
+
+
+def test_the_last_hosts_are_the_spares_outside_the_world():
+    plan = make_plan(JobRequest(script="t.py", restart=RestartPolicy(2, spares=1)), WORLD, "ssh")
+    assert [n.host for n in plan.nodes] == ["a", "b", "c"] and plan.spares == ("d",)
+    assert plan.world_size == 6 and plan.agent_hosts == ("a", "b", "c", "d")
+
+
+@pytest.mark.parametrize("spares, backend, message", [
+    (4, "ssh", "--spares: 4 leaves no world left of the 4 selected host(s); at least one must run the job"),
+    (5, "pdsh", "--spares: 5 leaves more spares than the 4 selected host(s); at least one must run the job"),
+    (1, "openmpi", "--spares: the openmpi backend cannot start an agent on a spare"),
+    (1, "slurm", "--spares: the slurm backend cannot start an agent on a spare"),
+    (1, "local", "--spares: a local run is one node"),
+])
+def test_spares_the_plan_refuses(spares, backend, message):
+    with pytest.raises(UsageError) as err:
+        make_plan(JobRequest(script="t.py", restart=RestartPolicy(2, spares=spares)), WORLD, backend)
+    assert str(err.value).startswith(message)
+
+
+def xrun(tmp_path, *args):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=2\nc slots=2\n")
+    return subprocess.run([sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", *args, "t.py"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spares", "3", "--max_restarts", "2"], "--spares: 3 leaves no world left of the 3 selected host(s)"),
+    (["--spares", "1"], "--spares: a spare takes a lost node's place at a restart: give --max_restarts N too"),
+    (["--spares", "1", "--max_restarts", "2", "--elastic"], "--spares: does not apply with --elastic"),
+    (["--spares", "-1", "--max_restarts", "2"], "--spares: must be >= 0, not -1"),
+    (["--spares", "99999999", "--max_restarts", "2"], "argument --spares"),
+    (["--spares", "1", "--max_restarts", "2", "--launcher", "mpich"], "--spares: the mpich backend cannot"),
+])
+def test_bad_spares_one_line_exit_2_dry_run_included(tmp_path, args, message):
+    for dry in ([], ["--dry-run"]):
+        result = xrun(tmp_path, *dry, *args)
+        assert result.returncode == 2 and result.stdout == ""
+        assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
+
+
+def test_the_dry_run_shows_the_world_the_spares_and_the_policy(tmp_path):
+    result = xrun(tmp_path, "--dry-run", "--spares", "1", "--max_restarts", "2")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert out[0] == "xrun dry run: 2 nodes, 4 ranks, backend ssh"
+    assert "spares: c (hot: its agent starts with the job and waits; a lost node's place goes to it at a restart)" \
+        in out
+    assert any(line.startswith("restarts: up to 2 of the whole job") for line in out)
+    assert "spare c: agent 2" in "\n".join(out)
+    data = json.loads(xrun(tmp_path, "--dry-run=json", "--spares", "1", "--max_restarts", "2").stdout)
+    assert data["world_size"] == 4 and [n["host"] for n in data["nodes"]] == ["a", "b"]
+    assert data["spares"] == [{"host": "c", "agent": 2, "command": data["spares"][0]["command"]}]
+    assert "--node_rank=2" in data["spares"][0]["command"]
+    assert data["restarts"]["spares"] == 1
+
+
+# -- any sequence -------------------------------------------------------------------------------------------------
+
+AGENT = st.integers(0, 4)
+EVENTS = st.one_of(
+    st.builds(hello, AGENT, conn=st.integers(0, 20)),
+    st.builds(Ready, AGENT, st.none() | st.integers(1, 9)),
+    st.builds(RankExited, AGENT, st.none() | st.integers(0, 5), st.none(), st.integers(0, 9)),
+    st.builds(Done, AGENT, st.sampled_from([0, 1, 143])),
+    st.builds(AgentError, AGENT, st.just("preflight")),
+    st.builds(ConnectionLost, AGENT, st.just("connection closed")),
+    st.builds(SessionEnded, st.none() | st.sampled_from(["a", "c", "d", "e"]), st.none()),
+    st.builds(NodesFaulty, st.lists(st.integers(0, 3), max_size=3).map(tuple), st.just("bad link")),
+    st.just(Tick()),
+    st.floats(0.0, 12.0),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=50))
+def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(steps):
+    job, now, connected, verdict = Job(SPARES, now=0.0), 0.0, set(), None
+    for step in [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]:
+        if isinstance(step, float):
+            now += step
+            continue
+        if isinstance(step, ConnectionLost):
+            connected.discard(step.node)
+        for action in job.handle(step, now):
+            if isinstance(action, Admit):
+                connected.add(action.node)
+            elif isinstance(action, Drop):
+                connected.discard(action.node)
+            if isinstance(action, (SendSpec, SendStart, SendStop, SendPing, SendRestart, SendVerdict)):
+                targets = getattr(action, "nodes", (getattr(action, "node", None),))
+                assert set(targets) <= connected, action
+        assert len({n.agent for n in job.nodes}) == 3  # one agent per node rank, never shared
+        assert not {n.host for n in job.nodes} & {s.host for s in job.spares.standing.values()}
+        if job.all_over_at is not None:
+            verdict = verdict or job.verdict()
+            assert job.verdict() == verdict
+    assert verdict is not None and isinstance(verdict.exit_code, int)
+
+
+# -- --precheck with hot spares (issue 24 x 23): the spares are checked beside the nodes ----------------------------
+
+def checked(*verdicts):
+    hosts = ("a", "b", "c", "d", "e")
+    rows = tuple(NodeRow(hosts[i], "eth0", f"10.0.0.{i + 1}", v) for i, v in enumerate(verdicts))
+    return PrecheckResult(tuple(range(len(verdicts))), rows, 1.5)
+
+
+PRECHECKED = replace(SPARES, precheck=True)
+CHECKING = [*STANDBY, Ready(0, 29501), Ready(1), Ready(2)]
+
+
+def test_the_precheck_checks_the_standing_spares_too():
+    _, actions = play(CHECKING, config=PRECHECKED)
+    assert RunPrecheck((0, 1, 2, 3, 4), "10.0.0.1", ("a", "b", "c", "d", "e")) in actions
+
+
+def test_a_node_the_precheck_finds_bad_is_replaced_by_a_spare_that_passed_then_the_ranks_start():
+    job, _ = play(CHECKING, config=PRECHECKED)
+    job, actions = play([PrecheckDone(checked(OK, SLOW, OK, OK, OK))], job)
+    assert lines(actions)[0].startswith("precheck: 1 node(s) bad: b slow: ")
+    assert lines(actions)[0].endswith("; hot spares take their places")
+    assert Drop(1) in actions and SendSpec(3, False, 0, node_rank=1) in actions
+    assert not [a for a in actions if isinstance(a, (SendStart, SendStop))]
+    _, actions = play([Ready(3)], job)
+    assert [a for a in actions if isinstance(a, RunPrecheck)] == []  # the spare passed this check already
+    assert SendStart((0, 3, 2), "10.0.0.1", 29501) in actions
+    assert job.attempts.replaced == (Replacement(1, "b", "d", 0),)
+
+
+def test_a_spare_the_precheck_finds_bad_is_dropped_and_another_takes_the_place():
+    job, _ = play(CHECKING, config=PRECHECKED)
+    job, actions = play([PrecheckDone(checked(OK, OK, GONE, GONE, OK))], job)
+    assert lines(actions)[0].startswith("spare d is lost: precheck: d unreachable")
+    assert SendSpec(4, False, 0, node_rank=2) in actions and Drop(3) in actions
+
+
+def test_too_few_spares_that_passed_end_the_job_naming_the_bad_nodes():
+    job, _ = play([*CHECKING, PrecheckDone(checked(OK, SLOW, GONE, OK, GONE)), Done(0, 143), Done(1, 143),
+                   Done(2, 143)], config=PRECHECKED)
+    verdict = job.verdict()
+    assert verdict.exit_code == 1 and verdict.failure.host == "b, c"
+    assert verdict.failure.reason.startswith("precheck: 2 of 3 node(s) bad, no rank started: b slow")
+
+
+def test_the_precheck_waits_for_spares_still_joining_at_most_until_the_join_timeout():
+    job, actions = play([*JOINED, hello(3), hello(4), Ready(0, 29501), Ready(1), Ready(2)], config=PRECHECKED)
+    assert not [a for a in actions if isinstance(a, RunPrecheck)]  # d and e are in their preflight
+    job, actions = play([Ready(3)], job)
+    assert not [a for a in actions if isinstance(a, RunPrecheck)]
+    job, actions = play([Ready(4)], job)
+    assert RunPrecheck((0, 1, 2, 3, 4), "10.0.0.1", ("a", "b", "c", "d", "e")) in actions
+    short = replace(PRECHECKED, join_timeout=8.0)  # within the keepalive's DEAD_AFTER: no pongs needed
+    job, _ = play([*JOINED, hello(3), Ready(0, 29501), Ready(1), Ready(2), Ready(3), 7.0, Tick()], config=short)
+    assert job.barrier.prechecking is False
+    job, actions = play([9.0, Tick()], job)  # e never joined: past --join_timeout the check goes on without it
+    assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions and job.failure is None
+
+
+# -- the agent's side: stopped at the first barrier under --max_restarts, it waits (a fake link) -------------------
+
+class FakeLink:
+    def __init__(self, *incoming):
+        self.incoming, self.sent = list(incoming), []
+
+    def recv(self, timeout=None):
+        return self.incoming.pop(0)
+
+    def send(self, msg):
+        self.sent.append(msg["type"])
+
+
+def a_spec(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    return make_plan(JobRequest(script=str(script)), {"a": (0,), "b": (0,)}, "ssh").nodes[1]
+
+
+def test_an_agent_stopped_at_the_first_barrier_waits_for_the_restart_and_starts_it(tmp_path):
+    from xrun.channel import Kind, message
+    from xrun.launch.restarts import STOPPED, after_barrier_stop
+
+    start = message(Kind.START, master_addr="10.0.0.1", master_port=4000, restart_count=1)
+    link = FakeLink(message(Kind.PING), message(Kind.STOP, signal=15, deadline=5.0, reason="x"),
+                    message(Kind.RESTART, attempt=1, pick_master_port=False, master_port=0), start)
+    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == start
+    assert link.sent == ["done", "pong", "ready"]
+    link = FakeLink(message(Kind.VERDICT, exit_code=1))
+    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == STOPPED and link.sent == ["done"]
+
+
+def test_a_spare_stands_by_answering_pings_until_a_lost_nodes_spec_or_the_verdict(tmp_path):
+    from xrun.channel import Kind, message
+    from xrun.launch.restarts import stand_by
+
+    spec = a_spec(tmp_path).to_json()
+    standby = message(Kind.SPEC, spec=spec, standby=True, max_restarts=2)
+    taken = message(Kind.SPEC, spec=spec, pick_master_port=False, master_port=0, max_restarts=2)
+    link = FakeLink(message(Kind.PING), taken)
+    assert stand_by(link, standby) == taken and link.sent == ["ready", "pong"]
+    link = FakeLink(message(Kind.VERDICT, exit_code=0))
+    assert stand_by(link, standby) == 0 and link.sent == ["ready"]
+    broken = message(Kind.SPEC, spec={**spec, "ranks": [{**spec["ranks"][0], "argv": ["/nonexistent/python", "x"]}]},
+                     standby=True)
+    link = FakeLink()
+    assert stand_by(link, broken) != 0 and link.sent == ["error"]  # its preflight failed: never on standby
+
+
+def test_a_node_joining_a_stopping_attempt_is_stopped_and_restarted_on_a_spare_that_was_still_joining():
+    # c's session ends before its agent joined; a joins after the stop; the spare d is still in its preflight
+    job, actions = play([hello(0), hello(3), SessionEnded("c", 7, "exit 7"), hello(1)], config=SPARES)
+    assert job.stopping and Admit(1, 1) in actions
+    assert [a for a in actions if isinstance(a, SendStop) and a.nodes == (1,)]  # told at once: the attempt stops
+    job, actions = play([Ready(0, 1), Ready(1), Done(0, 143), Done(1, 143)], job)
+    assert job.all_over_at is None and not [a for a in actions if isinstance(a, SendRestart)]  # d still joining
+    job, actions = play([Ready(3)], job)
+    assert SendSpec(3, False, 0, node_rank=2) in actions and SendRestart((0, 1), 1, True, 0) in actions
+
+
+def test_a_spare_that_never_gets_ready_is_waited_for_at_most_the_join_timeout():
+    short = replace(SPARES, join_timeout=8.0)
+    job, _ = play([hello(0), hello(1), hello(3), Ready(0, 1), Ready(1), SessionEnded("c", 7), Done(0, 143),
+                   Done(1, 143)], config=short)
+    assert job.all_over_at is None
+    job, _ = play([9.0, Tick()], job)
+    assert job.all_over_at is not None and job.verdict().exit_code == 7  # the session's code
+    assert "1 node(s) lost (c) and no spare(s) on standby" in job.verdict().restart_lines[0]
