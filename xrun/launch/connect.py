@@ -43,9 +43,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from xrun import __version__, channel
 from xrun.channel import STOP_STACKS, ChannelError, Kind, message
@@ -66,6 +66,8 @@ from xrun.values import MAX_HOSTS, int_arg, one_line
 
 if TYPE_CHECKING:
     from xrun.launch.result.stacks import RankStack
+
+T = TypeVar("T")  # what ``serve_until`` returns: the message that ends the wait, or an exit code
 
 CONNECT_TIMEOUT = 15.0  # the runner listens before any agent starts: this covers only a slow network
 # A server at its bound of unproven connections closes new ones at once: try again (xrun.runner.job.gate).
@@ -427,20 +429,26 @@ class ChannelHooks:
 
 
 def wait_for_start(link: Link) -> dict[str, Any] | None:
-    """Block at the barrier; answer pings and, with ``--precheck``, the runner's probe commands (issue 24: its
-    network check across the nodes, before any rank starts). Returns the start message, or None when told to
-    stop."""
+    """Block at the barrier (see ``serve_until``). Returns the start message, or None when told to stop."""
+    ends: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+        Kind.START.value: lambda msg: msg, Kind.STOP.value: lambda msg: None}
+    return serve_until(link, ends)
+
+
+def serve_until(link: Link, ends: Mapping[str, Callable[[dict[str, Any]], T]]) -> T:
+    """Answer the runner's pings and, with ``--precheck``, its probe commands (issue 24: the network check across
+    the nodes, spares included, before any rank starts) until a message of a kind in ``ends``, whose answer it
+    returns. A silence longer than the keepalive's bound is the runner's loss (``ChannelError``)."""
     probes: Any = None  # xrun.launch.network.onchannel.NodeProbes, loaded only when the runner asks
     try:
         while True:
             msg = link.recv(timeout=channel.DEAD_AFTER)
             kind = msg.get("type")
-            if kind == Kind.START.value:
-                return msg
+            end = ends.get(kind) if isinstance(kind, str) else None
+            if end is not None:
+                return end(msg)
             if kind == Kind.PING.value:
                 link.send(message(Kind.PONG))
-            elif kind == Kind.STOP.value:
-                return None
             elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
                 if probes is None:
                     from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only

@@ -19,6 +19,7 @@ stop, ends it with 0.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from xrun import channel
@@ -26,7 +27,7 @@ from xrun.channel import Kind, message
 from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
-from xrun.launch.connect import ChannelHooks, node0_port, use_spec, wait_for_start, with_rendezvous
+from xrun.launch.connect import ChannelHooks, node0_port, serve_until, use_spec, wait_for_start, with_rendezvous
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -122,23 +123,7 @@ def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
         link.send(message(Kind.ERROR, message=str(err)))
         return err.exit_code
     link.send(message(Kind.READY))
-    probes: Any = None  # --precheck checks the spares too (xrun.launch.network.onchannel), loaded only then
-    try:
-        while True:
-            msg = link.recv(timeout=channel.DEAD_AFTER)  # the runner pings spares too: silence is its loss
-            kind = msg.get("type")
-            if kind == Kind.PING.value:
-                link.send(message(Kind.PONG))
-            elif kind == Kind.SPEC.value:
-                return msg
-            elif kind in (Kind.VERDICT.value, Kind.STOP.value):
-                return 0
-            elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
-                if probes is None:
-                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
-
-                    probes = NodeProbes(link.send)
-                probes.handle(msg)
-    finally:
-        if probes is not None:
-            probes.close()
+    # the runner pings spares too (silence is its loss), and --precheck checks them beside the nodes
+    ends: dict[str, Callable[[dict[str, Any]], dict[str, Any] | int]] = {
+        Kind.SPEC.value: lambda msg: msg, Kind.VERDICT.value: lambda msg: 0, Kind.STOP.value: lambda msg: 0}
+    return serve_until(link, ends)
