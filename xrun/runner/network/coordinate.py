@@ -29,11 +29,13 @@ from xrun.runner.network.verdict import (
 
 MEASURE = "measure"
 REACH = "reach"
+ALLREDUCE = "allreduce"  # a measure, then the pair's all-reduce (--network=allreduce): one direction per pair
 
 
 @dataclass(frozen=True)
 class Request:
-    """``src`` probes ``dst``'s server: ``measure`` (latency and throughput) or ``reach`` (connect only)."""
+    """``src`` probes ``dst``'s server: ``measure`` (latency and throughput), ``allreduce`` (a measure, then a
+    2-process all-reduce of ``src`` and ``dst``) or ``reach`` (connect only)."""
 
     src: int
     dst: int
@@ -63,8 +65,10 @@ class Check:
     check as a generator of request batches, for a caller whose answers arrive as messages (``Stepper``: a job's
     ``--precheck`` over its control channel)."""
 
-    def __init__(self, nodes: Sequence[int], down: Mapping[int, str] | None = None) -> None:
+    def __init__(self, nodes: Sequence[int], down: Mapping[int, str] | None = None, *,
+                 allreduce: bool = False) -> None:
         self._nodes = list(nodes)
+        self._there = ALLREDUCE if allreduce else MEASURE  # the all-reduce is symmetric: once per pair
         self._down = dict(down or {})
         self._pairs: list[tuple[tuple[int, int], Figures | None]] = []
         self._probes: list[Probe] = []
@@ -94,7 +98,7 @@ class Check:
             yield from self._measure_pairs([(names[a], names[b]) for a, b in wave])
 
     def _measure_pairs(self, pairs: Sequence[tuple[int, int]]) -> _Asks:
-        there = yield from self._run([Request(a, b) for a, b in pairs])
+        there = yield from self._run([Request(a, b, self._there) for a, b in pairs])
         back = yield from self._run([Request(b, a) for a, b in pairs])
         self._pairs += [((a, b), pair_figures([x, y])) for (a, b), x, y in zip(pairs, there, back)]
 
