@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 from xrun.errors import UsageError
-from xrun.launch.network.allreduce import backend_for, run_pair
+from xrun.launch.network.allreduce import BYTES, MIN_BYTES, backend_for, run_pair, size_for
 from xrun.launch.network.probe import ProbeServer
 from xrun.runner.network import report
 from xrun.runner.network.cli import check_torch
@@ -26,11 +26,14 @@ from xrun.runner.network.verdict import Figures, NodeVerdict, Probe, Verdict, be
 # -- the verdict with all-reduce figures ---------------------------------------------------------------------------
 
 
-def test_the_pair_takes_the_all_reduce_of_the_direction_that_ran_it():
-    there = Probe(0, 1, True, latency_ms=0.1, throughput_mbs=900.0, allreduce_mbs=300.0)
+def test_the_pair_takes_its_tcp_both_ways_and_its_all_reduce():
+    there = Probe(0, 1, True, latency_ms=0.1, throughput_mbs=900.0)
     back = Probe(1, 0, True, latency_ms=0.2, throughput_mbs=800.0)
-    assert pair_figures([there, back]) == Figures(0.2, 800.0, 300.0)
-    assert pair_figures([Probe(0, 1, True, latency_ms=0.1, throughput_mbs=9.0), back]) == Figures(0.2, 9.0, None)
+    reduce = Probe(0, 1, True, allreduce_mbs=300.0)
+    assert pair_figures([there, back, reduce]) == Figures(0.2, 800.0, 300.0)
+    assert pair_figures([there, back]) == Figures(0.2, 800.0, None)
+    assert pair_figures([there, back, Probe(0, 1, False, error="all-reduce: did not form")]) is None
+    assert pair_figures([reduce]) is None  # no TCP figures: nothing to judge by
 
 
 def test_each_node_keeps_its_best_all_reduce():
@@ -80,10 +83,17 @@ class FakeLink:
 def test_the_prober_sends_the_backend_of_the_pair(gpus, backend):
     answer = {"ok": True, "latency_ms": 0.1, "throughput_mbs": 900.0, "allreduce_mbs": 321.0}
     links = {0: FakeLink(gpus[0], answer), 1: FakeLink(gpus[1], answer)}
-    probes = LinkProber(links).run([Request(0, 1, ALLREDUCE), Request(1, 0, MEASURE)])
+    probes = LinkProber(links).run([Request(0, 1, ALLREDUCE, 0.1), Request(1, 0, MEASURE)])
     assert links[0].sent[0]["mode"] == "allreduce" and links[0].sent[0]["backend"] == backend
+    assert links[0].sent[0]["bytes"] == MIN_BYTES  # a 0.1 MB/s link gets the smallest tensor
     assert "backend" not in links[1].sent[0] and probes[0].allreduce_mbs == 321.0
     assert links[0].timeout > links[1].timeout  # a pair's group gets its own, longer bound
+
+
+def test_the_tensor_shrinks_on_a_slow_link_only():
+    assert size_for(None) == size_for(5000.0) == BYTES == 8 << 20
+    assert size_for(10.0) == 2_000_000  # 0.2 s at 10 MB/s
+    assert size_for(0.01) == MIN_BYTES
 
 
 class FakeNet:
@@ -102,8 +112,10 @@ class FakeNet:
             return Probe(r.src, r.dst, True, latency_ms=0.1)
         if r.mode == ALLREDUCE and {r.src, r.dst} & self.split:
             return Probe(r.src, r.dst, False, error="all-reduce: the gloo group did not form within 30 s")
-        rate = (10.0 if {r.src, r.dst} & self.slow else 300.0) if r.mode == ALLREDUCE else None
-        return Probe(r.src, r.dst, True, latency_ms=0.1, throughput_mbs=800.0, allreduce_mbs=rate)
+        if r.mode == ALLREDUCE:
+            assert r.rate_mbs == 800.0  # the pair's TCP figure sizes the tensor
+            return Probe(r.src, r.dst, True, allreduce_mbs=10.0 if {r.src, r.dst} & self.slow else 300.0)
+        return Probe(r.src, r.dst, True, latency_ms=0.1, throughput_mbs=800.0)
 
 
 @pytest.mark.parametrize("count", [2, 3, 5, 8])
@@ -112,10 +124,9 @@ def test_one_all_reduce_per_pair_and_a_healthy_network_is_ok(count):
     outcome = Check(range(count), allreduce=True).run(net)
     assert {v.verdict for v in outcome.verdicts.values()} == {Verdict.OK}
     assert all(v.figures.allreduce_mbs == 300.0 for v in outcome.verdicts.values())
-    measured = [r for r in net.requests if r.mode != REACH]
-    reduced = [frozenset((r.src, r.dst)) for r in measured if r.mode == ALLREDUCE]
-    back = [frozenset((r.src, r.dst)) for r in measured if r.mode == MEASURE]
-    assert sorted(map(sorted, reduced)) == sorted(map(sorted, back))  # one direction of each pair, the other TCP
+    reduced = sorted(sorted((r.src, r.dst)) for r in net.requests if r.mode == ALLREDUCE)
+    measured = sorted(sorted((r.src, r.dst)) for r in net.requests if r.mode == MEASURE)
+    assert measured == sorted(reduced + reduced)  # TCP both ways, then one all-reduce per pair
 
 
 @pytest.mark.parametrize("count,bad", [(3, 1), (4, 0), (5, 4), (8, 3)])
@@ -186,12 +197,12 @@ def test_two_probe_processes_run_an_all_reduce_over_json_lines():
     try:
         hellos = [json.loads(p.stdout.readline()) for p in procs]
         assert hellos[0]["torch"] is True and hellos[0]["gpus"] == 0  # this machine: torch CPU, no GPU
-        command = {"probe": f"127.0.0.2:{hellos[1]['port']}", "mode": "allreduce", "seconds": 0.2,
+        command = {"probe": f"127.0.0.2:{hellos[1]['port']}", "mode": "allreduce", "bytes": 1 << 20,
                    "backend": backend_for(hellos[0]["gpus"], hellos[1]["gpus"]), "group_timeout": 60}
         procs[0].stdin.write(json.dumps(command) + "\n")
         procs[0].stdin.flush()
         answer = json.loads(procs[0].stdout.readline())
-        assert answer["ok"] and answer["throughput_mbs"] > 10 and answer["allreduce_mbs"] > 1, answer
+        assert answer["ok"] and answer["allreduce_mbs"] > 1 and answer["error"] == "", answer
     finally:
         for p in procs:
             p.stdin.close()

@@ -22,6 +22,8 @@ from typing import Any
 ALLREDUCE = b"A"
 BYTES = 8 << 20  # 8 MiB of float32: big enough to measure bandwidth, small enough for a slow link
 ITERS = 5
+MIN_BYTES = 64 << 10
+SECONDS_EACH = 0.2
 GROUP_TIMEOUT = 30.0  # torch's import plus the rendezvous on a loaded node; a pair that cannot form by then is bad
 
 
@@ -32,6 +34,15 @@ class Result:
     ok: bool
     allreduce_mbs: float | None = None
     error: str = ""
+
+
+def size_for(rate_mbs: float | None) -> int:
+    """The tensor for a pair whose TCP throughput is ``rate_mbs``: ``BYTES``, less on a slow link so that one
+    all-reduce takes about ``SECONDS_EACH`` there (a slow node is then named slow, not timed out as unreachable)."""
+    if rate_mbs is None:
+        return BYTES
+    fitted = int(rate_mbs * 1e6 * SECONDS_EACH) // 4 * 4
+    return max(MIN_BYTES, min(BYTES, fitted))
 
 
 def backend_for(gpus_a: int, gpus_b: int) -> str:

@@ -5,7 +5,6 @@ control channel (``--precheck``): its hello (where it listens, which interface l
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
 from typing import Any
 
 from xrun.launch.network import allreduce, interfaces
@@ -30,23 +29,21 @@ def hello(toward: str | None, port: int) -> dict[str, Any]:
 
 def answer(command: dict[str, Any]) -> Measurement:
     """One probe command (``{"probe": "ADDR:PORT", "mode": "measure"|"reach"|"allreduce", "seconds", "timeout"}``;
-    ``allreduce``: a measure, then the pair's all-reduce with ``backend``, ``bytes``, ``iters``, ``group_timeout``)."""
+    ``allreduce``: the pair's all-reduce with ``backend``, ``bytes``, ``iters``, ``group_timeout``)."""
     address, _, port = str(command["probe"]).rpartition(":")
     address = address.strip("[]")  # [v6]:port
     timeout = float(command.get("timeout", 3.0))
     if command.get("mode") == "reach":
         return reach(address, int(port), timeout=timeout)
-    measured = measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
-    if command.get("mode") != "allreduce" or not measured.ok:
-        return measured
-    pair = allreduce.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
-                              size=int(command.get("bytes", allreduce.BYTES)),
-                              iters=int(command.get("iters", allreduce.ITERS)),
-                              timeout=float(command.get("group_timeout", allreduce.GROUP_TIMEOUT)),
-                              connect_timeout=timeout)
-    if not pair.ok:
-        return replace(measured, ok=False, error=f"all-reduce: {pair.error}")
-    return replace(measured, allreduce_mbs=pair.allreduce_mbs)
+    if command.get("mode") == "allreduce":
+        pair = allreduce.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
+                                  size=int(command.get("bytes", allreduce.BYTES)),
+                                  iters=int(command.get("iters", allreduce.ITERS)),
+                                  timeout=float(command.get("group_timeout", allreduce.GROUP_TIMEOUT)),
+                                  connect_timeout=timeout)
+        return Measurement(ok=pair.ok, allreduce_mbs=pair.allreduce_mbs,
+                           error=f"all-reduce: {pair.error}" if pair.error else "")
+    return measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
 
 
 def safe_answer(command: dict[str, Any], shown: str) -> Measurement:

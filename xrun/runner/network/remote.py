@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from xrun.errors import UsageError
-from xrun.launch.network.allreduce import backend_for
+from xrun.launch.network.allreduce import backend_for, size_for
 from xrun.runner.network.coordinate import ALLREDUCE, REACH, Request
 from xrun.runner.network.verdict import Probe
 from xrun.runner.remote_options import SshSettings, openssh_args
@@ -221,7 +221,7 @@ class LinkProber:
         wait = 4 * self._timeout + 2 * seconds + 5
         if request.mode == ALLREDUCE:
             backend = backend_for(int(src.hello.get("gpus") or 0), int(dst.get("gpus") or 0))
-            command.update(backend=backend, group_timeout=GROUP_TIMEOUT)
+            command.update(backend=backend, group_timeout=GROUP_TIMEOUT, bytes=size_for(request.rate_mbs))
             wait += 4 * GROUP_TIMEOUT  # each rank may take twice the group's bound before it is killed
         src.send(command)
         answer = src.read(wait)

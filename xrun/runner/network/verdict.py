@@ -21,9 +21,10 @@ from enum import Enum
 SLOW_FRACTION = 0.5
 LATENCY_FACTOR = 2.0
 LATENCY_FLOOR_MS = 5.0
-RULE = (f"slow: best throughput (or all-reduce bandwidth) < {SLOW_FRACTION:g} x the median of the nodes' bests, "
-        f"or best latency > {LATENCY_FACTOR:g} x the median + {LATENCY_FLOOR_MS:g} ms; unreachable: a peer cannot "
-        "connect to it or it cannot connect to a peer (a third node decides which side)")
+RULE = (f"slow: best throughput < {SLOW_FRACTION:g} x the median of the nodes' bests (likewise best all-reduce "
+        f"bandwidth, with --network=allreduce), or best latency > {LATENCY_FACTOR:g} x the median + "
+        f"{LATENCY_FLOOR_MS:g} ms; unreachable: a peer cannot connect to it or it cannot connect to a peer "
+        "(a third node decides which side)")
 
 
 class Verdict(Enum):
@@ -60,13 +61,14 @@ class NodeVerdict:
 
 
 def pair_figures(probes: Sequence[Probe]) -> Figures | None:
-    """The worse of the directions of one pair; None when any direction failed or measured nothing."""
-    if not probes or not all(p.ok and p.latency_ms is not None and p.throughput_mbs is not None for p in probes):
+    """The worse of the directions of one pair (TCP both ways, and the all-reduce's probe if it ran); None when any
+    probe failed or the TCP figures are missing."""
+    latencies = [p.latency_ms for p in probes if p.latency_ms is not None]
+    rates = [p.throughput_mbs for p in probes if p.throughput_mbs is not None]
+    reduces = [p.allreduce_mbs for p in probes if p.allreduce_mbs is not None]
+    if not probes or not all(p.ok for p in probes) or not latencies or not rates:
         return None
-    rates = [p.allreduce_mbs for p in probes if p.allreduce_mbs is not None]  # one direction runs the pair's
-    return Figures(max(p.latency_ms for p in probes if p.latency_ms is not None),
-                   min(p.throughput_mbs for p in probes if p.throughput_mbs is not None),
-                   min(rates) if rates else None)
+    return Figures(max(latencies), min(rates), min(reduces) if reduces else None)
 
 
 def _best(a: float | None, b: float | None) -> float | None:
