@@ -78,6 +78,21 @@ def test_allreduce_on_a_healthy_cluster_gives_every_node_a_figure(cluster, tmp_p
     for node in report["nodes"]:
         assert node["verdict"] == "ok" and node["allreduce_mbs"] > 0 and node["throughput_mbs"] > 0, node
     print(f"--network=allreduce, 3 nodes: {elapsed:.1f} s")  # the time docs/network-check.md quotes
+    done, _ = check(cluster, tmp_path, python, mode="allreduce", timeout=180)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and "allreduce MB/s" in lines[0], done.stdout + done.stderr
+    assert all(len(line.split()) == 7 and line.split()[5] != "-" for line in lines[1:4]), done.stdout
+    print(done.stdout)
+
+
+def test_allreduce_without_torch_on_the_nodes_is_one_line_exit_2(cluster, tmp_path):
+    bare = tmp_path / "python-bare"  # -S: no site-packages, so no torch; xrun itself comes from PYTHONPATH
+    bare.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    done, _ = check(cluster, tmp_path, str(bare), mode="allreduce")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "needs torch on every node" in done.stderr, done.stderr
+    assert "node1, node2, node3" in done.stderr, done.stderr
 
 
 def test_allreduce_names_a_node_slowed_on_ingress_slow_and_no_other(cluster, tmp_path, python):
