@@ -145,9 +145,14 @@ def test_launch_never_imports_runner():
     assert bad == []
 
 
+# --network=allreduce's worker: a process of its own (python -m), started only for that mode, imported by nobody
+ALLREDUCE_WORKER = "xrun.launch.network.allreduce_worker"
+
+
 def test_only_the_elastic_adapter_imports_torch():
     importers = {e.source for e in import_edges() if e.target == "torch" or e.target.startswith("torch.")}
-    assert importers <= {name for name in all_modules() if name.startswith("xrun.launch.elastic")}
+    assert importers <= {name for name in all_modules() if name.startswith("xrun.launch.elastic")} | {ALLREDUCE_WORKER}
+    assert [e.source for e in import_edges() if e.target == ALLREDUCE_WORKER] == []
 
 
 def test_no_cycle_among_module_level_imports():

@@ -32,10 +32,11 @@ def python(tmp_path):
     return str(wrapper)
 
 
-def check(cluster, tmp_path, python, *args, nodes=None, timeout=60):
+def check(cluster, tmp_path, python, *args, nodes=None, timeout=60, mode=None):
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=1, nodes=nodes)
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "xrun", "check", "--network", "-H", str(hostfile), "--python", python,
+    network = "--network" if mode is None else f"--network={mode}"
+    done = subprocess.run([sys.executable, "-m", "xrun", "check", network, "-H", str(hostfile), "--python", python,
                            "--ssh_config", str(cluster.ssh_config), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     return done, time.monotonic() - start
@@ -67,6 +68,44 @@ def test_a_healthy_cluster_passes_and_json_lists_every_host(cluster, tmp_path, p
     for node in report["nodes"]:
         assert node["verdict"] == "ok" and node["interface"] == IFACE and node["throughput_mbs"] > 0, node
     assert elapsed < 30
+
+
+def test_allreduce_on_a_healthy_cluster_gives_every_node_a_figure(cluster, tmp_path, python):
+    done, elapsed = check(cluster, tmp_path, python, "--json", mode="allreduce", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [n["host"] for n in report["nodes"]] == ["node1", "node2", "node3"]
+    for node in report["nodes"]:
+        assert node["verdict"] == "ok" and node["allreduce_mbs"] > 0 and node["throughput_mbs"] > 0, node
+    print(f"--network=allreduce, 3 nodes: {elapsed:.1f} s")  # the time docs/network-check.md quotes
+    done, _ = check(cluster, tmp_path, python, mode="allreduce", timeout=180)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and "allreduce MB/s" in lines[0], done.stdout + done.stderr
+    assert all(len(line.split()) == 7 and line.split()[5] != "-" for line in lines[1:4]), done.stdout
+    print(done.stdout)
+
+
+def test_allreduce_without_torch_on_the_nodes_is_one_line_exit_2(cluster, tmp_path):
+    bare = tmp_path / "python-bare"  # -S: no site-packages, so no torch; xrun itself comes from PYTHONPATH
+    bare.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    done, _ = check(cluster, tmp_path, str(bare), mode="allreduce")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "needs torch on every node" in done.stderr, done.stderr
+    assert "node1, node2, node3" in done.stderr, done.stderr
+
+
+def test_allreduce_names_a_node_slowed_on_ingress_slow_and_no_other(cluster, tmp_path, python):
+    slow_ingress(cluster, "node2")
+    try:
+        done, elapsed = check(cluster, tmp_path, python, "--json", mode="allreduce", timeout=240)
+    finally:
+        heal_ingress(cluster, "node2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert verdicts(done.stdout) == {"node1": "ok", "node2": "slow", "node3": "ok"}, done.stdout
+    nodes = {n["host"]: n for n in json.loads(done.stdout)["nodes"]}
+    assert nodes["node2"]["allreduce_mbs"] < 0.5 * nodes["node1"]["allreduce_mbs"], nodes
+    print(f"--network=allreduce, 3 nodes, one slowed: {elapsed:.1f} s")
 
 
 def test_the_table_names_each_nodes_interface(cluster, tmp_path, python):

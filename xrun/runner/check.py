@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--network", nargs="?", const="tcp", metavar="MODE",
         help="measure the links between the hosts instead, in pairwise rounds (latency, throughput), and name "
              "every slow or unreachable node; exit 1 if any. Slow: best throughput < 0.5 x the median of the "
-             "nodes' bests, or best latency > 2 x the median + 5 ms. MODE: tcp (default); docs/network-check.md")
+             "nodes' bests, or best latency > 2 x the median + 5 ms. MODE: tcp (default) or allreduce (also a "
+             "torch all-reduce per pair, gloo or nccl; slow below 0.5 x the median too); docs/network-check.md")
     add("--json", action="store_true", help="with --network: print one JSON object with every node")
     add_remote_flags(parser, job=False)
     return parser
@@ -274,7 +275,7 @@ def _network(hosts: list[str], ns: argparse.Namespace) -> int:
     from xrun.runner.network.cli import check_hosts, run_network_check
 
     check_hosts(hosts)
-    return run_network_check(hosts, python=ns.python, settings=ssh_settings(ns), as_json=ns.json)
+    return run_network_check(hosts, python=ns.python, settings=ssh_settings(ns), as_json=ns.json, mode=ns.network)
 
 
 def main(argv: Sequence[str]) -> int:

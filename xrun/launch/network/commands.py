@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from xrun.launch.network import interfaces
+from xrun.launch.network import allreduce, interfaces
 from xrun.launch.network.probe import Measurement, measure, reach
 
 
@@ -22,16 +22,27 @@ def hello(toward: str | None, port: int) -> dict[str, Any]:
         "interface": choice.interface,
         "interfaces": list(interfaces.interface_names()),
         "loopback_name": interfaces.hostname_is_loopback(socket.gethostname()),
+        "torch": allreduce.has_torch(),  # found, not imported: --network=allreduce needs it on every node
+        "gpus": allreduce.gpu_count(),  # nccl for a pair whose nodes both have GPUs
     }
 
 
 def answer(command: dict[str, Any]) -> Measurement:
-    """One probe command (``{"probe": "ADDR:PORT", "mode": "measure"|"reach", "seconds", "timeout"}``)."""
+    """One probe command (``{"probe": "ADDR:PORT", "mode": "measure"|"reach"|"allreduce", "seconds", "timeout"}``;
+    ``allreduce``: the pair's all-reduce with ``backend``, ``bytes``, ``iters``, ``group_timeout``)."""
     address, _, port = str(command["probe"]).rpartition(":")
     address = address.strip("[]")  # [v6]:port
     timeout = float(command.get("timeout", 3.0))
     if command.get("mode") == "reach":
         return reach(address, int(port), timeout=timeout)
+    if command.get("mode") == "allreduce":
+        pair = allreduce.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
+                                  size=int(command.get("bytes", allreduce.BYTES)),
+                                  iters=int(command.get("iters", allreduce.ITERS)),
+                                  timeout=float(command.get("group_timeout", allreduce.GROUP_TIMEOUT)),
+                                  connect_timeout=timeout)
+        return Measurement(ok=pair.ok, allreduce_mbs=pair.allreduce_mbs,
+                           error=f"all-reduce: {pair.error}" if pair.error else "")
     return measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
 
 

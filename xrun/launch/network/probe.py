@@ -2,7 +2,8 @@
 
 Each connection starts with one mode byte: ``E`` echo (every byte comes back: round trips), ``S`` sink (count
 what arrives until the client's half-close, then answer the count as 8 bytes: throughput measured end to end,
-so bytes still queued in a send buffer are never counted as delivered). Stdlib sockets only: no torch needed.
+so bytes still queued in a send buffer are never counted as delivered), ``A`` all-reduce (start this node's rank
+of a pair's torch group: ``allreduce``). Stdlib sockets only here: torch only in the all-reduce worker.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ ECHO = b"E"
 SINK = b"S"
 CHUNK = 256 * 1024
 PING = b"x" * 32
+ALLREDUCE = b"A"  # an all-reduce pair (``xrun.launch.network.allreduce``)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Measurement:
     latency_ms: float | None = None  # median round trip of small messages
     throughput_mbs: float | None = None  # MB/s (10^6 bytes) delivered and acknowledged
     error: str = ""
+    allreduce_mbs: float | None = None  # --network=allreduce: the pair's all-reduce bandwidth (``allreduce``)
 
 
 class ProbeServer:
@@ -71,6 +74,11 @@ def _serve(conn: socket.socket) -> None:
                 while data := conn.recv(CHUNK):
                     total += len(data)
                 conn.sendall(struct.pack("!Q", total))
+            elif mode == ALLREDUCE:
+                conn.settimeout(None)  # the all-reduce worker is bounded by its own timeout
+                from xrun.launch.network.allreduce import serve  # noqa: PLC0415 - only for --network=allreduce
+
+                serve(conn)
         except OSError:
             return
 

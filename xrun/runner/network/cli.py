@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from xrun.errors import UsageError
 from xrun.runner.network import report
 from xrun.runner.network.coordinate import Check
 from xrun.runner.remote_options import SshSettings
 
-MODES = ("tcp",)
-NOT_BUILT = ("allreduce",)
+TCP = "tcp"
+ALLREDUCE = "allreduce"
+MODES = (TCP, ALLREDUCE)
 
 
 def check_mode(mode: str) -> None:
-    """``--network[=MODE]``: tcp (the default); allreduce is named as not built yet, anything else refused."""
-    if mode in NOT_BUILT:
-        raise UsageError("--network", f"mode {mode!r} is not built yet; use --network (tcp: latency and throughput)")
+    """``--network[=MODE]``: tcp (the default) or allreduce (tcp, plus a torch all-reduce per pair)."""
     if mode not in MODES:
         raise UsageError("--network", f"unknown mode {mode!r}; known: {', '.join(MODES)}")
 
@@ -29,7 +29,16 @@ def check_hosts(hosts: Sequence[str]) -> None:
                          f"({', '.join(hosts) or 'none'}); pass -H HOSTFILE")
 
 
-def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSettings, as_json: bool) -> int:
+def check_torch(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]]) -> None:
+    """--network=allreduce needs torch on every node that came up: bad input (exit 2) naming the nodes that lack it."""
+    lacking = [hosts[i] for i, hello in sorted(hellos.items()) if not hello.get("torch")]
+    if lacking:
+        raise UsageError("--network=allreduce", f"needs torch on every node; not importable with --python on "
+                         f"{', '.join(lacking)} (use --network for the TCP check)")
+
+
+def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSettings, as_json: bool,
+                      mode: str = TCP) -> int:
     """Start the probes, run the rounds, print; 0 when every node is ok, 1 when any is bad."""
     from xrun.runner.network.remote import Down, Link, LinkProber, start_links  # noqa: PLC0415 - ssh is heavy
 
@@ -38,7 +47,9 @@ def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSetting
     links = {i: s for i, s in enumerate(started) if isinstance(s, Link)}
     down = {i: f"the probe did not start: {s.reason}" for i, s in enumerate(started) if isinstance(s, Down)}
     try:
-        outcome = Check(range(len(hosts)), down).run(LinkProber(links))
+        if mode == ALLREDUCE:
+            check_torch(hosts, {i: link.hello for i, link in links.items()})
+        outcome = Check(range(len(hosts)), down, allreduce=mode == ALLREDUCE).run(LinkProber(links))
     finally:
         for link in links.values():
             link.close()

@@ -29,15 +29,19 @@ from xrun.runner.network.verdict import (
 
 MEASURE = "measure"
 REACH = "reach"
+ALLREDUCE = "allreduce"  # --network=allreduce: the pair's all-reduce, once per pair, after its TCP probes
 
 
 @dataclass(frozen=True)
 class Request:
-    """``src`` probes ``dst``'s server: ``measure`` (latency and throughput) or ``reach`` (connect only)."""
+    """``src`` probes ``dst``'s server: ``measure`` (latency and throughput), ``reach`` (connect only) or
+    ``allreduce`` (a 2-process all-reduce of ``src`` and ``dst``; ``rate_mbs``: the pair's TCP throughput, which
+    sizes the tensor so that a slow link still finishes within the group's bound)."""
 
     src: int
     dst: int
     mode: str = MEASURE
+    rate_mbs: float | None = None
 
 
 class Prober(Protocol):
@@ -63,8 +67,10 @@ class Check:
     check as a generator of request batches, for a caller whose answers arrive as messages (``Stepper``: a job's
     ``--precheck`` over its control channel)."""
 
-    def __init__(self, nodes: Sequence[int], down: Mapping[int, str] | None = None) -> None:
+    def __init__(self, nodes: Sequence[int], down: Mapping[int, str] | None = None, *,
+                 allreduce: bool = False) -> None:
         self._nodes = list(nodes)
+        self._allreduce = allreduce
         self._down = dict(down or {})
         self._pairs: list[tuple[tuple[int, int], Figures | None]] = []
         self._probes: list[Probe] = []
@@ -96,7 +102,13 @@ class Check:
     def _measure_pairs(self, pairs: Sequence[tuple[int, int]]) -> _Asks:
         there = yield from self._run([Request(a, b) for a, b in pairs])
         back = yield from self._run([Request(b, a) for a, b in pairs])
-        self._pairs += [((a, b), pair_figures([x, y])) for (a, b), x, y in zip(pairs, there, back)]
+        tcp = {pair: pair_figures([x, y]) for pair, x, y in zip(pairs, there, back)}
+        reduced: dict[tuple[int, int], Probe] = {}
+        if self._allreduce:  # symmetric: one direction per pair, only where TCP passed both ways
+            asks = [Request(a, b, ALLREDUCE, f.throughput_mbs) for (a, b), f in tcp.items() if f is not None]
+            reduced = {(r.src, r.dst): p for r, p in zip(asks, (yield from self._run(asks)))}
+        self._pairs += [(pair, pair_figures([x, y, *([reduced[pair]] if pair in reduced else [])]))
+                        for pair, x, y in zip(pairs, there, back)]
 
     def _run(self, requests: Sequence[Request]) -> Generator[Sequence[Request], Sequence[Probe], list[Probe]]:
         if not requests:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from xrun.errors import UsageError
-from xrun.runner.network.coordinate import REACH, Request
+from xrun.launch.network.allreduce import backend_for, size_for
+from xrun.runner.network.coordinate import ALLREDUCE, REACH, Request
 from xrun.runner.network.verdict import Probe
 from xrun.runner.remote_options import SshSettings, openssh_args
 from xrun.shell import render
@@ -27,6 +28,7 @@ from xrun.shell import render
 HELLO_TIMEOUT = 30.0  # ssh handshake + interpreter start on a loaded node
 CONNECT_TIMEOUT = 3.0  # per probe connection: a firewall that drops SYNs costs this much, not TCP's minutes
 SECONDS = 0.5  # throughput: send for this long (or 256 MB)
+GROUP_TIMEOUT = 30.0  # --network=allreduce: torch's import and the group's rendezvous on both nodes
 MAX_PARALLEL = 1024  # probing nodes driven at once: a wave of 1,000 nodes is 500 pairs, all at the same time
 
 
@@ -215,9 +217,16 @@ class LinkProber:
         address = str(dst["address"])
         target = f"[{address}]:{dst['port']}" if ":" in address else f"{address}:{dst['port']}"
         seconds = 0.0 if request.mode == REACH else self._seconds
-        src.send({"probe": target, "mode": request.mode, "seconds": seconds, "timeout": self._timeout})
-        answer = src.read(4 * self._timeout + 2 * seconds + 5)
+        command = {"probe": target, "mode": request.mode, "seconds": seconds, "timeout": self._timeout}
+        wait = 4 * self._timeout + 2 * seconds + 5
+        if request.mode == ALLREDUCE:
+            backend = backend_for(int(src.hello.get("gpus") or 0), int(dst.get("gpus") or 0))
+            command.update(backend=backend, group_timeout=GROUP_TIMEOUT, bytes=size_for(request.rate_mbs))
+            wait += 4 * GROUP_TIMEOUT  # each rank may take twice the group's bound before it is killed
+        src.send(command)
+        answer = src.read(wait)
         if isinstance(answer, str):
             return Probe(request.src, request.dst, ok=False, error=answer)
         return Probe(request.src, request.dst, ok=bool(answer.get("ok")), latency_ms=answer.get("latency_ms"),
-                     throughput_mbs=answer.get("throughput_mbs"), error=str(answer.get("error") or ""))
+                     throughput_mbs=answer.get("throughput_mbs"), error=str(answer.get("error") or ""),
+                     allreduce_mbs=answer.get("allreduce_mbs"))

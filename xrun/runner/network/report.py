@@ -26,6 +26,7 @@ class NodeRow:
             "address": self.address,
             "latency_ms": round(figures.latency_ms, 3) if figures else None,
             "throughput_mbs": round(figures.throughput_mbs, 1) if figures else None,
+            "allreduce_mbs": round(figures.allreduce_mbs, 1) if figures and figures.allreduce_mbs else None,
             "verdict": self.result.verdict.value,
             "reason": self.result.reason,
         }
@@ -40,7 +41,9 @@ class BadNode:
 
     def describe(self) -> str:
         result, figures = self.row.result, self.row.result.figures
-        shown = (f"best pair {figures.latency_ms:.3f} ms, {figures.throughput_mbs:.1f} MB/s" if figures
+        reduce = (f", all-reduce {figures.allreduce_mbs:.1f} MB/s"
+                  if figures and figures.allreduce_mbs is not None else "")
+        shown = (f"best pair {figures.latency_ms:.3f} ms, {figures.throughput_mbs:.1f} MB/s{reduce}" if figures
                  else "no pair with it succeeded")
         why = f": {result.reason}" if result.reason else ""
         return f"{self.row.host} {result.verdict.value}{why} ({shown})"
@@ -75,13 +78,17 @@ def bad(rows: Sequence[NodeRow]) -> list[NodeRow]:
 
 
 def format_table(rows: Sequence[NodeRow]) -> str:
-    header = ("host", "interface", "address", "latency_ms", "MB/s", "verdict")
+    """One line per node; an ``allreduce MB/s`` column when any node has that figure (--network=allreduce)."""
+    reduces = any(r.result.figures and r.result.figures.allreduce_mbs is not None for r in rows)
+    header = ("host", "interface", "address", "latency_ms", "MB/s", *(("allreduce MB/s",) if reduces else ()),
+              "verdict")
     table = [header]
     for r in rows:
         f = r.result.figures
         verdict = r.result.verdict.value + (f" ({r.result.reason})" if r.result.reason else "")
+        reduce = (f"{f.allreduce_mbs:.1f}" if f and f.allreduce_mbs is not None else "-",) if reduces else ()
         table.append((r.host, r.interface or "-", r.address or "-", f"{f.latency_ms:.3f}" if f else "-",
-                      f"{f.throughput_mbs:.1f}" if f else "-", verdict))
+                      f"{f.throughput_mbs:.1f}" if f else "-", *reduce, verdict))
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in table)
 

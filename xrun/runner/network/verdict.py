@@ -4,7 +4,8 @@
 * Each node keeps its **best** pair over every round: its neighbour's fault must not become its own.
 * **slow**: the node's best throughput is below ``SLOW_FRACTION`` (half) of the median of the nodes' bests, or
   its best latency is above ``LATENCY_FACTOR`` (2) x the median best latency + ``LATENCY_FLOOR_MS`` (the floor
-  keeps scheduling jitter of sub-millisecond links from counting).
+  keeps scheduling jitter of sub-millisecond links from counting); with ``--network=allreduce`` also when its
+  best all-reduce bandwidth is below ``SLOW_FRACTION`` of the median of the nodes' best all-reduces.
 * **unreachable**: when a directed probe ``a -> b`` fails, a third node ``h`` that passed its own probes decides
   which side is bad: ``h -> b`` failing names ``b`` (it refuses connections), ``a -> h`` failing names ``a`` (it
   cannot connect out); without such a node both sides are named.
@@ -20,9 +21,10 @@ from enum import Enum
 SLOW_FRACTION = 0.5
 LATENCY_FACTOR = 2.0
 LATENCY_FLOOR_MS = 5.0
-RULE = (f"slow: best throughput < {SLOW_FRACTION:g} x the median of the nodes' bests, or best latency > "
-        f"{LATENCY_FACTOR:g} x the median + {LATENCY_FLOOR_MS:g} ms; unreachable: a peer cannot connect to it "
-        "or it cannot connect to a peer (a third node decides which side)")
+RULE = (f"slow: best throughput < {SLOW_FRACTION:g} x the median of the nodes' bests (likewise best all-reduce "
+        f"bandwidth, with --network=allreduce), or best latency > {LATENCY_FACTOR:g} x the median + "
+        f"{LATENCY_FLOOR_MS:g} ms; unreachable: a peer cannot connect to it or it cannot connect to a peer "
+        "(a third node decides which side)")
 
 
 class Verdict(Enum):
@@ -41,12 +43,14 @@ class Probe:
     latency_ms: float | None = None
     throughput_mbs: float | None = None
     error: str = ""
+    allreduce_mbs: float | None = None  # --network=allreduce: on the probe that ran the pair's all-reduce
 
 
 @dataclass(frozen=True)
 class Figures:
     latency_ms: float
     throughput_mbs: float
+    allreduce_mbs: float | None = None  # None: no all-reduce ran (--network=tcp)
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,18 @@ class NodeVerdict:
 
 
 def pair_figures(probes: Sequence[Probe]) -> Figures | None:
-    """The worse of the directions of one pair; None when any direction failed or measured nothing."""
-    if not probes or not all(p.ok and p.latency_ms is not None and p.throughput_mbs is not None for p in probes):
+    """The worse of the directions of one pair (TCP both ways, and the all-reduce's probe if it ran); None when any
+    probe failed or the TCP figures are missing."""
+    latencies = [p.latency_ms for p in probes if p.latency_ms is not None]
+    rates = [p.throughput_mbs for p in probes if p.throughput_mbs is not None]
+    reduces = [p.allreduce_mbs for p in probes if p.allreduce_mbs is not None]
+    if not probes or not all(p.ok for p in probes) or not latencies or not rates:
         return None
-    return Figures(max(p.latency_ms for p in probes if p.latency_ms is not None),
-                   min(p.throughput_mbs for p in probes if p.throughput_mbs is not None))
+    return Figures(max(latencies), min(rates), min(reduces) if reduces else None)
+
+
+def _best(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def best_figures(pairs: Iterable[tuple[tuple[int, int], Figures | None]]) -> dict[int, Figures]:
@@ -73,7 +84,8 @@ def best_figures(pairs: Iterable[tuple[tuple[int, int], Figures | None]]) -> dic
         for node in nodes:
             old = best.get(node)
             best[node] = figures if old is None else Figures(min(old.latency_ms, figures.latency_ms),
-                                                             max(old.throughput_mbs, figures.throughput_mbs))
+                                                             max(old.throughput_mbs, figures.throughput_mbs),
+                                                             _best(old.allreduce_mbs, figures.allreduce_mbs))
     return best
 
 
@@ -97,12 +109,17 @@ def judge(best: Mapping[int, Figures], unreachable: Mapping[int, str], nodes: Se
     good = [best[n] for n in nodes if n in best and n not in unreachable]
     median_rate = statistics.median(f.throughput_mbs for f in good) if good else 0.0
     median_latency = statistics.median(f.latency_ms for f in good) if good else 0.0
+    reduces = [f.allreduce_mbs for f in good if f.allreduce_mbs is not None]
+    median_reduce = statistics.median(reduces) if reduces else 0.0
     verdicts = {}
     for node in nodes:
         figures = best.get(node)
         if node in unreachable or figures is None:
             reason = unreachable.get(node, "no pair with it succeeded")
             verdicts[node] = NodeVerdict(Verdict.UNREACHABLE, figures, reason)
+        elif figures.allreduce_mbs is not None and figures.allreduce_mbs < SLOW_FRACTION * median_reduce:
+            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"all-reduce {figures.allreduce_mbs:.1f} MB/s < "
+                                         f"{SLOW_FRACTION:g} x median {median_reduce:.1f}")
         elif figures.throughput_mbs < SLOW_FRACTION * median_rate:
             verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"throughput {figures.throughput_mbs:.1f} MB/s < "
                                          f"{SLOW_FRACTION:g} x median {median_rate:.1f}")
