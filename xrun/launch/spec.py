@@ -400,5 +400,5 @@ def node_ranks(
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
             seen = 0
-        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, args)))
+        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, tuple(args))))
     return tuple(ranks)
