@@ -46,6 +46,26 @@ def test_derive_key_is_hmac_sha256_over_the_length_prefixed_label_and_purpose():
     assert proof.derive_key(b"s3cret", "pod") != proof.derive_key(b"s3cret", "head")
 
 
+@given(key=st.binary(max_size=200), data=st.binary(max_size=300))
+def test_hmac_sha256_is_the_standard_librarys(key, data):
+    """xrun computes HMAC over the built-in SHA-256 (proof's module doc): it must be hmac's, byte for byte, for keys
+    shorter than, as long as and longer than the 64-byte block."""
+    assert proof.hmac_sha256(key, data) == hmac.digest(key, data, "sha256")
+    assert proof.sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+def test_hmac_sha256_rfc4231_case_6():
+    """A published test vector (a 131-byte key, hashed first)."""
+    digest = proof.hmac_sha256(b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First")
+    assert digest.hex() == "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+
+
+def test_same_hex_compares_whole_values_only():
+    assert proof.same_hex("ab" * 32, "ab" * 32, 64)
+    assert not proof.same_hex("ab" * 32, "ab" * 31 + "ac", 64)
+    assert not proof.same_hex("ab" * 32, ("ab" * 32).upper(), 64) and not proof.same_hex("ab" * 32, None, 64)
+
+
 def test_client_proof_known_answer():
     fields = [b"xrun client v1", FP.encode(), CN, SN, b"7"]
     data = b"".join(len(f).to_bytes(4, "big") + f for f in fields)

@@ -24,6 +24,21 @@ def test_plan_ranks_are_consecutive_in_node_then_slot_order():
     assert plan.nodes[0].ranks[1].env["CUDA_VISIBLE_DEVICES"] == "1,3"
 
 
+def test_a_large_plan_shares_what_its_ranks_have_alike():
+    """A head plans 10,000 nodes at once (issue 22 §7): equal argvs, the exports and equal strings are one object
+    each, not one per rank; the values stay each rank's own."""
+    world = {f"h{i}": (0,) for i in range(12)}
+    plan = make_plan(JobRequest(script="t.py", args=("--lr", "1"), env={"HF_HOME": "/x"}), world, "pdsh")
+    first, last = plan.nodes[0], plan.nodes[11]
+    assert first.ranks[0].argv is last.ranks[0].argv and first.env is last.env and first.env == {"HF_HOME": "/x"}
+    env = last.ranks[0].env
+    assert env["RANK"] == env["NODE_RANK"] == "11" and env["RANK"] is env["NODE_RANK"]
+    assert env["CUDA_VISIBLE_DEVICES"] is first.ranks[0].env["CUDA_VISIBLE_DEVICES"]
+    two = make_plan(JobRequest(script="t.py"), {"a": (0, 1), "b": (0, 1)}, "pdsh")
+    assert [r.env["RANK"] for r in two.nodes[1].ranks] == ["2", "3"] and two.nodes[1].ranks[1].env["NODE_RANK"] == "1"
+    assert two.nodes[0].ranks[1].argv is two.nodes[1].ranks[1].argv != two.nodes[1].ranks[0].argv
+
+
 def test_local_plan_uses_loopback_master():
     plan = make_plan(JobRequest(script="t.py"), {"localhost": (0,)}, "local")
     assert plan.rendezvous.master_addr == "127.0.0.1"

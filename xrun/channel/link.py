@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from xrun.channel import tls
 from xrun.channel.framing import ChannelError, FrameReader, Message, encode
@@ -22,9 +22,11 @@ from xrun.channel.messages import Kind
 from xrun.channel.tlspipe import READ_CHUNK, TlsPipe, client_handshake
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """What an agent proves with: the key, and the server's fingerprint when it is pinned (head mode)."""
+class Credentials(NamedTuple):
+    """What an agent proves with: the key, and the server's fingerprint when it is pinned (head mode).
+
+    Typed and immutable like the frozen dataclasses elsewhere, but a ``NamedTuple``: its class costs ~0.05 ms to
+    make where a frozen dataclass's costs ~0.4-1 ms, on every connecting agent's start path (issue 22 §7)."""
 
     key: bytes
     pinned: str | None  # head mode: the fingerprint on the agent's argv; pod mode: None (the server proves)

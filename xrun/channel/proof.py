@@ -17,14 +17,24 @@ What it does not give: a low-entropy secret stays guessable *offline* by anyone 
 server proof is given to whoever connects, so that a fake server learns nothing from a client). Pod mode
 therefore wants a secret of at least 16 random characters, or ``stretch`` (PBKDF2) before ``derive_key``.
 
-Pure: no socket, no clock. ``hmac``/``hashlib`` load OpenSSL (~2 ms), so they are imported inside the
-functions: importing ``xrun.channel`` stays cheap for a local run that never opens a channel.
+Pure: no socket, no clock. The primitives are CPython's own, loaded inside the functions so that importing
+``xrun.channel`` stays cheap for a local run that never opens a channel: SHA-256 from the built-in ``_sha256``,
+HMAC over it as ``hmac.HMAC`` computes it for such a hash (``hmac_sha256``; the tests hold it to ``hmac.digest``),
+the constant-time comparison ``hmac.compare_digest`` is (``_operator._compare_digest``). Not ``hashlib``/``hmac``
+themselves: importing them loads OpenSSL's ``_hashlib``, which lists every digest its providers offer, and builds
+a constructor per algorithm: ~1.5 ms on every connecting agent's start path, where issue 22 §7 allows the
+channel's security 10 ms in all. ``stretch`` (pod mode, PBKDF2) still uses ``hashlib``.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 from xrun.channel.fields import HEX_DIGITS, PROOF_HEX
 
@@ -34,6 +44,9 @@ SERVER_LABEL = b"xrun server v1"
 KEY_LABEL = b"xrun channel key v1"
 STRETCH_ITERATIONS = 100_000  # PBKDF2-HMAC-SHA256: ~50 ms once per process; each offline guess costs as much
 _LENGTH = struct.Struct(">I")
+_BLOCK = 64  # SHA-256's block size
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 def new_nonce() -> bytes:
@@ -45,10 +58,7 @@ def derive_key(secret: bytes, purpose: str) -> bytes:
 
     A key derived for one purpose proves nothing for another.
     """
-    import hashlib  # noqa: PLC0415 - see the module doc
-    import hmac  # noqa: PLC0415
-
-    return hmac.new(secret, _encode(KEY_LABEL, purpose.encode("utf-8")), hashlib.sha256).digest()
+    return hmac_sha256(secret, _encode(KEY_LABEL, purpose.encode("utf-8")))
 
 
 HEAD_PURPOSE = "head"  # a head-mode run: the run token, or a node's announced one-time key
@@ -86,18 +96,46 @@ def verify(expected: str, offered: object) -> bool:
 
 def same_hex(expected: str, offered: object, length: int) -> bool:
     """``offered`` is exactly ``expected``: lowercase hex of ``length`` digits, compared in constant time."""
-    import hmac  # noqa: PLC0415 - see the module doc
-
     if not (isinstance(offered, str) and len(offered) == length and HEX_DIGITS.issuperset(offered)):
         return False
-    return hmac.compare_digest(expected.encode("ascii"), offered.encode("ascii"))
+    from _operator import _compare_digest  # noqa: PLC0415 - what hmac.compare_digest is: see the module doc
+
+    return _compare_digest(expected.encode("ascii"), offered.encode("ascii"))
 
 
 def _mac(key: bytes, label: bytes, *fields: bytes) -> str:
-    import hashlib  # noqa: PLC0415 - see the module doc
-    import hmac  # noqa: PLC0415
+    return hmac_sha256(key, _encode(label, *fields)).hex()
 
-    return hmac.new(key, _encode(label, *fields), hashlib.sha256).hexdigest()
+
+def hmac_sha256(key: bytes, data: bytes) -> bytes:
+    """HMAC-SHA256 (RFC 2104) of ``data`` under ``key``: what ``hmac.digest(key, data, "sha256")`` returns, computed
+    as ``hmac.HMAC`` itself does for a hash OpenSSL does not provide (see the module doc for why not ``hmac``)."""
+    sha256 = _sha256()
+    if len(key) > _BLOCK:
+        key = sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    inner = sha256(key.translate(_IPAD))
+    inner.update(data)
+    outer = sha256(key.translate(_OPAD))
+    outer.update(inner.digest())
+    return outer.digest()
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 of ``data``, lowercase hex (a certificate's fingerprint)."""
+    return _sha256()(data).hexdigest()
+
+
+def _sha256() -> Callable[[bytes], _Hash]:
+    """CPython's built-in SHA-256 (``_sha256``: loads in ~0.15 ms; ``_hashlib``, OpenSSL's, lists every digest its
+    providers offer when it loads, ~0.7 ms), or ``hashlib``'s where a build has no built-in one."""
+    try:
+        import _sha256  # noqa: PLC0415 - see the function doc
+    except ImportError:  # pragma: no cover - a Python built without its own hashes
+        import hashlib  # noqa: PLC0415
+
+        return hashlib.sha256
+    return cast("Callable[[bytes], _Hash]", _sha256.sha256)
 
 
 def _encode(*fields: bytes) -> bytes:

@@ -22,12 +22,11 @@ so an agent does not load ``cryptography`` or define what only a server uses.
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import ssl
 
 from xrun.channel.framing import ChannelError
-from xrun.channel.proof import same_hex
+from xrun.channel.proof import same_hex, sha256_hex
 
 FINGERPRINT_HEX = 64
 
@@ -46,7 +45,7 @@ def peer_fingerprint(conn: ssl.SSLSocket | ssl.SSLObject) -> str:
     der = conn.getpeercert(binary_form=True)
     if not der:
         raise ChannelError("the server presented no certificate")
-    return hashlib.sha256(der).hexdigest()
+    return sha256_hex(der)
 
 
 def pin_ok(expected: str, actual: object) -> bool:

@@ -118,14 +118,12 @@ def node_rank_from(names: str, environ: Mapping[str, str]) -> int:
 
 def read_credentials(value: str, fingerprint: str | None, node_rank: int) -> Credentials:
     """The key this agent proves and the certificate it pins (``--token``, ``--fingerprint``)."""
-    from xrun.channel.proof import HEAD_PURPOSE, token_key  # noqa: PLC0415 - hashlib/hmac: only a connecting agent
+    from xrun.channel.proof import HEAD_PURPOSE, token_key  # noqa: PLC0415 - only a connecting agent
 
     if fingerprint is None or len(fingerprint) != 64:
         raise UsageError("--fingerprint", "expected the SHA-256 (64 hex digits) of the runner's certificate")
     if value == TOKEN_ANNOUNCE:
-        import secrets  # noqa: PLC0415
-
-        key_hex = secrets.token_hex(32)
+        key_hex = os.urandom(32).hex()  # what secrets.token_hex(32) is, without secrets' imports (hmac, random)
         os.write(2, announce_line(node_rank, key_hex))  # the head reads it on the engine's stream, before the hello
         return Credentials(token_key(key_hex, HEAD_PURPOSE), fingerprint.lower())
     return Credentials(token_key(read_token(value), HEAD_PURPOSE), fingerprint.lower())

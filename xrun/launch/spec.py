@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import functools
 import itertools
 import json
 import signal
@@ -306,8 +307,10 @@ class Rendezvous:
     run_id: str = "xrun"
 
 
+@functools.lru_cache(maxsize=256)
 def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[str, ...]) -> tuple[str, ...]:
-    """``python -u [-m] SCRIPT [--local_rank=N] ARGS`` — the user's args untouched, always a list."""
+    """``python -u [-m] SCRIPT [--local_rank=N] ARGS`` — the user's args untouched, always a list. Cached: the
+    ranks with the same local rank share one tuple (a head plans 10,000 nodes' ranks at once)."""
     if launch.mode is PythonMode.NONE:
         head: tuple[str, ...] = (script,)
     elif launch.mode is PythonMode.MODULE:
@@ -347,11 +350,12 @@ def rank_env(
     # one string per value, shared by the keys (and, interned, the ranks) that repeat it: a head plans 10,000
     # nodes' environments at once
     rank, node = str(shape.first_ranks[node_rank] + local_rank), str(node_rank)
-    size, local, nodes, port = (sys.intern(str(n)) for n in (shape.world_size, len(slots), len(hosts),
-                                                              rdzv.master_port))
+    rank = node if rank == node else rank  # one rank per node: one string for both
+    size, local, nodes, port, restarts = (sys.intern(str(n)) for n in (shape.world_size, len(slots), len(hosts),
+                                                                        rdzv.master_port, max_restarts))
     return {
         "RANK": rank,
-        "LOCAL_RANK": str(local_rank),
+        "LOCAL_RANK": sys.intern(str(local_rank)),
         "WORLD_SIZE": size,
         "LOCAL_WORLD_SIZE": local,
         "LOCAL_SIZE": local,
@@ -365,10 +369,10 @@ def rank_env(
         "ROLE_WORLD_SIZE": size,
         "MASTER_ADDR": rdzv.master_addr,
         "MASTER_PORT": port,
-        "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
+        "CUDA_VISIBLE_DEVICES": sys.intern(",".join(str(s) for s in slots)),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_MAX_RESTARTS": restarts,
     }
 
 
@@ -396,5 +400,5 @@ def node_ranks(
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
             seen = 0
-        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, args)))
+        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, tuple(args))))
     return tuple(ranks)

@@ -167,6 +167,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     shape = world_shape(world)
+    exports = dict(request.env)  # a local run: only its --export (planner.with_local_exports); one for every node
     nodes = tuple(
         NodeSpec(
             host=host,
@@ -174,7 +175,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape,
                              max_restarts=request.restart.max_restarts),
             options=request.options,
-            env=dict(request.env),  # a local run: only its --export (planner.with_local_exports)
+            env=exports,  # read-only (a Mapping): shared, not copied per node
             cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
