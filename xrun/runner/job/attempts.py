@@ -84,8 +84,9 @@ def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attemp
                 + (f" ({last.reason})" if last is not None else ""))
     elif ending is Ending.NODE_LOST:
         hosts = f" ({', '.join(lost)})" if lost else ""
-        head = (f"stopped restarting after {restarts} restart(s): {len(lost) or 'a'} node(s) lost{hosts} and "
-                f"{spares or 'no'} spare(s) on standby to take their places")
+        head = f"stopped restarting after {restarts} restart(s): {len(lost) or 'a'} node(s) lost{hosts}"
+        if policy.spares:  # without --spares (and in pod mode, which has none) there is no standby to speak of
+            head += f" and {spares or 'no'} spare(s) on standby to take their places"
     elif restarts:
         head = f"the job ran {len(history)} attempts ({restarts} restart(s))"
     else:
