@@ -355,6 +355,39 @@ def _roles(peaks: dict[int, tuple[int, str]], *, launcher_pid: int, rank_pids: s
     return out
 
 
+def generations(run_dir: str) -> dict[int, list[float]]:
+    """Start times by restart count, from the ranks' pid files ("start rank restart_count")."""
+    out: dict[int, list[float]] = {}
+    ranks = os.path.join(run_dir, "ranks")
+    for name in os.listdir(ranks):
+        with open(os.path.join(ranks, name)) as f:
+            words = f.read().split()
+        if len(words) == 3:
+            out.setdefault(int(words[2]), []).append(float(words[0]))
+    return out
+
+
+def restart_timing(
+    got: JobRun, restarted: list[float], since: float | None, *, ranks: int, cause: str, after: str, tail: str
+) -> Trial:
+    """One restart's figures: from ``since`` (the failure or the kill, a ``time.time()``; None = it never came, and
+    ``cause`` says so in the error) until every one of the ``ranks`` ranks of attempt 1 runs (``restart_s``, from
+    ``restarted``: their own start times), and until the launcher exits (``exit_s``); an exit other than 0 ``after``
+    the restart is an error. ``tail``: the console's last lines, for the errors."""
+    trial = Trial(exit_code=got.exit_code, notes={"leftovers": got.leftovers} if got.leftovers else {})
+    if since is None or len(restarted) != ranks:
+        trial.error = f"{len(restarted)} of {ranks} ranks restarted, {cause}, exit {got.exit_code} | console: {tail!r}"
+        return trial
+    trial.metrics = {
+        "restart_s": max(restarted) - since,
+        "exit_s": None if got.wall_s is None else got.started_at + got.wall_s - since,
+        "leftovers": float(len(got.leftovers)),
+    }
+    if got.exit_code != 0:
+        trial.error = f"exit {got.exit_code} after {after} | console: {tail!r}"
+    return trial
+
+
 def wait_ranks(run: RunDir, n: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
     """Wait until ``n`` ranks wrote their pid file (True) or the launcher died / the timeout passed (False)."""
     end = time.monotonic() + timeout_s

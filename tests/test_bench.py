@@ -11,6 +11,7 @@ import random
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -274,6 +275,34 @@ def test_rank_pids_reads_the_pid_files(tmp_path):
     (tmp_path / "ranks" / "123").write_text("1700000000.5 0\n")
     (tmp_path / "ranks" / "124").write_text("")  # a rank caught mid-write is skipped
     assert procs.rank_pids(str(tmp_path)) == {123: 1700000000.5}
+
+
+def test_generations_group_the_ranks_start_times_by_restart_count(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    for pid, line in [(1, "10.0 0 0"), (2, "10.5 1 0"), (3, "20.0 0 1"), (4, "21.0 1 1"), (5, "")]:
+        (tmp_path / "ranks" / str(pid)).write_text(line)  # 5: a rank caught mid-write is skipped
+    assert {k: sorted(v) for k, v in harness.generations(str(tmp_path)).items()} == {0: [10.0, 10.5], 1: [20.0, 21.0]}
+
+
+def test_restart_timing_from_the_cause_to_the_last_restarted_rank_and_the_exit():
+    got = harness.JobRun(wall_s=15.0, exit_code=0, first_rank_s=None, last_rank_s=None, ranks_started=4,
+                         leftovers=[], peak_kib={}, started_at=100.0)
+    trial = harness.restart_timing(got, [111.0, 112.5], 110.0, ranks=2, cause="-", after="-", tail="")
+    assert trial.metrics == {"restart_s": 2.5, "exit_s": 5.0, "leftovers": 0.0} and trial.error is None
+    killed = replace(got, wall_s=None, exit_code=None, leftovers=["rank"])  # the deadline: killed, a rank left
+    trial = harness.restart_timing(killed, [111.0, 112.5], 110.0, ranks=2, cause="-", after="the replacement",
+                                   tail="t")
+    assert trial.metrics["exit_s"] is None and trial.notes == {"leftovers": ["rank"]}
+    assert trial.error == "exit None after the replacement | console: 't'"
+
+
+def test_restart_timing_without_the_cause_or_every_rank_is_an_error_without_figures():
+    got = harness.JobRun(wall_s=15.0, exit_code=1, first_rank_s=None, last_rank_s=None, ranks_started=4,
+                         leftovers=[], peak_kib={}, started_at=100.0)
+    trial = harness.restart_timing(got, [111.0], 110.0, ranks=2, cause="failure seen", after="-", tail="t")
+    assert trial.metrics == {} and trial.error == "1 of 2 ranks restarted, failure seen, exit 1 | console: 't'"
+    trial = harness.restart_timing(got, [111.0, 112.0], None, ranks=2, cause="node2 never killed", after="-", tail="")
+    assert trial.metrics == {} and trial.error.startswith("2 of 2 ranks restarted, node2 never killed, exit 1")
 
 
 def test_scale_scenarios_run_by_name_outside_all():

@@ -313,25 +313,42 @@ EVENTS = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.sampled_from([STATIC, ELASTIC]), st.lists(EVENTS, max_size=40))
-def test_any_sequence_never_raises_and_once_over_has_one_exit_code(config, steps):
-    job, now, connected, verdict = Job(config, now=0.0), 0.0, set(), None
-    ending = [SignalReceived(TERM), 1000.0, Tick()]  # whatever happened: stop, and let the deadline pass
-    for step in [*steps, *ending]:
+def replay(job, steps):
+    """Play ``steps`` (events, or floats: seconds passing, unlike ``play``'s clock settings) into ``job``; after each
+    event, yield its actions, each paired with the agents connected once it was taken (an Admit adds one; a Drop, and
+    the ConnectionLost before its actions, take one away), so a test checks every send against the set of its moment.
+    """
+    now, connected = job.now, set()
+    for step in steps:
         if isinstance(step, float):
             now += step
             continue
         if isinstance(step, ConnectionLost):
             connected.discard(step.node)
+        taken = []
         for action in job.handle(step, now):
             if isinstance(action, Admit):
                 connected.add(action.node)
             elif isinstance(action, Drop):
                 connected.discard(action.node)
-            targets = getattr(action, "nodes", (getattr(action, "node", None),))
+            taken.append((action, frozenset(connected)))
+        yield taken
+
+
+def targets(action):
+    """The agents an action is sent to."""
+    return set(getattr(action, "nodes", (getattr(action, "node", None),)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([STATIC, ELASTIC]), st.lists(EVENTS, max_size=40))
+def test_any_sequence_never_raises_and_once_over_has_one_exit_code(config, steps):
+    job, verdict = Job(config, now=0.0), None
+    ending = [SignalReceived(TERM), 1000.0, Tick()]  # whatever happened: stop, and let the deadline pass
+    for taken in replay(job, [*steps, *ending]):
+        for action, connected in taken:
             if isinstance(action, (SendSpec, SendStart, SendStop, SendPing)):
-                assert set(targets) <= connected  # nothing is ever sent to a node without a connection
+                assert targets(action) <= connected  # nothing is ever sent to a node without a connection
         if job.all_over_at is not None:
             verdict = verdict or job.verdict()
             assert job.verdict() == verdict

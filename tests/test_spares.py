@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from tests.test_job import JOINED, STATIC, hello, play
+from tests.test_job import JOINED, STATIC, hello, play, replay, targets
 from tests.test_precheck import GONE, OK, SLOW
 from xrun.channel import DEAD_AFTER
 from xrun.errors import UsageError
@@ -277,21 +277,11 @@ EVENTS = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(EVENTS, max_size=50))
 def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(steps):
-    job, now, connected, verdict = Job(SPARES, now=0.0), 0.0, set(), None
-    for step in [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]:
-        if isinstance(step, float):
-            now += step
-            continue
-        if isinstance(step, ConnectionLost):
-            connected.discard(step.node)
-        for action in job.handle(step, now):
-            if isinstance(action, Admit):
-                connected.add(action.node)
-            elif isinstance(action, Drop):
-                connected.discard(action.node)
+    job, verdict = Job(SPARES, now=0.0), None
+    for taken in replay(job, [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]):
+        for action, connected in taken:
             if isinstance(action, (SendSpec, SendStart, SendStop, SendPing, SendRestart, SendVerdict)):
-                targets = getattr(action, "nodes", (getattr(action, "node", None),))
-                assert set(targets) <= connected, action
+                assert targets(action) <= connected, action
         assert len({n.agent for n in job.nodes}) == 3  # one agent per node rank, never shared
         assert not {n.host for n in job.nodes} & {s.host for s in job.spares.standing.values()}
         if job.all_over_at is not None:

@@ -85,6 +85,17 @@ def target(what: str, value: float | None, limit: float, unit: str = "") -> dict
     }
 
 
+def restart_table(running: str, references: list[str]) -> dict[str, Any]:
+    """The report's table of a restart's figures (``harness.restart_timing``): until ``running`` (the next attempt's
+    ranks, all of them), and until the launcher exits; ratios to ``references``."""
+    return {
+        "metrics": [["restart_s", running, "s"], ["exit_s", "launcher exit", "s"]],
+        "ratio": "restart_s",
+        "references": references,
+        "extra_ratio": "exit_s",
+    }
+
+
 def median(group: dict[str, Any], variant: str, metric: str, ratio_to: str | None = None) -> float | None:
     entry = group["variants"].get(variant)
     if entry is None:

@@ -15,34 +15,41 @@ from typing import Any, Callable
 
 from bench import harness, procs
 from bench.launchers import LocalJob, torchrun_argv, xrun_argv, xrun_supports
-from bench.scenarios.base import Context, finish, section, unavailable
+from bench.scenarios.base import Context, finish, restart_table, section, unavailable
 
 NAME = "elastic"
 TITLE = "9. Elastic restart latency: N ranks, rank 1 fails once, one restart"
 VARIANTS = ("xrun:elastic", "torchrun")
-TABLE = {
-    "metrics": [["restart_s", "new generation running", "s"], ["exit_s", "launcher exit", "s"]],
-    "ratio": "restart_s",
-    "references": ["torchrun", "xrun:elastic"],
-    "extra_ratio": "exit_s",
-}
+TABLE = restart_table("new generation running", references=["torchrun", "xrun:elastic"])
 
 
 def run(ctx: Context) -> dict[str, Any]:
     if not (xrun_supports("--elastic") and xrun_supports("--max_restarts")):
         return unavailable(NAME, TITLE, "xrun has no elastic mode (no --elastic/--max_restarts in `xrun --help`)")
+    return run_restarts(ctx, NAME, TITLE, VARIANTS, TABLE, elastic_argv)
+
+
+def run_restarts(
+    ctx: Context,
+    name: str,
+    title: str,
+    variants: tuple[str, ...],
+    table: dict[str, Any],
+    argv: Callable[[str, LocalJob], list[str]],
+) -> dict[str, Any]:
+    """Scenarios 9 and 12: rounds of ``restart_trial`` over the variants, ``argv`` rendering each one's command."""
     n = ctx.option("nproc", 2, 4)
     rounds = ctx.rounds(1, 3)
-    wanted = [v for v in VARIANTS if ctx.launchers is None or v.split(":")[0] in ctx.launchers]
-    variants, skipped = ctx.pick(wanted)
+    wanted = [v for v in variants if ctx.launchers is None or v.split(":")[0] in ctx.launchers]
+    picked, skipped = ctx.pick(wanted)
     params = {"nproc": n, "fail_rank": 1, "fail_after_s": 1.0, "max_restarts": 1, "rounds": rounds}
-    sec = section(NAME, TITLE, params=params, skipped=skipped, table=TABLE, groups=[], targets=[])
+    sec = section(name, title, params=params, skipped=skipped, table=table, groups=[], targets=[])
 
     def trial(variant: str) -> harness.Trial:
-        return restart_trial(variant, n)
+        return restart_trial(variant, n, argv=argv)
 
-    results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=NAME)
-    group = harness.summarize_group(results, references=TABLE["references"])
+    results = harness.run_rounds(picked, rounds, trial, rng=ctx.rng, label=name)
+    group = harness.summarize_group(results, references=table["references"])
     sec["groups"].append({"label": f"N={n}", "params": {"nproc": n}, **group})
     return finish(sec)
 
@@ -55,43 +62,20 @@ def elastic_argv(variant: str, job: LocalJob) -> list[str]:
     return [argv[0], "--elastic", "--max_restarts", "1", *argv[1:]]
 
 
-def restart_trial(variant: str, n: int, *, argv: Callable[[str, LocalJob], list[str]] | None = None) -> harness.Trial:
+def restart_trial(variant: str, n: int, *, argv: Callable[[str, LocalJob], list[str]] = elastic_argv) -> harness.Trial:
     """One run of ``variant``; ``argv`` renders its command (scenario 12 passes its own)."""
     with harness.RunDir() as run:
         tag = procs.new_tag()
         args = harness.rank_args(tag, run, ("fail_rank=1", "fail_after=1", "code=7", "sleep=60"))
         job = LocalJob(nproc=n, script=harness.rank_script("elastic_rank.py"), args=args,
                        master_port=harness.free_port())  # fmt: skip
-        got = harness.run_command((argv or elastic_argv)(variant, job), tag, run, deadline_s=120.0)
-        generations = _generations(run.path)
+        got = harness.run_command(argv(variant, job), tag, run, deadline_s=120.0)
+        restarted = harness.generations(run.path).get(1, [])
         fail_ts = _read_float(os.path.join(run.path, "fail_ts"))
         tail = run.tail(300)
-    restarted = generations.get(1, [])
-    trial = harness.Trial(exit_code=got.exit_code, notes={"leftovers": got.leftovers} if got.leftovers else {})
-    if fail_ts is None or len(restarted) != n:
-        trial.error = f"{len(restarted)} of {n} ranks restarted, failure {'seen' if fail_ts else 'never seen'}"
-        trial.error += f", exit {got.exit_code} | console: {tail!r}"
-        return trial
-    trial.metrics = {
-        "restart_s": max(restarted) - fail_ts,
-        "exit_s": None if got.wall_s is None else got.started_at + got.wall_s - fail_ts,
-        "leftovers": float(len(got.leftovers)),
-    }
-    if got.exit_code != 0:
-        trial.error = f"exit {got.exit_code} after a successful restart | console: {tail!r}"
-    return trial
-
-
-def _generations(run_dir: str) -> dict[int, list[float]]:
-    """Start times by restart count, from the ranks' pid files ("start rank restart_count")."""
-    out: dict[int, list[float]] = {}
-    ranks = os.path.join(run_dir, "ranks")
-    for name in os.listdir(ranks):
-        with open(os.path.join(ranks, name)) as f:
-            words = f.read().split()
-        if len(words) == 3:
-            out.setdefault(int(words[2]), []).append(float(words[0]))
-    return out
+    seen = "seen" if fail_ts else "never seen"
+    return harness.restart_timing(got, restarted, fail_ts, ranks=n, cause=f"failure {seen}",
+                                  after="a successful restart", tail=tail)  # fmt: skip
 
 
 def _read_float(path: str) -> float | None:

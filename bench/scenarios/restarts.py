@@ -13,39 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import harness
 from bench.launchers import LocalJob, torchrun_argv, xrun_argv, xrun_supports
 from bench.scenarios import elastic
-from bench.scenarios.base import Context, finish, section, unavailable
+from bench.scenarios.base import Context, restart_table, unavailable
 
 NAME = "restarts"
 TITLE = "12. Whole-job restart latency: N ranks, rank 1 fails once, one restart"
 VARIANTS = ("xrun:static", "xrun:elastic", "torchrun")
-TABLE = {
-    "metrics": [["restart_s", "next attempt running", "s"], ["exit_s", "launcher exit", "s"]],
-    "ratio": "restart_s",
-    "references": ["torchrun", "xrun:elastic"],
-    "extra_ratio": "exit_s",
-}
+TABLE = restart_table("next attempt running", references=["torchrun", "xrun:elastic"])
 
 
 def run(ctx: Context) -> dict[str, Any]:
     if not xrun_supports("--min_attempt_s"):
         return unavailable(NAME, TITLE, "xrun restarts only elastic jobs (no --min_attempt_s in `xrun --help`)")
-    n = ctx.option("nproc", 2, 4)
-    rounds = ctx.rounds(1, 3)
-    wanted = [v for v in VARIANTS if ctx.launchers is None or v.split(":")[0] in ctx.launchers]
-    variants, skipped = ctx.pick(wanted)
-    params = {"nproc": n, "fail_rank": 1, "fail_after_s": 1.0, "max_restarts": 1, "rounds": rounds}
-    sec = section(NAME, TITLE, params=params, skipped=skipped, table=TABLE, groups=[], targets=[])
-
-    def trial(variant: str) -> harness.Trial:
-        return elastic.restart_trial(variant, n, argv=restart_argv)
-
-    results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=NAME)
-    group = harness.summarize_group(results, references=TABLE["references"])
-    sec["groups"].append({"label": f"N={n}", "params": {"nproc": n}, **group})
-    return finish(sec)
+    return elastic.run_restarts(ctx, NAME, TITLE, VARIANTS, TABLE, restart_argv)
 
 
 def restart_argv(variant: str, job: LocalJob) -> list[str]:

@@ -19,18 +19,12 @@ from typing import Any
 
 from bench import cluster, harness, procs
 from bench.launchers import xrun_supports
-from bench.scenarios.base import Context, finish, median, section, unavailable
-from bench.scenarios.elastic import _generations
+from bench.scenarios.base import Context, finish, median, restart_table, section, unavailable
 
 NAME = "spares"
 TITLE = "13. Hot spare: 2 nodes and a spare, node2 killed mid-run, the next attempt on the spare"
 VARIANTS = ("xrun:ssh", "xrun:pdsh")
-TABLE = {
-    "metrics": [["restart_s", "next attempt running", "s"], ["exit_s", "launcher exit", "s"]],
-    "ratio": "restart_s",
-    "references": ["xrun:ssh"],
-    "extra_ratio": "exit_s",
-}
+TABLE = restart_table("next attempt running", references=["xrun:ssh"])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -88,27 +82,17 @@ def _trial(c: Any, variant: str, hostfile: str, python: str) -> harness.Trial:
         threading.Thread(target=_kill_when_running, args=(c, run.path, killed), daemon=True).start()
         got = harness.run_command([*argv, harness.rank_script("elastic_rank.py"), *args], tag, run, deadline_s=120.0,
                                   env_extra={"PYTHONPATH": ROOT})  # fmt: skip
-        restarted = _generations(run.path).get(1, [])
+        restarted = harness.generations(run.path).get(1, [])
         tail = run.tail(300)
-    trial = harness.Trial(exit_code=got.exit_code, notes={"leftovers": got.leftovers} if got.leftovers else {})
-    if not killed or len(restarted) != 2:
-        trial.error = f"{len(restarted)} of 2 ranks restarted, node2 {'killed' if killed else 'never killed'}, " \
-                      f"exit {got.exit_code} | console: {tail!r}"
-        return trial
-    trial.metrics = {
-        "restart_s": max(restarted) - killed[0],
-        "exit_s": None if got.wall_s is None else got.started_at + got.wall_s - killed[0],
-        "leftovers": float(len(got.leftovers)),
-    }
-    if got.exit_code != 0:
-        trial.error = f"exit {got.exit_code} after the replacement | console: {tail!r}"
-    return trial
+    return harness.restart_timing(got, restarted, killed[0] if killed else None, ranks=2,
+                                  cause=f"node2 {'killed' if killed else 'never killed'}", after="the replacement",
+                                  tail=tail)  # fmt: skip
 
 
 def _kill_when_running(c: Any, run_dir: str, killed: list[float], timeout: float = 60.0) -> None:
     """Once both ranks of attempt 0 run, kill node2 (after its sshd comes back up for the next trial)."""
     deadline = time.monotonic() + timeout
-    while len(_generations(run_dir).get(0, [])) < 2:
+    while len(harness.generations(run_dir).get(0, [])) < 2:
         if time.monotonic() > deadline:
             return
         time.sleep(0.02)

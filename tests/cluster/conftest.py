@@ -6,6 +6,8 @@
 * ``make_cluster``: ``make_cluster(n)`` builds a cluster of the test's own, torn down after the test.  Only
   one cluster can exist on the machine, so the shared one steps aside for the test (it comes back for the
   next test that uses ``cluster``).  Do not ask for both in one test.
+* ``python``: the remote interpreter for ``--python``, a wrapper (``python_wrapper``) that puts this tree first on
+  PYTHONPATH: over ssh nothing else would.
 
 Every test under tests/cluster is marked ``cluster``.  Without root or the tools the tests skip with the
 reason, unless ``XRUN_REQUIRE_CLUSTER=1`` (CI sets it): then they fail, so they can never silently skip there.
@@ -21,6 +23,7 @@ import pytest
 
 from . import harness
 from .harness import Cluster, missing_requirements
+from .jobs import python_wrapper
 
 HERE = Path(__file__).resolve().parent
 REQUIRE_ENV = "XRUN_REQUIRE_CLUSTER"
@@ -89,3 +92,9 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
     finally:
         for cluster in reversed(made):
             cluster.down()
+
+
+@pytest.fixture
+def python(tmp_path: Path) -> str:
+    """The remote interpreter: this tree first on PYTHONPATH (over ssh nothing else would), at tmp_path/python."""
+    return python_wrapper(tmp_path / "python")

@@ -4,7 +4,8 @@ Faults, made here with the kernel's tools on the node's own links (only the clus
 * slow: a token bucket (tc tbf, 4 Mbit/s) on the host-side end of the node's veth, so every packet *into* the
   node waits its turn: the node's ingress is slowed, its egress is not (this kernel has no netem);
 * refusing: an iptables rule in the node's namespace that rejects every new inbound TCP connection except ssh.
-The remote interpreter is a wrapper that puts this tree first on PYTHONPATH (over ssh nothing else would).
+The remote interpreter is a wrapper that puts this tree first on PYTHONPATH (over ssh nothing else would: the
+``python`` fixture).
 """
 
 from __future__ import annotations
@@ -15,21 +16,11 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from tests.cluster.harness import IFACE, _cmdline, netns_pids, tool
 from tests.conftest import ROOT
 
 RANK_SCRIPT = "import os, socket; print('IF', socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), " \
               "os.environ.get('NCCL_SOCKET_IFNAME'), flush=True)\n"
-
-
-@pytest.fixture
-def python(tmp_path):
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def check(cluster, tmp_path, python, *args, nodes=None, timeout=60, mode=None):

@@ -1,8 +1,9 @@
 """Pod mode's restarts across namespace hosts (issue 23): every node's xrun started by hand (``ip netns exec``) with
 ``--max_restarts``, as Kubernetes starts one pod per index. Real torch gloo ranks checkpoint every step to a file
-(the nodes share the filesystem) and resume from it: a rank crash restarts every node in place through node 0's
-channel, on a fresh rendezvous port; a node killed outright (every process of its namespace) whose xrun is started
-again with the same command comes back and the job finishes with 0; nothing is left on any node.
+(the nodes share the filesystem) and resume from it (tests/cluster/jobs.py's TRAIN): a rank crash restarts every
+node in place through node 0's channel, on a fresh rendezvous port; a node killed outright (every process of its
+namespace) whose xrun is started again with the same command comes back and the job finishes with 0; nothing is
+left on any node.
 """
 
 from __future__ import annotations
@@ -16,37 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.cluster.jobs import MARK, TRAIN
 from tests.conftest import ROOT
 
-MARK = "XRUN_TEST_MARK"
 HOLD_29500 = "import socket, time; s = socket.socket(); s.bind(('', 29500)); s.listen(); print('held', flush=True); " \
              "time.sleep(300)"
-
-TRAIN = r"""
-import os, socket, sys, time
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank, ckpt = dist.get_rank(), os.environ["CKPT"]
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-print("RESUME", attempt, rank, step, os.environ["MASTER_PORT"], flush=True)
-while step < int(os.environ.get("STEPS", "6")):
-    t = torch.tensor([1.0])
-    dist.all_reduce(t)
-    step += 1
-    if rank == 0:
-        with open(ckpt + ".tmp", "w") as f:
-            f.write(str(step))
-        os.replace(ckpt + ".tmp", ckpt)
-    dist.barrier()
-    if attempt == 0 and step == 3 and rank == int(os.environ.get("CRASH_RANK", "-1")):
-        os._exit(5)
-    time.sleep(float(os.environ.get("STEP_S", "0")))
-print("DONE", attempt, rank, step, flush=True)
-dist.destroy_process_group()
-sys.stderr.flush()
-os._exit(0)  # torch 2.13's gloo can abort at interpreter teardown after a clean destroy_process_group()
-"""
 
 
 class PodRestartJob:
@@ -107,7 +82,7 @@ def test_pod_rank_crash_restarts_every_node_in_place_on_a_fresh_port(cluster, tm
     resumed = lines_of(out, "RESUME")
     assert [r[:3] for r in resumed] == [("0", "0", "0"), ("0", "1", "0"), ("0", "2", "0"), ("1", "0", "3"),
                                         ("1", "1", "3"), ("1", "2", "3")], resumed  # attempt 1 from the checkpoint
-    ports = {attempt: port for attempt, _, _, port in resumed}
+    ports = {attempt: port for attempt, _, _, port, _ in resumed}
     assert ports["0"] != ports["1"] and "29500" not in ports.values(), resumed  # each attempt's, agreed by node 0
     assert lines_of(out, "DONE") == [("1", "0", "6"), ("1", "1", "6"), ("1", "2", "6")]
     node0 = out[0][0][2]

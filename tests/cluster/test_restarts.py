@@ -1,9 +1,9 @@
 """Whole-job restarts across real hosts (issue 23): ``--max_restarts`` on a static job over ssh and pdsh.
 
-Real torch gloo ranks that checkpoint every step to a file (the nodes share the filesystem) and resume from it:
-a rank crash restarts every node over the same agents and the job finishes from the checkpoint; a node killed
-with no spare ends the job naming it; nothing is left on any node. The remote interpreter is a wrapper that
-puts this tree first on PYTHONPATH (over ssh nothing else would).
+Real torch gloo ranks that checkpoint every step to a file (the nodes share the filesystem) and resume from it
+(tests/cluster/jobs.py's TRAIN): a rank crash restarts every node over the same agents and the job finishes from the
+checkpoint; a node killed with no spare ends the job naming it; nothing is left on any node. The remote interpreter
+is a wrapper that puts this tree first on PYTHONPATH (over ssh nothing else would: the ``python`` fixture).
 """
 
 from __future__ import annotations
@@ -12,55 +12,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
 
+from tests.cluster.jobs import MARK, TRAIN, started
 from tests.conftest import ROOT
-
-MARK = "XRUN_TEST_MARK"
-
-TRAIN = r"""
-import os, socket, sys, time
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-print("STARTED", attempt, os.environ["RANK"], repr(time.time()), flush=True)
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank, ckpt = dist.get_rank(), os.environ["CKPT"]
-step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-print("RESUME", attempt, rank, step, os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_MAX_RESTARTS"], flush=True)
-if os.environ.get("ALWAYS_FAIL") == str(rank):
-    os._exit(6)
-while step < 6:
-    t = torch.tensor([1.0])
-    dist.all_reduce(t)
-    step += 1
-    if rank == 0:
-        with open(ckpt + ".tmp", "w") as f:
-            f.write(str(step))
-        os.replace(ckpt + ".tmp", ckpt)
-    dist.barrier()
-    if attempt == 0 and step == 3 and rank == int(os.environ.get("CRASH_RANK", "-1")):
-        print("CRASH", rank, socket.gethostname(), repr(time.time()), flush=True)
-        sys.stdout.flush()
-        os._exit(5)
-    time.sleep(float(os.environ.get("STEP_S", "0")))
-print("DONE", attempt, rank, step, flush=True)
-dist.destroy_process_group()
-# torch 2.13's gloo can abort at interpreter teardown after a clean destroy_process_group() (examples/train_ddp.py)
-sys.stderr.flush()
-os._exit(0)
-"""
-
-
-@pytest.fixture
-def python(tmp_path):
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def start(cluster, tmp_path, python, backend, *args, env=None, nodes=None):
@@ -126,12 +84,7 @@ def test_a_rank_that_always_fails_stops_after_n_restarts_with_its_code(cluster, 
 
 def test_a_killed_node_without_a_spare_ends_the_job_naming_it(cluster, tmp_path, python):
     proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "3", env={"STEP_S": "2"})
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + 60
-    while sum("RESUME" in line for line in lines) < 3:
-        assert time.monotonic() < deadline, "the ranks never started"
-        time.sleep(0.05)
+    started(proc, 3)
     cluster.kill_node("node3")
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 1, err

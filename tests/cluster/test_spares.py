@@ -3,7 +3,8 @@
 The last host of the hostfile stands by outside the world; real torch gloo ranks checkpoint every step to a file
 (the nodes share the filesystem) and resume from it. A node killed mid-run is replaced by the spare (same node rank,
 same slots) and the job finishes at the same world size with exit 0; two nodes lost with one spare end the job
-naming both. Nothing is left on any node after either. The helpers are tests/cluster/test_restarts.py's.
+naming both. Nothing is left on any node after either. The helpers are tests/cluster/test_restarts.py's and
+tests/cluster/jobs.py's.
 """
 
 from __future__ import annotations
@@ -11,24 +12,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sys
-import threading
 import time
 
 import pytest
 
+from tests.cluster.jobs import python_wrapper, started
 from tests.cluster.test_network import MARKED_SCRIPT, refuse_inbound, run_job
 from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
-from tests.conftest import ROOT
-
-
-@pytest.fixture
-def python(tmp_path):
-    """The remote interpreter: this tree first on PYTHONPATH (over ssh nothing else would)."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def assert_idle(cluster, node, timeout=15.0):
@@ -37,17 +27,6 @@ def assert_idle(cluster, node, timeout=15.0):
     while left := [p for p in cluster.pids(node) if p != cluster.sshd_pid(node)]:
         assert time.monotonic() < deadline, f"left on {node}: {left}"
         time.sleep(0.05)
-
-
-def started(proc, ranks, timeout=60.0):
-    """Read the job's output on a thread; return its lines once ``ranks`` ranks resumed (attempt 0 runs)."""
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while sum("RESUME" in line for line in lines) < ranks:
-        assert time.monotonic() < deadline, "the ranks never started"
-        time.sleep(0.05)
-    return lines
 
 
 @pytest.mark.parametrize("backend", ["ssh", "pdsh"])
@@ -133,9 +112,7 @@ def test_a_spare_that_cannot_be_reached_is_dropped_and_the_job_runs(cluster, tmp
 def test_a_node_whose_agent_cannot_start_is_replaced_before_any_rank_ran(cluster, tmp_path, python):
     # node2's interpreter refuses to start there: its agent never joins, its session ends; the other node, stopped at
     # the first barrier, waits for the restart instead of leaving, and the spare runs node 1 from attempt 1
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\n[ "$(hostname)" = node2 ] && exit 7\n'
-                       f'PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    python_wrapper(tmp_path / "python", prelude='[ "$(hostname)" = node2 ] && exit 7\n')  # the fixture's, rewritten
     proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "1", "--spares", "1")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
