@@ -302,6 +302,8 @@ def check_rank_list(flag: str, ranks: tuple[int, ...] | None, world_size: int) -
 
 @dataclass(frozen=True)
 class Rendezvous:
+    """Where the ranks meet: rank 0's address and port, and the run id (torch's rendezvous contract)."""
+
     master_addr: str
     master_port: int
     run_id: str = "xrun"

@@ -22,6 +22,8 @@ _DEAD_STATES = frozenset("ZXx")  # zombie or dead: exited, only waiting to be re
 
 @dataclass(frozen=True)
 class ProcInfo:
+    """One row of the /proc table: a live process and the groups it belongs to."""
+
     pid: int
     ppid: int
     pgrp: int

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SuperviseOptions:
+    """How a rank group is supervised: prefixes, echo, logs, signals and the stop's grace (from the node spec)."""
+
     host: str  # used in the "[host:rank]" prefix, the log path and the report
     prefix: bool = True  # False = raw output (--no_prefix)
     quiet: bool = False  # no console echo (logs only)
