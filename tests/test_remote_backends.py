@@ -17,7 +17,7 @@ from xrun.launch.connect import (
     read_rendered,
     split_endpoint,
 )
-from xrun.launch.spec import LaunchOptions
+from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv

@@ -20,19 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT,
     AgentOptions,
     ElasticOptions,
-    LaunchOptions,
     NodeSpec,
     PythonMode,
-    Rendezvous,
-    World,
-    encode_world_info,
-    node_ranks,
     signal_list,
 )
 from xrun.launch.tokens import TOKEN_ANNOUNCE as TOKEN_ANNOUNCE
