@@ -10,7 +10,7 @@ import time
 
 from tests.conftest import ROOT
 from xrun import channel
-from xrun.launch.spec import LaunchOptions
+from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys

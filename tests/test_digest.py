@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xrun.launch.spec import AgentOptions, ElasticOptions, LaunchOptions, PythonMode
+from xrun.launch.rankplan import LaunchOptions
+from xrun.launch.spec import AgentOptions, ElasticOptions, PythonMode
 from xrun.runner.job.digest import PlanDigest, PlanDigestError, first_difference, make_digest, plan_digest
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import RemoteOptions

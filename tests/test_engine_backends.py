@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_xrun
 from xrun.errors import UsageError
-from xrun.launch.spec import LaunchOptions
+from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.channel import Endpoint

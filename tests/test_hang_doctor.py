@@ -38,10 +38,11 @@ from xrun.launch.doctor.stackdump import (
     pyspy_path,
     stack_problem,
 )
+from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
 from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
-from xrun.launch.spec import AgentOptions, HangAction, LaunchOptions
+from xrun.launch.spec import AgentOptions, HangAction
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
 from xrun.runner.job.events import Hung, SignalReceived

@@ -5,7 +5,8 @@ import pytest
 from xrun.errors import UsageError
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.spec import AgentOptions, LaunchOptions, PythonMode, Rendezvous
+from xrun.launch.rankplan import LaunchOptions, Rendezvous
+from xrun.launch.spec import AgentOptions, PythonMode
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.hosts.selection import Selection

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
-from xrun.launch.spec import LaunchOptions
+from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.attempts import Ending, decide, no_progress, same_way
 from xrun.runner.job.events import (

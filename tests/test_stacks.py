@@ -19,6 +19,7 @@ from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
 from xrun.launch.output.streams import prefix_lines
+from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.ranks import processes as ranks_module
 from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
 from xrun.launch.ranks.devices import (
@@ -33,16 +34,7 @@ from xrun.launch.ranks.devices import (
 from xrun.launch.ranks.processes import gpu_nodes, omp_threads, rank_environment
 from xrun.launch.result.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.result.hints import LOCAL_RANK_FIX, failure_hint
-from xrun.launch.spec import (
-    AgentOptions,
-    ElasticOptions,
-    LaunchOptions,
-    NodeSpec,
-    RankSpec,
-    Rendezvous,
-    parse_rank_list,
-    parse_signal_list,
-)
+from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.routes import peer_address
 from xrun.runner.hosts.local import local_pool

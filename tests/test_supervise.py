@@ -179,6 +179,28 @@ def test_all_ranks_exit_zero_outcomes_in_rank_order(marker, capfd):
     assert marked(marker) == []
 
 
+def test_children_are_listed_by_the_kernel_until_reaped():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        kids = proctable.children()
+        assert kids is not None and child.pid in kids  # this kernel keeps the list (else the scan always runs)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in (proctable.children() or set())
+
+
+def test_a_clean_end_skips_the_scan_of_every_process(marker, capfd, monkeypatch):
+    """Nothing but the watchdog is left as our child: no session member can be alive, so /proc is not read; a
+    leaked child (test_leaked_child_after_success_...) is still found by the scan."""
+    scans = []
+    real = proctable.session_members
+    monkeypatch.setattr(proctable, "session_members", lambda sids: scans.append(sids) or real(sids))
+    procs = [rank(n, "exit", "0", marker=marker) for n in (0, 1)]
+    assert RankGroup(procs, SuperviseOptions(host="h")).run().exit_code == 0
+    assert scans == []
+
+
 def test_a_rank_exiting_zero_does_not_stop_the_others(marker, ready, capfd):
     procs = [
         rank(0, "ready", ready, "exit", "0", marker=marker),

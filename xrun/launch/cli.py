@@ -20,6 +20,7 @@ from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.modes import AUTO
 from xrun.launch.network.ranks_env import check_mode
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -30,10 +31,7 @@ from xrun.launch.spec import (
     AgentOptions,
     ElasticOptions,
     HangAction,
-    LaunchOptions,
     PythonMode,
-    Rendezvous,
-    decode_world_info,
     parse_rank_list,
     parse_signal_list,
     signal_list,

@@ -20,31 +20,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT,
     AgentOptions,
     ElasticOptions,
-    LaunchOptions,
     NodeSpec,
     PythonMode,
-    Rendezvous,
-    World,
-    encode_world_info,
-    node_ranks,
     signal_list,
 )
+from xrun.launch.tokens import TOKEN_ANNOUNCE as TOKEN_ANNOUNCE
+from xrun.launch.tokens import TOKEN_ENV_PREFIX as TOKEN_ENV_PREFIX
+from xrun.launch.tokens import TOKEN_ON_STDIN as TOKEN_ON_STDIN
 
 AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered, so output is never held back
 
 # What --dry-run shows: the runner opens its control server only when the job really starts.
 PLACEHOLDER_CONNECT = "HEAD_ADDR:PORT"
 PLACEHOLDER_FINGERPRINT = "CERT_SHA256"
-# --token's forms: there is no other (a token on the command line would be every local user's to read).
-TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
-TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME
-TOKEN_ANNOUNCE = "announce"  # noqa: S105 - make a one-time key and announce it on stdout (xrun.channel.announce)
 
 
 # ---------------------------------------------------------------------------------------------------------------

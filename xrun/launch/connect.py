@@ -33,7 +33,6 @@ the job's code travels on the channel, and a non-zero exit would only set off th
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import os
@@ -45,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 from xrun import __version__, channel
 from xrun.channel import STOP_STACKS, ChannelError, Kind, message
@@ -53,7 +52,6 @@ from xrun.channel.announce import announce_line
 from xrun.channel.link import Credentials, Link, open_link
 from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.network.modes import MissingInterface
@@ -61,10 +59,13 @@ from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.summary import RankFigures
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
+from xrun.launch.tokens import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.net import master_port
 from xrun.values import MAX_HOSTS, int_arg, one_line
 
 if TYPE_CHECKING:
+    import argparse
+
     from xrun.launch.result.stacks import RankStack
 
 T = TypeVar("T")  # what ``serve_until`` returns: the message that ends the wait, or an exit code
@@ -76,13 +77,69 @@ SPEC_TIMEOUT = 30.0
 EXIT_NO_RUNNER = 1
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError("xrun.launch --connect", message)
+class ConnectArgs(NamedTuple):
+    """The connect-mode command line, read (a NamedTuple: on every node's start path, issue 25 §4)."""
+
+    connect: str
+    node_rank: int | None
+    node_rank_from: str | None
+    fingerprint: str | None
+    token: str
+
+    def node_index(self, environ: Mapping[str, str]) -> int:
+        """This node's index: --node_rank's, or the engine's variable --node_rank_from names."""
+        if self.node_rank_from is not None:
+            return node_rank_from(self.node_rank_from, environ)
+        if self.node_rank is None:  # both readings require one of the two flags: never reached from main
+            raise UsageError("--node_rank", "missing: give --node_rank or --node_rank_from")
+        return self.node_rank
+
+
+# Each flag as connect_argv renders it, and its field; argparse's own spellings are the same.
+RENDERED_FLAGS = {"--connect": "connect", "--node_rank": "node_rank", "--node-rank": "node_rank",
+                  "--node_rank_from": "node_rank_from", "--node-rank-from": "node_rank_from",
+                  "--fingerprint": "fingerprint", "--token": "token"}
+
+
+def parse_connect_args(argv: Sequence[str]) -> ConnectArgs:
+    """The agent's command line: the rendered form read directly, anything else by argparse (which also says
+    what is wrong with it, and answers --help)."""
+    rendered = read_rendered(argv)
+    if rendered is not None:
+        return rendered
+    ns = build_parser().parse_args(list(argv))
+    return ConnectArgs(ns.connect, ns.node_rank, ns.node_rank_from, ns.fingerprint, ns.token)
+
+
+def read_rendered(argv: Sequence[str]) -> ConnectArgs | None:
+    """``connect_argv``'s own form (every flag ``--name=value``, each once, exactly one of the node rank's two
+    flags, a node rank in range) read without argparse, whose import and parser cost about 4 ms of CPU on every
+    node of every job; None for any other form. Both readings agree wherever this one answers (tests/test_cli.py)."""
+    found: dict[str, str] = {}
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        field = RENDERED_FLAGS.get(name)
+        if not sep or field is None or field in found:
+            return None
+        found[field] = value
+    if "connect" not in found or ("node_rank" in found) == ("node_rank_from" in found):
+        return None
+    rank = found.get("node_rank")
+    if rank is not None and not (rank.isascii() and rank.isdigit() and int(rank) <= MAX_HOSTS):
+        return None
+    return ConnectArgs(connect=found["connect"], node_rank=None if rank is None else int(rank),
+                       node_rank_from=found.get("node_rank_from"), fingerprint=found.get("fingerprint"),
+                       token=found.get("token", TOKEN_ON_STDIN))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m xrun.launch --connect", add_help=True, allow_abbrev=False)
+    import argparse  # noqa: PLC0415 - only for a command line that is not connect_argv's form, and --help
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError("xrun.launch --connect", message)
+
+    parser = Parser(prog="python -m xrun.launch --connect", add_help=True, allow_abbrev=False)
     parser.add_argument("--connect", required=True, metavar="HOST:PORT", help="the runner's control server")
     rank = parser.add_mutually_exclusive_group(required=True)
     rank.add_argument("--node_rank", "--node-rank", type=int_arg(high=MAX_HOSTS), help="this node's index")
@@ -150,7 +207,8 @@ def open_channel(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> sock
     deadline = time.monotonic() + timeout
     while True:
         try:
-            sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
+            sock = socket.create_connection((_resolvable(host), port),  # type: ignore[arg-type] # bytes: getaddrinfo
+                                            timeout=max(0.1, deadline - time.monotonic()))
         except OSError as err:
             if time.monotonic() >= deadline or not isinstance(err, ConnectionRefusedError):
                 raise ChannelError(f"cannot reach the runner at {host}:{port}: {err.strerror or err}") from None
@@ -159,6 +217,13 @@ def open_channel(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> sock
         sock.settimeout(None)
         channel.tune_socket(sock)
         return sock
+
+
+def _resolvable(host: str) -> str | bytes:
+    """An ASCII host name as bytes: ``getaddrinfo`` then takes it as it is instead of loading the ``idna`` codec
+    (about 1 ms of every node's start), and a malformed name is a resolver error (an ``OSError``), not a
+    ``UnicodeError``."""
+    return host.encode("ascii") if host.isascii() else host
 
 
 def secure_link(host: str, port: int, node_rank: int, credentials: Credentials,
@@ -575,11 +640,10 @@ def engine_exit_code(code: int, *, delivered: bool) -> int:
 def main(argv: Sequence[str]) -> int:
     raise_open_files_limit()  # before the channel and the ranks' pipes: not the login's 1,024 (xrun.fdlimit)
     try:
-        ns = build_parser().parse_args(list(argv))
+        ns = parse_connect_args(argv)
         host, port = split_endpoint(ns.connect)
-        node_rank = ns.node_rank
+        node_rank = ns.node_index(os.environ)
         if ns.node_rank_from is not None:  # started by mpirun/mpiexec/srun: ranks must not look like its processes
-            node_rank = node_rank_from(ns.node_rank_from, os.environ)
             drop_engine_identity(os.environ)
             restore_home(os.environ)
         credentials = read_credentials(ns.token, ns.fingerprint, node_rank)

@@ -52,7 +52,7 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
 
 
 def check_spec(spec: NodeSpec) -> None:
-    """The agent's side: the same checks, read back from the ranks' argv (``spec.rank_argv`` wrote them)."""
+    """The agent's side: the same checks, read back from the ranks' argv (``rankplan.rank_argv`` wrote them)."""
     if not spec.ranks:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))

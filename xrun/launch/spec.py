@@ -1,24 +1,20 @@
-"""The wire contract between the runner and a node agent: world info, node spec, rank spec.
+"""The wire contract between the runner and a node agent: the node spec, its ranks and the agent's options.
 
 ``launch`` owns this format because it is the lower layer: the runner imports it to build plans, the agent
-imports it to execute them. Every type here is a frozen dataclass that converts to and from plain JSON.
+imports it to execute them. Every type here is a frozen dataclass that converts to and from plain JSON. How the
+ranks' argv and env are planned from the world is ``xrun.launch.rankplan``'s (a connect-mode agent, which is sent
+them, never loads it).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
-import functools
-import itertools
-import json
 import signal
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xrun.errors import UsageError, WorldInfoError
+from xrun.errors import UsageError
 
 SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -33,70 +29,12 @@ DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 _NOT_FORWARDED = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                             signal.SIGCHLD})  # fmt: skip
 
-World = Mapping[str, tuple[int, ...]]
-
-
 class PythonMode(enum.Enum):
     """How the rank command starts the user's program."""
 
     SCRIPT = "script"  # python -u SCRIPT
     MODULE = "module"  # python -u -m MODULE
     NONE = "none"  # SCRIPT is an executable, run as is
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# World info: DeepSpeed's base64 JSON of {host: [slot ids]} in node order, byte-compatible.
-
-
-def encode_world_info(world: World) -> str:
-    """Encode like DeepSpeed: urlsafe base64 of ``json.dumps`` with default separators."""
-    as_lists = {host: list(slots) for host, slots in world.items()}
-    return base64.urlsafe_b64encode(json.dumps(as_lists).encode("utf-8")).decode("ascii")
-
-
-def decode_world_info(text: str) -> dict[str, tuple[int, ...]]:
-    """Decode a world info string (ours or DeepSpeed's); node order is the JSON object order."""
-    try:
-        raw = base64.urlsafe_b64decode(_pad_base64(text.strip()).encode("ascii"))
-        decoded = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError, UnicodeError) as err:
-        reason = f"not base64-encoded JSON ({err.__class__.__name__}); pass the string xrun printed"
-        raise WorldInfoError(reason) from None
-    if not isinstance(decoded, dict) or not decoded:
-        raise WorldInfoError('expected a non-empty JSON object {"host": [slot, ...]}')
-    world: dict[str, tuple[int, ...]] = {}
-    for host, slots in decoded.items():
-        if not isinstance(slots, list) or not slots or not all(_is_slot(s) for s in slots):
-            raise WorldInfoError(f"host {host!r}: slots must be a non-empty list of non-negative integers")
-        world[host] = tuple(slots)
-    return world
-
-
-def _pad_base64(text: str) -> str:
-    return text + "=" * (-len(text) % 4)
-
-
-def _is_slot(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# What one node runs.
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """How each rank's command line is built from the user's program."""
-
-    python: str = sys.executable
-    mode: PythonMode = PythonMode.SCRIPT
-    local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
-    device_per_rank: bool = False  # --device_per_rank: each rank sees only its own device, as its local rank 0
-
-    def __post_init__(self) -> None:
-        mode: object = self.mode  # a plain string when the options come from JSON (the node spec)
-        if not isinstance(mode, PythonMode):
-            object.__setattr__(self, "mode", PythonMode(mode))
 
 
 class HangAction(enum.Enum):
@@ -294,111 +232,3 @@ def check_rank_list(flag: str, ranks: tuple[int, ...] | None, world_size: int) -
     outside = [r for r in ranks or () if r >= world_size]
     if outside:
         raise UsageError(flag, f"rank {outside[0]} does not exist: the job has ranks 0-{world_size - 1}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The rank plan: one pure function shared by the runner's dry-run/plan and the agent's own CLI.
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    master_addr: str
-    master_port: int
-    run_id: str = "xrun"
-
-
-@functools.lru_cache(maxsize=256)
-def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[str, ...]) -> tuple[str, ...]:
-    """``python -u [-m] SCRIPT [--local_rank=N] ARGS`` — the user's args untouched, always a list. Cached: the
-    ranks with the same local rank share one tuple (a head plans 10,000 nodes' ranks at once)."""
-    if launch.mode is PythonMode.NONE:
-        head: tuple[str, ...] = (script,)
-    elif launch.mode is PythonMode.MODULE:
-        head = (launch.python, "-u", "-m", script)
-    else:
-        # A script named like an option (``xrun -- -weird.py``) needs python's own ``--`` to be run as a script.
-        head = (launch.python, "-u", "--", script) if script.startswith("-") else (launch.python, "-u", script)
-    local = (sys.intern(f"--local_rank={local_rank}"),) if launch.local_rank_arg else ()  # one per value, not per rank
-    return head + local + tuple(args)
-
-
-@dataclass(frozen=True)
-class WorldShape:
-    """What every rank's env needs from the whole world, computed once per plan (per rank it made planning
-    65536 hosts take minutes)."""
-
-    hosts: tuple[str, ...]
-    first_ranks: tuple[int, ...]  # of each node, in world order
-    world_size: int
-
-
-def world_shape(world: World) -> WorldShape:
-    hosts = tuple(world)
-    firsts = tuple(itertools.accumulate((len(world[h]) for h in hosts), initial=0))
-    return WorldShape(hosts=hosts, first_ranks=firsts[:-1], world_size=firsts[-1])
-
-
-def rank_env(
-    world: World, node_rank: int, local_rank: int, rdzv: Rendezvous, *, shape: WorldShape | None = None,
-    max_restarts: int = 0,
-) -> dict[str, str]:
-    """The union of the torchrun and DeepSpeed per-rank env contracts (``max_restarts``: a static job's
-    ``--max_restarts``; the agent raises ``TORCHELASTIC_RESTART_COUNT`` with each attempt)."""
-    shape = shape or world_shape(world)
-    hosts = shape.hosts
-    slots = world[hosts[node_rank]]
-    # one string per value, shared by the keys (and, interned, the ranks) that repeat it: a head plans 10,000
-    # nodes' environments at once
-    rank, node = str(shape.first_ranks[node_rank] + local_rank), str(node_rank)
-    rank = node if rank == node else rank  # one rank per node: one string for both
-    size, local, nodes, port, restarts = (sys.intern(str(n)) for n in (shape.world_size, len(slots), len(hosts),
-                                                                        rdzv.master_port, max_restarts))
-    return {
-        "RANK": rank,
-        "LOCAL_RANK": sys.intern(str(local_rank)),
-        "WORLD_SIZE": size,
-        "LOCAL_WORLD_SIZE": local,
-        "LOCAL_SIZE": local,
-        "GROUP_RANK": node,
-        "NODE_RANK": node,
-        "CROSS_RANK": node,
-        "GROUP_WORLD_SIZE": nodes,
-        "CROSS_SIZE": nodes,
-        "ROLE_NAME": "default",
-        "ROLE_RANK": rank,
-        "ROLE_WORLD_SIZE": size,
-        "MASTER_ADDR": rdzv.master_addr,
-        "MASTER_PORT": port,
-        "CUDA_VISIBLE_DEVICES": sys.intern(",".join(str(s) for s in slots)),
-        "TORCHELASTIC_RUN_ID": rdzv.run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": restarts,
-    }
-
-
-def node_ranks(
-    world: World,
-    node_rank: int,
-    rdzv: Rendezvous,
-    launch: LaunchOptions,
-    script: str,
-    args: tuple[str, ...],
-    *,
-    shape: WorldShape | None = None,
-    max_restarts: int = 0,
-) -> tuple[RankSpec, ...]:
-    """Every rank of one node, in slot order (``shape``: the world's, when the caller plans every node)."""
-    shape = shape or world_shape(world)
-    hosts = shape.hosts
-    if not 0 <= node_rank < len(hosts):
-        raise UsageError("--node_rank", f"{node_rank} is outside 0..{len(hosts) - 1} for a {len(hosts)}-node world")
-    slots = world[hosts[node_rank]]
-    ranks = []
-    for local_rank in range(len(slots)):
-        env = rank_env(world, node_rank, local_rank, rdzv, shape=shape, max_restarts=max_restarts)
-        seen = local_rank  # the local rank the program is told
-        if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
-            env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
-            seen = 0
-        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, tuple(args))))
-    return tuple(ranks)

@@ -20,18 +20,8 @@ from enum import Enum
 from xrun.errors import UsageError
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic.rdzv import resolve_elastic
-from xrun.launch.spec import (
-    AgentOptions,
-    ElasticOptions,
-    LaunchOptions,
-    NodeSpec,
-    Rendezvous,
-    World,
-    check_rank_list,
-    encode_world_info,
-    node_ranks,
-    world_shape,
-)
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
+from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, check_rank_list
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection

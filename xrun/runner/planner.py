@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from xrun.errors import UsageError
-from xrun.launch.spec import World
+from xrun.launch.rankplan import World
 from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends

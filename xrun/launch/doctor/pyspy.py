@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 
 PYSPY = "py-spy"
 PYSPY_ENV = "XRUN_PYSPY"  # another py-spy binary than the one on PATH (tests, odd installs)
@@ -29,16 +30,25 @@ def pyspy_path(environ: Mapping[str, str] = os.environ, scripts: str | None = No
     """
     if environ.get(PYSPY_ENV):
         return shutil.which(environ[PYSPY_ENV], path=environ.get("PATH"))
-    beside = os.path.join(scripts if scripts is not None else _scripts_dir(), PYSPY)
-    if os.access(beside, os.X_OK) and os.path.isfile(beside):
-        return beside
+    for folder in _scripts_dirs(scripts):
+        beside = os.path.join(folder, PYSPY)
+        if os.access(beside, os.X_OK) and os.path.isfile(beside):
+            return beside
     return shutil.which(PYSPY, path=environ.get("PATH"))
 
 
-def _scripts_dir() -> str:
-    import sysconfig  # only when stacks are wanted: not on the agent's start path
+def _scripts_dirs(scripts: str | None) -> Iterator[str]:
+    """Where the agent's environment installs scripts: the interpreter's own folder (a venv's or pyenv's ``bin``,
+    checked without loading ``sysconfig``, which costs about 1 ms of every node's start), then sysconfig's
+    scripts folder where that differs (a system Python's ``/usr/local/bin``)."""
+    if scripts is not None:
+        yield scripts
+        return
+    if sys.executable:
+        yield os.path.dirname(sys.executable)
+    import sysconfig  # noqa: PLC0415 - only when py-spy is not beside the interpreter
 
-    return sysconfig.get_path("scripts")
+    yield sysconfig.get_path("scripts")
 
 
 def stack_problem(host: str, environ: Mapping[str, str] = os.environ, scripts: str | None = None) -> str | None:

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from xrun.errors import UsageError
-from xrun.launch.spec import RDZV_BACKENDS, ElasticOptions, Rendezvous, World
+from xrun.launch.rankplan import Rendezvous, World
+from xrun.launch.spec import RDZV_BACKENDS, ElasticOptions
 from xrun.values import MAX_SECONDS, host_name_problem, parse_int, shown
 
 # The keys each backend reads (torch 2.1 .. 2.13 ``rendezvous/*.py``); anything else is ignored by torch.

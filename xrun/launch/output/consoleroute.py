@@ -25,6 +25,8 @@ from xrun.launch.procs.posix import write_all
 
 @dataclass(frozen=True)
 class Route:
+    """Where this node's console writes go: forwarded to node 0 (pod mode), and whether written here as well."""
+
     forward: Callable[[int, bytes], bool]  # hand (fd, bytes) to node 0; False: the channel is gone
     keep_local: bool  # write here as well (every node but node 0, whose console shows every node's lines)
 

@@ -22,6 +22,8 @@ _DEAD_STATES = frozenset("ZXx")  # zombie or dead: exited, only waiting to be re
 
 @dataclass(frozen=True)
 class ProcInfo:
+    """One row of the /proc table: a live process and the groups it belongs to."""
+
     pid: int
     ppid: int
     pgrp: int
@@ -135,6 +137,26 @@ def group_exists(pgid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def children() -> set[int] | None:
+    """This process's children as the kernel lists them, for each of its threads (a child is listed under the
+    thread that forked it); None where the kernel keeps no such list (built without CONFIG_PROC_CHILDREN)."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as listing:
+                found.update(int(pid) for pid in listing.read().split())
+        except FileNotFoundError:
+            if tid == str(os.getpid()):  # the main thread has none: the kernel keeps no list at all
+                return None
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return found
 
 
 def exited_child() -> int | None:

@@ -50,6 +50,8 @@ _INTEL_DATA_CENTER = ("0x0bd", "0x56c")  # Max (Ponte Vecchio) and Flex device i
 
 @dataclass(frozen=True)
 class Devices:
+    """The accelerators this node has: whose, and how many (counted without importing torch)."""
+
     vendor: Vendor
     count: int
 

@@ -106,12 +106,16 @@ class Reaper:
         self._leftovers: dict[int, list[int]] = {}  # sid -> pids
         self._sent: dict[int, int] = {}  # leftover pid -> the strongest signal its group got
         self._leftover_fds: dict[int, int] = {}  # pidfd -> pid
+        self._subreaper = False
 
-    def attach(self, sel: selectors.BaseSelector, watchdog: Watchdog | None, *, pidfd: bool) -> None:
-        """The event loop the pidfds go to (``pidfd``: use them), and the watchdog (our child, not an orphan)."""
+    def attach(self, sel: selectors.BaseSelector, watchdog: Watchdog | None, *, pidfd: bool,
+               subreaper: bool = False) -> None:
+        """The event loop the pidfds go to (``pidfd``: use them), the watchdog (our child, not an orphan), and
+        whether this process is the ranks' child subreaper (their orphans come to it)."""
         self._sel = sel
         self._watchdog = watchdog
         self.have_pidfd = pidfd
+        self._subreaper = subreaper
 
     def sids(self) -> set[int]:
         """The ranks' sessions: a started rank's pid is its session id."""
@@ -254,8 +258,19 @@ class Reaper:
     # -- leftovers ------------------------------------------------------------------------------------------
 
     def live(self) -> list[ProcInfo]:
-        """Members of the ranks' sessions that are still alive."""
+        """Members of the ranks' sessions that are still alive.
+
+        Every member descends from a rank, and as their subreaper this process inherits any whose parent is gone:
+        so while it has no child but the watchdog, no member can be left, and the scan of every process's
+        ``/proc`` entry (about 1 ms here, tens of ms on a node running thousands of processes) is skipped.
+        """
+        if self._subreaper and self._no_child_but_the_watchdog():
+            return []
         return proctable.live_members(self.sids())
+
+    def _no_child_but_the_watchdog(self) -> bool:
+        kids = proctable.children()
+        return kids is not None and kids <= ({self._watchdog.pid} if self._watchdog is not None else set())
 
     def sweep(self, members: Sequence[ProcInfo], signum: int) -> None:
         """Send ``signum`` to the groups of ``members`` that have not had it yet; watch and remember them all."""

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SuperviseOptions:
+    """How a rank group is supervised: prefixes, echo, logs, signals and the stop's grace (from the node spec)."""
+
     host: str  # used in the "[host:rank]" prefix, the log path and the report
     prefix: bool = True  # False = raw output (--no_prefix)
     quiet: bool = False  # no console echo (logs only)
@@ -159,7 +161,7 @@ class RankGroup:
             saved_subreaper = proctable.set_child_subreaper(True)
             # Forked before the signal handlers and the rank pipes exist: it must hold neither.
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
-            self._reaper.attach(sel, self._watchdog, pidfd=self._have_pidfd)
+            self._reaper.attach(sel, self._watchdog, pidfd=self._have_pidfd, subreaper=saved_subreaper is not None)
             owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals),
                          *sorted(self.plugins.signals))
             with owned_signals(owned_set, self._loop.on_signal) as owned:

@@ -30,6 +30,8 @@ HANG_EXIT = 124
 
 @dataclass(frozen=True)
 class RankOutcome:
+    """How one rank ended, with the figures the kernel accounted for it (the module doc lists them)."""
+
     host: str
     rank: int
     local_rank: int
@@ -56,6 +58,8 @@ class RankOutcome:
 
 @dataclass(frozen=True)
 class NodeResult:
+    """The node's ranks in rank order, the root cause, and the exit code decided from them (``node_result``)."""
+
     host: str
     outcomes: tuple[RankOutcome, ...]  # in rank order
     root_cause: RankOutcome | None  # the first rank that failed on its own

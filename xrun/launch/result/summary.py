@@ -22,6 +22,8 @@ from xrun.values import one_line
 
 @dataclass(frozen=True)
 class RankFigures:
+    """One rank's line in the job's summary: how it ended, its runtime, CPU time and peak memory."""
+
     host: str
     rank: int
     local_rank: int

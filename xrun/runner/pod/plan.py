@@ -26,7 +26,7 @@ from typing import Any
 
 from xrun.errors import SelectionError, UsageError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
-from xrun.launch.spec import World
+from xrun.launch.rankplan import World
 from xrun.runner.hosts.batch_alloc import ReadFile
 from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
