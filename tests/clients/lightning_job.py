@@ -1,4 +1,6 @@
-"""A tiny Lightning job: Trainer(devices=2, strategy="ddp") must join xrun's ranks, not spawn its own."""
+"""A tiny Lightning job: Trainer(devices=2, strategy="ddp") must join xrun's ranks, not spawn its own.
+
+CLIENT_DEVICES and CLIENT_NODES (2 and 1) are what a user would write in the Trainer for their cluster."""
 
 import json
 import os
@@ -23,7 +25,8 @@ class Tiny(L.LightningModule):
 
 
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=4)
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=2, logger=False,
+trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("CLIENT_DEVICES", "2")),
+                    num_nodes=int(os.environ.get("CLIENT_NODES", "1")), strategy="ddp", max_steps=2, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     default_root_dir=os.environ["CLIENT_OUT"])
 module = Tiny()
