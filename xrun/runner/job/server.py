@@ -150,6 +150,10 @@ class ControlServer:
         """These nodes are bad (``--precheck``, issue 24): replaced by hot spares before the start, else lost."""
         self.dispatch.feed(NodesFaulty(node_ranks, reason))
 
+    def stop_echoed(self, host: str, code: int) -> bool:
+        """A launcher's word that ``host``'s session exited with ``code`` only echoes the job's stop (pdsh)."""
+        return self.job.stop.echoed(host, code)
+
     def next_attempt(self) -> None:
         """--max_restarts: what the doctor and the figures held was the attempt before's."""
         self.extras = Extras(self)

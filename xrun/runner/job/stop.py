@@ -5,7 +5,8 @@ The first failure is the root cause (``RootCause``) and stops every other node w
 SIGHUP stop every node gracefully, a second SIGINT with SIGKILL at once. A node whose agent is lost (its connection
 dropped, silent past the keepalive, its session ended) ends the attempt as a failure, except that ``--elastic``
 leaves it to torch while at least ``--min_nodes`` remain (issue 6). Once stopping, a node that neither finishes nor
-answers by the deadline (the agents' own ``--shutdown_timeout`` and ``STOP_GRACE``) counts as lost.
+answers by the deadline (the agents' own ``--shutdown_timeout`` and ``STOP_GRACE``) counts as lost. What a launcher
+then says of the sessions the stop ended (pdsh: ``ssh exited with exit code 143``) is only its echo (``echoed``).
 
 Pure, like the machine: each step returns the actions it takes; the machine keeps their order.
 """
@@ -21,6 +22,10 @@ from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.verdict import RootCause, lost_failure
 
 STOP_GRACE = 5.0  # beyond the agents' own shutdown deadline before a node counts as not stopping
+# What a node stopped by the stop's signals exits with (SIGINT, SIGTERM, SIGKILL): a launcher's report of one is
+# the echo of this stop. 255 never is: it is also ssh's own failure.
+STOP_CODES = frozenset(128 + int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+SSH_FAILED = 255
 
 
 class Stop:
@@ -82,6 +87,16 @@ class Stop:
             if not node.over:
                 out += self.mark_lost(node, "did not stop before the deadline")
         return out
+
+    def echoed(self, host: str, code: int) -> bool:
+        """A launcher says the session to ``host`` exited with ``code`` (pdsh: ``ssh exited with exit code 143``):
+        is that only the echo of this stop? Yes once the stop began, for a code the stop's signals give, or the
+        code that ``host``'s node's agent already reported; never for ssh's own 255."""
+        if not self.stopping or code == SSH_FAILED:
+            return False
+        if code in STOP_CODES:
+            return True
+        return any(n.state is NodeState.DONE and n.exit_code == code for n in self.nodes.by_host.get(host, ()))
 
     def elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""
