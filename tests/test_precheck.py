@@ -118,11 +118,12 @@ class FakeServer:
         self.job = SimpleNamespace(stopping=False, nodes=[SimpleNamespace(host=f"n{i}") for i in range(count)])
         self.slow, self.mute_open, self.mute_probe = set(slow), set(mute_open), set(mute_probe)
         self.sent, self.fed, self.timers, self.inbox = [], [], [], []
+        self.dispatch = self  # what the driver sends and feeds goes through the server's dispatch
 
     def add_timer(self, due, fire):
         self.timers.append((due, fire))
 
-    def _send(self, node, msg):
+    def send(self, node, msg):
         self.sent.append((node, msg))
         if msg["type"] == Kind.PROBE_OPEN.value and node not in self.mute_open:
             self.inbox.append((node, message(Kind.PROBE_READY, address=f"10.0.0.{node}", port=4000 + node,
@@ -133,7 +134,7 @@ class FakeServer:
             self.inbox.append((node, message(Kind.PROBED, id=msg["id"], ok=True, latency_ms=0.05,
                                              throughput_mbs=rate, error="")))
 
-    def _feed(self, event):
+    def feed(self, event):
         self.fed.append(event)
 
     def deliver(self, driver, now=0.0):

@@ -214,12 +214,26 @@ def test_one_failing_rank_stops_every_node(job, backend):
     job.assert_clean()
 
 
+def test_pdsh_keeps_its_echoes_of_the_stop_off_the_console(job):
+    # Rank 3 exits 1: xrun stops the other nodes, whose agents exit 143. pdsh -S says "ssh exited with exit code
+    # 143" of each: only the echo of xrun's own stop, which reads like a second failure (xrun.runner.backends.echoes).
+    code, out, err = job.run("pdsh", env={"FAIL_RANK": "3", "FAIL_CODE": "1", "SLEEP": "60"})
+    assert code == 1, err
+    assert "job failed: rank 3 (local 1) on node2 exited with code 1" in err
+    assert "node node1: stopped by SIGTERM (exit code 143)" in err  # xrun's own word on how each node ended
+    assert "ssh exited with exit code 143" not in err, err
+    job.assert_clean()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_xrun_stops_every_node(job, backend, signum):
     proc, _ = started_job(job, backend)
     proc.send_signal(signum)
     assert proc.wait(timeout=20) == 128 + signum
+    err = proc.stderr.read()
+    assert f"stopped by {signal.Signals(signum).name}" in err
+    assert "ssh exited with exit code" not in err, err  # pdsh: its echo of the stop is kept off
     job.assert_clean()
 
 
@@ -256,6 +270,15 @@ def test_unreachable_host_named_and_nothing_started(job):
     code, out, err = job.run("ssh", env={"SLEEP": "30"})
     assert code == 255
     assert "node3" in err and "node1" not in err.split("cannot start on")[-1]
+    job.assert_clean()
+
+
+def test_pdsh_unreachable_host_named_in_pdshs_words(job):
+    job.cluster.kill_node("node3")
+    code, out, err = job.run("pdsh", env={"SLEEP": "30"})
+    assert code == 255, err
+    assert "the session to node3 exited with code 255 before its agent connected" in err
+    assert "pdsh@" in err and "node3: ssh exited with exit code 255" in err, err  # ssh's own failure: shown
     job.assert_clean()
 
 

@@ -10,7 +10,9 @@ proxy that will never come, for as long as the start barrier lets it (issue 12).
 node's session at once (``session_ended``), with the launcher's own words as the reason; a line a rank
 prints later cannot, since the job ignores session ends of connected nodes. Backends differ only in how the
 process and what it started are stopped (``_stop``). An agent that announces its one-time key (pdsh:
-``xrun.channel.announce``) does so on this stderr too: the line is taken out and handed to the server.
+``xrun.channel.announce``) does so on this stderr too: the line is taken out and handed to the server. pdsh's
+lines that only echo the job's own stop (``ssh exited with exit code 143``) are kept off the console
+(``xrun.runner.backends.echoes``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import IO, Any
 from xrun.channel.announce import AnnouncementFilter
 from xrun.launch.output.dedupe import LineMerger
 from xrun.launch.output.writer import writer
+from xrun.runner.backends.echoes import EchoFilter
 from xrun.runner.job.relay import LineRelay
 
 # What OpenSSH and pdsh print when a node cannot be reached, each naming the host (group 1).
@@ -67,6 +70,7 @@ class LauncherProcess:
         self.merger = merger
         self.out = LineRelay(1, merger=merger, source=None) if merger is not None else None
         self.announcements = AnnouncementFilter()
+        self.echoes: EchoFilter | None = None  # pdsh: its lines that only echo the job's stop are kept off
 
     def register(self, loop: Any) -> None:
         self.pidfd = os.pidfd_open(self.proc.pid)
@@ -106,12 +110,12 @@ class LauncherProcess:
             return False
         if not chunk:
             loop.remove_reader(stderr)
-            _write_all(self.announcements.flush())
+            _write_all(self._console(self.announcements.flush(), loop, end=True))
             return False
         shown, announced = self.announcements.feed(chunk)
         for node, key_hex in announced:  # pdsh's agents prove keys they announce here (xrun.channel.announce)
             loop.key_announced(node, key_hex)
-        _write_all(shown)
+        _write_all(self._console(shown, loop))
         *lines, rest = (self.partial + shown).split(b"\n")
         self.partial = rest[-_LINE_LIMIT:]
         for raw in lines:
@@ -120,6 +124,14 @@ class LauncherProcess:
             if host is not None:
                 loop.session_ended(host, 255, f"{self.program}: {line.strip()}")
         return True
+
+    def _console(self, data: bytes, loop: Any, *, end: bool = False) -> bytes:
+        """What of the launcher's stderr the console shows: all, but pdsh's echoes of the job's own stop
+        (xrun.runner.backends.echoes). The lines that end a node's wait are read from all of it."""
+        if self.echoes is None:
+            return data
+        shown = self.echoes.feed(data, loop.stop_echoed)
+        return shown + self.echoes.flush() if end else shown
 
     def _exited(self, loop: Any) -> None:
         assert self.pidfd is not None

@@ -22,6 +22,7 @@ from xrun.errors import UsageError
 from xrun.launch.output.dedupe import LineMerger
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
+from xrun.runner.backends.echoes import EchoFilter
 from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
 from xrun.runner.backends.routes import control_address
 from xrun.runner.job.relay import head_merger
@@ -98,6 +99,7 @@ class PdshBackend:
 class PdshSession(LauncherProcess):
     def __init__(self, proc: subprocess.Popen[bytes], merger: LineMerger | None = None) -> None:
         super().__init__(proc, "pdsh", merger)
+        self.echoes = EchoFilter()  # "ssh exited with exit code 143" for each node xrun stopped: not news
 
     def _stop(self) -> None:
         """End pdsh and the ssh clients it forked (a node that is cut off keeps its ssh waiting for TCP)."""

@@ -63,9 +63,11 @@ class Job(Protocol):
     spares: Spares
     cause: RootCause
     now: float
-    stopping: bool
     strays: int
     _out: list[Action]
+
+    @property
+    def stopping(self) -> bool: ...
 
     @property
     def failure(self) -> Failure | None: ...

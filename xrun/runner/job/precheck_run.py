@@ -16,8 +16,8 @@ check's). When the check is over the result goes to the machine as ``PrecheckDon
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xrun.channel import Kind, Message, message
 from xrun.runner.job.events import PrecheckDone, RunPrecheck
@@ -27,7 +27,20 @@ from xrun.runner.network.report import PrecheckResult, node_rows
 from xrun.runner.network.verdict import Probe
 
 if TYPE_CHECKING:
-    from xrun.runner.job.server import ControlServer
+    from xrun.runner.job.dispatch import Dispatch
+    from xrun.runner.job.machine import Job
+
+
+class Server(Protocol):
+    """What the check reads and calls of the control server (``xrun.runner.job.server.ControlServer``)."""
+
+    @property
+    def job(self) -> Job: ...
+
+    @property
+    def dispatch(self) -> Dispatch: ...
+
+    def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None: ...
 
 OPEN_TIMEOUT = 15.0  # a node's probe server and its route lookup: instant, unless the agent is stuck
 CONNECT_TIMEOUT = 3.0  # per probe connection (as xrun check --network)
@@ -43,7 +56,7 @@ def probe_budget(request: Request) -> float:
 class ChannelPrecheck:
     """One precheck over ``action.nodes``; positions 0..k-1 in the check stand for those node ranks."""
 
-    def __init__(self, server: ControlServer, action: RunPrecheck, *, now: float) -> None:
+    def __init__(self, server: Server, action: RunPrecheck, *, now: float) -> None:
         self.server = server
         self.ranks = action.nodes
         self.hosts = list(action.hosts) or [server.job.nodes[rank].host for rank in self.ranks]
@@ -58,7 +71,7 @@ class ChannelPrecheck:
         self.over = False  # the result went to the machine: what still arrives is late
         server.add_timer(lambda: self.deadline, lambda: self.tick(time.monotonic()))
         for rank in self.ranks:
-            server._send(rank, message(Kind.PROBE_OPEN, toward=action.toward))
+            server.dispatch.send(rank, message(Kind.PROBE_OPEN, toward=action.toward))
 
     def message(self, node: int, msg: Message, now: float) -> None:
         where = self.position.get(node)
@@ -124,7 +137,7 @@ class ChannelPrecheck:
             address, port = str(peer["address"]), peer["port"]
             target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
             seconds = 0.0 if request.mode == REACH else SECONDS
-            self.server._send(self.ranks[request.src], message(
+            self.server.dispatch.send(self.ranks[request.src], message(
                 Kind.PROBE, id=self.first_id + i, probe=target, mode=request.mode, seconds=seconds,
                 timeout=CONNECT_TIMEOUT))
             load[request.src] = load.get(request.src, 0.0) + probe_budget(request)
@@ -138,7 +151,7 @@ class ChannelPrecheck:
         if result.bad:
             for line in result.table():
                 say(f"precheck: {line}")
-        self.server._feed(PrecheckDone(result))
+        self.server.dispatch.feed(PrecheckDone(result))
 
 
 def _probe(request: Request, msg: Message) -> Probe:

@@ -38,9 +38,11 @@ class JobView(Protocol):
     config: JobConfig
     nodes: Nodes
     attempts: Attempts
-    stopping: bool
     now: float
     cause: RootCause
+
+    @property
+    def stopping(self) -> bool: ...
 
     @property
     def failure(self) -> Failure | None: ...

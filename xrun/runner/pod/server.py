@@ -43,8 +43,9 @@ from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
 from xrun.runner.job.rejoin import rejoins
 from xrun.runner.job.relay import NodeLines, head_merger
-from xrun.runner.job.server import ControlServer, hello_event
+from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus, say
+from xrun.runner.job.wire import hello_event
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello
 from xrun.runner.pod.plan import PodSetup
@@ -67,9 +68,10 @@ class PodControlServer(ControlServer):
         keys = NodeKeys(len(plan.nodes), shared=pod_key(setup.token, run_id=plan.request.run_id))
         gate = Gate(keys, nodes=len(plan.nodes), prove_server=True)  # node 0 proves the secret first
         super().__init__(plan, gate, join_timeout=join_timeout, status=_LinesOnly(setup.num_nodes))
-        self.doers[ShowWaiting] = self._send_waiting
-        self.doers[ShowJoined] = lambda a: None
-        self.doers[ShowStarted] = lambda a: None
+        doers = self.dispatch.doers
+        doers[ShowWaiting] = self._send_waiting
+        doers[ShowJoined] = lambda a: None
+        doers[ShowStarted] = lambda a: None
         merger = head_merger(plan)
         self.lines = NodeLines(merger) if merger is not None else None
         self.rejoin = rejoins(self.job.config)
@@ -102,8 +104,8 @@ class PodControlServer(ControlServer):
             os.close(wake_r)
             os.close(wake_w)
 
-    def _drop(self, conn: Conn, *, failed: bool = False) -> None:
-        super()._drop(conn, failed=failed)
+    def drop(self, conn: Conn, *, failed: bool = False) -> None:
+        super().drop(conn, failed=failed)
         node = conn.node
         if self.rejoin and node is not None and node != 0 and node not in self.node_conns:
             self.gate.keys.release(node)  # its one connection is gone: a re-created pod may take its place
@@ -130,7 +132,7 @@ class PodControlServer(ControlServer):
     def _send_waiting(self, action: ShowWaiting) -> None:
         waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),
                           elapsed=round(action.elapsed, 1))
-        self._send_all(list(self.node_conns), waiting)
+        self.dispatch.send_all(list(self.node_conns), waiting)
 
 
 def _digest(data: Any) -> PlanDigest | None:
