@@ -147,7 +147,10 @@ CASES = [
     ("a second hello for a node is turned away", STATIC, [hello(0)], [hello(0, conn=7)],
      [ShowLine("ignored a second agent for node 0 (a) from 10.9.9.1"), TurnAway(7)], None),
     ("a hello while stopping is turned away", STATIC, [hello(0), SignalReceived(TERM)], [hello(1, conn=8)],
-     [ShowLine("ignored a second agent for node 1 (b) from 10.9.9.2"), TurnAway(8)], None),
+     [ShowLine("turned away node 1 (b)'s agent from 10.9.9.2: it came after the job began stopping"), TurnAway(8)],
+     None),
+    ("a second hello while stopping is still a second one", STATIC, [hello(0), SignalReceived(TERM)],
+     [hello(0, conn=8)], [ShowLine("ignored a second agent for node 0 (a) from 10.9.9.1"), TurnAway(8)], None),
     ("another xrun version is named", STATIC, [], [hello(1, version="0.0.1")],
      [ShowLine(f"b runs xrun 0.0.1, this is {__version__}"), SendSpec(1, False)], None),
     # -- elastic ------------------------------------------------------------------------------------------------

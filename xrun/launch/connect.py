@@ -540,7 +540,8 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
     try:
         first = link.recv(timeout=SPEC_TIMEOUT)
     except ChannelError as err:
-        raise ChannelError(f"the runner did not accept this agent ({err.reason}); stale or wrong token?") from None
+        raise ChannelError(f"the runner did not accept this agent ({err.reason}): the job was already ending, "
+                           "another agent holds this node's place, or the token is stale or wrong") from None
     if first.get("type") != Kind.SPEC.value:
         raise ChannelError(f"expected the node spec, got {first.get('type')!r}")
     if first.get("standby"):  # a hot spare (--spares): preflight, then wait for a lost node's spec or the end

@@ -96,7 +96,11 @@ def on_hello(job: Job, event: HelloReceived) -> None:
     joins_next = job.stopping and job.config.restart.restarts and job.cause.fixed is None \
         and not job.config.verdict_to_nodes  # head mode: pod mode's are xrun.runner.job.rejoin's
     if node.state is not NodeState.WAITING or (job.stopping and not joins_next):
-        job._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
+        if node.state is NodeState.WAITING:  # its first agent, late: not a second one
+            job._say(f"turned away node {node.rank} ({node.host})'s agent from {event.peer}: it came after the job "
+                     "began stopping")
+        else:
+            job._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
         job._out.append(TurnAway(event.conn))
         return
     job.nodes.join(node, event.addr, job.now, name=event.host if job.config.numbered else None)
