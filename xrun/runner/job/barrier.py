@@ -56,9 +56,10 @@ class Barrier:
         return self.poke(now)
 
     def poke(self, now: float) -> list[Action]:
-        """Once every node is up: the ranks start, or --precheck runs first; with hot spares still joining it waits
-        for them (they are checked too, and a third node decides which side of a bad pair is bad), at most until
-        ``--join_timeout``, then goes on without them. The machine pokes it when a spare is ready."""
+        """Once every node is up: the ranks start, or --precheck runs first (before every attempt); before the first,
+        with hot spares still joining it waits for them (they are checked too, and a third node decides which side
+        of a bad pair is bad), at most until ``--join_timeout``, then goes on without them. The machine pokes it
+        when a spare is ready."""
         if self.nodes.up() != len(self.nodes):
             return []
         if not (self.config.precheck and not self.prechecked):
