@@ -246,6 +246,10 @@ def test_the_dry_run_says_the_precheck_will_run(two_hosts, capsys):
     assert code == 0 and '"precheck": true' in out
     code, out, _ = xrun(capsys, "--dry-run", "-H", str(two_hosts / "hosts"), str(two_hosts / "train.py"))
     assert code == 0 and "precheck" not in out
+    code, out, _ = xrun(capsys, "--dry-run", "--precheck", "--max_restarts", "2", "-H", str(two_hosts / "hosts"),
+                        str(two_hosts / "train.py"))
+    assert code == 0 and "before any rank starts; a slow or unreachable node ends the job (exit 1); again before " \
+        "every restart\n" in out
 
 
 @pytest.mark.parametrize("extra, said", [

@@ -7,8 +7,10 @@ node's place at the restart, the lost host never used again, too few spares, the
 
 import json
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -311,7 +313,7 @@ def test_a_node_the_precheck_finds_bad_is_replaced_by_a_spare_that_passed_then_t
     job, _ = play(CHECKING, config=PRECHECKED)
     job, actions = play([PrecheckDone(checked(OK, SLOW, OK, OK, OK))], job)
     assert lines(actions)[0].startswith("precheck: 1 node(s) bad: b slow: ")
-    assert lines(actions)[0].endswith("; hot spares take their places")
+    assert lines(actions)[0].endswith("; hot spares take their places (checked in 1.5 s)")
     assert Drop(1) in actions and SendSpec(3, False, 0, node_rank=1) in actions
     assert not [a for a in actions if isinstance(a, (SendStart, SendStop))]
     _, actions = play([Ready(3)], job)
@@ -347,6 +349,76 @@ def test_the_precheck_waits_for_spares_still_joining_at_most_until_the_join_time
     assert job.barrier.prechecking is False
     job, actions = play([9.0, Tick()], job)  # e never joined: past --join_timeout the check goes on without it
     assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions and job.failure is None
+
+
+# -- --precheck before every attempt: a restart checks the nodes it will run on again -----------------------------
+
+# attempt 0 prechecked and running; then b's rank fails and every node is over: attempt 1's barrier
+FAILED = [*CHECKING, PrecheckDone(checked(OK, OK, OK, OK, OK)), 5.0, RankExited(1, rank=2, local_rank=0, code=1),
+          Done(0, 143), Done(1, 1), Done(2, 143)]
+RESTARTED = [*FAILED, Ready(0, 40001), Ready(1), Ready(2)]
+
+
+def test_a_restart_runs_the_precheck_again_across_its_nodes_and_the_standing_spares():
+    job, actions = play(FAILED, config=PRECHECKED)
+    assert SendRestart((0, 1, 2), 1, True, 0, node0=0) in actions
+    job, actions = play([Ready(0, 40001), Ready(1)], job)
+    assert not [a for a in actions if isinstance(a, (RunPrecheck, SendStart))]
+    job, actions = play([Ready(2)], job)
+    assert RunPrecheck((0, 1, 2, 3, 4), "10.0.0.1", ("a", "b", "c", "d", "e")) in actions
+    assert not [a for a in actions if isinstance(a, SendStart)]  # the barrier holds the ranks through it
+    _, actions = play([6.0, PrecheckDone(checked(OK, OK, OK, OK, OK))], job)
+    assert lines(actions) == ["precheck passed before attempt 1: 5 node(s) ok in 1.5 s, median 900.0 MB/s"]
+    assert SendStart((0, 1, 2), "10.0.0.1", 40001, attempt=1) in actions
+
+
+def test_a_node_gone_bad_by_the_restart_is_replaced_by_a_spare_before_any_rank_of_the_attempt():
+    job, _ = play(RESTARTED, config=PRECHECKED)
+    job, actions = play([6.0, PrecheckDone(checked(OK, SLOW, OK, OK, OK))], job)
+    assert lines(actions)[0].startswith("precheck: 1 node(s) bad: b slow: throughput 0.5 MB/s")
+    assert "node 1 (b) is lost: the hot spare d takes its place (node rank 1, same slots); b is not used again" \
+        in lines(actions)
+    assert Drop(1) in actions and SendSpec(3, False, 0, node_rank=1) in actions
+    assert not [a for a in actions if isinstance(a, (SendStart, SendStop, SendRestart))]
+    job, actions = play([Ready(3)], job)
+    assert not [a for a in actions if isinstance(a, RunPrecheck)]  # d passed this very check
+    assert SendStart((0, 3, 2), "10.0.0.1", 40001, attempt=1) in actions
+    job, _ = play([70.0, Done(0), Done(3), Done(2)], job)
+    verdict = job.verdict()
+    assert verdict.exit_code == 0 and verdict.attempts[1].replaced == (Replacement(1, "b", "d", 1),)
+    assert "  attempt 1 (64.0 s): succeeded (on d in place of b (node 1))" in report_lines(verdict)
+
+
+def test_too_few_spares_that_passed_at_a_restart_end_the_job_naming_the_node_and_its_figures():
+    job, _ = play([*RESTARTED, 6.0, PrecheckDone(checked(OK, SLOW, GONE, OK, GONE))], config=PRECHECKED)
+    job, actions = play([Done(0, 143), Done(1, 143), Done(2, 143)], job)
+    assert not [a for a in actions if isinstance(a, (SendStart, SendRestart))]
+    verdict = job.verdict()
+    assert verdict.exit_code == 1 and verdict.failure.host == "b, c" and verdict.failure.final
+    assert verdict.failure.reason.startswith("precheck: 2 of 3 node(s) bad, no rank of attempt 1 started: b slow: "
+                                             "throughput 0.5 MB/s")
+    assert "  attempt 1 (1.0 s): " + verdict.failure.reason in report_lines(verdict)
+
+
+def test_a_spare_seated_at_the_restart_is_checked_with_the_nodes_before_the_ranks_start():
+    job, _ = play([*CHECKING, PrecheckDone(checked(OK, OK, OK, OK, OK)), ConnectionLost(2, "connection closed"),
+                   Done(0, 143), Done(1, 143)], config=PRECHECKED)
+    assert job.nodes[2].host == "d"
+    job, actions = play([Ready(0, 40001), Ready(1)], job)
+    assert not [a for a in actions if isinstance(a, (RunPrecheck, SendStart))]  # d, in c's place, still preparing
+    _, actions = play([Ready(3)], job)
+    assert RunPrecheck((0, 1, 3, 4), "10.0.0.1", ("a", "b", "d", "e")) in actions
+
+
+def test_a_restart_does_not_wait_for_a_spare_that_never_joined():
+    short = replace(PRECHECKED, join_timeout=8.0)
+    job, actions = play([*JOINED, hello(3), Ready(0, 29501), Ready(1), Ready(2), Ready(3), 9.0, Tick()],
+                        config=short)  # e never joined: attempt 0's check went on without it past --join_timeout
+    assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions
+    steps = [PrecheckDone(checked(OK, OK, OK, OK)), 9.5, Heard(3), RankExited(1, rank=2, local_rank=0, code=1),
+             Done(0, 143), Done(1, 1), Done(2, 143), Ready(0, 40001), Ready(1), Ready(2)]
+    _, actions = play(steps, job)
+    assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions  # at once: e is not awaited
 
 
 # -- the agent's side: stopped at the first barrier under --max_restarts, it waits (a fake link) -------------------
@@ -396,6 +468,45 @@ def test_a_spare_stands_by_answering_pings_until_a_lost_nodes_spec_or_the_verdic
                      standby=True)
     link = FakeLink()
     assert stand_by(link, broken) != 0 and link.sent == ["error"]  # its preflight failed: never on standby
+
+
+class ProbingHooks:
+    """The channel's inbox between two attempts: the runner's --precheck (open, one probe of this node's own
+    server), then the start once the probe was answered."""
+
+    def __init__(self, start):
+        self.sent, self.start, self.asked = [], start, 0
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def next_message(self, timeout):
+        from xrun.channel import Kind, message
+
+        self.asked += 1
+        if self.asked == 1:
+            return message(Kind.PROBE_OPEN, toward="127.0.0.1")
+        if self.asked == 2:
+            port = self.sent[0]["port"]
+            return message(Kind.PROBE, id=0, probe=f"127.0.0.1:{port}", mode="measure", seconds=0.05, timeout=2.0)
+        deadline = time.monotonic() + 10
+        while len(self.sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.start
+
+
+def test_an_agent_between_attempts_answers_the_precheck_then_starts():
+    from xrun.channel import Kind, message
+    from xrun.launch.restarts import _wait_start
+
+    start = message(Kind.START, master_addr="10.0.0.1", master_port=4000, restart_count=1)
+    hooks = ProbingHooks(start)
+    assert _wait_start(hooks) == start
+    ready, probed = hooks.sent
+    assert ready["type"] == Kind.PROBE_READY.value and isinstance(ready["port"], int)
+    assert probed["type"] == Kind.PROBED.value and probed["id"] == 0 and probed["ok"], probed
+    with pytest.raises(OSError):  # the probe server closed with the wait: nothing of the check outlives it
+        socket.create_connection(("127.0.0.1", ready["port"]), timeout=2).close()
 
 
 def test_a_node_joining_a_stopping_attempt_is_stopped_and_restarted_on_a_spare_that_was_still_joining():

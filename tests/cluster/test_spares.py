@@ -10,15 +10,19 @@ tests/cluster/jobs.py's.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.cluster.jobs import python_wrapper, started
-from tests.cluster.test_network import MARKED_SCRIPT, refuse_inbound, run_job
+from tests.cluster.test_network import MARKED_SCRIPT, heal_ingress, refuse_inbound, run_job, slow_ingress
 from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
+from tests.conftest import ROOT
 
 
 def assert_idle(cluster, node, timeout=15.0):
@@ -96,6 +100,59 @@ def test_precheck_replaces_a_node_it_finds_bad_by_the_spare_before_any_rank(clus
     assert "precheck: 1 node(s) bad: node2 unreachable" in done.stderr
     assert "node 1 (node2) is lost: the hot spare node3 takes its place" in done.stderr
     assert "restarting" not in done.stderr  # replaced before the start: not a restart
+
+
+# Attempt 0's ranks wait for the test's word (a file), then rank 0 fails; attempt 1's end at once. Each rank leaves
+# a file named after its attempt and host the moment it starts.
+ATTEMPT_SCRIPT = """import os, socket, sys, time
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+attempt, host = os.environ["TORCHELASTIC_RESTART_COUNT"], socket.gethostname()
+open(os.path.join(here, f"started-{attempt}-{host}"), "w").close()
+if attempt == "0":
+    while not os.path.exists(os.path.join(here, "fail")):
+        time.sleep(0.05)
+    if os.environ["RANK"] == "0":
+        sys.exit(3)
+    time.sleep(60)
+print("DONE", attempt, host, flush=True)
+"""
+
+
+def test_a_link_gone_bad_during_an_attempt_is_found_by_the_restarts_precheck_and_the_spare_runs_instead(
+        make_cluster, tmp_path, python):
+    cluster = make_cluster(4)  # node1-node3 the world, node4 the spare
+    script = tmp_path / "attempts.py"
+    script.write_text(ATTEMPT_SCRIPT)
+    argv = [sys.executable, "-m", "xrun", "-H", str(cluster.hostfile(tmp_path / "hosts", slots=1)), "--launcher", "ssh",
+            "--python", python, "--ssh_config", str(cluster.ssh_config), "--shutdown_timeout", "5", "--master_port",
+            "0", "--precheck", "--max_restarts", "1", "--spares", "1", str(script)]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started-0-*"))) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        slow_ingress(cluster, "node2")  # while attempt 0 runs: its link goes bad
+        failed = time.monotonic()
+        (tmp_path / "fail").touch()  # rank 0 fails: the restart follows
+        out, err = proc.communicate(timeout=120)
+    finally:
+        heal_ingress(cluster, "node2")
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert sorted(p.name for p in tmp_path.glob("started-0-*")) == [f"started-0-node{i}" for i in (1, 2, 3)]
+    assert sorted(p.name for p in tmp_path.glob("started-1-*")) == [f"started-1-node{i}" for i in (1, 3, 4)]
+    assert len(re.findall(r"precheck passed: 4 node\(s\) ok in", err)) == 1, err  # attempt 0's: no node slow yet
+    (why,) = [line for line in err.splitlines() if "precheck: 1 node(s) bad: node2 slow: throughput" in line]
+    assert why.endswith(" s)") and "hot spares take their places (checked in " in why, why
+    assert "node 1 (node2) is lost: the hot spare node4 takes its place" in err
+    assert re.search(r"attempt 0 \([\d.]+ s\): rank 0 \(local 0\) on node1 exited with code 3", err), err
+    assert re.search(r"attempt 1 \([\d.]+ s\): succeeded \(on node4 in place of node2 \(node 1\)\)", err), err
+    assert sorted(line.split("DONE ", 1)[1] for line in out.splitlines() if "] DONE " in line) == [
+        "1 node1", "1 node3", "1 node4"], out
+    print(f"rank failed -> attempt 1 over on the spare: {time.monotonic() - failed:.1f} s; {why.rsplit('(', 1)[1]}")
 
 
 @pytest.mark.parametrize("backend", ["ssh", "pdsh"])

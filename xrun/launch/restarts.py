@@ -3,7 +3,8 @@
 After an attempt the agent has sent ``done`` and stays connected. The runner decides what follows once every node
 is over (``xrun.runner.job.attempts``), and says it:
 
-    restart(attempt) -> preflight again -> ready(master_port) -> start -> run_node(...) -> done -> ...
+    restart(attempt) -> preflight again -> ready(master_port) [-> --precheck's probes] -> start -> run_node(...)
+    -> done -> ...
     verdict, or the channel closing -> the agent ends with its last attempt's code
 
 Node 0 checks the given ``--master_port`` again, or picks a fresh port, exactly as before the first start. A stop
@@ -44,7 +45,7 @@ def next_attempts(hooks: ChannelHooks, spec: NodeSpec, code: int, *, near: str) 
         ready = _ready(hooks, spec, restart, near=near)
         if ready is not None:
             return ready
-        start = _next_of(hooks, (Kind.START, Kind.STOP))
+        start = _wait_start(hooks)
         if start is None:
             return STOPPED
         if start.get("type") != Kind.START.value:
@@ -72,6 +73,26 @@ def _ready(hooks: ChannelHooks, spec: NodeSpec, restart: dict[str, Any], *, near
         return err.exit_code
     hooks.send(message(Kind.READY, master_port=port))
     return None
+
+
+def _wait_start(hooks: ChannelHooks) -> dict[str, Any] | None:
+    """The next start or stop (None: the channel is lost), answering --precheck's probes meanwhile: the runner
+    checks the network again before every attempt (``xrun.launch.network.onchannel``, as ``serve_until`` does at
+    the first barrier; here the channel's reader thread hands them over through the inbox)."""
+    probes: Any = None  # loaded only when the runner asks
+    try:
+        while True:
+            msg = _next_of(hooks, (Kind.START, Kind.STOP, Kind.PROBE_OPEN, Kind.PROBE))
+            if msg is None or msg.get("type") in (Kind.START.value, Kind.STOP.value):
+                return msg
+            if probes is None:
+                from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
+
+                probes = NodeProbes(hooks.send)
+            probes.handle(msg)
+    finally:
+        if probes is not None:
+            probes.close()
 
 
 def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | None:

@@ -97,11 +97,15 @@ def restart_note(plan: Plan) -> list[str]:
 
 
 def precheck_note(plan: Plan) -> list[str]:
-    """--precheck (issue 24): the network check that runs before any rank starts."""
+    """--precheck (issue 24): the network check that runs before any rank starts, of every attempt."""
     if not plan.request.remote.precheck:
         return []
-    return [f"precheck: once every agent is up, the network check (as xrun check --network) across the "
-            f"{len(plan.nodes)} nodes before any rank starts; a slow or unreachable node ends the job (exit 1)"]
+    line = (f"precheck: once every agent is up, the network check (as xrun check --network) across the "
+            f"{len(plan.nodes)} nodes before any rank starts; a slow or unreachable node ends the job (exit 1)")
+    if plan.request.restart.restarts:  # --max_restarts: each restart's barrier checks again
+        line += "; again before every restart" + (", with the spares (a bad node replaced by one that passed)"
+                                                   if plan.spares else "")
+    return [line]
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:

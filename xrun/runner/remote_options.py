@@ -89,7 +89,8 @@ def add_remote_flags(parser: argparse.ArgumentParser, *, job: bool = True) -> No
         help="extra arguments for the MPI/Slurm engine, shell-split, e.g. '--mca btl_tcp_if_include eth1'")
     add("--precheck", action="store_true",
         help="once every node's agent is up, run the network check (xrun check --network) across the nodes "
-             "before any rank starts; a slow or unreachable node ends the job, named (exit 1)")
+             "before any rank starts (with --max_restarts, before every attempt); a slow or unreachable node ends "
+             "the job, named (exit 1), or --spares replace it")
 
 
 def ssh_settings(ns: argparse.Namespace) -> SshSettings:

@@ -1,11 +1,11 @@
 """The job's start barrier (``xrun.runner.job.machine``): when the nodes are told to start, and with which endpoint.
 
-A static job holds every node until all are ready, or until ``--join_timeout`` passes (naming the missing hosts),
-with a status line every ``STATUS_EVERY`` while it holds; with ``--precheck`` it then holds them through the
-network check (``RunPrecheck``; no join timeout meanwhile: the check bounds its own time) until the machine
-hears it passed (``precheck_passed``). ``--elastic`` starts each node as soon as it is ready:
-torch's rendezvous is the barrier, and the job counts as started once ``--min_nodes`` run. Pure: the caller feeds
-the time and carries out the actions.
+A static job holds every node until all are ready, or until ``--join_timeout`` passes (naming the missing hosts), with a
+status line every ``STATUS_EVERY`` while it holds; with ``--precheck`` it then holds them through the network check
+(``RunPrecheck``; no join timeout meanwhile: the check bounds its own time) until the machine hears it passed
+(``precheck_passed``), before every attempt (``--max_restarts``: each restart's barrier checks again). ``--elastic``
+starts each node as soon as it is ready: torch's rendezvous is the barrier, and the job counts as started once
+``--min_nodes`` run. Pure: the caller feeds the time and carries out the actions.
 """
 
 from __future__ import annotations
@@ -56,14 +56,16 @@ class Barrier:
         return self.poke(now)
 
     def poke(self, now: float) -> list[Action]:
-        """Once every node is up: the ranks start, or --precheck runs first; with hot spares still joining it waits
-        for them (they are checked too, and a third node decides which side of a bad pair is bad), at most until
-        ``--join_timeout``, then goes on without them. The machine pokes it when a spare is ready."""
+        """Once every node is up: the ranks start, or --precheck runs first (before every attempt); before the first,
+        with hot spares still joining it waits for them (they are checked too, and a third node decides which side
+        of a bad pair is bad), at most until ``--join_timeout``, then goes on without them. The machine pokes it
+        when a spare is ready."""
         if self.nodes.up() != len(self.nodes):
             return []
-        if not (self.config.precheck and self.attempt == 0 and not self.prechecked):
+        if not (self.config.precheck and not self.prechecked):
             return self._start_all(now)
-        joining = self.spares is not None and self.spares.joining()
+        # a restart checks the spares standing by, and waits for none still joining: they had since the job began
+        joining = self.attempt == 0 and self.spares is not None and self.spares.joining()
         return [] if joining and now - self.t0 < self.config.join_timeout else self._precheck()
 
     def precheck_passed(self, line: str, now: float) -> list[Action]:
@@ -91,7 +93,8 @@ class Barrier:
         return [ShowWaiting(self.nodes.up(), tuple(self.nodes.missing()), now - self.t0)]
 
     def _precheck(self) -> list[Action]:
-        """Every node is up: the network check across them (the restarts of --max_restarts skip it)."""
+        """Every node is up: the network check across them, before every attempt (--max_restarts: a link that went
+        bad meanwhile, often the failure's cause, would make the next attempt crawl)."""
         self.prechecking = True
         standby = self.spares.ready() if self.spares is not None else []
         checked = [*(n for n in self.nodes if n.connected and not n.over), *standby]

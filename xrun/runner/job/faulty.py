@@ -42,18 +42,19 @@ class JobView(Protocol):
 
 
 def precheck_done(job: JobView, event: PrecheckDone) -> None:
-    """--precheck is over: the ranks start, hot spares that passed take bad nodes' places, or the job ends, as
-    ``precheck.decide_with_spares`` says."""
+    """--precheck is over (before any attempt: the first, or a restart's): the ranks start, hot spares that passed
+    take bad nodes' places, or the job ends, as ``precheck.decide_with_spares`` says."""
     if job.stop.stopping:
         return  # a node was lost or a signal came meanwhile: the job is ending already
-    standing = job.spares.ready()
-    bad_spares, outcome = decide_with_spares(event.result, world=job.nodes.by_agent, spares=[s.agent for s in standing])
+    standing, attempt = job.spares.ready(), job.attempts.number
+    bad_spares, outcome = decide_with_spares(event.result, world=job.nodes.by_agent, spares=[s.agent for s in standing],
+                                             attempt=attempt)
     for bad in bad_spares:
         spare = job.spares.standing.get(bad.rank)
         if spare is not None:
             job._out += job.spares.lose(spare, f"precheck: {bad.describe()}")
     if outcome is None:
-        job._out += job.barrier.precheck_passed(passed_line(event.result), job.now)
+        job._out += job.barrier.precheck_passed(passed_line(event.result, attempt=attempt), job.now)
     elif isinstance(outcome, Failure):
         job._fail(outcome)
     else:

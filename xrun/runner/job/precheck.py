@@ -3,8 +3,9 @@ is data: ``xrun.runner.network.report.PrecheckResult``, each bad node's rank, ho
 Pure: no socket, no clock.
 
 The check itself is ``xrun check --network``'s (``xrun.runner.network``: the same rounds, the same verdict rules),
-run over the job's own connected agents once every node is through the start barrier and before any rank starts
-(``xrun.runner.job.precheck_run`` drives it; the barrier holds meanwhile: ``xrun.runner.job.barrier``).
+run over the job's own connected agents once every node is through the start barrier and before any rank starts,
+before every attempt of ``--max_restarts`` (``xrun.runner.job.precheck_run`` drives it; the barrier holds meanwhile:
+``xrun.runner.job.barrier``).
 
 ``decide`` is the one place that says what a bad node means for the job: it ends before any rank starts (exit 1),
 naming every bad node with its figures. With hot spares (``--spares``, issue 23) the spares on standby are checked
@@ -31,7 +32,7 @@ class Replacing:
     line: str
 
 
-def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares: Sequence[int]
+def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares: Sequence[int], attempt: int = 0
                        ) -> tuple[tuple[BadNode, ...], Failure | Replacing | None]:
     """What the job does with spares checked beside its nodes (``world``: the nodes' agents; ``spares``: the spares'
     on standby, in the order they are used): the bad spares (to drop), and None (the ranks start), ``Replacing``
@@ -45,26 +46,29 @@ def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares
     if len(passed) < len(bad_nodes):
         rows = [(rank, row) for rank, row in zip(result.ranks, result.rows) if rank in world]
         nodes_only = PrecheckResult(tuple(r for r, _ in rows), tuple(row for _, row in rows), result.elapsed)
-        return bad_spares, decide(nodes_only)
+        return bad_spares, decide(nodes_only, attempt=attempt)
     named = "; ".join(node.describe() for node in bad_nodes)
-    line = f"precheck: {len(bad_nodes)} node(s) bad: {named}; hot spares take their places"
+    line = (f"precheck: {len(bad_nodes)} node(s) bad: {named}; hot spares take their places "
+            f"(checked in {result.elapsed:.1f} s)")
     return bad_spares, Replacing(tuple(zip((b.rank for b in bad_nodes), passed)), line)
 
 
-def decide(result: PrecheckResult) -> Failure | None:
-    """What the job does about the precheck: None, the ranks start; a ``Failure``, the job ends before any rank
-    starts, naming every bad node and its figures (final: a restart on the same nodes would meet the same node).
-    The spares work changes this one function (see the module doc)."""
+def decide(result: PrecheckResult, *, attempt: int = 0) -> Failure | None:
+    """What the job does about the precheck before ``attempt``: None, the ranks start; a ``Failure``, the job ends
+    before any rank (of that attempt) starts, naming every bad node and its figures (final: a restart on the same
+    nodes would meet the same node). The spares work changes this one function (see the module doc)."""
     bad = result.bad
     if not bad:
         return None
     named = "; ".join(node.describe() for node in bad)
-    reason = f"precheck: {len(bad)} of {len(result.rows)} node(s) bad, no rank started: {named}"
+    started = f"no rank of attempt {attempt} started" if attempt else "no rank started"
+    reason = f"precheck: {len(bad)} of {len(result.rows)} node(s) bad, {started}: {named}"
     return Failure(", ".join(node.row.host for node in bad), reason, NODE_FAILURE_EXIT, final=True)
 
 
-def passed_line(result: PrecheckResult) -> str:
-    """The one line a healthy precheck leaves."""
+def passed_line(result: PrecheckResult, *, attempt: int = 0) -> str:
+    """The one line a healthy precheck leaves (at a restart, naming the attempt it was for)."""
     rates = sorted(r.result.figures.throughput_mbs for r in result.rows if r.result.figures is not None)
     median = f", median {rates[len(rates) // 2]:.1f} MB/s" if rates else ""
-    return f"precheck passed: {len(result.rows)} node(s) ok in {result.elapsed:.1f} s{median}"
+    before = f" before attempt {attempt}" if attempt else ""
+    return f"precheck passed{before}: {len(result.rows)} node(s) ok in {result.elapsed:.1f} s{median}"

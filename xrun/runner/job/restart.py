@@ -60,7 +60,7 @@ def restarted(job: JobView) -> bool:
     job._out += restart_actions(job.config, job.nodes, attempt, job.cause.failure, job.attempts.replaced)
     job.cause.next_attempt()
     job.stop.next_attempt()
-    job.barrier = Barrier(job.config, job.nodes, t0=job.now, attempt=attempt)
+    job.barrier = Barrier(job.config, job.nodes, t0=job.now, attempt=attempt, spares=job.spares)  # --precheck
     return True
 
 
