@@ -182,6 +182,24 @@ def test_a_probe_never_answered_fails_after_its_budget():
     assert res.elapsed >= precheck_run.probe_budget(Request(1, 0))
 
 
+def test_a_late_answer_to_an_earlier_checks_probe_is_not_this_checks():
+    """A restart checks again (standing spares included): an answer to the previous check's probe that arrives
+    late must not stand for one of the new check's, which it would if both numbered their probes from 0."""
+    first = FakeServer(3)
+    drive(first, 3)
+    old_ids = {msg["id"] for _, msg in first.sent if msg["type"] == Kind.PROBE.value}
+    second = FakeServer(3, mute_probe={0, 1, 2})  # the new check's probes go unanswered...
+    driver = ChannelPrecheck(second, RunPrecheck((0, 1, 2), "10.0.0.0"), now=0.0)
+    second.deliver(driver)
+    new_ids = {msg["id"] for _, msg in second.sent if msg["type"] == Kind.PROBE.value}
+    assert old_ids and new_ids and not old_ids & new_ids
+    for node, msg in first.sent:  # ...while the old check's answers arrive now, as good as any
+        if msg["type"] == Kind.PROBE.value:
+            driver.message(node, message(Kind.PROBED, id=msg["id"], ok=True, latency_ms=0.05, throughput_mbs=900.0,
+                                         error=""), 1.0)
+    assert driver.answers == {}
+
+
 def test_the_driver_stops_quietly_when_the_job_stops():
     server = FakeServer(3)
     driver = ChannelPrecheck(server, RunPrecheck((0, 1, 2), "10.0.0.0"), now=0.0)

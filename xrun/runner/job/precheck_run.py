@@ -15,6 +15,7 @@ check's). When the check is over the result goes to the machine as ``PrecheckDon
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,6 +46,10 @@ class Server(Protocol):
 OPEN_TIMEOUT = 15.0  # a node's probe server and its route lookup: instant, unless the agent is stuck
 CONNECT_TIMEOUT = 3.0  # per probe connection (as xrun check --network)
 SECONDS = 0.5  # throughput: send for this long
+# Each check numbers its probes from its own block, so a late answer to an earlier check's probe (a standing spare's,
+# checked again at a restart) is never taken for one of this check's.
+ID_BLOCK = 1 << 32
+_checks = itertools.count()
 
 
 def probe_budget(request: Request) -> float:
@@ -66,7 +71,7 @@ class ChannelPrecheck:
         self.stepper: Stepper | None = None
         self.batch: Sequence[Request] = ()
         self.answers: dict[int, Probe] = {}
-        self.first_id = 0  # ids of the batch: first_id + its index
+        self.first_id = next(_checks) * ID_BLOCK  # ids of the batch: first_id + its index
         self.deadline: float | None = now + OPEN_TIMEOUT
         self.over = False  # the result went to the machine: what still arrives is late
         server.add_timer(lambda: self.deadline, lambda: self.tick(time.monotonic()))
