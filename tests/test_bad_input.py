@@ -186,6 +186,17 @@ def test_undecodable_argument_reaches_the_rank_byte_exact(tmp_path):
 
 
 
+@pytest.mark.parametrize("args", [["--dry-run", "--num_gpus", "1024", "t.py"], ["--dry-run=json", "t.py"], ["check"]],
+                         ids=["dry-run", "dry-run-json", "check"])
+def test_a_stdout_reader_that_went_away_is_no_traceback(args):
+    # xrun --dry-run | head -1, | grep -q: the reader closes the pipe before xrun has printed everything
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, text=True)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=TIME_BOUND)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 0, err  # what the command decided: the plan is valid, this host is fine
+
 # -- an engine, ssh or pdsh that fails before its agents connect ends the start barrier at once ---------------
 
 FAKE_UNREACHABLE = "#!/bin/sh\necho 'ssh: connect to host {host} port 22: Connection refused' >&2\nexec sleep 600\n"

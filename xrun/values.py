@@ -18,6 +18,7 @@ and caches each on first use) and imports ``argparse`` and ``ipaddress`` only wh
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from typing import Callable
@@ -128,6 +129,17 @@ def tolerant_streams() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
+
+
+def print_out(text: str) -> None:
+    """Print ``text`` on stdout. A reader that went away (``xrun --dry-run | head``, ``grep -q``) ends the
+    printing, not the command: no traceback, and its exit code stays what the command decided."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere, quietly, at exit
+        os.close(devnull)
 
 
 def host_name_problem(name: str) -> str | None:

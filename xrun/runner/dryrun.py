@@ -9,6 +9,7 @@ from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
 from xrun.shell import render
+from xrun.values import print_out
 
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
@@ -141,6 +142,6 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
 
 def print_plan(plan: Plan, invocation: Invocation, fmt: str) -> None:
     if fmt == "json":
-        print(json.dumps(plan_json(plan, invocation)))
+        print_out(json.dumps(plan_json(plan, invocation)))
     else:
-        print(plan_text(plan, invocation))
+        print_out(plan_text(plan, invocation))
