@@ -106,6 +106,10 @@ FLAG_ROWS = {
     "python-missing": (["--python", "/nonexistent"], "--python '/nonexistent'"),
     "no-python-not-executable": (["--no_python", "README.md"], "--no_python program 'README.md'"),
     "module-missing": (["--module", "no_such_module_xyz"], "--module 'no_such_module_xyz'"),
+    # argparse drops a value that is '--' and gave the flag an empty list: a TypeError traceback
+    "value-is-separator": (["--num_gpus=--"], "--num_gpus: is missing its value"),
+    "value-before-separator": (["--hostfile", "--"], "--hostfile: is missing its value"),
+    "short-value-is-separator": (["-i--"], "-i: is missing its value"),
 }
 
 
@@ -156,6 +160,16 @@ def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert result.returncode == 0, result.stderr
+
+
+def test_check_refuses_a_value_that_is_the_separator():
+    assert_one_line_error(run_xrun("check", "--num_gpus=--", timeout=TIME_BOUND), "--num_gpus: is missing its value")
+
+
+def test_agent_refuses_a_value_that_is_the_separator():
+    result = subprocess.run([sys.executable, "-m", "xrun.launch", "--world_info=e30=", "--node_rank=--", "t.py"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=TIME_BOUND)
+    assert_one_line_error(result, "--node_rank: is missing its value")
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -76,7 +76,7 @@ def test_hostfile_text(text, bom, encoding):
 
 SPEC = st.one_of(
     st.sampled_from(["worker-0", "worker-0:0,1", "worker-1:3@worker-0", "w:", "@", "worker-0:\u0663", ":1",
-                     "worker-0:99999999999999999999", "worker-0:0:1", "worker-0,worker-1"]),
+                     "worker-0:99999999999999999999", "worker-0:0:1", "worker-0,worker-1", "--"]),
     st.text(max_size=20),
 )
 
@@ -93,7 +93,7 @@ NUMERIC_FLAGS = ["--num_nodes", "--num_gpus", "--master_port", "--shutdown_timeo
 NUMBER = st.one_of(
     st.integers(min_value=-(10**40), max_value=10**40).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.sampled_from(["nan", "inf", "-inf", "1e308", "\u0663", "\u00b2", "1_000", "0x10", " 5 ", "", "+3", "٣.5"]),
+    st.sampled_from(["nan", "inf", "-inf", "1e308", "\u0663", "\u00b2", "1_000", "0x10", " 5 ", "", "+3", "٣.5", "--"]),
     st.text(max_size=8),
 )
 

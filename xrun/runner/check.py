@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xrun import __version__
-from xrun.argsplit import spellings, unknown_flag
+from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknown_flag
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
@@ -253,6 +253,9 @@ def _check_ports(ns: argparse.Namespace) -> None:
 def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
     """The flags; one it does not have is named with the closest it has (check runs no script)."""
     parser = build_parser()
+    takes_value = takes_values(parser)
+    for word in argv:
+        refuse_bare_separator(word, takes_value)
     ns, extra = parser.parse_known_args(list(argv))
     flags = [index for index, word in enumerate(extra) if word.startswith("-") and word != "-"]
     if flags:
