@@ -156,6 +156,15 @@ def test_missing_script_refused_by_dry_run_and_run(script):
         assert_one_line_error(run_xrun(*dry, "--", script, timeout=TIME_BOUND), f"SCRIPT {script!r}: no such file")
 
 
+def test_a_directory_is_run_by_its_main_as_python_does(tmp_path):
+    (tmp_path / "app").mkdir()
+    assert_one_line_error(run_xrun("app", cwd=str(tmp_path), timeout=TIME_BOUND),
+                          "SCRIPT 'app': is a directory without __main__.py")
+    (tmp_path / "app" / "__main__.py").write_text("print('ran')\n")
+    result = run_xrun("--no_local_rank", "app", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 0 and "ran" in result.stdout, result.stderr
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)

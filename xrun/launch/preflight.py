@@ -75,7 +75,10 @@ def _check_executable(what: str, program: str) -> None:
 
 
 def _check_script(script: str) -> None:
-    if not os.path.isfile(script):
+    if os.path.isdir(script):  # python runs a directory (or a zipapp) by its __main__.py
+        if not os.path.isfile(os.path.join(script, "__main__.py")):
+            raise PreflightError("SCRIPT", script, "is a directory without __main__.py; name the script in it")
+    elif not os.path.isfile(script):
         raise PreflightError("SCRIPT", script, f"no such file in {os.getcwd()}")
 
 
