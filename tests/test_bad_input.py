@@ -106,6 +106,8 @@ FLAG_ROWS = {
     "python-missing": (["--python", "/nonexistent"], "--python '/nonexistent'"),
     "no-python-not-executable": (["--no_python", "README.md"], "--no_python program 'README.md'"),
     "module-missing": (["--module", "no_such_module_xyz"], "--module 'no_such_module_xyz'"),
+    "console-ranks-superscript": (["--console_ranks", "\u00b2"], "'\u00b2' is not a rank"),
+    "console-ranks-unicode-digit": (["--console_ranks", "\u0663"], "is not a rank or a low-high range"),
     # argparse drops a value that is '--' and gave the flag an empty list: a TypeError traceback
     "value-is-separator": (["--num_gpus=--"], "--num_gpus: is missing its value"),
     "value-before-separator": (["--hostfile", "--"], "--hostfile: is missing its value"),
@@ -169,6 +171,20 @@ def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_huge_console_rank_range_is_refused_before_it_is_expanded(dry_run):
+    # every rank of 0-99999999999 went into a set: minutes and gigabytes (bounded here, so that a regression
+    # fails with a MemoryError instead of taking the machine's memory)
+    import resource
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    result = subprocess.run([sys.executable, "-m", "xrun", *dry_run, "--console_ranks", "0-99999999999", "t.py"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=TIME_BOUND, preexec_fn=bounded)
+    assert_one_line_error(result, "rank '99999999999' is past the most ranks xrun accepts (131072)")
 
 
 def test_check_refuses_a_value_that_is_the_separator():

@@ -10,6 +10,7 @@ so the runner's dry-run and the agent agree. The flag groups are shared with the
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -40,6 +41,7 @@ from xrun.launch.spec import (
 )
 from xrun.values import (
     MAX_HOSTS,
+    MAX_RANKS,
     MAX_RESTARTS,
     MAX_SHUTDOWN_TIMEOUT,
     int_arg,
@@ -206,6 +208,22 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
                          device_per_rank=ns.device_per_rank)
 
 
+def console_ranks(text: str) -> tuple[int, ...]:
+    """``--console_ranks``: ``parse_rank_list`` expands every range, so each number is first held to ASCII digits
+    (``'²'.isdigit()`` is true, ``int('²')`` a ValueError) and below the most ranks xrun accepts
+    (``0-99999999999`` took minutes and gigabytes before it could say that rank does not exist)."""
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if match is None:
+            raise UsageError("--console_ranks", f"{shown(text)}: {shown(part)} is not a rank or a low-high range; "
+                             "e.g. 0 or 0,2-3")
+        for number in filter(None, match.groups()):
+            if len(number) > 7 or int(number) >= MAX_RANKS:
+                raise UsageError("--console_ranks", f"{shown(text)}: rank {shown(number)} is past the most ranks "
+                                 f"xrun accepts ({MAX_RANKS})")
+    return parse_rank_list("--console_ranks", text)
+
+
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
@@ -225,7 +243,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
-        console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
+        console_ranks=console_ranks(ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(
             parse_signal_list("--forward_signals", ns.forward_signals)
             if ns.forward_signals is not None
