@@ -106,6 +106,30 @@ def test_numeric_flags(flag, value, remote):
     assert_contract(*run_main("--dry-run", *hosts, *elastic, f"{flag}={value}", "t.py"))
 
 
+# Flags whose value is a small language of its own: each parser must refuse what it cannot read in one line.
+STRING_FLAGS = {  # flag -> what it needs beside it to be read at all
+    "--console_ranks": [], "--forward_signals": [], "--bind_core_list": ["--bind_cores_to_rank"],
+    "--export": ["-H", TWO_WORKERS], "--network_interface": ["-H", TWO_WORKERS], "--hosts": [],
+    "--hang_action": ["--hang_timeout", "5"], "--platform": [], "--run_id": [], "--master_addr": [],
+    "--control_addr": ["-H", TWO_WORKERS], "--launcher_args": ["-H", TWO_WORKERS, "--launcher", "openmpi"],
+    "--nnodes": ["--elastic"], "--rdzv_conf": ["--elastic"], "--rdzv_endpoint": ["--elastic"],
+    "--rdzv_backend": ["--elastic"],
+}
+STRING_VALUE = st.one_of(
+    st.sampled_from(["0-99999999999", "\u00b2", "\u0663", "--", "", " ", "a\nb", "0,0", "1-0", "0-", "-1", "x" * 5000,
+                     "USR1,USR1", "RTMIN", "0-1,0-1", "A=1", "A", "=", "A B=1", "eth0", "auto", "none", "lo",
+                     "n[0-3]", "n[0-99999999999]", "1:2", "2:1", ":", "h:1", "[::1]:1", "k=v,k=v", "\udcff"]),
+    st.text(alphabet="0123456789-,:=[]@ .aAUSR\u0663\u00b2", max_size=14),
+    st.text(max_size=10),
+)
+
+
+@FAST
+@given(flag=st.sampled_from(sorted(STRING_FLAGS)), value=STRING_VALUE)
+def test_string_flags(flag, value):
+    assert_contract(*run_main("--dry-run", *STRING_FLAGS[flag], f"{flag}={value}", "t.py"))
+
+
 ENV_LINE = st.one_of(
     st.sampled_from(["A=1", "export B='x y'", 'C="a\\nb"', "D=#x", "HOME=/x", "1X=2", "E='open", 'F="bad\\q"',
                      "G=a b # c", "\ufeffH=1", "I=\x00", "=v", "export"]),
