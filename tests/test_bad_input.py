@@ -44,6 +44,9 @@ HOSTFILE_ROWS = {
     "100k-hosts": ("".join(f"h{i} slots=1\n" for i in range(100_000)), "the most xrun accepts"),
     "slots-total": ("node[0-65535] slots=16\n", "the most ranks xrun accepts"),
     "unicode-digit-slots": ("w slots=\u0663\n", "slots must be a positive integer"),
+    "host-case-duplicate": ("w1 slots=1\nW1 slots=1\n", ":2: 'W1 slots=1': host 'W1' is already listed on line 1 as 'w1'"),
+    "utf-16": ("w1 slots=1\n".encode("utf-16"), ":1: is not UTF-8 text (byte 0xff); save the hostfile as UTF-8"),
+    "latin-1-on-line-2": (b"w1 slots=1\nw\xe9 slots=1\n", ":2: is not UTF-8 text (byte 0xe9)"),
 }
 
 
