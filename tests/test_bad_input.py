@@ -200,6 +200,19 @@ def test_agent_refuses_a_value_that_is_the_separator():
     assert_one_line_error(result, "--node_rank: is missing its value")
 
 
+@pytest.mark.parametrize("flag, needle", [
+    ("--master_port=0", "--master_port: 0 is not a TCP port (1..65535)"),
+    ("--master_port=99999", "--master_port: 99999 is not a TCP port"),
+    ("--master_addr=a b", "--master_addr: 'a b' is not a host name or IP address"),
+])
+def test_agent_refuses_a_rendezvous_no_rank_could_use(flag, needle):
+    # every rank got MASTER_PORT=99999 or MASTER_ADDR='a b' and failed on its own in torch's rendezvous
+    result = subprocess.run([sys.executable, "-m", "xrun.launch", "--world_info=eyJsb2NhbGhvc3QiOiBbMF19",
+                             "--node_rank=0", flag, "t.py"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=TIME_BOUND)
+    assert_one_line_error(result, needle)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--master_port", "70000"], "--master_port: 70000 is not a TCP port"),
     (["--ssh_port", "0"], "--ssh_port: 0 is not a TCP port"),

@@ -44,6 +44,7 @@ from xrun.values import (
     MAX_RANKS,
     MAX_RESTARTS,
     MAX_SHUTDOWN_TIMEOUT,
+    address_problem,
     int_arg,
     one_line,
     parse_int,
@@ -256,12 +257,23 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
     )
 
 
+def _check_rendezvous(addr: str, port: int) -> None:
+    """What every rank gets as MASTER_ADDR/MASTER_PORT: the ranks would only fail later, each on its own, in
+    torch's rendezvous (port 0 or 99999, an address with a space). xrun itself checks its own flags the same."""
+    problem = address_problem(addr)
+    if problem:
+        raise UsageError("--master_addr", problem)
+    if not 1 <= port <= 65535:
+        raise UsageError("--master_port", f"{port} is not a TCP port (1..65535)")
+
+
 def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
     parser = build_parser()
     split = split_argv(parser, argv)
     ns = parser.parse_args(list(split.options))
     if split.program is None:
         raise XrunError(f"missing SCRIPT; usage: {parser.usage}")
+    _check_rendezvous(ns.master_addr, ns.master_port)
     return AgentCommand(
         world=decode_world_info(ns.world_info),
         node_rank=ns.node_rank,
