@@ -170,6 +170,17 @@ def test_a_directory_is_run_by_its_main_as_python_does(tmp_path):
     assert result.returncode == 0 and "ran" in result.stdout, result.stderr
 
 
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_removed_working_directory_is_one_line(tmp_path, dry_run):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (tmp_path / "ok.py").write_text("pass\n")
+    result = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+                             sys.executable, "-m", "xrun", *dry_run, str(tmp_path / "ok.py")],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=TIME_BOUND)
+    assert_one_line_error(result, "the working directory no longer exists")
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
