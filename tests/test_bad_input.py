@@ -181,6 +181,23 @@ def test_a_removed_working_directory_is_one_line(tmp_path, dry_run):
     assert_one_line_error(result, "the working directory no longer exists")
 
 
+@pytest.mark.parametrize("closed", [(2,), (1, 2), (0, 1, 2)], ids=["stderr", "stdout+stderr", "all"])
+@pytest.mark.parametrize("command", [["-m", "xrun"], ["-m", "xrun.launch", "--world_info=eyJsb2NhbGhvc3QiOiBbMCwgMV19",
+                                                       "--node_rank=0"]], ids=["xrun", "agent"])
+def test_closed_standard_streams_keep_the_ranks_exit_code(tmp_path, closed, command):
+    # xrun train.py 2>&-: every notice was an EBADF traceback (exit 1), or went into whatever took fd 2
+    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+
+    def close_them() -> None:
+        for fd in closed:
+            os.close(fd)
+
+    two = ["--num_gpus", "2"] if command[1] == "xrun" else []  # the agent's world has two slots
+    result = subprocess.run([sys.executable, *command, *two, "fail.py"], cwd=str(tmp_path),
+                            env={**os.environ, "PYTHONPATH": ROOT}, timeout=TIME_BOUND, preexec_fn=close_them)
+    assert result.returncode == 3
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)

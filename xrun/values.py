@@ -124,7 +124,20 @@ def address_problem(text: str) -> str | None:
 
 def tolerant_streams() -> None:
     """Print any argument: a user's bytes that are not UTF-8 (``$'\\xff'``) reach Python as surrogates, which a
-    strict ``PYTHONIOENCODING=utf-8`` stream refuses to write; show them escaped instead."""
+    strict ``PYTHONIOENCODING=utf-8`` stream refuses to write; show them escaped instead. And print at all: a
+    standard stream the caller closed (``xrun train.py 2>&-``) becomes /dev/null first, or every notice was an
+    EBADF traceback (exit 1, the ranks' codes lost), and the first pipe or socket xrun opened took its number,
+    so that the notices went into it."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)  # the lowest free number: fd
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:  # Python found it closed at start
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:

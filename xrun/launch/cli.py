@@ -51,6 +51,7 @@ from xrun.values import (
     port_arg,
     seconds_arg,
     shown,
+    tolerant_streams,
 )
 
 
@@ -297,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xrun.launch.connect import main as connect_main
 
         return connect_main(args)
+    tolerant_streams()
     raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)
