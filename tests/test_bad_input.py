@@ -245,6 +245,8 @@ def test_agent_refuses_a_rendezvous_no_rank_could_use(flag, needle):
     (["--master_port", "70000"], "--master_port: 70000 is not a TCP port"),
     (["--ssh_port", "0"], "--ssh_port: 0 is not a TCP port"),
     (["--master_port", "\u0663"], "--master_port"),
+    (["--control_addr", "a b"], "--control_addr: 'a b' is not a host name or IP address"),
+    (["--python", ""], "--python: is empty"),
 ])
 def test_check_validates_ports(args, needle):
     result = run_xrun("check", "-H", TWO_WORKERS, *args, timeout=TIME_BOUND)

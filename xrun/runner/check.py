@@ -35,7 +35,7 @@ from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.shell import render
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg, print_out
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, print_out
 
 PROBE_TIMEOUT = 30.0
 
@@ -244,9 +244,15 @@ def format_table(reports: list[HostReport], master_port: int, *, given: bool = T
 
 
 def _check_ports(ns: argparse.Namespace) -> None:
-    """Before any host is probed: a port that cannot be one is a usage error, not a row of the table."""
+    """Before any host is probed: a port or an address that cannot be one, an empty interpreter, are usage errors
+    (exit 2, as xrun's own flags), not rows of the table."""
     if not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 skips the check)")
+    problem = address_problem(ns.control_addr) if ns.control_addr is not None else None
+    if problem:
+        raise UsageError("--control_addr", problem)
+    if not ns.python.strip():
+        raise UsageError("--python", "is empty; name the interpreter the job will use")
     ssh_settings(ns)  # --ssh_port
 
 
