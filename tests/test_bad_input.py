@@ -198,6 +198,18 @@ def test_closed_standard_streams_keep_the_ranks_exit_code(tmp_path, closed, comm
     assert result.returncode == 3
 
 
+def test_a_console_reader_that_went_away_keeps_the_ranks_exit_code(tmp_path):
+    # xrun train.py 2>&1 | head -1: the failure report hit the closed pipe, a BrokenPipeError made the code 1
+    (tmp_path / "fail.py").write_text("import os, sys\nfor i in range(20000):\n    print('line', i)\n"
+                                      "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", "fail.py"], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=TIME_BOUND) == 3
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)

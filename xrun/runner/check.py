@@ -35,7 +35,7 @@ from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.shell import render
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, print_out
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
 
 PROBE_TIMEOUT = 30.0
 
@@ -304,10 +304,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"xrun check: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     reports = assess(world, probes, ns.master_port if given else 0)
-    print_out(format_table(reports, ns.master_port, given=given))
+    print(format_table(reports, ns.master_port, given=given))
     bad = [r.host for r in reports if r.problems]
     if bad:
         print(f"xrun check: {len(bad)} of {len(reports)} host(s) need attention: {', '.join(bad)}", file=sys.stderr)
         return 1
-    print_out(f"xrun check: {len(reports)} host(s) reachable and consistent")
+    print(f"xrun check: {len(reports)} host(s) reachable and consistent")
     return 0

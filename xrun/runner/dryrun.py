@@ -9,7 +9,6 @@ from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
 from xrun.shell import render
-from xrun.values import print_out
 
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
@@ -142,6 +141,6 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
 
 def print_plan(plan: Plan, invocation: Invocation, fmt: str) -> None:
     if fmt == "json":
-        print_out(json.dumps(plan_json(plan, invocation)))
+        print(json.dumps(plan_json(plan, invocation)))
     else:
-        print_out(plan_text(plan, invocation))
+        print(plan_text(plan, invocation))

@@ -11,7 +11,6 @@ from xrun.errors import UsageError
 from xrun.runner.network import report
 from xrun.runner.network.coordinate import Check
 from xrun.runner.remote_options import SshSettings
-from xrun.values import print_out
 
 TCP = "tcp"
 ALLREDUCE = "allreduce"
@@ -56,9 +55,7 @@ def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSetting
             link.close()
     elapsed = time.monotonic() - start
     rows = report.node_rows(hosts, {i: link.hello for i, link in links.items()}, outcome.verdicts)
-    print_out(report.format_json(rows, elapsed) if as_json else report.format_table(rows))
-    if as_json or report.bad(rows):  # --json: stdout holds exactly one object
-        print(report.summary(rows, elapsed), file=sys.stderr)
-    else:
-        print_out(report.summary(rows, elapsed))
+    print(report.format_json(rows, elapsed) if as_json else report.format_table(rows))
+    quiet_stdout = as_json or report.bad(rows)  # --json: stdout holds exactly one object
+    print(report.summary(rows, elapsed), file=sys.stderr if quiet_stdout else sys.stdout)
     return 1 if report.bad(rows) else 0
