@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from xrun.errors import XrunError
 
 TWO_WORKERS = os.path.join(ROOT, "hostfiles", "two-workers")
 TIME_BOUND = 20  # seconds: every row used to take 4-27 s, minutes or forever
@@ -353,6 +354,32 @@ def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypat
     with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
         check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
     assert not list(tmp_path.glob("**/__pycache__"))
+
+
+def test_an_unreadable_script_is_refused_by_the_preflight(tmp_path, monkeypatch):
+    # the dry run passed, then every rank died of python's "can't open file" (root reads anything: os.access
+    # answers as for another user here)
+    from xrun.launch import preflight
+    from xrun.launch.preflight import PreflightError, check_node
+    from xrun.launch.spec import PythonMode
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    real_access = os.access
+    monkeypatch.setattr(preflight.os, "access", lambda path, mode, **kw: path != str(script) and real_access(path, mode))
+    with pytest.raises(PreflightError, match="SCRIPT '.*train.py': is not readable"):
+        check_node(sys.executable, PythonMode.SCRIPT, str(script), None)
+
+
+def test_an_unreadable_hostfile_says_so(tmp_path, monkeypatch):
+    from xrun.runner.hosts import hostfile
+
+    def denied(path, limit):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(hostfile, "read_regular_bytes", denied)
+    with pytest.raises(XrunError, match="hf: is not readable \\(permission denied\\)$"):
+        hostfile.read_hostfile("hf")
 
 
 def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, monkeypatch):

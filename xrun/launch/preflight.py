@@ -80,6 +80,8 @@ def _check_script(script: str) -> None:
             raise PreflightError("SCRIPT", script, "is a directory without __main__.py; name the script in it")
     elif not os.path.isfile(script):
         raise PreflightError("SCRIPT", script, f"no such file in {os.getcwd()}")
+    elif not os.access(script, os.R_OK):  # python would start, then fail with its own code 2 in every rank
+        raise PreflightError("SCRIPT", script, "is not readable (permission denied); chmod +r it")
 
 
 def _check_module(name: str) -> None:

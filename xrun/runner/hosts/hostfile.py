@@ -53,6 +53,8 @@ def read_hostfile(path: str) -> Hostfile:
         raise HostfileError(path, None, None, "is a directory, not a hostfile") from None
     except SmallFileError as err:
         raise HostfileError(path, None, None, err.reason) from None
+    except PermissionError:
+        raise HostfileError(path, None, None, "is not readable (permission denied)") from None
     except (OSError, ValueError) as err:  # ValueError: not UTF-8, or a NUL byte in the path
         raise HostfileError(path, None, None, f"cannot read: {err.__class__.__name__}: {err}") from None
     return parse_hostfile(text, path)
