@@ -353,6 +353,11 @@ def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypat
         check_node(sys.executable, PythonMode.MODULE, "pkg.nope", None)
     with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
         check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
+    # python -m pkg runs pkg/__main__.py: without one every rank failed (code 1) after a dry run that passed
+    with pytest.raises(PreflightError, match="--module 'pkg': is a package without __main__.py"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg", None)
+    (tmp_path / "pkg" / "__main__.py").write_text("")
+    check_node(sys.executable, PythonMode.MODULE, "pkg", None)
     assert not list(tmp_path.glob("**/__pycache__"))
 
 

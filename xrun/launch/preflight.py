@@ -99,6 +99,8 @@ def _check_module(name: str) -> None:
         path = list(spec.submodule_search_locations or [])
         if depth < len(parts) - 1 and not path:
             raise PreflightError("--module", name, f"{'.'.join(parts[: depth + 1])!r} is not a package")
+    if path and PathFinder.find_spec("__main__", path) is None:  # python -m PACKAGE runs PACKAGE.__main__
+        raise PreflightError("--module", name, "is a package without __main__.py; name the module in it to run")
 
 
 def _is_this_python(python: str) -> bool:
