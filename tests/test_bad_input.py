@@ -376,6 +376,17 @@ def test_an_unreadable_script_is_refused_by_the_preflight(tmp_path, monkeypatch)
         check_node(sys.executable, PythonMode.SCRIPT, str(script), None)
 
 
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_program_whose_interpreter_is_missing_is_named(tmp_path, dry_run):
+    # exec's ENOENT was reported as the program itself missing, from every rank, code 127
+    program = tmp_path / "tool"
+    program.write_text("#!/nonexistent/python -u\nprint('hi')\n")
+    program.chmod(0o755)
+    result = run_xrun(*dry_run, "--no_python", "./tool", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert_one_line_error(result, "--no_python program './tool': its #! interpreter '/nonexistent/python' is not "
+                                  "an executable file")
+
+
 def test_an_unreadable_hostfile_says_so(tmp_path, monkeypatch):
     from xrun.runner.hosts import hostfile
 

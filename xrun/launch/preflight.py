@@ -47,6 +47,7 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
             _check_module(script)
     else:
         _check_executable("--no_python program", script)
+        _check_interpreter(script)
     if log_dir is not None:
         check_log_dir(log_dir)
 
@@ -72,6 +73,21 @@ def check_spec(spec: NodeSpec) -> None:
 def _check_executable(what: str, program: str) -> None:
     if shutil.which(program) is None:  # a bare name is looked up on PATH, as exec does
         raise PreflightError(what, program, "is not an executable file (or not on PATH)")
+
+
+def _check_interpreter(program: str) -> None:
+    """A ``#!`` line naming an interpreter that is not there: exec fails with ENOENT, and every rank reported
+    the program itself as missing (code 127)."""
+    path = shutil.which(program)
+    try:
+        with open(path or program, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return  # not readable: exec says so itself (a setuid binary may be executable and unreadable)
+    words = first[2:].split() if first.startswith(b"#!") else []
+    if words and shutil.which(os.fsdecode(words[0])) is None:
+        raise PreflightError("--no_python program", program,
+                             f"its #! interpreter {os.fsdecode(words[0])!r} is not an executable file")
 
 
 def _check_script(script: str) -> None:
