@@ -211,6 +211,33 @@ def test_a_console_reader_that_went_away_keeps_the_ranks_exit_code(tmp_path):
     assert proc.wait(timeout=TIME_BOUND) == 3
 
 
+def test_a_summary_that_cannot_be_written_keeps_the_ranks_exit_code(tmp_path):
+    # the log disk full, or something else where the file goes: a traceback and exit 1, even for a job that ran
+    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    for name in ("failure.json", "summary.json"):
+        (tmp_path / "logs" / "localhost" / name).mkdir(parents=True)  # os.replace cannot put a file there
+    result = run_xrun("--num_gpus", "2", "--log_dir", "logs", "fail.py", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "xrun: cannot write logs/localhost/summary.json: Is a directory\n" in result.stderr
+
+
+def test_a_log_file_that_takes_no_more_is_said_once(capfd):
+    # ENOSPC on a rank's log used to be ignored on every chunk: the logs ended mid-run without a word
+    from xrun.launch.output.streams import Console, RankStream
+    from xrun.launch.output.writer import writer
+
+    full = os.open("/dev/full", os.O_WRONLY)
+    console = Console(prefix=True, quiet=True, host="h")
+    stream = RankStream(-1, 1, b"[h:3] ", log=full, rank=3)
+    console.consume(stream, b"one\n")
+    console.consume(stream, b"two\n")
+    assert writer().drain()
+    assert stream.log is None  # closed: no more tries
+    err = capfd.readouterr().err
+    assert err == "xrun[h]: cannot write rank 3's stdout.log (disk full?): the rest of it is not logged\n"
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
