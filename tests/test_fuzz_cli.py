@@ -202,17 +202,33 @@ LOCAL_OPTIONS = st.lists(
 )
 
 
+# What SCRIPT can be, runnable or not: a file, a directory with or without __main__.py, a package with or without
+# __main__ for --module, a program whose #! interpreter is there or not for --no_python.
+SCRIPTS = st.sampled_from([["ok.py"], ["app"], ["bare"], ["--module", "app"], ["--module", "bare"],
+                           ["--no_python", "./tool"], ["--no_python", "./broken"]])
+
+
+def _script_kinds(cwd: str) -> None:
+    files = {"ok.py": "pass\n", "app/__init__.py": "", "app/__main__.py": "pass\n", "bare/__init__.py": "",
+             "tool": "#!/bin/sh\nexit 0\n", "broken": "#!/nonexistent/sh\nexit 0\n"}
+    for name, text in files.items():
+        os.makedirs(os.path.join(cwd, os.path.dirname(name)), exist_ok=True)
+        with open(os.path.join(cwd, name), "w") as handle:
+            handle.write(text)
+    for name in ("tool", "broken"):
+        os.chmod(os.path.join(cwd, name), 0o755)
+
+
 @SUBPROCESS
-@given(options=LOCAL_OPTIONS, arg=ARG.filter(lambda a: "\0" not in a))
-def test_dry_run_accepted_means_the_run_starts(options, arg):
+@given(options=LOCAL_OPTIONS, script=SCRIPTS, arg=ARG.filter(lambda a: "\0" not in a))
+def test_dry_run_accepted_means_the_run_starts(options, script, arg):
     flat = [item for option in options for item in option]
     cwd = tempfile.mkdtemp(dir=SCRATCH)
-    with open(os.path.join(cwd, "ok.py"), "w") as handle:
-        handle.write("pass\n")
-    dry = run_xrun("--dry-run", *flat, "ok.py", arg, cwd=cwd, timeout=20)
+    _script_kinds(cwd)
+    dry = run_xrun("--dry-run", *flat, *script, arg, cwd=cwd, timeout=20)
     assert_contract(dry.returncode, dry.stderr)
     if dry.returncode != 0:
         return
-    real = run_xrun(*flat, "ok.py", arg, cwd=cwd, timeout=60)
+    real = run_xrun(*flat, *script, arg, cwd=cwd, timeout=60)
     assert real.returncode == 0, real.stderr
     assert "Traceback" not in real.stderr
