@@ -26,5 +26,5 @@ setup(
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },
-    entry_points={"console_scripts": ["xrun=xrun.runner.cli:entry"]},
+    entry_points={"console_scripts": ["xrun=xrun.__main__:main"]},
 )

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from xrun.errors import XrunError
 
 TWO_WORKERS = os.path.join(ROOT, "hostfiles", "two-workers")
 TIME_BOUND = 20  # seconds: every row used to take 4-27 s, minutes or forever
@@ -44,6 +45,9 @@ HOSTFILE_ROWS = {
     "100k-hosts": ("".join(f"h{i} slots=1\n" for i in range(100_000)), "the most xrun accepts"),
     "slots-total": ("node[0-65535] slots=16\n", "the most ranks xrun accepts"),
     "unicode-digit-slots": ("w slots=\u0663\n", "slots must be a positive integer"),
+    "host-case-duplicate": ("w1 slots=1\nW1 slots=1\n", ":2: 'W1 slots=1': host 'W1' is already listed on line 1 as 'w1'"),
+    "utf-16": ("w1 slots=1\n".encode("utf-16"), ":1: is not UTF-8 text (byte 0xff); save the hostfile as UTF-8"),
+    "latin-1-on-line-2": (b"w1 slots=1\nw\xe9 slots=1\n", ":2: is not UTF-8 text (byte 0xe9)"),
 }
 
 
@@ -106,6 +110,12 @@ FLAG_ROWS = {
     "python-missing": (["--python", "/nonexistent"], "--python '/nonexistent'"),
     "no-python-not-executable": (["--no_python", "README.md"], "--no_python program 'README.md'"),
     "module-missing": (["--module", "no_such_module_xyz"], "--module 'no_such_module_xyz'"),
+    "console-ranks-superscript": (["--console_ranks", "\u00b2"], "'\u00b2' is not a rank"),
+    "console-ranks-unicode-digit": (["--console_ranks", "\u0663"], "is not a rank or a low-high range"),
+    # argparse drops a value that is '--' and gave the flag an empty list: a TypeError traceback
+    "value-is-separator": (["--num_gpus=--"], "--num_gpus: is missing its value"),
+    "value-before-separator": (["--hostfile", "--"], "--hostfile: is missing its value"),
+    "short-value-is-separator": (["-i--"], "-i: is missing its value"),
 }
 
 
@@ -152,16 +162,131 @@ def test_missing_script_refused_by_dry_run_and_run(script):
         assert_one_line_error(run_xrun(*dry, "--", script, timeout=TIME_BOUND), f"SCRIPT {script!r}: no such file")
 
 
+def test_a_directory_is_run_by_its_main_as_python_does(tmp_path):
+    (tmp_path / "app").mkdir()
+    assert_one_line_error(run_xrun("app", cwd=str(tmp_path), timeout=TIME_BOUND),
+                          "SCRIPT 'app': is a directory without __main__.py")
+    (tmp_path / "app" / "__main__.py").write_text("print('ran')\n")
+    result = run_xrun("--no_local_rank", "app", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 0 and "ran" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_removed_working_directory_is_one_line(tmp_path, dry_run):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (tmp_path / "ok.py").write_text("pass\n")
+    result = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+                             sys.executable, "-m", "xrun", *dry_run, str(tmp_path / "ok.py")],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=TIME_BOUND)
+    assert_one_line_error(result, "the working directory no longer exists")
+
+
+@pytest.mark.parametrize("closed", [(2,), (1, 2), (0, 1, 2)], ids=["stderr", "stdout+stderr", "all"])
+@pytest.mark.parametrize("command", [["-m", "xrun"], ["-m", "xrun.launch", "--world_info=eyJsb2NhbGhvc3QiOiBbMCwgMV19",
+                                                       "--node_rank=0"]], ids=["xrun", "agent"])
+def test_closed_standard_streams_keep_the_ranks_exit_code(tmp_path, closed, command):
+    # xrun train.py 2>&-: every notice was an EBADF traceback (exit 1), or went into whatever took fd 2
+    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+
+    def close_them() -> None:
+        for fd in closed:
+            os.close(fd)
+
+    two = ["--num_gpus", "2"] if command[1] == "xrun" else []  # the agent's world has two slots
+    result = subprocess.run([sys.executable, *command, *two, "fail.py"], cwd=str(tmp_path),
+                            env={**os.environ, "PYTHONPATH": ROOT}, timeout=TIME_BOUND, preexec_fn=close_them)
+    assert result.returncode == 3
+
+
+def test_a_console_reader_that_went_away_keeps_the_ranks_exit_code(tmp_path):
+    # xrun train.py 2>&1 | head -1: the failure report hit the closed pipe, a BrokenPipeError made the code 1
+    (tmp_path / "fail.py").write_text("import os, sys\nfor i in range(20000):\n    print('line', i)\n"
+                                      "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", "fail.py"], cwd=str(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=TIME_BOUND) == 3
+
+
+def test_a_summary_that_cannot_be_written_keeps_the_ranks_exit_code(tmp_path):
+    # the log disk full, or something else where the file goes: a traceback and exit 1, even for a job that ran
+    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    for name in ("failure.json", "summary.json"):
+        (tmp_path / "logs" / "localhost" / name).mkdir(parents=True)  # os.replace cannot put a file there
+    result = run_xrun("--num_gpus", "2", "--log_dir", "logs", "fail.py", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "xrun: cannot write logs/localhost/summary.json: Is a directory\n" in result.stderr
+
+
+def test_a_log_file_that_takes_no_more_is_said_once(capfd):
+    # ENOSPC on a rank's log used to be ignored on every chunk: the logs ended mid-run without a word
+    from xrun.launch.output.streams import Console, RankStream
+    from xrun.launch.output.writer import writer
+
+    full = os.open("/dev/full", os.O_WRONLY)
+    console = Console(prefix=True, quiet=True, host="h")
+    stream = RankStream(-1, 1, b"[h:3] ", log=full, rank=3)
+    console.consume(stream, b"one\n")
+    console.consume(stream, b"two\n")
+    assert writer().drain()
+    assert stream.log is None  # closed: no more tries
+    err = capfd.readouterr().err
+    assert err == "xrun[h]: cannot write rank 3's stdout.log (disk full?): the rest of it is not logged\n"
+
+
 def test_existing_dash_script_runs(tmp_path):
     (tmp_path / "-weird.py").write_text("print('ran')\n")
     result = run_xrun("--", "-weird.py", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_huge_console_rank_range_is_refused_before_it_is_expanded(dry_run):
+    # every rank of 0-99999999999 went into a set: minutes and gigabytes (bounded here, so that a regression
+    # fails with a MemoryError instead of taking the machine's memory)
+    import resource
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    result = subprocess.run([sys.executable, "-m", "xrun", *dry_run, "--console_ranks", "0-99999999999", "t.py"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=TIME_BOUND, preexec_fn=bounded)
+    assert_one_line_error(result, "rank '99999999999' is past the most ranks xrun accepts (131072)")
+
+
+def test_check_refuses_a_value_that_is_the_separator():
+    assert_one_line_error(run_xrun("check", "--num_gpus=--", timeout=TIME_BOUND), "--num_gpus: is missing its value")
+
+
+def test_agent_refuses_a_value_that_is_the_separator():
+    result = subprocess.run([sys.executable, "-m", "xrun.launch", "--world_info=e30=", "--node_rank=--", "t.py"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=TIME_BOUND)
+    assert_one_line_error(result, "--node_rank: is missing its value")
+
+
+@pytest.mark.parametrize("flag, needle", [
+    ("--master_port=0", "--master_port: 0 is not a TCP port (1..65535)"),
+    ("--master_port=99999", "--master_port: 99999 is not a TCP port"),
+    ("--master_addr=a b", "--master_addr: 'a b' is not a host name or IP address"),
+])
+def test_agent_refuses_a_rendezvous_no_rank_could_use(flag, needle):
+    # every rank got MASTER_PORT=99999 or MASTER_ADDR='a b' and failed on its own in torch's rendezvous
+    result = subprocess.run([sys.executable, "-m", "xrun.launch", "--world_info=eyJsb2NhbGhvc3QiOiBbMF19",
+                             "--node_rank=0", flag, "t.py"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=TIME_BOUND)
+    assert_one_line_error(result, needle)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--master_port", "70000"], "--master_port: 70000 is not a TCP port"),
     (["--ssh_port", "0"], "--ssh_port: 0 is not a TCP port"),
     (["--master_port", "\u0663"], "--master_port"),
+    (["--control_addr", "a b"], "--control_addr: 'a b' is not a host name or IP address"),
+    (["--python", ""], "--python: is empty"),
 ])
 def test_check_validates_ports(args, needle):
     result = run_xrun("check", "-H", TWO_WORKERS, *args, timeout=TIME_BOUND)
@@ -185,6 +310,17 @@ def test_undecodable_argument_reaches_the_rank_byte_exact(tmp_path):
     assert "b'\\xff'" in result.stdout
 
 
+
+@pytest.mark.parametrize("args", [["--dry-run", "--num_gpus", "1024", "t.py"], ["--dry-run=json", "t.py"], ["check"]],
+                         ids=["dry-run", "dry-run-json", "check"])
+def test_a_stdout_reader_that_went_away_is_no_traceback(args):
+    # xrun --dry-run | head -1, | grep -q: the reader closes the pipe before xrun has printed everything
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT, text=True)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=TIME_BOUND)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 0, err  # what the command decided: the plan is valid, this host is fine
 
 # -- an engine, ssh or pdsh that fails before its agents connect ends the start barrier at once ---------------
 
@@ -244,7 +380,49 @@ def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypat
         check_node(sys.executable, PythonMode.MODULE, "pkg.nope", None)
     with pytest.raises(PreflightError, match="'pkg.train' is not a package"):
         check_node(sys.executable, PythonMode.MODULE, "pkg.train.x", None)
+    # python -m pkg runs pkg/__main__.py: without one every rank failed (code 1) after a dry run that passed
+    with pytest.raises(PreflightError, match="--module 'pkg': is a package without __main__.py"):
+        check_node(sys.executable, PythonMode.MODULE, "pkg", None)
+    (tmp_path / "pkg" / "__main__.py").write_text("")
+    check_node(sys.executable, PythonMode.MODULE, "pkg", None)
     assert not list(tmp_path.glob("**/__pycache__"))
+
+
+def test_an_unreadable_script_is_refused_by_the_preflight(tmp_path, monkeypatch):
+    # the dry run passed, then every rank died of python's "can't open file" (root reads anything: os.access
+    # answers as for another user here)
+    from xrun.launch import preflight
+    from xrun.launch.preflight import PreflightError, check_node
+    from xrun.launch.spec import PythonMode
+
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    real_access = os.access
+    monkeypatch.setattr(preflight.os, "access", lambda path, mode, **kw: path != str(script) and real_access(path, mode))
+    with pytest.raises(PreflightError, match="SCRIPT '.*train.py': is not readable"):
+        check_node(sys.executable, PythonMode.SCRIPT, str(script), None)
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_a_program_whose_interpreter_is_missing_is_named(tmp_path, dry_run):
+    # exec's ENOENT was reported as the program itself missing, from every rank, code 127
+    program = tmp_path / "tool"
+    program.write_text("#!/nonexistent/python -u\nprint('hi')\n")
+    program.chmod(0o755)
+    result = run_xrun(*dry_run, "--no_python", "./tool", cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert_one_line_error(result, "--no_python program './tool': its #! interpreter '/nonexistent/python' is not "
+                                  "an executable file")
+
+
+def test_an_unreadable_hostfile_says_so(tmp_path, monkeypatch):
+    from xrun.runner.hosts import hostfile
+
+    def denied(path, limit):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(hostfile, "read_regular_bytes", denied)
+    with pytest.raises(XrunError, match="hf: is not readable \\(permission denied\\)$"):
+        hostfile.read_hostfile("hf")
 
 
 def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, monkeypatch):

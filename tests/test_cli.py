@@ -201,6 +201,27 @@ def test_no_torch_on_the_launch_path(args):
     assert not heavy, heavy
 
 
+# Ctrl-C while xrun's modules load, made deterministic: the import of the CLI is what gets interrupted.
+INTERRUPTED_LOAD = """
+import builtins, runpy, sys
+real_import = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "xrun.runner.cli":
+        raise KeyboardInterrupt
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = interrupted
+sys.argv = ["xrun", "t.py"]
+runpy.run_module("xrun", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_xrun_loads_is_130_without_a_traceback():
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_LOAD], capture_output=True, text=True, cwd=ROOT,
+                            timeout=20)
+    assert result.returncode == 130, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+
+
 def test_console_script_installed():
     result = subprocess.run(["xrun", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("xrun ")

@@ -116,6 +116,9 @@ def test_mpich_shim(tmp_path):
     assert link.endswith("/libmpi.so.12")
     with pytest.raises(DiscoverError, match="libmpich.so.12 not found"):
         make_mpich_shim(str(tmp_path / "shim2"), search=(str(tmp_path / "none"),))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(DiscoverError, match="cannot make .*: Not a directory; name a directory you can write"):
+        make_mpich_shim(str(tmp_path / "afile" / "shim"), search=(str(lib),))  # was a NotADirectoryError traceback
 
 
 def test_cli_outside_mpi_says_so():
@@ -123,6 +126,15 @@ def test_cli_outside_mpi_says_so():
                           env={k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_"))})
     assert proc.returncode == 2
     assert proc.stderr.startswith("xrun.discovery: not started by mpirun")
+
+
+def test_cli_names_a_missing_script_in_one_line(tmp_path):
+    # under an engine, runpy.run_path's FileNotFoundError was a traceback
+    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}  # srun's variables: no MPI library needed
+    proc = subprocess.run([sys.executable, "-m", "xrun.discovery", "nope.py"], capture_output=True, text=True,
+                          env=env, cwd=str(tmp_path), timeout=60)
+    assert (proc.returncode, proc.stderr) == (2, f"xrun.discovery: SCRIPT 'nope.py': no such file in {tmp_path}\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -307,6 +307,19 @@ def test_local_crash_restarts_and_resumes_from_checkpoint(tmp_path, weird_args):
 
 @pytest.mark.slow
 @pytest.mark.torch
+def test_a_rendezvous_nobody_else_joins_says_what_timed_out(tmp_path):
+    # torch's RendezvousTimeoutError has no message: the line ended in "RendezvousTimeoutError: "
+    pytest.importorskip("torch")
+    (tmp_path / "ok.py").write_text("pass\n")
+    result = run_xrun("--elastic", "--nnodes", "2:2", "--join_timeout", "2", "ok.py", cwd=str(tmp_path), timeout=120,
+                      env={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert ("rendezvous failed: RendezvousTimeoutError: not every node joined within --join_timeout\n"
+            in result.stderr), result.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
 def test_local_exhausted_restarts_fail_with_the_real_exit_code(tmp_path):
     pytest.importorskip("torch")
     result = elastic_run(tmp_path, "--max_restarts", "1", "--log_dir", str(tmp_path / "logs"),

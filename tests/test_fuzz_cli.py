@@ -76,7 +76,7 @@ def test_hostfile_text(text, bom, encoding):
 
 SPEC = st.one_of(
     st.sampled_from(["worker-0", "worker-0:0,1", "worker-1:3@worker-0", "w:", "@", "worker-0:\u0663", ":1",
-                     "worker-0:99999999999999999999", "worker-0:0:1", "worker-0,worker-1"]),
+                     "worker-0:99999999999999999999", "worker-0:0:1", "worker-0,worker-1", "--"]),
     st.text(max_size=20),
 )
 
@@ -93,7 +93,7 @@ NUMERIC_FLAGS = ["--num_nodes", "--num_gpus", "--master_port", "--shutdown_timeo
 NUMBER = st.one_of(
     st.integers(min_value=-(10**40), max_value=10**40).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
-    st.sampled_from(["nan", "inf", "-inf", "1e308", "\u0663", "\u00b2", "1_000", "0x10", " 5 ", "", "+3", "٣.5"]),
+    st.sampled_from(["nan", "inf", "-inf", "1e308", "\u0663", "\u00b2", "1_000", "0x10", " 5 ", "", "+3", "٣.5", "--"]),
     st.text(max_size=8),
 )
 
@@ -104,6 +104,30 @@ def test_numeric_flags(flag, value, remote):
     elastic = ["--elastic"] if flag in ("--max_restarts", "--min_nodes", "--max_nodes", "--monitor_interval") else []
     hosts = ["-H", TWO_WORKERS] if remote else []
     assert_contract(*run_main("--dry-run", *hosts, *elastic, f"{flag}={value}", "t.py"))
+
+
+# Flags whose value is a small language of its own: each parser must refuse what it cannot read in one line.
+STRING_FLAGS = {  # flag -> what it needs beside it to be read at all
+    "--console_ranks": [], "--forward_signals": [], "--bind_core_list": ["--bind_cores_to_rank"],
+    "--export": ["-H", TWO_WORKERS], "--network_interface": ["-H", TWO_WORKERS], "--hosts": [],
+    "--hang_action": ["--hang_timeout", "5"], "--platform": [], "--run_id": [], "--master_addr": [],
+    "--control_addr": ["-H", TWO_WORKERS], "--launcher_args": ["-H", TWO_WORKERS, "--launcher", "openmpi"],
+    "--nnodes": ["--elastic"], "--rdzv_conf": ["--elastic"], "--rdzv_endpoint": ["--elastic"],
+    "--rdzv_backend": ["--elastic"],
+}
+STRING_VALUE = st.one_of(
+    st.sampled_from(["0-99999999999", "\u00b2", "\u0663", "--", "", " ", "a\nb", "0,0", "1-0", "0-", "-1", "x" * 5000,
+                     "USR1,USR1", "RTMIN", "0-1,0-1", "A=1", "A", "=", "A B=1", "eth0", "auto", "none", "lo",
+                     "n[0-3]", "n[0-99999999999]", "1:2", "2:1", ":", "h:1", "[::1]:1", "k=v,k=v", "\udcff"]),
+    st.text(alphabet="0123456789-,:=[]@ .aAUSR\u0663\u00b2", max_size=14),
+    st.text(max_size=10),
+)
+
+
+@FAST
+@given(flag=st.sampled_from(sorted(STRING_FLAGS)), value=STRING_VALUE)
+def test_string_flags(flag, value):
+    assert_contract(*run_main("--dry-run", *STRING_FLAGS[flag], f"{flag}={value}", "t.py"))
 
 
 ENV_LINE = st.one_of(
@@ -178,17 +202,33 @@ LOCAL_OPTIONS = st.lists(
 )
 
 
+# What SCRIPT can be, runnable or not: a file, a directory with or without __main__.py, a package with or without
+# __main__ for --module, a program whose #! interpreter is there or not for --no_python.
+SCRIPTS = st.sampled_from([["ok.py"], ["app"], ["bare"], ["--module", "app"], ["--module", "bare"],
+                           ["--no_python", "./tool"], ["--no_python", "./broken"]])
+
+
+def _script_kinds(cwd: str) -> None:
+    files = {"ok.py": "pass\n", "app/__init__.py": "", "app/__main__.py": "pass\n", "bare/__init__.py": "",
+             "tool": "#!/bin/sh\nexit 0\n", "broken": "#!/nonexistent/sh\nexit 0\n"}
+    for name, text in files.items():
+        os.makedirs(os.path.join(cwd, os.path.dirname(name)), exist_ok=True)
+        with open(os.path.join(cwd, name), "w") as handle:
+            handle.write(text)
+    for name in ("tool", "broken"):
+        os.chmod(os.path.join(cwd, name), 0o755)
+
+
 @SUBPROCESS
-@given(options=LOCAL_OPTIONS, arg=ARG.filter(lambda a: "\0" not in a))
-def test_dry_run_accepted_means_the_run_starts(options, arg):
+@given(options=LOCAL_OPTIONS, script=SCRIPTS, arg=ARG.filter(lambda a: "\0" not in a))
+def test_dry_run_accepted_means_the_run_starts(options, script, arg):
     flat = [item for option in options for item in option]
     cwd = tempfile.mkdtemp(dir=SCRATCH)
-    with open(os.path.join(cwd, "ok.py"), "w") as handle:
-        handle.write("pass\n")
-    dry = run_xrun("--dry-run", *flat, "ok.py", arg, cwd=cwd, timeout=20)
+    _script_kinds(cwd)
+    dry = run_xrun("--dry-run", *flat, *script, arg, cwd=cwd, timeout=20)
     assert_contract(dry.returncode, dry.stderr)
     if dry.returncode != 0:
         return
-    real = run_xrun(*flat, "ok.py", arg, cwd=cwd, timeout=60)
+    real = run_xrun(*flat, *script, arg, cwd=cwd, timeout=60)
     assert real.returncode == 0, real.stderr
     assert "Traceback" not in real.stderr

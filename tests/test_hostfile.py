@@ -84,7 +84,7 @@ def test_read_hostfile_directory(tmp_path):
 def test_read_hostfile_not_utf8(tmp_path):
     path = tmp_path / "hf"
     path.write_bytes(b"w\xff slots=1\n")
-    with pytest.raises(HostfileError, match="cannot read"):
+    with pytest.raises(HostfileError, match=r":1: is not UTF-8 text \(byte 0xff\)"):
         read_hostfile(str(path))
 
 

@@ -1,3 +1,19 @@
-from xrun.runner.cli import entry
+"""``python -m xrun`` and the ``xrun`` console script.
 
-entry()
+xrun takes over SIGINT once it has started; before that, while its modules load (tens of milliseconds), a Ctrl-C
+is Python's KeyboardInterrupt: nothing has started yet, so it ends xrun with 130, as a Ctrl-C later does,
+instead of a traceback through the imports."""
+
+import sys
+
+
+def main() -> None:
+    try:
+        from xrun.runner.cli import entry  # noqa: PLC0415 - inside the guard
+    except KeyboardInterrupt:
+        sys.exit(130)
+    entry()
+
+
+if __name__ == "__main__":
+    main()

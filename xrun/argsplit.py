@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xrun.errors import UnknownFlagError
+from xrun.errors import UnknownFlagError, UsageError
 from xrun.shell import render
 
 _MATCHED = 100  # characters of an unknown flag compared with the known ones (difflib is quadratic)
@@ -87,6 +87,17 @@ def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str], index: in
                                        f"({parser.prog} {example})")
 
 
+def refuse_bare_separator(option: str, takes_value: dict[str, bool]) -> None:
+    """``--num_gpus=--``, ``--num_gpus -- t.py`` (glued by ``split_argv``), ``-H--``: argparse drops a value that
+    is ``--`` and hands the flag an empty list, which no check expects (a TypeError traceback); say the value is
+    missing instead."""
+    name = option.split("=", 1)[0] if option.startswith("--") else option[:2]
+    value = option[len(name):]
+    value = value[1:] if value.startswith("=") else value  # argparse reads -i=SPEC as -i SPEC
+    if value == "--" and takes_value.get(name, False):
+        raise UsageError(name, "is missing its value ('--' ends the options: put the value before it)")
+
+
 def split_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SplitArgv:
     takes_value = takes_values(parser)
     options: list[str] = []
@@ -101,8 +112,8 @@ def split_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SplitArg
         if not is_known(token, takes_value):
             raise unknown_flag(parser, argv, index)
         options.append(token)
-        name = token.split("=", 1)[0]
-        if "=" not in token and takes_value.get(name, False) and index + 1 < len(argv):
+        name = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+        if "=" not in token and takes_value.get(name, False) and index + 1 < len(argv) and len(token) == len(name):
             value = argv[index + 1]
             if value.startswith("-"):
                 # argparse takes a separate value that looks like an option for a missing one
@@ -111,6 +122,7 @@ def split_argv(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SplitArg
             else:
                 options.append(value)
             index += 1
+        refuse_bare_separator(options[-1], takes_value)
         index += 1
     if index >= len(argv):
         return SplitArgv(tuple(options), None, ())

@@ -311,11 +311,15 @@ def make_mpich_shim(directory: str, search: Sequence[str] = LIBRARY_DIRS) -> str
     found = next((path for path in candidates if os.path.exists(path)), None)
     if found is None:
         raise DiscoverError(f"{MPICH_LIBRARY} not found in {', '.join(search)}; is MPICH installed?")
-    os.makedirs(directory, exist_ok=True)
     link = os.path.join(directory, MPICH_ABI_NAME)
-    if os.path.lexists(link):
-        os.unlink(link)
-    os.symlink(found, link)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(found, link)
+    except OSError as err:  # /proc/x, a file in the way, a read-only filesystem: the reason, not a traceback
+        raise DiscoverError(f"--mpich-shim {directory!r}: cannot make {link}: {err.strerror or err}; "
+                            "name a directory you can write") from None
     return link
 
 
@@ -335,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(usage, file=sys.stderr)
             return 2
         discover()
+        if not os.path.isfile(args[0]) and not os.path.isfile(os.path.join(args[0], "__main__.py")):
+            raise DiscoverError(f"SCRIPT {args[0]!r}: no such file in {os.getcwd()}")  # not run_path's traceback
     except DiscoverError as err:
         print(f"xrun.discovery: {err}", file=sys.stderr)
         return err.exit_code

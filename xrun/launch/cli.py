@@ -10,6 +10,7 @@ so the runner's dry-run and the agent agree. The flag groups are shared with the
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -38,14 +39,17 @@ from xrun.launch.spec import (
 )
 from xrun.values import (
     MAX_HOSTS,
+    MAX_RANKS,
     MAX_RESTARTS,
     MAX_SHUTDOWN_TIMEOUT,
+    address_problem,
     int_arg,
     one_line,
     parse_int,
     port_arg,
     seconds_arg,
     shown,
+    tolerant_streams,
 )
 
 
@@ -204,6 +208,22 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
                          device_per_rank=ns.device_per_rank)
 
 
+def console_ranks(text: str) -> tuple[int, ...]:
+    """``--console_ranks``: ``parse_rank_list`` expands every range, so each number is first held to ASCII digits
+    (``'²'.isdigit()`` is true, ``int('²')`` a ValueError) and below the most ranks xrun accepts
+    (``0-99999999999`` took minutes and gigabytes before it could say that rank does not exist)."""
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if match is None:
+            raise UsageError("--console_ranks", f"{shown(text)}: {shown(part)} is not a rank or a low-high range; "
+                             "e.g. 0 or 0,2-3")
+        for number in filter(None, match.groups()):
+            if len(number) > 7 or int(number) >= MAX_RANKS:
+                raise UsageError("--console_ranks", f"{shown(text)}: rank {shown(number)} is past the most ranks "
+                                 f"xrun accepts ({MAX_RANKS})")
+    return parse_rank_list("--console_ranks", text)
+
+
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
@@ -223,7 +243,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
-        console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
+        console_ranks=console_ranks(ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(
             parse_signal_list("--forward_signals", ns.forward_signals)
             if ns.forward_signals is not None
@@ -236,12 +256,23 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
     )
 
 
+def _check_rendezvous(addr: str, port: int) -> None:
+    """What every rank gets as MASTER_ADDR/MASTER_PORT: the ranks would only fail later, each on its own, in
+    torch's rendezvous (port 0 or 99999, an address with a space). xrun itself checks its own flags the same."""
+    problem = address_problem(addr)
+    if problem:
+        raise UsageError("--master_addr", problem)
+    if not 1 <= port <= 65535:
+        raise UsageError("--master_port", f"{port} is not a TCP port (1..65535)")
+
+
 def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
     parser = build_parser()
     split = split_argv(parser, argv)
     ns = parser.parse_args(list(split.options))
     if split.program is None:
         raise XrunError(f"missing SCRIPT; usage: {parser.usage}")
+    _check_rendezvous(ns.master_addr, ns.master_port)
     return AgentCommand(
         world=decode_world_info(ns.world_info),
         node_rank=ns.node_rank,
@@ -265,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xrun.launch.connect import main as connect_main
 
         return connect_main(args)
+    tolerant_streams()
     raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)

@@ -47,6 +47,7 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
             _check_module(script)
     else:
         _check_executable("--no_python program", script)
+        _check_interpreter(script)
     if log_dir is not None:
         check_log_dir(log_dir)
 
@@ -74,9 +75,29 @@ def _check_executable(what: str, program: str) -> None:
         raise PreflightError(what, program, "is not an executable file (or not on PATH)")
 
 
+def _check_interpreter(program: str) -> None:
+    """A ``#!`` line naming an interpreter that is not there: exec fails with ENOENT, and every rank reported
+    the program itself as missing (code 127)."""
+    path = shutil.which(program)
+    try:
+        with open(path or program, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return  # not readable: exec says so itself (a setuid binary may be executable and unreadable)
+    words = first[2:].split() if first.startswith(b"#!") else []
+    if words and shutil.which(os.fsdecode(words[0])) is None:
+        raise PreflightError("--no_python program", program,
+                             f"its #! interpreter {os.fsdecode(words[0])!r} is not an executable file")
+
+
 def _check_script(script: str) -> None:
-    if not os.path.isfile(script):
+    if os.path.isdir(script):  # python runs a directory (or a zipapp) by its __main__.py
+        if not os.path.isfile(os.path.join(script, "__main__.py")):
+            raise PreflightError("SCRIPT", script, "is a directory without __main__.py; name the script in it")
+    elif not os.path.isfile(script):
         raise PreflightError("SCRIPT", script, f"no such file in {os.getcwd()}")
+    elif not os.access(script, os.R_OK):  # python would start, then fail with its own code 2 in every rank
+        raise PreflightError("SCRIPT", script, "is not readable (permission denied); chmod +r it")
 
 
 def _check_module(name: str) -> None:
@@ -94,6 +115,8 @@ def _check_module(name: str) -> None:
         path = list(spec.submodule_search_locations or [])
         if depth < len(parts) - 1 and not path:
             raise PreflightError("--module", name, f"{'.'.join(parts[: depth + 1])!r} is not a package")
+    if path and PathFinder.find_spec("__main__", path) is None:  # python -m PACKAGE runs PACKAGE.__main__
+        raise PreflightError("--module", name, "is a package without __main__.py; name the module in it to run")
 
 
 def _is_this_python(python: str) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xrun import __version__
-from xrun.argsplit import spellings, unknown_flag
+from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknown_flag
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
@@ -35,7 +35,7 @@ from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.shell import render
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, one_line, port_arg
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
 
 PROBE_TIMEOUT = 30.0
 
@@ -244,15 +244,24 @@ def format_table(reports: list[HostReport], master_port: int, *, given: bool = T
 
 
 def _check_ports(ns: argparse.Namespace) -> None:
-    """Before any host is probed: a port that cannot be one is a usage error, not a row of the table."""
+    """Before any host is probed: a port or an address that cannot be one, an empty interpreter, are usage errors
+    (exit 2, as xrun's own flags), not rows of the table."""
     if not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 skips the check)")
+    problem = address_problem(ns.control_addr) if ns.control_addr is not None else None
+    if problem:
+        raise UsageError("--control_addr", problem)
+    if not ns.python.strip():
+        raise UsageError("--python", "is empty; name the interpreter the job will use")
     ssh_settings(ns)  # --ssh_port
 
 
 def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
     """The flags; one it does not have is named with the closest it has (check runs no script)."""
     parser = build_parser()
+    takes_value = takes_values(parser)
+    for word in argv:
+        refuse_bare_separator(word, takes_value)
     ns, extra = parser.parse_known_args(list(argv))
     flags = [index for index, word in enumerate(extra) if word.startswith("-") and word != "-"]
     if flags:

@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def working_directory() -> str:
+    """Where the ranks start (every node's agent changes to it): a directory removed under the shell that is
+    still in it has no path left to give."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise XrunError("the working directory no longer exists (removed while this shell was in it); "
+                        "cd to an existing directory") from None
+
+
 def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     parser = build_parser()
     split = split_argv(parser, argv)
@@ -104,7 +114,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         options=agent_options(ns),
         run_id=ns.run_id or f"xrun-{os.urandom(4).hex()}",  # an id, not a secret: skip importing secrets
         remote=remote_options(ns),
-        cwd=os.getcwd(),
+        cwd=working_directory(),
         elastic=elastic_options(ns, static_restarts=True),
         pod=pod_request(ns),
         restart=restart_policy(ns),

@@ -448,7 +448,8 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
             finally:
                 bridge.close()
     except (t["RendezvousError"], RuntimeError, TimeoutError) as err:  # store timeouts are RuntimeErrors
-        notice(spec.host, f"rendezvous failed: {type(err).__name__}: {err}")
+        said = str(err) or ("not every node joined within --join_timeout" if "Timeout" in type(err).__name__ else "")
+        notice(spec.host, f"rendezvous failed: {type(err).__name__}{': ' + said if said else ''}")
         result = NodeResult(spec.host, outcomes=(), root_cause=None, interrupted_by=None, exit_code=EXIT_RENDEZVOUS)
     finally:
         if handler is not None and not stopped:  # like torchrun: a stopped node keeps it open for the others

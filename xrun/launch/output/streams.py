@@ -271,6 +271,14 @@ class Console:
         elif stream is self._bar:
             self._bar = None
 
+    def _log_lost(self, stream: RankStream) -> None:
+        """A log file that takes no more (the log disk full): said once, then no more tries; the console and the
+        report go on. Silently, the logs ended mid-run and nobody knew which ones."""
+        stream.close_log()
+        name = "stdout" if stream.console == 1 else "stderr"
+        whose = f"rank {stream.rank}'s" if stream.rank is not None else "a"
+        notice(self._writer.host, f"cannot write {whose} {name}.log (disk full?): the rest of it is not logged")
+
     def drain(self, stream: RankStream, limit: int = 64) -> None:
         """Read what is already there without waiting (bounded: a surviving writer may keep writing)."""
         for _ in range(limit):
@@ -279,8 +287,8 @@ class Console:
 
     def consume(self, stream: RankStream, chunk: bytes) -> None:
         self.heard = True  # the hang doctor's silence check reads and clears it: no clock on the hot path
-        if stream.log is not None:
-            write_all(stream.log, chunk)
+        if stream.log is not None and not write_all(stream.log, chunk):
+            self._log_lost(stream)
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]

@@ -27,7 +27,7 @@ from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
-from xrun.values import each_line
+from xrun.values import each_line, one_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 
@@ -98,7 +98,18 @@ def write_failure_json(path: str, result: NodeResult) -> None:
 
 
 def write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically, making its directory (a reader never sees half a file)."""
+    """Write ``data`` as JSON to ``path`` atomically, making its directory (a reader never sees half a file).
+
+    A file that cannot be written (the log disk full, the directory gone or read-only since the preflight) is
+    one line on stderr: the job's end and its exit code stand (it was a traceback and exit 1, even for a job
+    whose every rank succeeded)."""
+    try:
+        _write_json(path, data)
+    except OSError as err:
+        sys.stderr.write(f"xrun: cannot write {one_line(path)}: {err.strerror or err}\n")
+
+
+def _write_json(path: str, data: Any) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path), suffix=".tmp", dir=directory)

@@ -41,13 +41,20 @@ class Hostfile:
 def read_hostfile(path: str) -> Hostfile:
     """Read and parse a hostfile; any problem is a ``HostfileError`` naming the path and line."""
     try:
-        text = read_regular_bytes(path, limit=HOSTFILE_LIMIT).decode("utf-8")
+        data = read_regular_bytes(path, limit=HOSTFILE_LIMIT)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:  # UTF-16 from a Windows editor, Latin-1: say where, not the codec's words
+        lineno = data[: err.start].count(b"\n") + 1
+        raise HostfileError(path, lineno, None, f"is not UTF-8 text (byte 0x{data[err.start]:02x}); "
+                                                "save the hostfile as UTF-8") from None
     except FileNotFoundError:
         raise HostfileError(path, None, None, "no such file; pass an existing hostfile with -H/--hostfile") from None
     except IsADirectoryError:
         raise HostfileError(path, None, None, "is a directory, not a hostfile") from None
     except SmallFileError as err:
         raise HostfileError(path, None, None, err.reason) from None
+    except PermissionError:
+        raise HostfileError(path, None, None, "is not readable (permission denied)") from None
     except (OSError, ValueError) as err:  # ValueError: not UTF-8, or a NUL byte in the path
         raise HostfileError(path, None, None, f"cannot read: {err.__class__.__name__}: {err}") from None
     return parse_hostfile(text, path)
@@ -55,14 +62,14 @@ def read_hostfile(path: str) -> Hostfile:
 
 def parse_hostfile(text: str, path: str = "<hostfile>") -> Hostfile:
     entries: list[HostEntry] = []
-    first_seen: dict[str, int] = {}
+    first_seen: dict[str, HostEntry] = {}  # by lower-case name: DNS names are case-insensitive, Node1 is node1
     for lineno, line in enumerate(text.removeprefix("\ufeff").splitlines(), start=1):
         for entry in _parse_line(line, lineno, path, room=MAX_HOSTS - len(entries)):
-            if entry.name in first_seen:
-                raise HostfileError(
-                    path, lineno, line, f"host {entry.name!r} is already listed on line {first_seen[entry.name]}"
-                )
-            first_seen[entry.name] = lineno
+            first = first_seen.setdefault(entry.name.lower(), entry)
+            if first is not entry:
+                spelled = f" as {first.name!r}" if first.name != entry.name else ""
+                raise HostfileError(path, lineno, line,
+                                    f"host {entry.name!r} is already listed on line {first.lineno}{spelled}")
             entries.append(entry)
     if not entries:
         raise HostfileError(path, None, None, "no hosts; add lines like 'worker-1 slots=4'")
