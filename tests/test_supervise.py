@@ -286,6 +286,19 @@ def test_leaked_child_after_success_does_not_hang_and_is_reported(marker, ready,
     assert "outlived their rank" in capfd.readouterr().err
 
 
+def test_a_daemon_that_left_its_ranks_session_is_stopped_too(marker, ready, capfd):
+    """A double fork and setsid takes a process out of its rank's session, not out of the job: the agent, their
+    subreaper, inherits it and stops it with the other leftovers."""
+    procs = [rank(0, "fork", "daemon", "ready", ready, "then", "-", "wait-ready", f"1@{ready}", "exit", "0",
+                  marker=marker)]
+    result = run_group(procs, shutdown_timeout=60)
+    (daemon,) = ready_pids(ready, "child")
+    assert result.exit_code == 0
+    assert proctable.read_proc(daemon) is None  # stopped and reaped here, not left running nor a zombie
+    assert marked(marker) == []
+    assert "outlived their rank" in capfd.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ignore", "group"])
 def test_leaked_child_ignoring_sigterm_is_killed_at_the_deadline(marker, ready, capfd, mode):

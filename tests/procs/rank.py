@@ -10,7 +10,8 @@ Steps (each takes at most one argument):
   exit CODE        exit with CODE
   raise SIG        kill itself with signal SIG (core dumps are disabled)
   fork MODE        fork a child that stays in this session (MODE: "term" honours SIGTERM, "ignore" ignores it,
-                   "group" ignores it and moves to a new process group of the same session). The child runs the
+                   "group" ignores it and moves to a new process group of the same session; "daemon" leaves: a
+                   double fork and setsid, so its parent exits and it belongs to no rank's session). The child runs the
                    steps after "fork MODE" up to "then -" and then sleeps forever; the parent runs the steps
                    after "then -"
   wait-file PATH   wait until PATH exists (exit 99 after 120 s)
@@ -71,6 +72,10 @@ def main(argv):
                     signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 if arg == "group":
                     os.setpgid(0, 0)
+                if arg == "daemon":
+                    os.setsid()
+                    if os.fork() != 0:
+                        os._exit(0)
                 rest = argv[argv.index("fork") + 2 :]
                 # The child runs the steps after "fork" up to "then"; the parent skips them.
                 child_steps = rest[: rest.index("then")] if "then" in rest else rest

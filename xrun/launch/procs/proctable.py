@@ -168,6 +168,14 @@ def exited_child() -> int | None:
     return info.si_pid if info is not None else None
 
 
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status, if it is a child of ours that exited."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def reap_orphan(pid: int, sids: Collection[int]) -> bool:
     """Reap ``pid`` if it is an orphan from one of ``sids`` (a member, not the session leader); else False.
 

@@ -107,6 +107,8 @@ class Reaper:
         self._sent: dict[int, int] = {}  # leftover pid -> the strongest signal its group got
         self._leftover_fds: dict[int, int] = {}  # pidfd -> pid
         self._subreaper = False
+        self._foreign: set[int] = set()
+        self._escaped: set[int] = set()  # pids of rank descendants found outside every rank's session
 
     def attach(self, sel: selectors.BaseSelector, watchdog: Watchdog | None, *, pidfd: bool,
                subreaper: bool = False) -> None:
@@ -116,6 +118,8 @@ class Reaper:
         self._watchdog = watchdog
         self.have_pidfd = pidfd
         self._subreaper = subreaper
+        # the caller's own children, there before any rank: never a rank's (see ``escaped``)
+        self._foreign = (proctable.children() or set()) - ({watchdog.pid} if watchdog is not None else set())
 
     def sids(self) -> set[int]:
         """The ranks' sessions: a started rank's pid is its session id."""
@@ -252,6 +256,10 @@ class Reaper:
             if self._watchdog is not None and pid == self._watchdog.pid:
                 self._watchdog.lost()  # somebody killed it: carry on without the safety net
                 continue
+            if pid in self._escaped:
+                self._escaped.discard(pid)
+                proctable.reap(pid)
+                continue
             if not proctable.reap_orphan(pid, sids):
                 return  # a rank not yet collected, or a child of the caller's: not ours to reap here
 
@@ -266,7 +274,25 @@ class Reaper:
         """
         if self._subreaper and self._no_child_but_the_watchdog():
             return []
-        return proctable.live_members(self.sids())
+        members = proctable.live_members(self.sids())
+        return members + self.escaped(members)
+
+    def escaped(self, members: Sequence[ProcInfo]) -> list[ProcInfo]:
+        """Rank descendants that left their rank's session (a daemon's double fork and ``setsid``): as their
+        subreaper this process inherits them once their parent is gone, so they are its children that belong to no
+        rank's session and not to its own (where its py-spy dumps run), and were not the caller's before the
+        ranks started. Without the subreaper (not Linux) they went to init, out of reach."""
+        kids = proctable.children() if self._subreaper else None
+        if not kids:
+            return []
+        own = os.getsid(0)
+        known = self._foreign | {p.pid for p in members} | {r.pid for r in self._ranks if r.running}
+        if self._watchdog is not None:
+            known.add(self._watchdog.pid)
+        found = [p for p in map(proctable.read_proc, kids - known)
+                 if p is not None and p.alive and p.sid != own and p.sid not in self.sids()]
+        self._escaped.update(p.pid for p in found)
+        return found
 
     def _no_child_but_the_watchdog(self) -> bool:
         kids = proctable.children()
