@@ -1,5 +1,6 @@
 import base64
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -42,7 +43,22 @@ def test_decode_errors(text):
         decode_world_info(text)
 
 
-@given(st.dictionaries(st.text(min_size=1, max_size=8), st.lists(st.integers(0, 64), min_size=1, max_size=4), min_size=1))
+@pytest.mark.parametrize("world, words", [
+    ({"localhost": [0, 0]}, "a device is listed twice"),  # two ranks on one device
+    ({"a": [99999999999]}, "device ids (0-1023)"),
+    ({"a b": [0]}, "is not a host name"),
+    ({"a": list(range(1025))}, "device ids (0-1023)"),
+    ({"a": [*range(1024), 1023]}, "1025 slots; 1024 is the most"),
+])
+def test_a_world_info_string_is_held_to_what_a_hostfile_may_say(world, words):
+    with pytest.raises(WorldInfoError, match=re.escape(words)):
+        decode_world_info(deepspeed_encode(world))
+
+
+HOST = st.from_regex(r"[a-z0-9](?:[a-z0-9-]{0,6}[a-z0-9])?(?:\.[a-z0-9]{1,4})?", fullmatch=True)
+
+
+@given(st.dictionaries(HOST, st.lists(st.integers(0, 64), min_size=1, max_size=4, unique=True), min_size=1))
 def test_world_info_round_trip(world):
     world = {host: tuple(slots) for host, slots in world.items()}
     assert decode_world_info(encode_world_info(world)) == world

@@ -17,6 +17,7 @@ from typing import Any
 
 from xrun.errors import UsageError, WorldInfoError
 from xrun.launch.spec import PythonMode, RankSpec
+from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, host_name_problem, shown
 
 World = Mapping[str, tuple[int, ...]]
 
@@ -41,12 +42,29 @@ def decode_world_info(text: str) -> dict[str, tuple[int, ...]]:
         raise WorldInfoError(reason) from None
     if not isinstance(decoded, dict) or not decoded:
         raise WorldInfoError('expected a non-empty JSON object {"host": [slot, ...]}')
+    if len(decoded) > MAX_HOSTS:
+        raise WorldInfoError(f"{len(decoded)} hosts; {MAX_HOSTS} is the most xrun accepts")
     world: dict[str, tuple[int, ...]] = {}
     for host, slots in decoded.items():
-        if not isinstance(slots, list) or not slots or not all(_is_slot(s) for s in slots):
-            raise WorldInfoError(f"host {host!r}: slots must be a non-empty list of non-negative integers")
-        world[host] = tuple(slots)
+        world[host] = _host_slots(host, slots)
     return world
+
+
+def _host_slots(host: str, slots: Any) -> tuple[int, ...]:
+    """One host's slot ids, held to what a hostfile may say: a host name, distinct device ids, at most
+    ``MAX_SLOTS_PER_HOST`` of them (a DeepSpeed world info string is user input on the agent's command line)."""
+    problem = host_name_problem(host)
+    if problem is not None:
+        raise WorldInfoError(problem)
+    if not isinstance(slots, list) or not slots or not all(_is_slot(s) for s in slots):
+        raise WorldInfoError(f"host {shown(host)}: slots must be a non-empty list of device ids "
+                             f"(0-{MAX_SLOTS_PER_HOST - 1})")
+    if len(slots) > MAX_SLOTS_PER_HOST:
+        raise WorldInfoError(f"host {shown(host)}: {len(slots)} slots; {MAX_SLOTS_PER_HOST} is the most xrun accepts")
+    if len(set(slots)) != len(slots):
+        raise WorldInfoError(f"host {shown(host)}: a device is listed twice in {shown(str(slots))}; each rank needs "
+                             "its own")
+    return tuple(slots)
 
 
 def _pad_base64(text: str) -> str:
@@ -54,7 +72,7 @@ def _pad_base64(text: str) -> str:
 
 
 def _is_slot(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_SLOTS_PER_HOST
 
 
 # ---------------------------------------------------------------------------------------------------------------
