@@ -38,6 +38,7 @@ class Stop:
         self.stopping = False
         self.deadline: float | None = None
         self.sigints = 0  # over the whole job: a restart does not make the next Ctrl-C a first one
+        self.signalled: set[int] = set()  # SIGTERM and SIGHUP already stopping the job: a repeat changes nothing
 
     def next_attempt(self) -> None:
         """--max_restarts: the attempt that stopped is over; the next one has not stopped."""
@@ -53,6 +54,9 @@ class Stop:
             self.sigints += 1
             if self.sigints > 1:  # second Ctrl-C: do not wait for the graceful deadline
                 return self.stop(signal.SIGKILL, "second SIGINT", now)
+        if signum in self.signalled:  # GNU timeout sends its SIGTERM to xrun and to xrun's group: one stop, one line
+            return []
+        self.signalled.add(signum)
         self.cause.interrupted(signum)
         name = signal_name(signum)
         return [ShowLine(f"got {name}; stopping every node"), *self.stop(signal.SIGTERM, f"xrun got {name}", now)]
