@@ -9,9 +9,10 @@ of xrun.launch.ranks.supervise decides, and reports what it finds:
 * ``signal_running`` / ``kill_sessions``: signal the ranks' process groups, or every group alive in their
   sessions; ``kill_now`` is the emergency path when the supervisor leaves by an exception;
 * ``reap_orphans``: as child subreaper the agent inherits what the ranks' sessions orphan;
-* ``live`` / ``sweep`` / ``hold``: once every main process is gone, the members of their sessions still alive
-  (a leaked DataLoader worker, torch_shm_manager) are signalled, watched through their pidfds and remembered as
-  the rank's leftovers, which ``outcomes`` adds to each rank's outcome at the end.
+* ``live`` / ``sweep`` / ``hold``: once every main process is gone, what is left of the ranks (members of their
+  sessions still alive, a leaked DataLoader worker, torch_shm_manager; daemons that left them:
+  xrun.launch.ranks.survivors) is signalled, watched through pidfds and remembered as the rank's leftovers, which
+  ``outcomes`` adds to each rank's outcome at the end.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from xrun.launch.procs import proctable
 from xrun.launch.procs.proctable import ProcInfo
 from xrun.launch.procs.watchdog import Watchdog
 from xrun.launch.ranks.processes import RankProcess
+from xrun.launch.ranks.survivors import Survivors
 from xrun.launch.result.errorfile import read_error_file
 from xrun.launch.result.outcome import RankOutcome
 
@@ -106,9 +108,7 @@ class Reaper:
         self._leftovers: dict[int, list[int]] = {}  # sid -> pids
         self._sent: dict[int, int] = {}  # leftover pid -> the strongest signal its group got
         self._leftover_fds: dict[int, int] = {}  # pidfd -> pid
-        self._subreaper = False
-        self._foreign: set[int] = set()
-        self._escaped: set[int] = set()  # pids of rank descendants found outside every rank's session
+        self._survivors = Survivors()
 
     def attach(self, sel: selectors.BaseSelector, watchdog: Watchdog | None, *, pidfd: bool,
                subreaper: bool = False) -> None:
@@ -117,9 +117,7 @@ class Reaper:
         self._sel = sel
         self._watchdog = watchdog
         self.have_pidfd = pidfd
-        self._subreaper = subreaper
-        # the caller's own children, there before any rank: never a rank's (see ``escaped``)
-        self._foreign = (proctable.children() or set()) - ({watchdog.pid} if watchdog is not None else set())
+        self._survivors.attach(watchdog.pid if watchdog is not None else None, subreaper=subreaper)
 
     def sids(self) -> set[int]:
         """The ranks' sessions: a started rank's pid is its session id."""
@@ -256,8 +254,8 @@ class Reaper:
             if self._watchdog is not None and pid == self._watchdog.pid:
                 self._watchdog.lost()  # somebody killed it: carry on without the safety net
                 continue
-            if pid in self._escaped:
-                self._escaped.discard(pid)
+            if pid in self._survivors.escaped:  # a daemon that left its rank's session, stopped
+                self._survivors.escaped.discard(pid)
                 proctable.reap(pid)
                 continue
             if not proctable.reap_orphan(pid, sids):
@@ -266,37 +264,8 @@ class Reaper:
     # -- leftovers ------------------------------------------------------------------------------------------
 
     def live(self) -> list[ProcInfo]:
-        """Members of the ranks' sessions that are still alive.
-
-        Every member descends from a rank, and as their subreaper this process inherits any whose parent is gone:
-        so while it has no child but the watchdog, no member can be left, and the scan of every process's
-        ``/proc`` entry (about 1 ms here, tens of ms on a node running thousands of processes) is skipped.
-        """
-        if self._subreaper and self._no_child_but_the_watchdog():
-            return []
-        members = proctable.live_members(self.sids())
-        return members + self.escaped(members)
-
-    def escaped(self, members: Sequence[ProcInfo]) -> list[ProcInfo]:
-        """Rank descendants that left their rank's session (a daemon's double fork and ``setsid``): as their
-        subreaper this process inherits them once their parent is gone, so they are its children that belong to no
-        rank's session and not to its own (where its py-spy dumps run), and were not the caller's before the
-        ranks started. Without the subreaper (not Linux) they went to init, out of reach."""
-        kids = proctable.children() if self._subreaper else None
-        if not kids:
-            return []
-        own = os.getsid(0)
-        known = self._foreign | {p.pid for p in members} | {r.pid for r in self._ranks if r.running}
-        if self._watchdog is not None:
-            known.add(self._watchdog.pid)
-        found = [p for p in map(proctable.read_proc, kids - known)
-                 if p is not None and p.alive and p.sid != own and p.sid not in self.sids()]
-        self._escaped.update(p.pid for p in found)
-        return found
-
-    def _no_child_but_the_watchdog(self) -> bool:
-        kids = proctable.children()
-        return kids is not None and kids <= ({self._watchdog.pid} if self._watchdog is not None else set())
+        """What is left of the ranks that is still alive (``xrun.launch.ranks.survivors``)."""
+        return self._survivors.find(self.sids(), {r.pid for r in self._ranks if r.running})
 
     def sweep(self, members: Sequence[ProcInfo], signum: int) -> None:
         """Send ``signum`` to the groups of ``members`` that have not had it yet; watch and remember them all."""
