@@ -254,6 +254,41 @@ def test_killed_node_ends_the_job_naming_it(job, backend):
     job.assert_clean()
 
 
+def node_agent(cluster, node):
+    """The pid of the xrun agent on ``node`` (not its watchdog, a fork of it that shares its command line)."""
+    agents = [pid for pid in cluster.pids(node) if "xrun.launch" in _cmdline(pid)]
+    [agent] = [pid for pid in agents if _parent(pid) not in agents]
+    return agent
+
+
+def _parent(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill9_of_one_nodes_agent_ends_the_job_and_leaves_nothing_on_that_node(job, backend, python):
+    script = job.tmp / "errfile.py"  # each rank names its TORCHELASTIC_ERROR_FILE: the agent's per-run directory
+    script.write_text('import os, time\nprint("ERRFILE", os.environ["TORCHELASTIC_ERROR_FILE"], flush=True)\n'
+                      'time.sleep(60)\n')
+    proc = job.start(backend, "--python", python, script_path=script)  # this tree's agent on the nodes
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    wait_for_ranks(lines, 6)
+    directories = {line.split("] ", 1)[0][1:].split(":")[0]: os.path.dirname(line.split()[-1]) for line in lines}
+    os.kill(node_agent(job.cluster, "node2"), signal.SIGKILL)  # the agent only: its sshd and ranks stay
+    assert proc.wait(timeout=20) == 1
+    assert "job failed: lost node node2: its agent's connection dropped" in proc.stderr.read()
+    job.assert_clean()  # node2's ranks too: its watchdog stopped them
+    deadline = time.monotonic() + 5
+    while os.path.exists(directories["node2"]):  # the watchdog removes the directory the dead agent cannot
+        assert time.monotonic() < deadline, f"{directories['node2']} left behind on node2"
+        time.sleep(0.05)
+    assert not any(os.path.exists(d) for d in directories.values())
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cut_node_ends_the_job_and_its_ranks(job, backend):
     proc, _ = started_job(job, backend)

@@ -13,6 +13,7 @@ import os
 from typing import Protocol
 
 from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.processes import rank_processes
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
@@ -72,15 +73,16 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
     doctor = NodeDoctor(spec.host, spec.options)
     try:
-        group = RankGroup(
-            rank_processes(spec, os.environ, error_files),
-            supervise_options(spec),
-            on_rank_exit=hooks.on_rank_exit if hooks else None,
-        )
-        doctor.attach(group)
-        if hooks:
-            hooks.attach(group, doctor)
-        return group.run()
+        with removed_if_the_agent_dies(error_files.directory):  # a kill -9 of this agent leaves no directory
+            group = RankGroup(
+                rank_processes(spec, os.environ, error_files),
+                supervise_options(spec),
+                on_rank_exit=hooks.on_rank_exit if hooks else None,
+            )
+            doctor.attach(group)
+            if hooks:
+                hooks.attach(group, doctor)
+            return group.run()
     finally:
         doctor.close()
         error_files.close()

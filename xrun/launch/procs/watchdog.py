@@ -3,18 +3,37 @@
 The watchdog keeps only the read end of a pipe. The agent writes ``+SID`` for each rank it starts (a rank's
 session id is its pid), ``-SID`` once that session is empty, and ``done`` when it has cleaned up. EOF without
 ``done`` means the agent died (SIGKILL, OOM killer), so the watchdog stops every session it was told about:
-TERM, wait, KILL, by process group (xrun.launch.procs.proctable), never by name or pattern.
+TERM, wait, KILL, by process group (xrun.launch.procs.proctable), never by name or pattern; then it removes the
+agent's per-run directories (``removed_if_the_agent_dies``: the ranks' ``TORCHELASTIC_ERROR_FILE`` directory),
+which the dead agent can no longer remove.
 (horovod's runner uses a middleman per rank for the same reason; one per node is enough.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 from xrun.launch.procs.proctable import live_members, signal_sessions
+
+# The agent's per-run directories. A module global on purpose: the watchdog is a fork, so it holds the set as
+# it was when it was forked, with no message on the pipe and nothing for the code that starts it to pass on.
+_directories: set[str] = set()
+
+
+@contextlib.contextmanager
+def removed_if_the_agent_dies(directory: str) -> Iterator[None]:
+    """Within this block, a watchdog forked after it began removes ``directory`` if the agent dies: a ``kill -9``
+    of the agent leaves nothing behind, its ranks' files included (the agent removes it itself otherwise)."""
+    _directories.add(directory)
+    try:
+        yield
+    finally:
+        _directories.discard(directory)
 
 
 class Watchdog:
@@ -118,6 +137,8 @@ def _watchdog_main(read_fd: int, grace: float) -> int:
             elif line[:1] == b"-":
                 sids.discard(int(line[1:]))
     stop_sessions(sids, grace)
+    for directory in _directories:  # after the ranks are gone: none of them writes there any more
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
