@@ -290,6 +290,30 @@ def test_kill9_of_one_nodes_agent_ends_the_job_and_leaves_nothing_on_that_node(j
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_frozen_agent_ends_the_job_within_the_keepalive_bound_and_its_ranks_go_too(job, backend, python):
+    proc = job.start(backend, "--python", python, env={"SLEEP": "60"})  # this tree's agent on the nodes
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    wait_for_ranks(lines, 6)
+    agent = node_agent(job.cluster, "node2")
+    os.kill(agent, signal.SIGSTOP)  # frozen, its socket open: only the silence tells
+    frozen = time.monotonic()
+    try:
+        assert proc.wait(timeout=30) == 1
+        assert time.monotonic() - frozen < 14  # 10 s of silence, a ping round, the stop
+        assert "job failed: lost node node2: no word from its agent for 10 s" in proc.stderr.read()
+        deadline = time.monotonic() + 5
+        # The agent is still frozen; its watchdog heard no beat for as long and stopped node2's ranks (they would
+        # otherwise run on beside a hot spare that took their place).
+        while job.cluster.processes_with_marker(f"{MARK}={job.mark}"):
+            assert time.monotonic() < deadline, "the frozen agent's ranks are still running"
+            time.sleep(0.05)
+    finally:
+        os.kill(agent, signal.SIGKILL)
+    job.assert_clean()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cut_node_ends_the_job_and_its_ranks(job, backend):
     proc, _ = started_job(job, backend)
     noticed: list[float] = []  # when the head's console first names the lost node
