@@ -1,7 +1,11 @@
 """Golden tests: the exact commands the ssh and pdsh backends run for a fixed plan (whole strings)."""
 
 import shlex
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,7 +25,7 @@ from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
-from xrun.runner.backends.pdsh import pdsh_argv, ssh_args_append
+from xrun.runner.backends.pdsh import PdshSession, pdsh_argv, ssh_args_append
 from xrun.runner.backends.ssh import ssh_commands
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import RemoteOptions
@@ -267,3 +271,26 @@ def test_pdsh_fanout_below_the_hosts_is_refused():
     with pytest.raises(UsageError, match=r"--fanout: 2 is below the job's 3 hosts: .* use --fanout 3 or more"):
         pdsh_argv(plan_for("pdsh", remote=RemoteOptions(fanout=2)), ENDPOINT)
     assert pdsh_argv(plan_for("pdsh", remote=RemoteOptions(fanout=3)), ENDPOINT)[5] == "3"
+
+
+def _fake_pdsh(*hosts):
+    """A process standing in for pdsh: one child per host, ``python -c SLEEP HOST`` as its ssh client would be."""
+    sleeper = "import time; time.sleep(30)"
+    children = " & ".join(f"{shlex.quote(sys.executable)} -c {shlex.quote(sleeper)} {host}" for host in hosts)
+    proc = subprocess.Popen(["sh", "-c", f"{children} & wait"])
+    deadline = time.monotonic() + 10
+    while len(psutil.Process(proc.pid).children()) < len(hosts):
+        assert time.monotonic() < deadline, "the fake ssh clients did not start"
+        time.sleep(0.01)
+    return proc
+
+
+def test_pdsh_is_finished_once_it_waits_only_for_lost_nodes():
+    session = PdshSession(_fake_pdsh("node2", "node3"))
+    try:
+        assert not session.finished(set())  # every node's session is open: the job is not over for pdsh
+        assert not session.finished({"node3"})  # node2's ssh still carries its last lines
+        assert session.finished({"node2", "node3"})  # both lost (cut off, frozen): nothing left to wait for
+    finally:
+        session.terminate()
+    assert session.proc.poll() is not None and session.finished(set())

@@ -254,14 +254,87 @@ def test_killed_node_ends_the_job_naming_it(job, backend):
     job.assert_clean()
 
 
+def node_agent(cluster, node):
+    """The pid of the xrun agent on ``node`` (not its watchdog, a fork of it that shares its command line)."""
+    agents = [pid for pid in cluster.pids(node) if "xrun.launch" in _cmdline(pid)]
+    [agent] = [pid for pid in agents if _parent(pid) not in agents]
+    return agent
+
+
+def _parent(pid):
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill9_of_one_nodes_agent_ends_the_job_and_leaves_nothing_on_that_node(job, backend, python):
+    script = job.tmp / "errfile.py"  # each rank names its TORCHELASTIC_ERROR_FILE: the agent's per-run directory
+    script.write_text('import os, time\nprint("ERRFILE", os.environ["TORCHELASTIC_ERROR_FILE"], flush=True)\n'
+                      'time.sleep(60)\n')
+    proc = job.start(backend, "--python", python, script_path=script)  # this tree's agent on the nodes
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    wait_for_ranks(lines, 6)
+    directories = {line.split("] ", 1)[0][1:].split(":")[0]: os.path.dirname(line.split()[-1]) for line in lines}
+    os.kill(node_agent(job.cluster, "node2"), signal.SIGKILL)  # the agent only: its sshd and ranks stay
+    assert proc.wait(timeout=20) == 1
+    assert "job failed: lost node node2: its agent's connection dropped" in proc.stderr.read()
+    job.assert_clean()  # node2's ranks too: its watchdog stopped them
+    deadline = time.monotonic() + 5
+    while os.path.exists(directories["node2"]):  # the watchdog removes the directory the dead agent cannot
+        assert time.monotonic() < deadline, f"{directories['node2']} left behind on node2"
+        time.sleep(0.05)
+    assert not any(os.path.exists(d) for d in directories.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_frozen_agent_ends_the_job_within_the_keepalive_bound_and_its_ranks_go_too(job, backend, python):
+    proc = job.start(backend, "--python", python, env={"SLEEP": "60"})  # this tree's agent on the nodes
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    wait_for_ranks(lines, 6)
+    agent = node_agent(job.cluster, "node2")
+    os.kill(agent, signal.SIGSTOP)  # frozen, its socket open: only the silence tells
+    frozen = time.monotonic()
+    try:
+        assert proc.wait(timeout=30) == 1
+        assert time.monotonic() - frozen < 14  # 10 s of silence, a ping round, the stop
+        assert "job failed: lost node node2: no word from its agent for 10 s" in proc.stderr.read()
+        deadline = time.monotonic() + 5
+        # The agent is still frozen; its watchdog heard no beat for as long and stopped node2's ranks (they would
+        # otherwise run on beside a hot spare that took their place).
+        while job.cluster.processes_with_marker(f"{MARK}={job.mark}"):
+            assert time.monotonic() < deadline, "the frozen agent's ranks are still running"
+            time.sleep(0.05)
+    finally:
+        os.kill(agent, signal.SIGKILL)
+    job.assert_clean()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cut_node_ends_the_job_and_its_ranks(job, backend):
     proc, _ = started_job(job, backend)
+    noticed: list[float] = []  # when the head's console first names the lost node
+
+    def watch():
+        for line in iter(proc.stderr.readline, ""):
+            if "lost node node3" in line and not noticed:
+                noticed.append(time.monotonic())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     job.cluster.cut("node3")
     started = time.monotonic()
     assert proc.wait(timeout=40) != 0
-    assert time.monotonic() - started < 25  # keepalive bound: ~10 s silence, plus the stop
-    assert "lost node node3" in proc.stderr.read()
+    ended = time.monotonic()
+    watcher.join(5)
+    assert ended - started < 25  # keepalive bound: ~10 s silence, plus the stop
+    assert noticed, "the head never named node3"
+    # Once the job names the lost node it ends at once: the head does not wait for the session of the node it
+    # gave up on (pdsh's ssh to it stays open until TCP gives up; it once cost pdsh runs a 3 s linger).
+    assert ended - noticed[0] < 1.5, f"exited {ended - noticed[0]:.2f} s after naming the lost node"
     job.assert_clean(timeout=20)  # the cut node's agent notices the silence too and stops its ranks
 
 

@@ -101,6 +101,23 @@ class PdshSession(LauncherProcess):
         super().__init__(proc, "pdsh", merger)
         self.echoes = EchoFilter()  # "ssh exited with exit code 143" for each node xrun stopped: not news
 
+    def finished(self, lost: set[str]) -> bool:
+        """pdsh has exited, or all it still waits for is the ssh clients of lost nodes: a node cut off or frozen
+        keeps its ssh open until TCP gives up, and the job would wait for the server's linger instead (3 s past
+        the keepalive bound, where the ssh backend ends at once: it drops a lost host's session)."""
+        if self.proc.poll() is not None:
+            return True
+        if not lost:
+            return False
+        import psutil
+
+        try:
+            clients = [child.cmdline() for child in psutil.Process(self.proc.pid).children()]
+        except psutil.Error:  # pdsh exited meanwhile
+            return self.proc.poll() is not None
+        # pdsh's ssh module runs one `ssh ... HOST COMMAND` per host: the host is one of its words.
+        return bool(clients) and all(lost.intersection(argv) for argv in clients)
+
     def _stop(self) -> None:
         """End pdsh and the ssh clients it forked (a node that is cut off keeps its ssh waiting for TCP)."""
         import psutil

@@ -1,0 +1,104 @@
+"""The watchdog's clean-up after a dead or frozen agent (xrun.launch.procs.watchdog): a real fork, a real pipe.
+
+EOF on the pipe without ``done`` is what the agent's ``kill -9`` looks like to the watchdog; ``finish(clean=False)``
+gives exactly that. A frozen agent is a real process stopped with SIGSTOP. The cluster tests of the same promises:
+tests/cluster/test_multinode.py (one node's agent killed, one frozen).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from xrun.launch.procs.proctable import read_proc
+from xrun.launch.procs.watchdog import Watchdog, removed_if_the_agent_dies
+
+# An agent in miniature: a watchdog (beating when BOUND is set), one rank in its own session, then it idles.
+AGENT = """
+import contextlib, subprocess, sys, time
+from xrun.launch.procs.watchdog import Watchdog, watched_for_freezes
+bound = float(sys.argv[1])
+with watched_for_freezes(bound) if bound else contextlib.nullcontext():
+    dog = Watchdog.start(grace=1.0)
+rank = subprocess.Popen(["sleep", "60"], start_new_session=True)
+dog.watch(rank.pid)
+print(rank.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _made(tmp_path, name):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "rank0.json").write_text("{}")  # a rank's error file in it
+    return directory
+
+
+def _gone(dog):
+    os.waitpid(dog.pid, 0)  # the watchdog has finished its sweep
+
+
+def test_the_watchdog_removes_the_directory_of_an_agent_that_died(tmp_path):
+    directory = _made(tmp_path, "errors")
+    with removed_if_the_agent_dies(str(directory)):
+        dog = Watchdog.start(grace=1.0)
+        dog.finish(clean=False)  # EOF without "done": the agent died
+    _gone(dog)
+    assert not directory.exists()
+
+
+def test_a_clean_goodbye_leaves_the_directory_to_the_agent(tmp_path):
+    directory = _made(tmp_path, "errors")
+    with removed_if_the_agent_dies(str(directory)):
+        dog = Watchdog.start(grace=1.0)
+        dog.finish(clean=True)
+    assert directory.exists()  # the agent removes it itself (ErrorFiles.close)
+
+
+def test_only_the_directories_of_the_block_the_watchdog_was_forked_in(tmp_path):
+    earlier, later = _made(tmp_path, "earlier"), _made(tmp_path, "later")
+    with removed_if_the_agent_dies(str(earlier)):
+        pass  # an earlier attempt's directory, already given up
+    dog = Watchdog.start(grace=1.0)
+    with removed_if_the_agent_dies(str(later)):  # registered after the fork: not the watchdog's
+        dog.finish(clean=False)
+    started = time.monotonic()
+    _gone(dog)
+    assert earlier.exists() and later.exists() and time.monotonic() - started < 5
+
+
+def _agent(bound):
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(bound)], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=ROOT))
+    return agent, int(agent.stdout.readline())
+
+
+def _alive(pid):
+    proc = read_proc(pid)
+    return proc is not None and proc.alive  # killed, it stays a zombie of the frozen agent
+
+
+@pytest.mark.parametrize("bound", [0.5, 0])
+def test_a_frozen_agents_rank_is_stopped_only_when_it_beats(bound):
+    agent, rank = _agent(bound)
+    try:
+        time.sleep(1.5)  # three bounds of a live agent: its beats keep its rank
+        assert _alive(rank)
+        agent.send_signal(signal.SIGSTOP)  # frozen, its pipe open
+        deadline = time.monotonic() + 1.5 + 3 * bound
+        while _alive(rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(rank) == (not bound)  # without the beat (a local run) a pause stays a pause
+    finally:
+        agent.kill()  # the watchdog stops what is left
+        agent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(rank):
+        assert time.monotonic() < deadline, "the rank outlived its agent"
+        time.sleep(0.05)
