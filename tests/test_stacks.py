@@ -366,6 +366,7 @@ def test_parse_signal_list(text, signals):
         ("USR3", "'USR3': 'USR3' is not a signal name; e.g. USR1,USR2 (empty: none)"),
         ("TERM", "'TERM': SIGTERM cannot be forwarded (it is uncatchable, or xrun's own)"),
         ("USR1,KILL", "'USR1,KILL': SIGKILL cannot be forwarded (it is uncatchable, or xrun's own)"),
+        ("QUIT", "'QUIT': SIGQUIT cannot be forwarded (it is uncatchable, or xrun's own)"),  # the hang doctor's key
     ],
 )
 def test_forward_signals_refused(text, reason):

@@ -26,8 +26,9 @@ RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 # --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
 DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # Signals that cannot be forwarded: uncatchable, xrun's own (a stop of the whole job), or the reaper's.
+# SIGQUIT is the hang doctor's key (Ctrl-\\ shows every rank's stack); forwarded, its default action kills the ranks.
 _NOT_FORWARDED = frozenset({signal.SIGKILL, signal.SIGSTOP, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
-                            signal.SIGCHLD})  # fmt: skip
+                            signal.SIGQUIT, signal.SIGCHLD})  # fmt: skip
 
 class PythonMode(enum.Enum):
     """How the rank command starts the user's program."""
