@@ -10,7 +10,6 @@ so the runner's dry-run and the agent agree. The flag groups are shared with the
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 
@@ -39,7 +38,6 @@ from xrun.launch.spec import (
 )
 from xrun.values import (
     MAX_HOSTS,
-    MAX_RANKS,
     MAX_RESTARTS,
     MAX_SHUTDOWN_TIMEOUT,
     address_problem,
@@ -209,18 +207,7 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
 
 
 def console_ranks(text: str) -> tuple[int, ...]:
-    """``--console_ranks``: ``parse_rank_list`` expands every range, so each number is first held to ASCII digits
-    (``'²'.isdigit()`` is true, ``int('²')`` a ValueError) and below the most ranks xrun accepts
-    (``0-99999999999`` took minutes and gigabytes before it could say that rank does not exist)."""
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
-        if match is None:
-            raise UsageError("--console_ranks", f"{shown(text)}: {shown(part)} is not a rank or a low-high range; "
-                             "e.g. 0 or 0,2-3")
-        for number in filter(None, match.groups()):
-            if len(number) > 7 or int(number) >= MAX_RANKS:
-                raise UsageError("--console_ranks", f"{shown(text)}: rank {shown(number)} is past the most ranks "
-                                 f"xrun accepts ({MAX_RANKS})")
+    """``--console_ranks``: the global ranks echoed on the console (``parse_rank_list``)."""
     return parse_rank_list("--console_ranks", text)
 
 

@@ -9,12 +9,14 @@ them, never loads it).
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from xrun.errors import UsageError
+from xrun.values import MAX_RANKS, shown
 
 SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -215,15 +217,23 @@ def signal_list(signals: tuple[int, ...]) -> str:
 
 
 def parse_rank_list(flag: str, text: str) -> tuple[int, ...]:
-    """``0,2-3`` -> ``(0, 2, 3)``: global ranks and low-high ranges, sorted; anything else is a UsageError."""
+    """``0,2-3`` -> ``(0, 2, 3)``: global ranks and low-high ranges, sorted; anything else is a UsageError.
+
+    Each number is held to ASCII digits (``'²'.isdigit()`` is true, ``int('²')`` a ValueError) and below the most
+    ranks xrun accepts before any range is expanded (``0-99999999999`` took minutes and gigabytes)."""
     ranks: set[int] = set()
     for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            raise UsageError(flag, f"{text!r}: {part!r} is not a rank or a low-high range; e.g. 0 or 0,2-3")
-        first, last = int(low), int(high) if sep else int(low)
+        match = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if match is None:
+            raise UsageError(flag, f"{shown(text)}: {shown(part)} is not a rank or a low-high range; e.g. 0 or 0,2-3")
+        low, high = match.groups()
+        for number in filter(None, (low, high)):
+            if len(number) > 7 or int(number) >= MAX_RANKS:
+                raise UsageError(flag, f"{shown(text)}: rank {shown(number)} is past the most ranks xrun accepts "
+                                 f"({MAX_RANKS})")
+        first, last = int(low), int(high) if high is not None else int(low)
         if last < first:
-            raise UsageError(flag, f"{text!r}: range {part} runs backwards (write {last}-{first})")
+            raise UsageError(flag, f"{text!r}: range {part.strip()} runs backwards (write {last}-{first})")
         ranks.update(range(first, last + 1))
     return tuple(sorted(ranks))
 
