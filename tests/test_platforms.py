@@ -94,7 +94,8 @@ def test_nothing_detected(env):
 def test_announcements_say_which_reading_was_taken():
     line = detect(PAI, no_files).announcement
     assert line == ("xrun: PyTorchJob-style variables (WORLD_SIZE, RANK): node 3 of 8, master dlc1-master-0:23456; "
-                    "WORLD_SIZE=8 read as 8 nodes (pods); pass --num_nodes to override; "
+                    "WORLD_SIZE=8 read as 8 nodes (pods); pass --num_nodes to override, or unset WORLD_SIZE and RANK to run on "
+                    "this machine alone; "
                     "8 slot(s) per node from NPROC_PER_NODE")
     elastic = detect({"PET_NNODES": "2:6", "PET_NODE_RANK": "0"}, no_files).announcement
     assert "PET_NNODES=2:6 (elastic) read as its maximum, 6 nodes" in elastic

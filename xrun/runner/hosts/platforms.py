@@ -269,7 +269,8 @@ def _generic(env: Mapping[str, str]) -> _Reading | None:
     node_rank = _rank(env, "RANK", num_nodes, "WORLD_SIZE")
     addr, port = _master(env, ("MASTER_ADDR",), ("MASTER_PORT",))
     slots, slot_notes = _slots(env, "PET_NPROC_PER_NODE", "NPROC_PER_NODE")
-    trap = f"WORLD_SIZE={num_nodes} read as {num_nodes} nodes (pods); pass --num_nodes to override"
+    trap = (f"WORLD_SIZE={num_nodes} read as {num_nodes} nodes (pods); pass --num_nodes to override, or unset "
+            "WORLD_SIZE and RANK to run on this machine alone")
     return _Reading(node_rank, num_nodes, addr, port, slots, (trap, *slot_notes))
 
 
