@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Optional
 
 
-class Timers(list[tuple[Callable[[], float | None], Callable[[], None]]]):
+# A base class is evaluated when the module loads: Python 3.9 has no ``float | None`` there.
+class Timers(list[tuple[Callable[[], Optional[float]], Callable[[], None]]]):  # noqa: UP045
     """Timers in a RankGroup's loop: each a due time (monotonic, None: not now) and what to call then."""
 
     def add(self, due: Callable[[], float | None], on_due: Callable[[], None]) -> None:
