@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from xrun.linesieve import LineSieve
+
 PREFIX = b"xrun-key "
 _LINE = re.compile(rb"xrun-key (\d{1,7}) ([0-9a-f]{64})")
 MAX_LINE = len(PREFIX) + 8 + 64  # a longer line at a line start is not an announcement: written through
@@ -27,42 +29,24 @@ def parse_announcement(line: bytes) -> tuple[int, str] | None:
 
 
 class AnnouncementFilter:
-    """A launcher's stderr as it comes: announcements taken out, everything else passed on at once.
-
-    Only what may still become an announcement (a line start that matches the prefix so far) is held back, so
-    a rank's progress line or a partial line is never delayed.
-    """
+    """A launcher's stderr as it comes: announcements taken out, everything else passed on at once
+    (``xrun.linesieve``: only what may still become an announcement is held back)."""
 
     def __init__(self) -> None:
-        self._held = b""
-        self._mid_line = False
+        self._sieve = LineSieve(PREFIX, MAX_LINE)
 
     def feed(self, chunk: bytes) -> tuple[bytes, list[tuple[int, str]]]:
         """(the bytes to write now, the announcements completed by ``chunk``)."""
-        data, self._held = self._held + chunk, b""
-        out = bytearray()
         found: list[tuple[int, str]] = []
-        i = 0
-        while i < len(data):
-            newline = data.find(b"\n", i)
-            if not self._mid_line:
-                line = data[i:] if newline < 0 else data[i:newline]
-                if line[: len(PREFIX)] == PREFIX[: len(line)] and len(line) <= MAX_LINE:
-                    if newline < 0:
-                        self._held = bytes(line)  # may still become an announcement
-                        break
-                    parsed = parse_announcement(line)
-                    if parsed is not None:
-                        found.append(parsed)
-                        i = newline + 1
-                        continue
-            end = len(data) if newline < 0 else newline + 1
-            out += data[i:end]
-            self._mid_line = newline < 0
-            i = end
-        return bytes(out), found
+
+        def take(line: bytes) -> bool:
+            parsed = parse_announcement(line)
+            if parsed is not None:
+                found.append(parsed)
+            return parsed is not None
+
+        return self._sieve.feed(chunk, take), found
 
     def flush(self) -> bytes:
         """What is held at the end of the stream: it never became an announcement."""
-        held, self._held = self._held, b""
-        return held
+        return self._sieve.flush()

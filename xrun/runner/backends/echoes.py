@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from xrun.linesieve import LineSieve
+
 PREFIX = b"pdsh@"
 _EXIT_LINE = re.compile(rb"pdsh@[^\s:]+: ([^\s:]+): ssh exited with exit code (\d{1,3})")
 MAX_LINE = 1024  # a longer line at a line start is not one of pdsh's exit lines: written through
@@ -35,33 +37,17 @@ class EchoFilter:
     """A launcher's stderr as it comes: pdsh's echoes of the stop taken out, everything else passed on at once."""
 
     def __init__(self) -> None:
-        self._held = b""
-        self._mid_line = False
+        self._sieve = LineSieve(PREFIX, MAX_LINE)
 
     def feed(self, chunk: bytes, echoed: Echoed) -> bytes:
         """The bytes to write now; ``echoed`` judges each complete exit line."""
-        data, self._held = self._held + chunk, b""
-        out = bytearray()
-        i = 0
-        while i < len(data):
-            newline = data.find(b"\n", i)
-            if not self._mid_line:
-                line = data[i:] if newline < 0 else data[i:newline]
-                if line[: len(PREFIX)] == PREFIX[: len(line)] and len(line) <= MAX_LINE:
-                    if newline < 0:
-                        self._held = bytes(line)  # may still become one of pdsh's lines
-                        break
-                    said = exit_line(line)
-                    if said is not None and echoed(*said):
-                        i = newline + 1
-                        continue
-            end = len(data) if newline < 0 else newline + 1
-            out += data[i:end]
-            self._mid_line = newline < 0
-            i = end
-        return bytes(out)
+
+        def take(line: bytes) -> bool:
+            said = exit_line(line)
+            return said is not None and echoed(*said)
+
+        return self._sieve.feed(chunk, take)
 
     def flush(self) -> bytes:
         """What is held at the end of the stream: it never became a whole line."""
-        held, self._held = self._held, b""
-        return held
+        return self._sieve.flush()
