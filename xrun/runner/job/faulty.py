@@ -11,34 +11,12 @@ Pure: the machine feeds the state, these change it and queue its actions.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from xrun.runner.job.attempts import Attempts, seated_specs
-from xrun.runner.job.barrier import Barrier
-from xrun.runner.job.config import JobConfig
-from xrun.runner.job.events import Action, Failure, NodesFaulty, PrecheckDone
-from xrun.runner.job.nodes import Node, Nodes
+from xrun.runner.job.attempts import seated_specs
+from xrun.runner.job.events import Failure, NodesFaulty, PrecheckDone
+from xrun.runner.job.nodes import Node
 from xrun.runner.job.precheck import decide_with_spares, passed_line
-from xrun.runner.job.spares import Spares
-from xrun.runner.job.stop import Stop
 from xrun.runner.job.verdict import lost_failure
-
-
-class JobView(Protocol):
-    """What these rules read and change of the machine (``xrun.runner.job.machine.Job``)."""
-
-    config: JobConfig
-    nodes: Nodes
-    spares: Spares
-    attempts: Attempts
-    stop: Stop
-    barrier: Barrier
-    now: float
-    _out: list[Action]
-
-    def _say(self, text: str) -> None: ...
-
-    def _fail(self, failure: Failure) -> None: ...
+from xrun.runner.job.view import JobView
 
 
 def precheck_done(job: JobView, event: PrecheckDone) -> None:

@@ -13,31 +13,11 @@ Pure: the machine feeds the state, these change it and queue its actions.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from xrun.runner.job.attempts import Attempts, Ending, restart_actions
+from xrun.runner.job.attempts import Ending, restart_actions
 from xrun.runner.job.barrier import Barrier
-from xrun.runner.job.config import JobConfig
-from xrun.runner.job.events import Action
-from xrun.runner.job.nodes import Nodes, NodeState
+from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.rejoin import rejoins, unawaited_nodes
-from xrun.runner.job.spares import Spares
-from xrun.runner.job.stop import Stop
-from xrun.runner.job.verdict import RootCause
-
-
-class JobView(Protocol):
-    """What a restart reads and changes of the machine (``xrun.runner.job.machine.Job``)."""
-
-    config: JobConfig
-    nodes: Nodes
-    spares: Spares
-    attempts: Attempts
-    cause: RootCause
-    stop: Stop
-    barrier: Barrier
-    now: float
-    _out: list[Action]
+from xrun.runner.job.view import JobView
 
 
 def restarted(job: JobView) -> bool:
