@@ -54,6 +54,7 @@ from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
+from xrun.launch.network.answers import ProbeAnswers
 from xrun.launch.network.modes import MissingInterface
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
@@ -502,7 +503,7 @@ def serve_until(link: Link, ends: Mapping[str, Callable[[dict[str, Any]], T]]) -
     """Answer the runner's pings and, with ``--precheck``, its probe commands (issue 24: the network check across
     the nodes, spares included, before any rank starts) until a message of a kind in ``ends``, whose answer it
     returns. A silence longer than the keepalive's bound is the runner's loss (``ChannelError``)."""
-    probes: Any = None  # xrun.launch.network.onchannel.NodeProbes, loaded only when the runner asks
+    probes = ProbeAnswers(link.send)
     try:
         while True:
             msg = link.recv(timeout=channel.DEAD_AFTER)
@@ -513,14 +514,9 @@ def serve_until(link: Link, ends: Mapping[str, Callable[[dict[str, Any]], T]]) -
             if kind == Kind.PING.value:
                 link.send(message(Kind.PONG))
             elif kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
-                if probes is None:
-                    from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
-
-                    probes = NodeProbes(link.send)
                 probes.handle(msg)
     finally:
-        if probes is not None:
-            probes.close()
+        probes.close()
 
 
 def node0_port(host: str, first: Mapping[str, Any], *, near: str) -> int | None:

@@ -29,6 +29,7 @@ from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
 from xrun.launch.connect import ChannelHooks, node0_port, serve_until, use_spec, wait_for_start, with_rendezvous
+from xrun.launch.network.answers import ProbeAnswers
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -79,20 +80,15 @@ def _wait_start(hooks: ChannelHooks) -> dict[str, Any] | None:
     """The next start or stop (None: the channel is lost), answering --precheck's probes meanwhile: the runner
     checks the network again before every attempt (``xrun.launch.network.onchannel``, as ``serve_until`` does at
     the first barrier; here the channel's reader thread hands them over through the inbox)."""
-    probes: Any = None  # loaded only when the runner asks
+    probes = ProbeAnswers(hooks.send)
     try:
         while True:
             msg = _next_of(hooks, (Kind.START, Kind.STOP, Kind.PROBE_OPEN, Kind.PROBE))
             if msg is None or msg.get("type") in (Kind.START.value, Kind.STOP.value):
                 return msg
-            if probes is None:
-                from xrun.launch.network.onchannel import NodeProbes  # noqa: PLC0415 - --precheck only
-
-                probes = NodeProbes(hooks.send)
             probes.handle(msg)
     finally:
-        if probes is not None:
-            probes.close()
+        probes.close()
 
 
 def _next_of(hooks: ChannelHooks, kinds: tuple[Kind, ...]) -> dict[str, Any] | None:
