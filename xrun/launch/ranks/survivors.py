@@ -35,21 +35,15 @@ class Survivors:
     def find(self, sids: Collection[int], running: Collection[int]) -> list[ProcInfo]:
         """The live members of the sessions ``sids`` and the live daemons that left them (``running``: the ranks'
         main processes not yet reaped, children of ours that are no leftovers)."""
-        if self._subreaper and self._no_child_but_the_watchdog():
+        kids = proctable.children() if self._subreaper else None  # None: no list, or orphans went to init
+        if kids is not None and kids <= {self._watchdog}:
             return []
         members = proctable.live_members(sids)
-        return members + self._daemons(sids, {p.pid for p in members} | set(running))
+        return members + self._daemons(kids or set(), sids, {p.pid for p in members} | set(running))
 
-    def _daemons(self, sids: Collection[int], known: set[int]) -> list[ProcInfo]:
-        kids = proctable.children() if self._subreaper else None
-        if not kids:
-            return []
+    def _daemons(self, kids: set[int], sids: Collection[int], known: set[int]) -> list[ProcInfo]:
         own = os.getsid(0)
         found = [p for p in map(proctable.read_proc, kids - known - self._foreign - {self._watchdog})
                  if p is not None and p.alive and p.sid != own and p.sid not in sids]
         self.escaped.update(p.pid for p in found)
         return found
-
-    def _no_child_but_the_watchdog(self) -> bool:
-        kids = proctable.children()
-        return kids is not None and kids <= {self._watchdog}
