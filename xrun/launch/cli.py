@@ -206,11 +206,6 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
                          device_per_rank=ns.device_per_rank)
 
 
-def console_ranks(text: str) -> tuple[int, ...]:
-    """``--console_ranks``: the global ranks echoed on the console (``parse_rank_list``)."""
-    return parse_rank_list("--console_ranks", text)
-
-
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
@@ -230,7 +225,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
-        console_ranks=console_ranks(ns.console_ranks) if ns.console_ranks is not None else None,
+        console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(
             parse_signal_list("--forward_signals", ns.forward_signals)
             if ns.forward_signals is not None
