@@ -55,7 +55,7 @@ def read_hostfile(path: str) -> Hostfile:
         raise HostfileError(path, None, None, err.reason) from None
     except PermissionError:
         raise HostfileError(path, None, None, "is not readable (permission denied)") from None
-    except (OSError, ValueError) as err:  # ValueError: not UTF-8, or a NUL byte in the path
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise HostfileError(path, None, None, f"cannot read: {err.__class__.__name__}: {err}") from None
     return parse_hostfile(text, path)
 
