@@ -3,7 +3,7 @@
 Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding, a per-run directory of
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
-(xrun.launch.elastic.run) -> NodeResult -> report
+(xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
 (xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
@@ -15,6 +15,7 @@ from typing import Protocol
 
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies, watched_for_freezes
+from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
@@ -64,6 +65,8 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple
         result = run_elastic(spec, hooks=hooks)
     else:
         result = _run_group(spec, hooks)
+    # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
+    wait_for_gpu_release(result)
     code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
     if hooks:
         hooks.on_result(result)
