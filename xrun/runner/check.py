@@ -6,11 +6,12 @@ Without a hostfile it checks this machine (its local slots, as ``xrun`` without 
 running the probe directly: no ssh (issue 13).
 
 For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
-version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does
-not hold the others up), accelerators found vs slots asked, each GPU's name, memory and driver (nvidia-smi), and
-on the master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and consistent (same Python
-and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given master port free),
-else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one (issue 17).
+version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does not hold
+the others up), accelerators found vs slots asked, each GPU's name, memory and driver (nvidia-smi), and on the
+master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and
+consistent (same Python and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given
+master port free), else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one
+(issue 17).
 """
 
 from __future__ import annotations
