@@ -50,7 +50,7 @@ from xrun.runner.job.events import (
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
-from xrun.runner.network.report import NodeRow, PrecheckResult
+from xrun.runner.network.node_results import NodeRow, PrecheckResult
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 

@@ -18,8 +18,7 @@ from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
-from xrun.launch.network.modes import AUTO
-from xrun.launch.network.ranks_env import check_mode
+from xrun.launch.network.socket_ifname import AUTO, check_mode
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (

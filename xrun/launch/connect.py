@@ -54,8 +54,8 @@ from xrun.errors import PortBusyError, UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
-from xrun.launch.network.answers import ProbeAnswers
-from xrun.launch.network.modes import MissingInterface
+from xrun.launch.network.precheck_answers import ProbeAnswers
+from xrun.launch.network.socket_ifname import MissingInterface
 from xrun.launch.preflight import check_spec
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.summary import RankFigures

@@ -18,7 +18,8 @@ from importlib.machinery import PathFinder
 
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
-from xrun.launch.network.modes import AUTO, NONE
+from xrun.launch.network.interfaces import interface_names
+from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.values import shown
 
@@ -58,8 +59,6 @@ def check_spec(spec: NodeSpec) -> None:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
     if spec.options.network_interface not in (AUTO, NONE):  # before the barrier: the runner says it, exit 2
-        from xrun.launch.network.interfaces import check_interface_name, interface_names  # noqa: PLC0415
-
         check_interface_name(spec.host, spec.options.network_interface, interface_names())
     argv = spec.ranks[0].argv
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):

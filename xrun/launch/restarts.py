@@ -29,7 +29,7 @@ from xrun.channel.link import Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
 from xrun.launch.connect import ChannelHooks, node0_port, serve_until, use_spec, wait_for_start, with_rendezvous
-from xrun.launch.network.answers import ProbeAnswers
+from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.preflight import check_spec
 from xrun.launch.spec import NodeSpec
 
@@ -78,7 +78,7 @@ def _ready(hooks: ChannelHooks, spec: NodeSpec, restart: dict[str, Any], *, near
 
 def _wait_start(hooks: ChannelHooks) -> dict[str, Any] | None:
     """The next start or stop (None: the channel is lost), answering --precheck's probes meanwhile: the runner
-    checks the network again before every attempt (``xrun.launch.network.onchannel``, as ``serve_until`` does at
+    checks the network again before every attempt (``xrun.launch.network.precheck_answers``, as ``serve_until`` does at
     the first barrier; here the channel's reader thread hands them over through the inbox)."""
     probes = ProbeAnswers(hooks.send)
     try:

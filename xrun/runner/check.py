@@ -34,6 +34,7 @@ from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
+from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.shell import render
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
@@ -299,16 +300,12 @@ def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _check_network_flags(ns: argparse.Namespace) -> None:
     if ns.network is not None:
-        from xrun.runner.network.cli import check_mode
-
         check_mode(ns.network)
     elif ns.json:
         raise UsageError("--json", "only applies with --network")
 
 
 def _network(hosts: list[str], ns: argparse.Namespace) -> int:
-    from xrun.runner.network.cli import check_hosts, run_network_check
-
     check_hosts(hosts)
     return run_network_check(hosts, python=ns.python, settings=ssh_settings(ns), as_json=ns.json, mode=ns.network)
 
