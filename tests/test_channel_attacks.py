@@ -50,9 +50,9 @@ from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity
 from xrun.channel.tlspipe import TlsPipe, client_handshake
 from xrun.launch import connect
+from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 
 KEY = token_key(TOKEN, HEAD_PURPOSE)

@@ -19,8 +19,9 @@ Agent -> runner                                   Runner -> agent
   rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
               tail, figures)
   done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
-  pong / error(message)                                     stopped_after)   pod mode, and head mode with
-                                                            --max_restarts: how the job ended (no more attempts)
+  pong / error(message)                                     stopped_after, line)   pod mode, and head mode with
+                                                            --max_restarts: how the job ended (no more attempts);
+                                                            line: the root cause as node 0 reports it
   want_stacks(reason)   SIGQUIT reached an agent    ping
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)

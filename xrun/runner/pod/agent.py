@@ -35,13 +35,13 @@ from xrun.channel import Kind, Message, message
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.connect import ChannelHooks, node0_port, with_rendezvous
 from xrun.launch.output.consoleroute import Route, routed
+from xrun.launch.output.status import PlainStatus, say
 from xrun.launch.procs.signals import SignalLatch
 from xrun.launch.spec import NodeSpec
 from xrun.runner.job.events import Failure, Verdict
 from xrun.runner.job.machine import LINGER
 from xrun.runner.job.relay import merges_nodes
 from xrun.runner.job.report import report_lines
-from xrun.runner.job.status import PlainStatus, say
 from xrun.runner.job.stop import STOP_GRACE
 from xrun.runner.plan import Plan
 from xrun.runner.pod.plan import PodSetup

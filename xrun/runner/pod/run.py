@@ -36,10 +36,10 @@ from xrun import channel
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link, open_link
 from xrun.errors import PortBusyError
+from xrun.launch.output.status import make_status, say
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.net import master_port
 from xrun.runner.job.machine import LINGER
-from xrun.runner.job.status import make_status, say
 from xrun.runner.plan import Plan
 from xrun.runner.pod.agent import (
     INTERRUPTED,
