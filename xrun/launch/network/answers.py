@@ -1,5 +1,5 @@
-"""The node's answers to ``--precheck``'s probes on the control channel, whichever loop reads the channel (the first
-barrier's ``serve_until``, a restart's wait in ``xrun.launch.restarts``): the probe server is made, and
+"""The node's answers to ``--precheck``'s probes on the control channel, at whichever barrier the agent waits (the
+first, a spare's standby, a restart's: ``xrun.launch.session.driver``): the probe server is made, and
 ``xrun.launch.network.onchannel`` loaded, only when the runner first asks."""
 
 from __future__ import annotations

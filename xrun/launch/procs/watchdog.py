@@ -12,9 +12,9 @@ that supervises the ranks writes ``.`` every ``bound / 5`` s (``beat``, a timer 
 loop), and a watchdog that hears nothing for ``bound`` s takes the agent for frozen (SIGSTOP, a stopped container,
 a machine that stopped scheduling it, a loop deadlocked in a callback) and stops the ranks the same way. The beat
 comes from that loop and from nothing else (issue 33 §4): a thread beside it kept beating for a loop that hung.
-The head gives such a node up after the same silence (its keepalive), and a hot spare may take its place: without
-the beat the frozen agent's ranks ran on beside their replacements. A local run does not beat: a Ctrl-Z of xrun
-there pauses the job, as it always did.
+The head gives such a node up after the same silence (its keepalive: the same loop answers its pings), and a
+hot spare may take its place: without the beat the frozen agent's ranks ran on beside their replacements. A
+local run does not beat: a Ctrl-Z of xrun there pauses the job, as it always did.
 (horovod's runner uses a middleman per rank for the same reason; one per node is enough.)
 """
 
