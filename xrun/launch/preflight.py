@@ -3,7 +3,7 @@ for the ranks' open files under the hard limit (``xrun.fdlimit``).
 
 One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
 for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
-a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.connect``
+a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.session``
 reports a failure to the runner as one line naming the host). Nothing here starts or imports the user's code:
 a module is found the way ``python -m`` would find it, without importing its packages.
 """

@@ -1,6 +1,5 @@
 """A node's part of a job's ``--precheck`` (issue 24): the same probes as ``xrun check --network``, on the word of
-the runner over the job's control channel, wherever the agent reads the channel while it waits for a start (the
-first barrier's ``serve_until`` in ``xrun.launch.connect``, a restart's wait in ``xrun.launch.restarts``).
+the runner over the job's control channel, while the agent waits at a start barrier (``xrun.launch.session``).
 
 ``probe_open(toward)`` opens this node's probe server and is answered ``probe_ready`` (the hello of
 ``probe_commands``); each ``probe(id, probe, mode, seconds, timeout)`` runs on one worker thread, in order, and is

@@ -22,7 +22,7 @@ NONE = "none"
 
 class MissingInterface(UsageError):
     """``--network_interface NAME`` on a node that lacks NAME: bad input (exit 2), not a node failure; its agent
-    says so to the runner with that exit code (``xrun.launch.connect``), so the job ends with 2 as well."""
+    says so to the runner with that exit code (``xrun.launch.session.driver``), so the job ends with 2 as well."""
 
     def __init__(self, host: str, name: str, names: tuple[str, ...]) -> None:
         super().__init__("--network_interface", f"{host} has no interface {name!r}; it has: {', '.join(names)}")

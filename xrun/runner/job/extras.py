@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message
+from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.report import write_json
 from xrun.launch.result.stackview import merge, render
@@ -25,7 +26,6 @@ from xrun.launch.result.summary import RankFigures, success_line, summary_json, 
 from xrun.runner.job.doctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import Hung, RunPrecheck, Verdict
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.status import say
 
 if TYPE_CHECKING:
     from xrun.runner.job.dispatch import Dispatch

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xrun.channel import Kind, Message, message
+from xrun.launch.output.status import say
 from xrun.runner.job.events import PrecheckDone, RunPrecheck
-from xrun.runner.job.status import say
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import PrecheckResult, node_rows
 from xrun.runner.network.node_verdicts import Probe
