@@ -236,6 +236,28 @@ def test_a_node_opens_its_probe_server_and_measures_a_peer_on_loopback():
     assert refused["id"] == 8 and not refused["ok"] and "refused" in refused["error"], refused
 
 
+def test_a_node_answers_the_next_attempts_precheck_after_the_barrier_closed_its_probes():
+    """The agent closes its answers when a barrier opens and hands the same object the next attempt's probes: the
+    second check gets a fresh server and worker (a closed one never answered: the restart's precheck found every
+    node unreachable)."""
+    replies = []
+    probes = ProbeAnswers(replies.append)
+    try:
+        for attempt in range(2):
+            replies.clear()
+            probes.handle(message(Kind.PROBE_OPEN, toward="127.0.0.1"))
+            port = replies[0]["port"]
+            probes.handle(message(Kind.PROBE, id=attempt, probe=f"127.0.0.1:{port}", mode="reach", seconds=0.0,
+                                  timeout=2.0))
+            deadline = time.monotonic() + 10
+            while len(replies) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(replies) == 2 and replies[1]["id"] == attempt and replies[1]["ok"], (attempt, replies)
+            probes.close()
+    finally:
+        probes.close()
+
+
 # -- the flag: bad input and the dry run -------------------------------------------------------------------------
 
 

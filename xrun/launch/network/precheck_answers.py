@@ -52,11 +52,15 @@ class ProbeAnswers:
         self._work.put(msg)
 
     def close(self) -> None:
+        """End the worker and the probe server; a later ``probe_open`` (the next attempt's precheck) starts both
+        afresh."""
         if self._thread is not None:
             self._work.put(None)
             self._thread.join(timeout=1.0)  # a probe in flight is bounded by its own timeouts; it is a daemon
+            self._thread, self._work = None, queue.SimpleQueue()
         if self._server is not None:
             self._server.close()
+            self._server = None
 
     def _probe_forever(self, answer: Callable[[dict[str, Any], str], Measurement]) -> None:
         while (msg := self._work.get()) is not None:
