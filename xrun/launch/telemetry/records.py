@@ -1,0 +1,315 @@
+"""A rank's Flight Recorder dump as the compact records that cross the channel (pure).
+
+torch's ``fr_trace_json`` holds up to ``TORCH_FR_BUFFER_SIZE`` entries, each a collective a process group of the
+rank entered: its sequence number in that group (``collective_seq_id``: the same collective has the same number on
+every rank of the group), ``profiling_name`` (``gloo:all_reduce``, ``nccl:broadcast``), the tensors' sizes and
+dtypes, its ``state`` and the wall-clock time it was created (``time_created_ns``; NCCL adds when it was seen to
+start and complete). Two summaries of it travel, never the dump itself (it stays on the node: reads):
+
+* ``RankCollectives`` (a hang, Ctrl-\\, a failure): per process group the last ``RECENT`` collectives the rank
+  entered and what torch says it last enqueued and completed, and ``where`` the rank's main thread is (the
+  innermost frame outside torch of ``dump_traceback``'s text). The head compares them across ranks
+  (xrun.runner.telemetry.hang).
+* ``EntryTimes`` (sampled while the job trains): per group, when the rank entered a few collectives picked on a
+  grid that every rank picks alike (``grid``), so the head finds the same collectives in every rank's sample even
+  when the nodes were asked a little apart, and scores who enters late (xrun.runner.telemetry.stragglers).
+
+Point-to-point entries (send/recv) are left out: they have no common sequence number across a group. A dump
+that is not torch's format raises ``ValueError`` (the rank's answer is data, never trusted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RECENT = 4  # collectives per group in a hang's summary: the one waited in, and those before it to compare
+GRID = ((1, 8), (8, 8), (64, 8))  # (stride, count): the last 8 numbers, the last 8 multiples of 8 and of 64
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a rank entered."""
+
+    seq: int  # its number in the process group
+    op: str  # "all_reduce" (torch's backend prefix dropped)
+    in_sizes: tuple[tuple[int, ...], ...]
+    in_dtypes: tuple[str, ...]  # torch's names: "Float", "BFloat16"
+    out_sizes: tuple[tuple[int, ...], ...]
+    out_dtypes: tuple[str, ...]
+    state: str  # "scheduled", "started", "completed" (gloo's entries stay "scheduled"; NCCL's move on)
+    retired: bool  # torch is done with it (gloo: it completed)
+    created_ns: int  # wall clock (the node's) when the rank entered it
+    started_ns: int | None = None  # NCCL: when it was seen to start (TORCH_NCCL_ENABLE_TIMING) or complete
+    completed_ns: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "completed" or self.retired
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "op": self.op, "in_sizes": [list(s) for s in self.in_sizes],
+                "in_dtypes": list(self.in_dtypes), "out_sizes": [list(s) for s in self.out_sizes],
+                "out_dtypes": list(self.out_dtypes), "state": self.state, "retired": self.retired,
+                "created_ns": self.created_ns, "started_ns": self.started_ns, "completed_ns": self.completed_ns}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Collective:
+        return cls(_count(data["seq"]), _text(data["op"]), _sizes(data["in_sizes"]), _texts(data["in_dtypes"]),
+                   _sizes(data["out_sizes"]), _texts(data["out_dtypes"]), _text(data["state"]),
+                   bool(data["retired"]), _count(data["created_ns"]), _maybe(data.get("started_ns")),
+                   _maybe(data.get("completed_ns")))
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One process group as one rank saw it."""
+
+    name: str  # torch's name of the group: the same on every rank ("0" is the default group)
+    desc: str  # its description ("default_pg", or what the script named it)
+    recent: tuple[Collective, ...]  # the last RECENT collectives it entered, oldest first
+    last_enqueued: int | None = None  # torch's own counters (pg_status), when the dump has them
+    last_completed: int | None = None
+
+    @property
+    def last_entered(self) -> Collective | None:
+        return self.recent[-1] if self.recent else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "desc": self.desc, "recent": [c.to_json() for c in self.recent],
+                "last_enqueued": self.last_enqueued, "last_completed": self.last_completed}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GroupState:
+        return cls(_text(data["name"]), _text(data["desc"]),
+                   tuple(Collective.from_json(c) for c in _list(data["recent"])),
+                   _maybe(data.get("last_enqueued")), _maybe(data.get("last_completed")))
+
+
+@dataclass(frozen=True)
+class RankCollectives:
+    """One rank's collective state: its groups, where its main thread is, or why there is no record."""
+
+    host: str
+    rank: int
+    groups: tuple[GroupState, ...] = ()
+    where: str | None = None  # "train.py:88 evaluate": the main thread's innermost frame outside torch
+    problem: str | None = None  # no record: why (no endpoint, no answer in time, Flight Recorder off)
+
+    def group(self, name: str) -> GroupState | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "groups": [g.to_json() for g in self.groups],
+                "where": self.where, "problem": self.problem}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RankCollectives:
+        """What an agent sent; anything malformed raises ValueError (a protocol error)."""
+        try:
+            where, problem = data.get("where"), data.get("problem")
+            return cls(_text(data["host"]), _count(data["rank"]),
+                       tuple(GroupState.from_json(g) for g in _list(data["groups"])),
+                       None if where is None else _text(where), None if problem is None else _text(problem))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"malformed collective record: {err!r}") from None
+
+
+@dataclass(frozen=True)
+class GroupTimes:
+    """When a rank entered some collectives of one group: sequence numbers and wall-clock times, paired."""
+
+    name: str
+    seqs: tuple[int, ...]
+    created_ns: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EntryTimes:
+    """One rank's sample: per group, when it entered the collectives ``grid`` picks."""
+
+    rank: int
+    groups: tuple[GroupTimes, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact: times in microseconds after the first (a node sends its ranks' samples every few seconds)."""
+        groups = []
+        for g in self.groups:
+            base = min(g.created_ns, default=0)
+            groups.append({"name": g.name, "seq": list(g.seqs), "base_ns": base,
+                           "t_us": [(t - base) // 1000 for t in g.created_ns]})
+        return {"rank": self.rank, "groups": groups}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EntryTimes:
+        try:
+            groups = []
+            for g in _list(data["groups"]):
+                seqs, times, base = _list(g["seq"]), _list(g["t_us"]), _count(g["base_ns"])
+                if len(seqs) != len(times):
+                    raise ValueError("seq and t_us differ in length")
+                groups.append(GroupTimes(_text(g["name"]), tuple(_count(s) for s in seqs),
+                                         tuple(base + _count(t) * 1000 for t in times)))
+            return cls(_count(data["rank"]), tuple(groups))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"malformed entry times: {err!r}") from None
+
+
+# -- from torch's dump ---------------------------------------------------------------------------------------
+
+
+def parse_dump(body: bytes) -> dict[str, Any]:
+    """``fr_trace_json``'s answer as a dict with a list of ``entries``; ValueError when it is not that."""
+    try:
+        dump = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"the Flight Recorder's dump is not JSON ({err.__class__.__name__})") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
+        raise ValueError("the Flight Recorder's dump has no list of entries")
+    return dump
+
+
+def collectives(dump: Mapping[str, Any]) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
+    """The dump's collective entries by group name, oldest first, each with the group's description."""
+    groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for entry in dump.get("entries") or []:
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue
+        pg = entry.get("process_group")
+        name, desc = (str(pg[0]), str(pg[1])) if isinstance(pg, list) and len(pg) == 2 else (str(pg), "")
+        groups.setdefault(name, []).append((desc, entry))
+    for entries in groups.values():
+        entries.sort(key=lambda pair: _count(pair[1].get("collective_seq_id", 0)))
+    return groups
+
+
+def rank_collectives(host: str, rank: int, dump: Mapping[str, Any], *, where: str | None = None) -> RankCollectives:
+    """The hang summary of one rank's dump (ValueError when an entry is not torch's format)."""
+    status = _mapping(dump.get("pg_status"))
+    groups = []
+    try:
+        for name, entries in collectives(dump).items():
+            desc = entries[-1][0]
+            counters = _mapping(status.get(str(entries[-1][1].get("pg_id", ""))))
+            recent = tuple(_collective(entry) for _, entry in entries[-RECENT:])
+            groups.append(GroupState(name, desc, recent, _counter(counters.get("last_enqueued_collective")),
+                                     _counter(counters.get("last_completed_collective"))))
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
+    return RankCollectives(host, rank, tuple(groups), where=where)
+
+
+def entry_times(rank: int, dump: Mapping[str, Any]) -> EntryTimes:
+    """The straggler sample of one rank's dump: per group, the entries ``grid`` picks."""
+    groups = []
+    try:
+        for name, entries in collectives(dump).items():
+            created = {_count(e["collective_seq_id"]): _count(e["time_created_ns"]) for _, e in entries}
+            picked = grid(created)
+            groups.append(GroupTimes(name, tuple(picked), tuple(created[s] for s in picked)))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
+    return EntryTimes(rank, tuple(groups))
+
+
+def grid(seqs: Iterable[int]) -> list[int]:
+    """The sequence numbers a sample reports, ascending: of those present, the last few at each of ``GRID``'s
+    strides. Multiples of a stride are the same numbers on every rank, so two ranks asked a few hundred
+    collectives apart still share some."""
+    present = sorted(set(seqs))
+    if not present:
+        return []
+    have, top = set(present), present[-1]
+    picked: set[int] = set()
+    for stride, count in GRID:
+        start = top - top % stride
+        picked.update(s for s in range(start, max(start - stride * count, -1), -stride) if s in have)
+    return sorted(picked)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+def where_from_traceback(text: str) -> str | None:
+    """``dump_traceback``'s text (faulthandler's format, innermost frame first, thread by thread): the innermost
+    frame outside torch of the thread that runs the script (its outermost frame is ``<module>`` or runpy's)."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            threads.append([])
+            continue
+        match = _FRAME.match(line)
+        if match and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+    main = next((t for t in threads if t and (t[-1][2] == "<module>" or "runpy" in t[-1][0])), None)
+    if main is None:
+        return None
+    outside = [f for f in main if not _in_torch(f[0])] or main
+    path, number, func = outside[0]
+    return f"{os.path.basename(path)}:{number} {func}"
+
+
+def _in_torch(path: str) -> bool:
+    parts = path.replace("\\", "/").split("/")
+    return "torch" in parts[:-1] or "runpy.py" in parts[-1:]
+
+
+def _collective(entry: Mapping[str, Any]) -> Collective:
+    name = str(entry["profiling_name"])
+    return Collective(
+        seq=_count(entry["collective_seq_id"]),
+        op=name.split(":", 1)[-1],
+        in_sizes=_sizes(entry.get("input_sizes", [])), in_dtypes=_texts(entry.get("input_dtypes", [])),
+        out_sizes=_sizes(entry.get("output_sizes", [])), out_dtypes=_texts(entry.get("output_dtypes", [])),
+        state=str(entry.get("state", "")), retired=bool(entry.get("retired")),
+        created_ns=_count(entry["time_created_ns"]),
+        started_ns=_maybe(entry.get("time_discovered_started_ns")) or None,
+        completed_ns=_maybe(entry.get("time_discovered_completed_ns")) or None,
+    )
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _counter(value: object) -> int | None:
+    """pg_status's counters are strings, ``-1`` for none."""
+    try:
+        number = int(str(value))
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def _maybe(value: object) -> int | None:
+    return None if value is None else _count(value)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not text")
+    return value
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    return tuple(_text(v) for v in _list(value))
+
+
+def _list(value: object) -> Sequence[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{value!r} is not a list")
+    return value
+
+
+def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(_count(d) for d in _list(s)) for s in _list(value))
