@@ -212,14 +212,14 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 
 
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
-    from xrun.launch.doctor.node_doctor import write_stacks_file
+    from xrun.launch.doctor.node_doctor import write_dump_file
 
     monkeypatch.chdir(tmp_path)
     victim = tmp_path / "victim"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
     for ms in range(1000):  # every name the old scheme could pick within this second, as links
         (tmp_path / f"xrun-stacks-{stamp}-{ms:03d}.txt").symlink_to(victim)
-    first, second = write_stacks_file(None, "one"), write_stacks_file(None, "two")
+    first, second = write_dump_file(None, "one"), write_dump_file(None, "two")
     assert not victim.exists()
     assert first != second and os.path.isabs(first) and os.path.dirname(first) == str(tmp_path)
     assert open(first).read() == "one" and not os.path.islink(first)

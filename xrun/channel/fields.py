@@ -1,4 +1,6 @@
-"""The shapes of the messages a peer sends before it has proven itself: auth, challenge, hello.
+"""The shapes of the messages a peer sends before it has proven itself: auth, challenge, hello; and the outer
+shapes of an admitted agent's larger reports (collectives, entry times), whose items their own ``from_json``
+checks.
 
 A stranger's message is checked field by field (type, length, range) before any of its values is used, so
 the checks that follow (a proof comparison, a node-rank lookup, a line on the console) see only sane values:
@@ -29,6 +31,7 @@ class FieldKind(enum.Enum):
     TEXT = "printable text of at most `limit` characters"
     INT = "an integer from 0 to `limit`"
     OBJECT = "a JSON object of at most `limit` entries"
+    LIST = "a JSON array of at most `limit` items"
 
 
 class Field(NamedTuple):
@@ -48,6 +51,9 @@ class Field(NamedTuple):
         if self.kind is FieldKind.OBJECT:
             ok = isinstance(value, dict) and len(value) <= self.limit
             return None if ok else f"expected an object of at most {self.limit} entries"
+        if self.kind is FieldKind.LIST:
+            ok = isinstance(value, list) and len(value) <= self.limit
+            return None if ok else f"expected an array of at most {self.limit} items"
         ok = isinstance(value, str) and len(value) <= self.limit and _printable(value)
         return None if ok else f"expected printable text of at most {self.limit} characters"
 
@@ -94,3 +100,12 @@ HELLO_FIELDS: Mapping[str, Field] = {
     "versions": Field(FieldKind.OBJECT, 16),
     "digest": Field(FieldKind.OBJECT, 8, required=False),  # pod mode: the plan digest
 }
+
+# what an admitted agent reports of its ranks (issue 31): one item per local rank
+MAX_LOCAL_RANKS = 1024
+COLLECTIVES_FIELDS: Mapping[str, Field] = {
+    "ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS),
+    "file": Field(FieldKind.TEXT, 4096, required=False),  # where the full records are on the node (a path)
+}
+ENTRY_TIMES_FIELDS: Mapping[str, Field] = {"ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS)}
+PONG_FIELDS: Mapping[str, Field] = {"clock_ns": Field(FieldKind.INT, (1 << 63) - 1, required=False)}

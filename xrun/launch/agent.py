@@ -13,6 +13,7 @@ import os
 from typing import Protocol
 
 from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.output.streams import notice
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes
@@ -21,6 +22,7 @@ from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.result.report import conclude
 from xrun.launch.spec import NodeSpec
+from xrun.launch.telemetry.endpoints import Endpoints
 
 
 class AgentHooks(Protocol):
@@ -74,11 +76,13 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
-    doctor = NodeDoctor(spec.host, spec.options)
+    endpoints = _endpoints(spec)
+    doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints)
     try:
-        with removed_if_the_agent_dies(error_files.directory):  # a kill -9 of this agent leaves no directory
+        # a kill -9 of this agent leaves no directory
+        with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])):
             group = RankGroup(
-                rank_processes(spec, os.environ, error_files),
+                rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),
                 on_rank_exit=hooks.on_rank_exit if hooks else None,
             )
@@ -89,3 +93,18 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     finally:
         doctor.close()
         error_files.close()
+        if endpoints is not None:
+            endpoints.close()
+
+
+def _endpoints(spec: NodeSpec) -> Endpoints | None:
+    """The ranks' sockets for their collective records (xrun.launch.telemetry), unless ``--no_telemetry``; a node
+    where no socket directory can be made runs without them, and says so."""
+    if not spec.options.telemetry:
+        return None
+    try:
+        return Endpoints()
+    except OSError as err:
+        notice(spec.host, f"no collective records from this node's ranks: cannot make their socket directory "
+                          f"({err.strerror or err}; set TMPDIR to a writable directory)")
+        return None

@@ -65,6 +65,7 @@ class AgentOptions:
     hang_action: HangAction = HangAction.DUMP
     failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
+    telemetry: bool = True  # every rank's collective records on a Unix socket (issue 31); --no_telemetry: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
@@ -204,7 +205,7 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
          if options.hang_timeout is not None else {}) | (
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
-    )
+    ) | ({} if options.telemetry else {"telemetry": False})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

@@ -15,8 +15,9 @@ So one thread at a time feeds the machine (a lock makes sure), and a supervising
 answering pings as it stops beating for its watchdog: the runner gives the node up as its ranks are stopped.
 
 The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
-``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks, ``want_stacks``, ``quiet``,
-``spoke``, pod mode's console lines) goes out as it comes, past the machine; their end is the machine's event.
+``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks and collective records,
+``want_stacks``, ``quiet``, ``spoke``, the straggler sample ``entry_times``, pod mode's console lines) goes out as
+it comes, past the machine; their end is the machine's event.
 
 Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
 ``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
@@ -41,7 +42,7 @@ from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, m
 from xrun.channel.link import Credentials, Link
 from xrun.errors import PortBusyError, XrunError
 from xrun.launch.agent import run_node
-from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.doctor.node_doctor import Diagnosis, NodeDoctor
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.network.socket_ifname import MissingInterface
 from xrun.launch.output.consoleroute import Route, routed
@@ -82,7 +83,6 @@ from xrun.net import master_port
 from xrun.values import one_line
 
 if TYPE_CHECKING:
-    from xrun.launch.result.stacks import RankStack
     from xrun.launch.session.pod import PodNode
 
 HELLO_AGAIN_EVERY = 2.0  # pod mode: after node 0 turned this node away (each try is a line on node 0's console)
@@ -276,11 +276,14 @@ class Driver:
         self._group.request_stop(action.signum, action.reason)
 
     def _dump(self, dump_id: object) -> None:
-        def answer(stacks: list[RankStack], problem: str | None) -> None:
-            self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in stacks], problem=problem))
+        def answer(found: Diagnosis) -> None:
+            self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in found.stacks],
+                               problem=found.problem))
+            if found.reading is not None:  # the ranks' collective records, the same id (issue 31)
+                self._send(message(Kind.COLLECTIVES, id=dump_id, **found.reading.to_json()))
 
         if self._doctor is None:  # --elastic: torch's agent owns the workers
-            answer([], f"no stacks from {socket.gethostname()}: not taken under --elastic")
+            answer(Diagnosis([], f"no stacks from {socket.gethostname()}: not taken under --elastic"))
         else:
             self._doctor.dump(answer)
 
@@ -309,6 +312,8 @@ class Driver:
         self._group, self._doctor = group, doctor
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
+            doctor.on_samples = lambda samples: self._send(  # the head scores stragglers (issue 31)
+                message(Kind.ENTRY_TIMES, ranks=[s.to_json() for s in samples]))
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()
         self._send(message(Kind.STARTED))
@@ -334,6 +339,8 @@ class Driver:
     def on_result(self, result: NodeResult) -> None:
         if result.stacks:  # taken before the stop: the head merges every node's into its failure report
             self._send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
+        if result.collectives is not None:
+            self._send(message(Kind.COLLECTIVES, id=STOP_STACKS, **result.collectives.to_json()))
         root = result.root_cause.rank if result.root_cause is not None else None
         self.feed(AttemptEnded(result.exit_code, root, result.interrupted_by))
 
