@@ -41,7 +41,6 @@ from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowW
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
-from xrun.runner.job.rejoin import rejoins
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer
 from xrun.runner.job.status import PlainStatus, say
@@ -74,7 +73,7 @@ class PodControlServer(ControlServer):
         doers[ShowStarted] = lambda a: None
         merger = head_merger(plan)
         self.lines = NodeLines(merger) if merger is not None else None
-        self.rejoin = rejoins(self.job.config)
+        self.rejoin = self.job.config.rejoins
         self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from node 0's main thread
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
