@@ -118,7 +118,6 @@ class FakeServer:
         self.job = SimpleNamespace(stopping=False, nodes=[SimpleNamespace(host=f"n{i}") for i in range(count)])
         self.slow, self.mute_open, self.mute_probe = set(slow), set(mute_open), set(mute_probe)
         self.sent, self.fed, self.timers, self.inbox = [], [], [], []
-        self.dispatch = self  # what the driver sends and feeds goes through the server's dispatch
 
     def add_timer(self, due, fire):
         self.timers.append((due, fire))

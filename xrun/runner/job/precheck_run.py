@@ -21,14 +21,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xrun.channel import Kind, Message, message
-from xrun.runner.job.events import PrecheckDone, RunPrecheck
+from xrun.runner.job.events import Event, PrecheckDone, RunPrecheck
 from xrun.runner.job.status import say
 from xrun.runner.network.coordinate import REACH, Check, Request, Stepper
 from xrun.runner.network.report import PrecheckResult, node_rows
 from xrun.runner.network.verdict import Probe
 
 if TYPE_CHECKING:
-    from xrun.runner.job.dispatch import Dispatch
     from xrun.runner.job.machine import Job
 
 
@@ -38,8 +37,9 @@ class Server(Protocol):
     @property
     def job(self) -> Job: ...
 
-    @property
-    def dispatch(self) -> Dispatch: ...
+    def send(self, node: int, msg: Message) -> None: ...
+
+    def feed(self, event: Event) -> None: ...
 
     def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None: ...
 
@@ -76,7 +76,7 @@ class ChannelPrecheck:
         self.over = False  # the result went to the machine: what still arrives is late
         server.add_timer(lambda: self.deadline, lambda: self.tick(time.monotonic()))
         for rank in self.ranks:
-            server.dispatch.send(rank, message(Kind.PROBE_OPEN, toward=action.toward))
+            server.send(rank, message(Kind.PROBE_OPEN, toward=action.toward))
 
     def message(self, node: int, msg: Message, now: float) -> None:
         where = self.position.get(node)
@@ -142,7 +142,7 @@ class ChannelPrecheck:
             address, port = str(peer["address"]), peer["port"]
             target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
             seconds = 0.0 if request.mode == REACH else SECONDS
-            self.server.dispatch.send(self.ranks[request.src], message(
+            self.server.send(self.ranks[request.src], message(
                 Kind.PROBE, id=self.first_id + i, probe=target, mode=request.mode, seconds=seconds,
                 timeout=CONNECT_TIMEOUT))
             load[request.src] = load.get(request.src, 0.0) + probe_budget(request)
@@ -156,7 +156,7 @@ class ChannelPrecheck:
         if result.bad:
             for line in result.table():
                 say(f"precheck: {line}")
-        self.server.dispatch.feed(PrecheckDone(result))
+        self.server.feed(PrecheckDone(result))
 
 
 def _probe(request: Request, msg: Message) -> Probe:
