@@ -183,14 +183,15 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
 # the planner's to ask, so it ranks with the plan, below the backends it names (it loads them lazily).
 RANKS = {
     "xrun.launch": [
-        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network", "xrun.launch.tokens"},
+        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.cli", "xrun.launch.command", "xrun.launch.connect",
-         "xrun.launch.engine_env", "xrun.launch.preflight", "xrun.launch.__main__", "xrun.launch.restarts"},
+        {"xrun.launch.agent", "xrun.launch.cli", "xrun.launch.command", "xrun.launch.engine_env",
+         "xrun.launch.preflight"},
+        {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [
         {"xrun.runner.hosts"},

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from xrun.launch.output.status import say
 from xrun.launch.result.report import write_json
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.events import Verdict
-from xrun.runner.job.status import say
 
 
 class JobFigures:

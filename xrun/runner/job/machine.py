@@ -87,7 +87,6 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.hello_policy import HelloPolicy, Refusal, SendSpecs, Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
-from xrun.runner.job.precheck import decide_with_spares, passed_line
 from xrun.runner.job.spares import Spares
 from xrun.runner.job.stop import Stop
 from xrun.runner.job.verdict import (
@@ -100,6 +99,7 @@ from xrun.runner.job.verdict import (
     refused_failure,
     session_failure,
 )
+from xrun.runner.network.precheck_decision import decide_with_spares, passed_line
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 

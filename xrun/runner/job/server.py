@@ -10,10 +10,10 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   a byte sent back; ``xrun.runner.job.gate``), turns what arrives into the machine's events (a proven hello, an
   admitted agent's message, a dropped connection, a backend session that ends, a signal, time passing), feeds each
   to the machine (``feed``) and carries out the actions that come back (``_carry_out``): sends, admitted and
-  closed connections, status lines (``xrun.runner.job.status``), ``--precheck``'s check
-  (``xrun.runner.job.precheck_run``). At the end the machine's verdict is the report (``xrun.runner.job.report``)
-  and the exit code. Barrier, failure, keepalive and exit-code decisions are all the machine's; the wire format is
-  ``xrun.channel``'s.
+  closed connections, status lines (``xrun.launch.output.status``), ``--precheck``'s check
+  (``xrun.runner.network.precheck_channel``). At the end the machine's verdict is the report
+  (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
+  machine's; the wire format is ``xrun.channel``'s.
 
 The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
 ``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` makes it ``Ready`` -> ``feed`` ->
@@ -53,6 +53,7 @@ from dataclasses import replace
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, message
+from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
@@ -97,10 +98,9 @@ from xrun.runner.job.gate import Gate
 from xrun.runner.job.loop import SelectLoop
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.precheck_run import ChannelPrecheck
-from xrun.runner.job.report import report_lines
-from xrun.runner.job.status import PlainStatus, make_status, say
+from xrun.runner.job.report import headline, report_lines
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
+from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
@@ -513,6 +513,7 @@ def verdict_message(verdict: Verdict) -> Message:
         Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
         stopped_after=verdict.stopped_after, host=failure.host if failure else None,
         rank=failure.rank if failure else None, reason=failure.reason if failure else None,
+        line=headline(verdict),  # pod mode: what every node but node 0 prints
     )
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
 from xrun.runner.job.digest import PlanDigest, PlanDigestError
@@ -43,7 +44,6 @@ from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer, hello_event
-from xrun.runner.job.status import PlainStatus, say
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello
 from xrun.runner.pod.plan import PodSetup
