@@ -95,11 +95,12 @@ from xrun.runner.job.verdict import (
     done_failure,
     hang_failure,
     lost_failure,
+    precheck_failure,
     rank_failure,
     refused_failure,
     session_failure,
 )
-from xrun.runner.network.precheck_decision import decide_with_spares, passed_line
+from xrun.runner.network.precheck_decision import NodesBad, decide_with_spares, passed_line
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -319,7 +320,7 @@ class Job:
 
     def _precheck_done(self, event: PrecheckDone) -> None:
         """--precheck is over (before any attempt: the first, or a restart's): the ranks start, hot spares that
-        passed take bad nodes' places, or the job ends, as ``precheck.decide_with_spares`` says."""
+        passed take bad nodes' places, or the job ends, as ``precheck_decision.decide_with_spares`` says."""
         if self.stopping:
             return  # a node was lost or a signal came meanwhile: the job is ending already
         standing, attempt = self.spares.ready(), self.attempts.number
@@ -331,8 +332,8 @@ class Job:
                 self._out += self.spares.lose(spare, f"precheck: {bad.describe()}")
         if outcome is None:
             self._out += self.barrier.precheck_passed(passed_line(event.result, attempt=attempt), self.now)
-        elif isinstance(outcome, Failure):
-            self._fail(outcome)
+        elif isinstance(outcome, NodesBad):
+            self._fail(precheck_failure(outcome))
         else:
             self._say(outcome.line)
             self._seat_spares_now([(self.nodes.by_agent[node], spare) for node, spare in outcome.pairs])

@@ -73,6 +73,7 @@ from xrun.runner.job.events import (
     Heard,
     HelloReceived,
     Hung,
+    PrecheckDone,
     RankExited,
     Ready,
     RunPrecheck,
@@ -432,7 +433,10 @@ class ControlServer:
                                     action.pick_master_port, master_port=action.master_port if node0 else 0))
 
     def _run_precheck(self, action: RunPrecheck) -> None:
-        self.precheck = ChannelPrecheck(self, action, now=time.monotonic())
+        self.precheck = ChannelPrecheck(
+            action.nodes, action.hosts, toward=action.toward, now=time.monotonic(), send=self.send,
+            add_timer=self.add_timer, stopping=lambda: self.job.stopping,
+            done=lambda result: self.feed(PrecheckDone(result)))
 
     def _show_joined(self, action: ShowJoined) -> None:
         self.status.joined(action.host, action.ready, action.total)
