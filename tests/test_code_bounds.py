@@ -1,4 +1,4 @@
-"""Bounds that keep the code readable at 3 a.m. (issue 21): no function over 50 lines, no file over 600.
+"""Bounds that keep the code readable at 3 a.m. (issue 21): no function over 60 lines, no file over 600.
 
 Read from the source with ast: a function or file that grows past its bound fails here with its name, so it is
 split by responsibility when it grows, not years later. A class has no bound of its own (issue 30): one concept
@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 PACKAGE = Path(ROOT) / "xrun"
-MAX_FUNCTION_LINES = 50
+MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 600
 
 

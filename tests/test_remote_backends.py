@@ -190,7 +190,7 @@ def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):
     import builtins
 
     from xrun.errors import UsageError
-    from xrun.runner.backends import sshconn
+    from xrun.runner import ssh_connections as sshconn
     real_import = builtins.__import__
 
     def no_paramiko(name, *args, **kwargs):

@@ -36,6 +36,7 @@ from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
+from xrun.runner.ssh_connections import Connected, close_all, connect_all
 from xrun.shell import render
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
 
@@ -160,8 +161,6 @@ def probe_here(host: str, ns: argparse.Namespace) -> Probes:
 
 
 def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
-    from xrun.runner.backends.sshconn import Connected, close_all, connect_all
-
     results = connect_all(list(commands), settings)
     try:
         def one(result: Any) -> tuple[str, tuple[bool, str, str]]:

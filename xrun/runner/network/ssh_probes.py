@@ -24,6 +24,7 @@ from xrun.runner.network.coordinate import Request
 from xrun.runner.network.node_verdicts import Probe
 from xrun.runner.network.probe_requests import command_for, probe_budget, probe_from
 from xrun.runner.remote_options import SshSettings, openssh_args
+from xrun.runner.ssh_connections import Connected, connect_all
 from xrun.shell import render
 
 HELLO_TIMEOUT = 30.0  # ssh handshake + interpreter start on a loaded node
@@ -152,10 +153,6 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def _paramiko_links(hosts: Sequence[str], command: str, settings: SshSettings) -> list[Link | Down]:
-    # Not at the top: sshconn is the ssh backend's, a layer above this folder (the job, which imports this folder,
-    # sits below the backends); it is needed only when paramiko is installed.
-    from xrun.runner.backends.sshconn import Connected, connect_all
-
     links: list[Link | Down] = []
     for result in connect_all(list(hosts), settings):
         if not isinstance(result, Connected):
