@@ -79,6 +79,7 @@ from xrun.launch.session.events import (
     Tick,
 )
 from xrun.launch.session.machine import AgentMachine
+from xrun.launch.telemetry.records import collectives_message, entry_times_message
 from xrun.net import master_port
 from xrun.values import one_line
 
@@ -275,12 +276,12 @@ class Driver:
             self._doctor.take_stop_stacks()  # another node failed first: what were these doing?
         self._group.request_stop(action.signum, action.reason)
 
-    def _dump(self, dump_id: object) -> None:
+    def _dump(self, dump_id: int | str) -> None:
         def answer(found: Diagnosis) -> None:
+            if found.reading is not None:  # the ranks' collective records, the same id, first (issue 31)
+                self._send(collectives_message(found.reading.report(dump_id)))
             self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in found.stacks],
                                problem=found.problem))
-            if found.reading is not None:  # the ranks' collective records, the same id (issue 31)
-                self._send(message(Kind.COLLECTIVES, id=dump_id, **found.reading.to_json()))
 
         if self._doctor is None:  # --elastic: torch's agent owns the workers
             answer(Diagnosis([], f"no stacks from {socket.gethostname()}: not taken under --elastic"))
@@ -312,8 +313,7 @@ class Driver:
         self._group, self._doctor = group, doctor
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
-            doctor.on_samples = lambda samples: self._send(  # the head scores stragglers (issue 31)
-                message(Kind.ENTRY_TIMES, ranks=[s.to_json() for s in samples]))
+            doctor.on_samples = lambda samples: self._send(entry_times_message(samples))  # stragglers (issue 31)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()
         self._send(message(Kind.STARTED))
@@ -337,10 +337,10 @@ class Driver:
         ))
 
     def on_result(self, result: NodeResult) -> None:
+        if result.collectives is not None:  # first: the stacks complete the node's answer (issue 31)
+            self._send(collectives_message(result.collectives.report(STOP_STACKS)))
         if result.stacks:  # taken before the stop: the head merges every node's into its failure report
             self._send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
-        if result.collectives is not None:
-            self._send(message(Kind.COLLECTIVES, id=STOP_STACKS, **result.collectives.to_json()))
         root = result.root_cause.rank if result.root_cause is not None else None
         self.feed(AttemptEnded(result.exit_code, root, result.interrupted_by))
 

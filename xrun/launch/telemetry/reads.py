@@ -17,6 +17,7 @@ from typing import Any
 from xrun.launch.telemetry.client import Reply, ask
 from xrun.launch.telemetry.endpoints import Endpoints
 from xrun.launch.telemetry.records import (
+    CollectivesReport,
     EntryTimes,
     RankCollectives,
     entry_times,
@@ -37,9 +38,9 @@ class Reading:
     full: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # rank -> dump and stacks: node only
     file: str | None = None  # where ``full`` was written on this node, once it is
 
-    def to_json(self) -> dict[str, Any]:
+    def report(self, dump_id: int | str) -> CollectivesReport:
         """The part that crosses the channel: the records and where the full answers are on the node."""
-        return {"ranks": [c.to_json() for c in self.collectives], "file": self.file}
+        return CollectivesReport(dump_id, self.collectives, self.file)
 
 
 class RankReads:

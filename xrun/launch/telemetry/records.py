@@ -16,6 +16,24 @@ start and complete). Two summaries of it travel, never the dump itself (it stays
 
 Point-to-point entries (send/recv) are left out: they have no common sequence number across a group. A dump
 that is not torch's format raises ``ValueError`` (the rank's answer is data, never trusted).
+
+The messages (stable: the head reads them with ``read_collectives`` and ``read_entry_times``; a field added later
+must be optional, and a reader ignores fields it does not know)::
+
+    collectives  {"id": <the dump's id: an int, or "stop" before a stop>, "ranks": [RankCollectives, ...],
+                  "file": <the full records' path on the node> (absent: none written)}
+                 sent just before the node's ``stacks`` of the same id
+    RankCollectives  {"host", "rank", "where": "train.py:88 evaluate" | null, "problem": <why no record> | null,
+                      "groups": [{"name": "0", "desc": "default_pg", "last_enqueued": int | null,
+                                  "last_completed": int | null, "recent": [Collective, ...]  (oldest first)}]}
+    Collective  {"seq", "op": "all_reduce", "in_sizes": [[4096]], "in_dtypes": ["Float"], "out_sizes",
+                 "out_dtypes", "state": "scheduled" | "started" | "completed", "retired": bool,
+                 "created_ns": <the node's wall clock>, "started_ns": int | null, "completed_ns": int | null}
+    entry_times  {"ranks": [{"rank", "groups": [{"name", "seq": [int, ...], "base_ns": int,
+                                                  "t_us": [<microseconds after base_ns>, ...]}]}]}
+
+Every list and text is bounded (``MAX_*`` below and ``xrun.channel.fields``): the node cuts its records to the
+bounds, the head refuses a message beyond them (a protocol error).
 """
 
 from __future__ import annotations
@@ -27,8 +45,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.channel import STOP_STACKS, Kind, Message, message
+from xrun.channel.fields import COLLECTIVES_FIELDS, ENTRY_TIMES_FIELDS, Field, FieldKind, fields_error
+
 RECENT = 4  # collectives per group in a hang's summary: the one waited in, and those before it to compare
 GRID = ((1, 8), (8, 8), (64, 8))  # (stride, count): the last 8 numbers, the last 8 multiples of 8 and of 64
+MAX_PICKED = sum(count for _, count in GRID)
+# what one rank's record may hold: the node keeps the groups that entered a collective last, and the first
+# tensors and dimensions of each (every rank cuts alike, so the head's comparisons still hold)
+MAX_GROUPS = 64
+MAX_TENSORS = 16
+MAX_DIMS = 16
+_NAME = Field(FieldKind.TEXT, 256)  # a group's name and description, an op, a dtype
+_LINE = Field(FieldKind.TEXT, 512)  # where, problem
+_HOST = Field(FieldKind.TEXT, 255)
 
 
 @dataclass(frozen=True)
@@ -86,7 +116,7 @@ class GroupState:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GroupState:
         return cls(_text(data["name"]), _text(data["desc"]),
-                   tuple(Collective.from_json(c) for c in _list(data["recent"])),
+                   tuple(Collective.from_json(c) for c in _list(data["recent"], RECENT)),
                    _maybe(data.get("last_enqueued")), _maybe(data.get("last_completed")))
 
 
@@ -112,9 +142,10 @@ class RankCollectives:
         """What an agent sent; anything malformed raises ValueError (a protocol error)."""
         try:
             where, problem = data.get("where"), data.get("problem")
-            return cls(_text(data["host"]), _count(data["rank"]),
-                       tuple(GroupState.from_json(g) for g in _list(data["groups"])),
-                       None if where is None else _text(where), None if problem is None else _text(problem))
+            return cls(_text(data["host"], _HOST), _count(data["rank"]),
+                       tuple(GroupState.from_json(g) for g in _list(data["groups"], MAX_GROUPS)),
+                       None if where is None else _text(where, _LINE),
+                       None if problem is None else _text(problem, _LINE))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"malformed collective record: {err!r}") from None
 
@@ -148,8 +179,8 @@ class EntryTimes:
     def from_json(cls, data: Mapping[str, Any]) -> EntryTimes:
         try:
             groups = []
-            for g in _list(data["groups"]):
-                seqs, times, base = _list(g["seq"]), _list(g["t_us"]), _count(g["base_ns"])
+            for g in _list(data["groups"], MAX_GROUPS):
+                seqs, times, base = _list(g["seq"], MAX_PICKED), _list(g["t_us"], MAX_PICKED), _count(g["base_ns"])
                 if len(seqs) != len(times):
                     raise ValueError("seq and t_us differ in length")
                 groups.append(GroupTimes(_text(g["name"]), tuple(_count(s) for s in seqs),
@@ -157,6 +188,46 @@ class EntryTimes:
             return cls(_count(data["rank"]), tuple(groups))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"malformed entry times: {err!r}") from None
+
+
+@dataclass(frozen=True)
+class CollectivesReport:
+    """A node's ``collectives`` message: its ranks' records for one dump (``dump_id``: the dump's id, or
+    ``STOP_STACKS``), and where the full records are on the node."""
+
+    dump_id: int | str
+    ranks: tuple[RankCollectives, ...]
+    file: str | None = None
+
+
+def collectives_message(report: CollectivesReport) -> Message:
+    file = {} if report.file is None else {"file": report.file}
+    return message(Kind.COLLECTIVES, id=report.dump_id, ranks=[r.to_json() for r in report.ranks], **file)
+
+
+def read_collectives(msg: Message) -> CollectivesReport:
+    """An agent's ``collectives`` message, every field checked; ValueError (a protocol error) when one is odd."""
+    problem = fields_error(msg, COLLECTIVES_FIELDS)
+    if problem is not None:
+        raise ValueError(problem.reason)
+    dump_id = msg.get("id")
+    if dump_id != STOP_STACKS and (isinstance(dump_id, bool) or not isinstance(dump_id, int)):
+        raise ValueError(f"collectives: id {str(dump_id)[:40]!r} is neither a dump's number nor {STOP_STACKS!r}")
+    file = msg.get("file")
+    return CollectivesReport(dump_id, tuple(RankCollectives.from_json(r) for r in msg["ranks"]),
+                             None if file is None else str(file))
+
+
+def entry_times_message(samples: Iterable[EntryTimes]) -> Message:
+    return message(Kind.ENTRY_TIMES, ranks=[s.to_json() for s in samples])
+
+
+def read_entry_times(msg: Message) -> tuple[EntryTimes, ...]:
+    """An agent's ``entry_times`` message, every field checked; ValueError (a protocol error) when one is odd."""
+    problem = fields_error(msg, ENTRY_TIMES_FIELDS)
+    if problem is not None:
+        raise ValueError(problem.reason)
+    return tuple(EntryTimes.from_json(r) for r in msg["ranks"])
 
 
 # -- from torch's dump ---------------------------------------------------------------------------------------
@@ -192,28 +263,39 @@ def rank_collectives(host: str, rank: int, dump: Mapping[str, Any], *, where: st
     status = _mapping(dump.get("pg_status"))
     groups = []
     try:
-        for name, entries in collectives(dump).items():
+        for name, entries in _latest_groups(collectives(dump)):
             desc = entries[-1][0]
             counters = _mapping(status.get(str(entries[-1][1].get("pg_id", ""))))
             recent = tuple(_collective(entry) for _, entry in entries[-RECENT:])
-            groups.append(GroupState(name, desc, recent, _counter(counters.get("last_enqueued_collective")),
+            groups.append(GroupState(name[: _NAME.limit], desc[: _NAME.limit], recent,
+                                     _counter(counters.get("last_enqueued_collective")),
                                      _counter(counters.get("last_completed_collective"))))
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
-    return RankCollectives(host, rank, tuple(groups), where=where)
+    return RankCollectives(host, rank, tuple(groups), where=None if where is None else where[: _LINE.limit])
 
 
 def entry_times(rank: int, dump: Mapping[str, Any]) -> EntryTimes:
     """The straggler sample of one rank's dump: per group, the entries ``grid`` picks."""
     groups = []
     try:
-        for name, entries in collectives(dump).items():
+        for name, entries in _latest_groups(collectives(dump)):
             created = {_count(e["collective_seq_id"]): _count(e["time_created_ns"]) for _, e in entries}
             picked = grid(created)
-            groups.append(GroupTimes(name, tuple(picked), tuple(created[s] for s in picked)))
+            groups.append(GroupTimes(name[: _NAME.limit], tuple(picked), tuple(created[s] for s in picked)))
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
     return EntryTimes(rank, tuple(groups))
+
+
+def _latest_groups(
+    groups: Mapping[str, list[tuple[str, Mapping[str, Any]]]],
+) -> list[tuple[str, list[tuple[str, Mapping[str, Any]]]]]:
+    """The ``MAX_GROUPS`` groups that entered a collective last (a job rarely has more), in torch's order."""
+    if len(groups) <= MAX_GROUPS:
+        return list(groups.items())
+    latest = sorted(groups, key=lambda g: _count(groups[g][-1][1].get("time_created_ns", 0)))[-MAX_GROUPS:]
+    return [(name, entries) for name, entries in groups.items() if name in set(latest)]
 
 
 def grid(seqs: Iterable[int]) -> list[int]:
@@ -262,10 +344,10 @@ def _collective(entry: Mapping[str, Any]) -> Collective:
     name = str(entry["profiling_name"])
     return Collective(
         seq=_count(entry["collective_seq_id"]),
-        op=name.split(":", 1)[-1],
-        in_sizes=_sizes(entry.get("input_sizes", [])), in_dtypes=_texts(entry.get("input_dtypes", [])),
-        out_sizes=_sizes(entry.get("output_sizes", [])), out_dtypes=_texts(entry.get("output_dtypes", [])),
-        state=str(entry.get("state", "")), retired=bool(entry.get("retired")),
+        op=name.split(":", 1)[-1][: _NAME.limit],
+        in_sizes=_cut_sizes(entry.get("input_sizes", [])), in_dtypes=_cut_texts(entry.get("input_dtypes", [])),
+        out_sizes=_cut_sizes(entry.get("output_sizes", [])), out_dtypes=_cut_texts(entry.get("output_dtypes", [])),
+        state=str(entry.get("state", ""))[: _NAME.limit], retired=bool(entry.get("retired")),
         created_ns=_count(entry["time_created_ns"]),
         started_ns=_maybe(entry.get("time_discovered_started_ns")) or None,
         completed_ns=_maybe(entry.get("time_discovered_completed_ns")) or None,
@@ -295,21 +377,36 @@ def _maybe(value: object) -> int | None:
     return None if value is None else _count(value)
 
 
-def _text(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{value!r} is not text")
+def _text(value: object, field: Field = _NAME) -> str:
+    problem = field.problem(value)
+    if problem is not None:
+        raise ValueError(f"{str(value)[:40]!r}: {problem}")
+    assert isinstance(value, str)
     return value
 
 
 def _texts(value: object) -> tuple[str, ...]:
-    return tuple(_text(v) for v in _list(value))
+    return tuple(_text(v) for v in _list(value, MAX_TENSORS))
 
 
-def _list(value: object) -> Sequence[Any]:
-    if not isinstance(value, list):
-        raise ValueError(f"{value!r} is not a list")
+def _list(value: object, limit: int) -> Sequence[Any]:
+    if not isinstance(value, list) or len(value) > limit:
+        raise ValueError(f"{str(value)[:40]!r} is not a list of at most {limit} items")
     return value
 
 
 def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(_count(d) for d in _list(s)) for s in _list(value))
+    return tuple(tuple(_count(d) for d in _list(s, MAX_DIMS)) for s in _list(value, MAX_TENSORS))
+
+
+def _cut_sizes(value: object) -> tuple[tuple[int, ...], ...]:
+    """torch's sizes, cut to the bounds (a rank's dump: longer lists are fine, only the first ones travel)."""
+    if not isinstance(value, list):
+        raise ValueError(f"{str(value)[:40]!r} is not a list")
+    return _sizes([s[:MAX_DIMS] if isinstance(s, list) else s for s in value[:MAX_TENSORS]])
+
+
+def _cut_texts(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{str(value)[:40]!r} is not a list")
+    return tuple(str(v)[: _NAME.limit] for v in value[:MAX_TENSORS])
