@@ -68,6 +68,8 @@ def format_failure_report(result: NodeResult) -> str:
 
         lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
         lines.extend(f"    {line}" for line in render(merge(result.stacks)))
+    if result.collectives is not None:
+        lines.append(f"  {result.collectives.line()}")
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -89,6 +91,9 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
         "hang": result.hang,
         "stacks": [s.to_json() for s in result.stacks],
+        # the ranks' collective records taken before the stop (xrun.launch.telemetry.records; null: not read)
+        "collectives": None if result.collectives is None else {
+            "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file},
     }
 
 
