@@ -31,7 +31,7 @@ from xrun.channel import Kind
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.spec import AgentOptions
-from xrun.launch.telemetry.records import read_collectives
+from xrun.launch.telemetry.records import read_collectives, read_entry_times
 from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 
@@ -183,6 +183,7 @@ def test_a_torch_rank_serves_one_socket_and_its_workers_see_nothing(tmp_path):
         assert probe["sockets"] == [["rank0.sock", "rank1.sock"]]  # one per rank; no worker adds one
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_socket_directory_is_the_users_alone_and_nothing_listens_on_tcp(tmp_path):
     pytest.importorskip("torch")
@@ -292,55 +293,117 @@ def test_a_hang_stop_names_the_collective_and_the_rank_that_never_entered_it(tmp
     assert stat.S_IMODE(os.stat(failure["collectives"]["file"]).st_mode) == 0o600
 
 
-@pytest.mark.slow
-@pytest.mark.torch
-def test_the_agents_send_each_ranks_record_to_the_head_over_the_channel(tmp_path, monkeypatch):
-    """Three agents over the control channel (2 + 1 + 1 ranks): SIGQUIT's dump brings every node's
-    ``collectives`` message, and it reads back through the head's checks."""
-    pytest.importorskip("torch")
-    received = []
-    original = ControlServer._agent_message
-
-    def spy(self, node, msg):
-        if msg.get("type") == Kind.COLLECTIVES.value:
-            received.append((node, read_collectives(msg)))
-        original(self, node, msg)
-
-    monkeypatch.setattr(ControlServer, "_agent_message", spy)
-    script = tmp_path / "job.py"
-    script.write_text(SKIPS_ONE)
+def run_over_the_channel(tmp_path, script: str, env: dict, *, until) -> None:
+    """``script`` on three agents over the control channel (2 + 1 + 1 ranks, all on this machine) until
+    ``until()`` (called every 2 s, from a thread) says so, or 120 s passed: then a SIGINT stops the job."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
     options = dataclasses.replace(AgentOptions(), log_dir=str(tmp_path / "logs"))
-    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         env={"TMPDIR": short_tmpdir(), "LATE_RANK": "3"}, cwd=str(tmp_path), options=options)
+    request = JobRequest(script=str(path), master_port=0, launch=LaunchOptions(python=sys.executable),
+                         env={"TMPDIR": short_tmpdir(), **env}, cwd=str(tmp_path), options=options)
     # three names of this machine: the ranks' rendezvous needs the master's to resolve
     plan = make_plan(request, {"localhost": (0, 1), "127.0.0.1": (0,), "127.0.0.2": (0,)}, "ssh")
     server = head_server(plan, join_timeout=60, status=PlainStatus(3))
     port = server.listen(["127.0.0.1"])
     sessions = LocalSessions(plan, endpoint_of(server, port))
 
-    def recorded() -> list:
-        """The last dump's reports, once every rank in them has its rank 3 waiting past the 5 all-reduces."""
-        last = max((r.dump_id for _, r in received if r.dump_id != "stop"), default=None)
-        reports = [r for _, r in received if r.dump_id == last]
-        records = [rank for report in reports for rank in report.ranks]
-        done = len(records) == 4 and all(r.groups and r.groups[0].recent[-1].seq >= 5 for r in records)
-        return reports if done else []
-
-    def dump_until_recorded():  # SIGQUIT every few seconds (the ranks start slowly under load), then stop
+    def watch():
         deadline = time.monotonic() + 120
-        while not recorded() and time.monotonic() < deadline:
-            os.kill(os.getpid(), signal.SIGQUIT)
-            time.sleep(6)
+        while not until() and time.monotonic() < deadline:
+            time.sleep(2)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Timer(5.0, dump_until_recorded).start()
+    threading.Thread(target=watch, daemon=True).start()
     try:
         server.run(sessions)
     finally:
         sessions.terminate()
+
+
+def spy_on(monkeypatch, kind: Kind, read) -> list:
+    """What the head receives of ``kind``, each read with ``read`` (the head's checks: a refusal fails the run)."""
+    received = []
+    original = ControlServer._agent_message
+
+    def spy(self, node, msg):
+        if msg.get("type") == kind.value:
+            received.append(read(msg))
+        original(self, node, msg)
+
+    monkeypatch.setattr(ControlServer, "_agent_message", spy)
+    return received
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_agents_send_each_ranks_record_to_the_head_over_the_channel(tmp_path, monkeypatch):
+    """SIGQUIT's dump brings every node's ``collectives`` message, and it reads back through the head's checks."""
+    pytest.importorskip("torch")
+    received = spy_on(monkeypatch, Kind.COLLECTIVES, read_collectives)
+
+    def recorded() -> list:
+        """The last dump's reports, once all 4 ranks are past the 5 all-reduces."""
+        last = max((r.dump_id for r in received if r.dump_id != "stop"), default=None)
+        reports = [r for r in received if r.dump_id == last]
+        records = [rank for report in reports for rank in report.ranks]
+        done = len(records) == 4 and all(r.groups and r.groups[0].recent[-1].seq >= 5 for r in records)
+        return reports if done else []
+
+    asked = [time.monotonic()]  # the first after 6 s: the server takes SIGQUIT once it runs
+
+    def until() -> bool:  # SIGQUIT every few seconds (the ranks start slowly under load) until it tells
+        if recorded():
+            return True
+        if time.monotonic() - asked[0] > 6:
+            asked[0] = time.monotonic()
+            os.kill(os.getpid(), signal.SIGQUIT)
+        return False
+
+    run_over_the_channel(tmp_path, SKIPS_ONE, {"LATE_RANK": "3"}, until=until)
     reports = recorded()
     assert sorted(r.rank for report in reports for r in report.ranks) == [0, 1, 2, 3], received
-    ranks = [r.to_json() for report in reports for r in report.ranks]
-    waiting, late = waiting_and_late(ranks)
+    waiting, late = waiting_and_late([r.to_json() for report in reports for r in report.ranks])
     assert sorted(waiting) == [0, 1, 2] and sorted(late) == [3]
     assert all(report.file and os.path.exists(report.file) for report in reports)
+
+
+SLOWER_EACH_STEP = r'''
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1024)
+for step in range(100000):
+    if rank == 3:
+        time.sleep(0.05)  # the straggler: every other rank waits for it in each all-reduce
+    dist.all_reduce(t)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_agents_sample_when_each_rank_entered_its_collectives(tmp_path, monkeypatch):
+    """While the job trains, every node sends ``entry_times`` every SAMPLE_EVERY seconds: for the collectives
+    every rank picks alike, rank 3 (which sleeps 50 ms before each all-reduce) enters them last."""
+    pytest.importorskip("torch")
+    received = spy_on(monkeypatch, Kind.ENTRY_TIMES, read_entry_times)
+
+    def entered() -> dict[int, dict[int, int]]:
+        """rank -> sequence number -> when it entered (the last sample of each rank)."""
+        return {sample.rank: dict(zip(sample.groups[0].seqs, sample.groups[0].created_ns))
+                for samples in received for sample in samples if sample.groups}
+
+    def common() -> set[int]:
+        times = entered()
+        return set.intersection(*(set(t) for t in times.values())) if len(times) == 4 else set()
+
+    run_over_the_channel(tmp_path, SLOWER_EACH_STEP, {}, until=lambda: len(common()) >= 3)
+    times, seqs = entered(), sorted(common())
+    assert len(seqs) >= 3, received
+    for seq in seqs:
+        last = max(times, key=lambda rank: times[rank][seq])
+        assert last == 3, (seq, {rank: times[rank][seq] for rank in times})
+        others = sorted(times[rank][seq] for rank in times if rank != 3)
+        assert times[3][seq] - others[-1] > 20_000_000  # 50 ms late, give or take the machine's load
