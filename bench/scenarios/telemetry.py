@@ -3,7 +3,8 @@
 
 Two measures, each over interleaved rounds:
 
-* ``start``: ranks that import torch, join a gloo group and do one all-reduce (scenario 2's rank), launch to exit;
+* ``start``: ranks that import torch, join a gloo group and do one all-reduce (scenario 2's rank), launch to exit,
+  and the CPU time of the launcher and everything it reaped (the ranks): on a loaded machine the steadier measure;
 * ``steps``: a step loop (bench/ranks/torch_steps.py: a small matmul and an all-reduce of 4096 float32 a step,
   timed inside the rank): the median step time, the loop's time and the ranks' peak RSS. ``xrun:sampled`` is
   xrun with telemetry whose ranks the bench also asks for their Flight Recorder dump every ``sample_s`` seconds
@@ -35,7 +36,8 @@ START = ("xrun", "xrun:no_telemetry", "torchrun")
 STEPS = ("xrun", "xrun:sampled", "xrun:no_telemetry", "torchrun")
 FLAGS = {"xrun:no_telemetry": ("--no_telemetry",)}
 TABLE = {
-    "metrics": [["wall_s", "launch→exit", "s"], ["step_ms", "median step", "ms"], ["loop_s", "step loop", "s"],
+    "metrics": [["wall_s", "launch→exit", "s"], ["cpu_s", "CPU, launcher + ranks", "s"],
+                ["step_ms", "median step", "ms"], ["loop_s", "step loop", "s"],
                 ["rank_rss_mib", "rank peak RSS", "MiB"], ["samples", "dumps asked", ""]],
     "ratio": "wall_s",
     "reference": "xrun:no_telemetry",
@@ -60,12 +62,11 @@ def run(ctx: Context) -> dict[str, Any]:
         results = harness.run_rounds(variants, rounds, trial, rng=ctx.rng, label=f"{NAME} {label}")
         sec["groups"].append({"label": f"{label}, N={n}", "params": {"nproc": n},
                               **harness.summarize_group(results, references=("xrun:no_telemetry", "torchrun"))})
-    steps_group = sec["groups"][-1]
-    for variant in ("xrun", "xrun:sampled"):
-        ratio = median(steps_group, variant, "step_ms", "torchrun")
-        sec["targets"].append({"what": f"{variant} / torchrun, median step", "value": ratio,
-                               "met": ratio is not None and ratio <= 1.02,
-                               "shown": "-" if ratio is None else f"{ratio:.3f}×"})
+    # issue 31's bound, on the default (xrun:sampled asks ten times as often as an agent: a measure, not a target)
+    ratio = median(sec["groups"][-1], "xrun", "step_ms", "torchrun")
+    sec["targets"].append({"what": "xrun / torchrun, median step ≤ 1.02×", "value": ratio,
+                           "met": ratio is not None and ratio <= 1.02,
+                           "shown": "-" if ratio is None else f"{ratio:.3f}×"})
     return finish(sec)
 
 
@@ -85,6 +86,7 @@ def _trial(variant: str, n: int, script: str, args: tuple[str, ...], sample_s: f
             sampler.join()
         shutil.rmtree(tmp, ignore_errors=True)  # empty: the agent removed its directory (checked in the tests)
         trial = local_trial(got, n, run, need_ok=script == "torch_allreduce.py")
+        trial.metrics["cpu_s"] = got.cpu_s  # the launcher's and its ranks' CPU: what a loaded machine keeps honest
         if script == "torch_steps.py":
             _step_metrics(trial, run, n)
             if variant == "xrun:sampled":
