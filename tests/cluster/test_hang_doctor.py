@@ -7,6 +7,7 @@ a rank that fails on one node brings every node's stacks into its failure report
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
+from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
 
 SCRIPT = """
 import os, time
@@ -85,4 +87,59 @@ def test_a_failure_brings_the_other_nodes_stacks_into_their_reports(job, backend
     at = lines.index("xrun: stacks of 5 rank(s) taken before the stop, outliers first:")  # the head's, merged
     assert lines[at + 1 : at + 3] == [f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch",
                                       "xrun:   ranks 0-2, 4: job.py:6 all_reduce"]
+    job.assert_clean()
+
+
+SKIPS_ONE = """
+import os, time
+import torch
+import torch.distributed as dist
+
+def evaluate():
+    time.sleep(120)
+
+print("imported", flush=True)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print("rank", rank, "joined", flush=True)
+t = torch.ones(4096)
+for _ in range(5):
+    dist.all_reduce(t)
+print("rank", rank, "trained", flush=True)
+if rank == 3:
+    evaluate()
+dist.all_reduce(t)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hang_reads_every_nodes_collectives(job, backend, python):  # noqa: F811
+    """Issue 31 across hosts: 6 gloo ranks on 3 nodes, rank 3 (node2) never enters the 6th all-reduce. At the
+    hang each node's agent reads its ranks' Flight Recorders and stacks through their sockets and keeps them in
+    a file of its own (the summaries go to the head, whose view is the head's part): every rank's last
+    collective and where rank 3 is. (``--python``: the nodes run this tree's agent.)"""
+    pytest.importorskip("torch")
+    script = job.tmp / "job.py"
+    script.write_text(SKIPS_ONE)
+    logs = job.tmp / "logs"
+    env = {"GLOO_SOCKET_IFNAME": "xceth0", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # GLOO_*/TORCH_* travel by prefix
+    code, out, err = job.run(backend, "--python", python, "--master_port", "0", "--hang_timeout", "10",
+                             "--hang_action", "stop", "--log_dir", str(logs), env=env, script_path=script,
+                             timeout=180)
+    assert code == 124, err
+    assert "WorkerServer" not in out + err
+    last, hosts = {}, set()
+    for path in logs.glob("xrun-collectives-*.json"):
+        full = json.loads(path.read_text())
+        hosts.add(full["host"])
+        for rank, answers in full["ranks"].items():
+            record = rank_collectives(full["host"], int(rank), answers["flight_recorder"],
+                                      where=where_from_traceback(answers["traceback"]))
+            last[int(rank)] = (record.groups[0].recent[-1].seq, record.where)
+    assert hosts == {node.name for node in job.cluster.nodes}
+    assert sorted(last) == list(range(6)), last
+    assert last[3] == (5, "job.py:7 evaluate")
+    assert all(last[r] == (6, "job.py:19 <module>") for r in (0, 1, 2, 4, 5)), last
     job.assert_clean()
