@@ -407,3 +407,24 @@ def test_the_agents_sample_when_each_rank_entered_its_collectives(tmp_path, monk
         assert last == 3, (seq, {rank: times[rank][seq] for rank in times})
         others = sorted(times[rank][seq] for rank in times if rank != 3)
         assert times[3][seq] - others[-1] > 20_000_000  # 50 ms late, give or take the machine's load
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_failure_keeps_the_other_ranks_collectives_in_the_report(tmp_path):
+    """Rank 2 fails after the 5 all-reduces while the others wait in the 6th: their records, read before they
+    are stopped, are in the node's failure report and failure.json."""
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(SKIPS_ONE.replace("    evaluate()\n", "    raise SystemExit(3)\n"))
+    logs = tmp_path / "logs"
+    result = run_xrun("--num_gpus", "3", "--master_port", "0", "--log_dir", str(logs), str(script),
+                      env={"TMPDIR": short_tmpdir()}, timeout=180)
+    assert result.returncode == 3, result.stderr
+    failure = json.loads((logs / "localhost" / "failure.json").read_text())
+    assert failure["root_cause"] == 2
+    by_rank = {r["rank"]: r for r in failure["collectives"]["ranks"]}
+    assert sorted(by_rank) == [0, 1], by_rank  # the failed rank is gone; the others are read
+    waiting, _ = waiting_and_late(list(by_rank.values()))
+    assert sorted(waiting) == [0, 1]
+    assert "collective records of 2 of 2 ranks (torch's Flight Recorder) in " in result.stderr
