@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
+from tests.test_telemetry_ranks import SKIPS_ONE
 from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
 
 SCRIPT = """
@@ -90,27 +91,6 @@ def test_a_failure_brings_the_other_nodes_stacks_into_their_reports(job, backend
     job.assert_clean()
 
 
-SKIPS_ONE = """
-import os, time
-import torch
-import torch.distributed as dist
-
-def evaluate():
-    time.sleep(120)
-
-print("imported", flush=True)
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-print("rank", rank, "joined", flush=True)
-t = torch.ones(4096)
-for _ in range(5):
-    dist.all_reduce(t)
-print("rank", rank, "trained", flush=True)
-if rank == 3:
-    evaluate()
-dist.all_reduce(t)
-"""
-
 
 @pytest.mark.slow
 @pytest.mark.torch
@@ -124,7 +104,8 @@ def test_a_hang_reads_every_nodes_collectives(job, backend, python):  # noqa: F8
     script = job.tmp / "job.py"
     script.write_text(SKIPS_ONE)
     logs = job.tmp / "logs"
-    env = {"GLOO_SOCKET_IFNAME": "xceth0", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # GLOO_*/TORCH_* travel by prefix
+    # GLOO_*/TORCH_* travel by prefix, LATE_RANK with --export
+    env = {"GLOO_SOCKET_IFNAME": "xceth0", "TORCH_CPP_LOG_LEVEL": "ERROR", "LATE_RANK": "3"}
     code, out, err = job.run(backend, "--python", python, "--master_port", "0", "--hang_timeout", "10",
                              "--hang_action", "stop", "--log_dir", str(logs), env=env, script_path=script,
                              timeout=180)
