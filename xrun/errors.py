@@ -114,3 +114,12 @@ class PortBusyError(XrunError):
         held = f" by {holder}" if holder else ""
         super().__init__(f"--master_port: port {port} is already in use on {host}{held}; "
                          "leave --master_port out to use a free port, or pick another")
+
+
+class PreloadError(XrunError):
+    """--preload that cannot work on this node: a module that cannot be imported, or that leaves the helper unfit
+    to fork ranks (CUDA initialised, a thread running), or a helper that could not start or died while importing."""
+
+    def __init__(self, message: str, *, module: str | None = None) -> None:
+        self.module = module
+        super().__init__(message)

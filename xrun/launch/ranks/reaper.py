@@ -25,7 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from xrun.launch.output.streams import Console, RankStream
 from xrun.launch.output.writer import console_write
@@ -40,6 +40,8 @@ from xrun.launch.result.outcome import RankOutcome
 if TYPE_CHECKING:
     import resource
 
+    from xrun.launch.preload.client import ForkedRank
+
 _EMERGENCY_WAIT = 2.0  # kill_now: how long to wait for SIGKILLed ranks before leaving anyway
 
 
@@ -47,14 +49,16 @@ class RankState:
     """One rank's process: started, exited, reaped, and what became of it."""
 
     __slots__ = (
-        "spec", "pid", "popen", "pidfd", "started", "returncode", "signal", "signalled", "reaped",
+        "spec", "pid", "popen", "pipes", "held", "pidfd", "started", "returncode", "signal", "signalled", "reaped",
         "streams", "outcome", "start_error", "rusage",
     )  # fmt: skip
 
     def __init__(self, spec: RankProcess) -> None:
         self.spec = spec
         self.pid = 0
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.popen: subprocess.Popen[bytes] | None = None  # a rank started by Popen
+        self.pipes: tuple[IO[bytes], IO[bytes]] | None = None  # the read ends of its stdout and stderr
+        self.held: ForkedRank | None = None  # a rank forked from the preload helper, not yet let run
         self.pidfd: int | None = None
         self.started = 0.0  # monotonic
         self.returncode: int | None = None
@@ -226,6 +230,7 @@ class Reaper:
 
     def kill_now(self) -> None:
         """SIGKILL everything and reap the main processes, for a short while at most (leaving by an exception)."""
+        self.let_go()
         sids = self.sids()
         self.signal_running(signal.SIGKILL)
         proctable.signal_sessions(sids, signal.SIGKILL)
@@ -307,8 +312,16 @@ class Reaper:
 
     # -- the end --------------------------------------------------------------------------------------------
 
+    def let_go(self) -> None:
+        """Forked ranks not yet let run leave before running anything."""
+        for rank in self._ranks:
+            if rank.held is not None:
+                rank.held.abandon()
+                rank.held = None
+
     def close(self) -> None:
-        """Close every pidfd (the caller closes the selector)."""
+        """Close every pidfd (the caller closes the selector); forked ranks still held go."""
+        self.let_go()
         for rank in self._ranks:
             if rank.pidfd is not None:
                 os.close(rank.pidfd)
