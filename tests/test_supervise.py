@@ -96,7 +96,8 @@ def hx(data: bytes) -> str:
 class Agent:
     """A real agent process (tests/procs/run_group.py) running ranks given as step lists."""
 
-    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (), **options) -> None:
+    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (),
+                 preload: dict | None = None, **options) -> None:
         options.setdefault("host", "h")
         self.result_path = tmp_path / "result.json"
         self.out_path = tmp_path / "agent.out"
@@ -104,6 +105,7 @@ class Agent:
         spec = {
             "options": options,
             "result": str(self.result_path),
+            "preload": preload,
             "procs": [
                 {"rank": i, "argv": list(steps_argv(*steps)), "env": {**os.environ, "XRUN_TEST_MARK": marker}}
                 for i, steps in enumerate(ranks)
