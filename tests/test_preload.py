@@ -164,9 +164,9 @@ def subreaper():
 
 
 def start_helper(modules=("json",), env=None, path0=PROCS, options=("-u",)) -> PreloadHelper:
-    helper = PreloadHelper.start(list(modules), python=PY, options=options, env=env or dict(os.environ),
-                                 cwd=PROCS, path0=path0)
-    return helper
+    env = env or {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONFAULTHANDLER", None)
+    return PreloadHelper.start(list(modules), python=PY, options=options, env=env, cwd=PROCS, path0=path0)
 
 
 @pytest.fixture
@@ -203,7 +203,8 @@ def forked(helper, argv, env, cwd, cpus=None):
 
 def probe_env(**extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "PYTHONPATH")}
-    return {**env, "PROBE_LAUNCHER": str(os.getpid()), "PROBE_VAR": "é x", "RANK": "3", **extra}
+    return {**env, "PROBE_LAUNCHER": str(os.getpid()), "PROBE_VAR": "é x", "RANK": "3",
+            "PYTHONDONTWRITEBYTECODE": "1", **extra}  # the helper's (start_helper): sys.flags records it
 
 
 def report(out: bytes) -> dict:
@@ -231,6 +232,21 @@ def test_a_forked_rank_sees_what_a_started_one_sees(helper, argv, cwd):
     assert fork["session_leader"] and fork["group_leader"] and fork["parent_is_launcher"]
     assert fork["cmdline"] == list(argv) and fork["comm"] == os.path.basename(PY)[:15]
     assert not fork["xrun_loaded"]
+
+
+def test_start_up_variables_are_read_from_the_ranks_environment(helper):
+    """The helper runs with PYTHONDONTWRITEBYTECODE and without PYTHONFAULTHANDLER; this rank the other way round.
+    What they do follows the rank; sys.flags, the record of the interpreter's own start, stays the helper's, and
+    faulthandler's handlers, installed after python's signal module started, show as SIG_DFL (not None) to
+    signal.getsignal (docs/preload.md)."""
+    env = probe_env(PYTHONFAULTHANDLER="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    argv = (PY, "-u", PROBE)
+    fresh, fork = report(started(argv, env, ROOT)[1]), report(forked(helper, argv, env, ROOT)[1])
+    assert fork["faulthandler"] is fresh["faulthandler"] is True
+    assert fork["dont_write_bytecode"] is fresh["dont_write_bytecode"] is False
+    assert fork["flags"][4] == 1 and fresh["flags"][4] == 0  # sys.flags.dont_write_bytecode: the helper's start
+    assert fresh["signals"]["SIGSEGV"] == "None" and fork["signals"]["SIGSEGV"] == "SIG_DFL"
 
 
 def test_ignored_signals_stay_ignored_and_others_are_pythons_defaults(helper):

@@ -23,6 +23,7 @@ from tests.test_supervise import (  # noqa: F401 - marker and ready are fixtures
     RANK_PY,
     Agent,
     hx,
+    kill_9_ranks,
     marked,
     marker,
     n_ready,
@@ -154,12 +155,7 @@ def test_a_dead_helper_fails_the_ranks_it_has_not_forked(helper, marker, capfd):
 
 @pytest.mark.slow
 def test_kill_9_of_the_agent_leaves_no_forked_rank_and_no_helper(tmp_path, marker, ready):
-    ranks = [
-        ["ready", ready, "sleep", "120"],
-        ["ignore-term", "-", "ready", ready, "sleep", "120"],  # needs the watchdog's SIGKILL
-        ["fork", "ignore", "ready", ready, "then", "-", "ready", ready, "sleep", "120"],  # and a grandchild
-    ]
-    agent = Agent(tmp_path, marker, ranks, preload={"modules": ["json"], "path0": PROCS}, shutdown_timeout=1)
+    agent = Agent(tmp_path, marker, kill_9_ranks(ready), preload={"modules": ["json"], "path0": PROCS}, shutdown_timeout=1)
     wait_for(lambda: n_ready(ready, 4), "ranks and the grandchild to start")
     helper_pid = int(agent.stderr().split("helper ", 1)[1].split()[0])
     assert len(marked(marker)) == 4

@@ -377,14 +377,18 @@ def test_agent_under_nohup_keeps_ignoring_sighup(tmp_path, marker, ready):
     assert agent.wait() == 128 + signal.SIGTERM
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
-    ranks = [
+def kill_9_ranks(ready: str) -> list[list[str]]:
+    """Three ranks and a grandchild (4 ready files) that only the watchdog's TERM and KILL stop."""
+    return [
         ["ready", ready, "sleep", "120"],
         ["ignore-term", "-", "ready", ready, "sleep", "120"],  # needs the watchdog's SIGKILL
         ["fork", "ignore", "ready", ready, "then", "-", "ready", ready, "sleep", "120"],  # and a grandchild
     ]
-    agent = Agent(tmp_path, marker, ranks, shutdown_timeout=1)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
+    agent = Agent(tmp_path, marker, kill_9_ranks(ready), shutdown_timeout=1)
     wait_for(lambda: n_ready(ready, 4), "ranks and the grandchild to start")
     assert len(marked(marker)) == 4
     agent.proc.kill()

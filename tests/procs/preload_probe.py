@@ -7,6 +7,8 @@ draws from every global generator.
 """
 
 import ctypes
+import faulthandler
+import gc
 import json
 import os
 import signal
@@ -67,6 +69,8 @@ def main():
         "affinity": sorted(os.sched_getaffinity(0)), "umask": os.umask(0o22),
         "flags": list(sys.flags), "xrun_loaded": "xrun" in sys.modules,
         "threads": len(os.listdir("/proc/self/task")),
+        "gc": [gc.isenabled(), gc.get_threshold()],
+        "dont_write_bytecode": sys.dont_write_bytecode, "faulthandler": faulthandler.is_enabled(),
     }
     if opts.get("torch"):
         import torch

@@ -7,7 +7,8 @@ rank, xrun.launch.preload.kernel); the signal dispositions a fresh ``python`` ha
 file instead means the agent or the order is gone, and it leaves before running anything. Then the environment
 (``os.environ`` and the C library's), working directory and CPU affinity; the interpreter's view (``sys.argv``,
 ``sys.orig_argv``, ``sys.path`` with its own ``sys.path[0]`` and ``PYTHONPATH``, fresh ``sys.stdin``/``stdout``/
-``stderr`` with ``-u`` honoured, a new ``__main__``); what the preloaded modules would have made of the rank's
+``stderr`` with ``-u`` honoured, ``PYTHONUNBUFFERED``, ``PYTHONDONTWRITEBYTECODE`` and ``PYTHONFAULTHANDLER`` read
+from its environment, a new ``__main__``); what the preloaded modules would have made of the rank's
 own environment (torch's thread count from ``OMP_NUM_THREADS``); fresh random state (``random`` reseeds itself at
 fork; numpy's legacy global generator and torch's default generator are reseeded here, from the OS's entropy, as a
 separate process would be); multiprocessing's per-process key and start directory. Then it runs the program:
@@ -19,6 +20,8 @@ SIGINT's own death after a KeyboardInterrupt, SystemExit's code.
 from __future__ import annotations
 
 import builtins
+import faulthandler
+import gc
 import importlib.machinery
 import io
 import os
@@ -44,7 +47,7 @@ class Startup:
     """What the helper's own start decided that a rank's must decide again from the rank's environment."""
 
     pythonpath: tuple[str, ...]  # the sys.path entries the helper's PYTHONPATH made (after sys.path[0])
-    unbuffered_flag: bool  # -u among the interpreter's options (PYTHONUNBUFFERED is the rank's to say)
+    options: tuple[str, ...]  # the interpreter's options: -u and -B say what their variables would say
     torch_threads: int | None  # torch's thread count with no variable setting it (None: torch not loaded)
     own_modules: frozenset[str]  # the helper's own modules: a rank that imports xrun gets its own copy
 
@@ -58,7 +61,7 @@ class Startup:
             if any(os.environ.get(v) for v in _THREAD_VARIABLES):  # the helper's own setting, not the default
                 threads = len(os.sched_getaffinity(0))
         pythonpath = tuple(pythonpath_entries(os.environ.get("PYTHONPATH", "")))
-        return cls(pythonpath, has_flag(options, "u"), threads, own_modules)
+        return cls(pythonpath, options, threads, own_modules)
 
 
 def pythonpath_entries(value: str) -> list[str]:
@@ -91,6 +94,7 @@ def become(order: ForkOrder, fds: tuple[int, ...], startup: Startup, sock: socke
     os.chdir(order.cwd)
     if order.cpus is not None:
         os.sched_setaffinity(0, order.cpus)
+    gc.enable()  # the helper kept it off (and froze what it imported: xrun.launch.preload.helper)
     command = parse_python_argv(order.argv)
     _interpreter(command, order, startup)
     _fresh_state(order.env, startup)
@@ -143,12 +147,21 @@ def _interpreter(command: PythonCommand, order: ForkOrder, startup: Startup) -> 
     sys.path_importer_cache.clear()
     for name in startup.own_modules:
         sys.modules.pop(name, None)
-    unbuffered = startup.unbuffered_flag or bool(order.env.get("PYTHONUNBUFFERED"))
-    _python_stdio(unbuffered)
+    _python_stdio(_said(startup, order.env, "u", "PYTHONUNBUFFERED"))
+    sys.dont_write_bytecode = _said(startup, order.env, "B", "PYTHONDONTWRITEBYTECODE")
+    if order.env.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions:
+        faulthandler.enable()
+    else:
+        faulthandler.disable()
     process = sys.modules.get("multiprocessing.process")
     if process is not None:  # read at its import: in a fresh rank, that import is the rank's
         process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
         process.current_process().authkey = os.urandom(32)
+
+
+def _said(startup: Startup, env: Mapping[str, str], flag: str, variable: str) -> bool:
+    """An interpreter setting that its option or its variable (set and not empty) turns on (ignored under -E)."""
+    return has_flag(startup.options, flag) or (not sys.flags.ignore_environment and bool(env.get(variable)))
 
 
 def _path0(command: PythonCommand) -> str:

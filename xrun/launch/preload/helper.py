@@ -19,6 +19,7 @@ The rank, a fork of this process, returns from ``_serve`` into ``main`` and beco
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import socket
@@ -52,6 +53,7 @@ def main() -> None:
         os._exit(0)
     if not isinstance(preload, wire.Preload):
         raise wire.ProtocolError(f"expected preload, got {preload}")
+    gc.disable()  # no collection while importing: it would leave holes in pages the ranks then share
     own = frozenset(name for name in sys.modules if name == "xrun" or name.startswith("xrun."))
     sys.path[0] = preload.path0
     sys.argv = sys.argv[:1]
@@ -61,6 +63,7 @@ def main() -> None:
         wire.send(sock, wire.Refused(refusal))
         os._exit(2)
     startup = become.Startup.here(preload.options, own)
+    gc.freeze()  # what is imported now is never scanned by a rank's collections, which would copy its every page
     wire.send(sock, wire.Ready(os.getpid(), time.monotonic() - started, _titles()))
     rank = _serve(sock)
     become.become(rank.order, rank.fds, startup, sock)  # only a forked rank gets here
