@@ -5,7 +5,8 @@ of xrun.launch.ranks.supervise decides, and reports what it finds:
 
 * ``watch`` / ``collect`` / ``finish``: a pidfd per rank main process (readable once it exits; Linux >= 5.3,
   else SIGCHLD alone tells), ``wait4`` for its status and the kernel's accounting (CPU time, peak RSS), then
-  its last output read and its ``RankOutcome``;
+  its last output read and its ``RankOutcome``; a rank forked from the preload helper runs its program only once
+  it is watched, and ``watch_helper`` says at once when that helper is gone (xrun.launch.preload.client);
 * ``signal_running`` / ``kill_sessions``: signal the ranks' process groups, or every group alive in their
   sessions; ``kill_now`` is the emergency path when the supervisor leaves by an exception;
 * ``reap_orphans``: as child subreaper the agent inherits what the ranks' sessions orphan;
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream
+from xrun.launch.output.streams import Console, RankStream, notice
 from xrun.launch.output.writer import console_write
 from xrun.launch.procs import proctable
 from xrun.launch.procs.proctable import ProcInfo
@@ -40,7 +41,7 @@ from xrun.launch.result.outcome import RankOutcome
 if TYPE_CHECKING:
     import resource
 
-    from xrun.launch.preload.client import ForkedRank
+    from xrun.launch.preload.client import ForkedRank, PreloadHelper
 
 _EMERGENCY_WAIT = 2.0  # kill_now: how long to wait for SIGKILLed ranks before leaving anyway
 
@@ -141,7 +142,22 @@ class Reaper:
             self.have_pidfd = False  # Linux < 5.3 (or seccomp): SIGCHLD alone tells us
         else:
             self._sel.register(rank.pidfd, selectors.EVENT_READ, on_exit)  # type: ignore[union-attr]
+        if rank.held is not None:  # forked: it runs its program only now that it is watched
+            rank.held.release()
+            rank.held = None
 
+    def watch_helper(self, helper: PreloadHelper) -> None:
+        """Say at once when the preload helper the ranks are forked from is gone: its socket turns readable. The
+        running ranks do not need it; a rank not yet forked cannot start (its start error says why)."""
+
+        def lost() -> None:
+            self._unregister(helper.fileno())
+            how = helper.lost()
+            self.reap_orphans()  # its zombie, now reaped, held up the orphans behind it
+            notice(self._host, f"the preload helper (pid {helper.pid}) {how}; the running ranks go on, but no rank "
+                               "can be forked from it again")
+
+        self._sel.register(helper.fileno(), selectors.EVENT_READ, lost)  # type: ignore[union-attr]
     def collect(self) -> list[RankState]:
         """Reap every rank main process that has exited; return them in the order found.
 

@@ -195,7 +195,7 @@ class RankGroup:
         self._loop.sel.register(owned.wake_fd, selectors.EVENT_READ, owned.drain)
         self._loop.register_readers()
         if self._preload is not None:
-            self._loop.sel.register(self._preload.fileno(), selectors.EVENT_READ, self._preload_lost)
+            self._reaper.watch_helper(self._preload)
         affinity = current_affinity()
         for rank in self._ranks:
             while self._loop.signals:  # a Ctrl-C while starting: do not start the rest
@@ -224,18 +224,6 @@ class RankGroup:
         assert self._loop.sel is not None
         watch_output(self._loop.sel, self._console, rank, logs, host=options.host, console_ranks=options.console_ranks)
         self._reaper.watch(rank, self._collect_exits)
-        if rank.held is not None:  # forked: it runs its program only now that it is watched
-            rank.held.release()
-            rank.held = None
-
-    def _preload_lost(self) -> None:
-        """The preload helper's socket turned readable: it is gone."""
-        assert self._preload is not None
-        self._loop.unregister(self._preload.fileno())
-        how = self._preload.lost()
-        self._reaper.reap_orphans()  # its zombie, now reaped, held up the orphans behind it
-        notice(self._options.host, f"the preload helper (pid {self._preload.pid}) {how}; the running ranks go on, "
-                                   "but no rank can be forked from it again")
 
     # -- the loop -------------------------------------------------------------------------------------------
 
