@@ -232,7 +232,8 @@ def test_floor_argv_exit_code_is_a_failing_ranks(tmp_path, own_sessions):
 
 def test_the_floors_ranks_can_each_have_a_session_of_their_own(tmp_path):
     script = tmp_path / "where.py"
-    script.write_text("import os\nprint(os.getsid(0) == os.getpid(), os.getppid() != 1)\n")
+    # one write per rank (python -u writes print's words one by one, and the two ranks share the pipe)
+    script.write_text("import os, sys\nsys.stdout.write(f'{os.getsid(0) == os.getpid()} {os.getppid() != 1}\\n')\n")
     for own_sessions, leader in ((False, "False"), (True, "True")):
         argv = floor_argv(LocalJob(nproc=2, script=str(script), args=(), master_port=1), own_sessions=own_sessions)
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split("\n")

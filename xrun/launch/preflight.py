@@ -3,7 +3,7 @@ for the ranks' open files under the hard limit (``xrun.fdlimit``).
 
 One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
 for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
-a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.connect``
+a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.session``
 reports a failure to the runner as one line naming the host). Nothing here starts or imports the user's code:
 a module is found the way ``python -m`` would find it, without importing its packages.
 """
@@ -18,7 +18,8 @@ from importlib.machinery import PathFinder
 
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
-from xrun.launch.network.modes import AUTO, NONE
+from xrun.launch.network.interfaces import interface_names
+from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.values import shown
 
@@ -58,8 +59,6 @@ def check_spec(spec: NodeSpec) -> None:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
     if spec.options.network_interface not in (AUTO, NONE):  # before the barrier: the runner says it, exit 2
-        from xrun.launch.network.interfaces import check_interface_name, interface_names  # noqa: PLC0415
-
         check_interface_name(spec.host, spec.options.network_interface, interface_names())
     argv = spec.ranks[0].argv
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):

@@ -27,7 +27,8 @@ death is noticed at once (its socket turns readable) and said in one line; the r
 go on, and a rank not yet forked cannot start (its start error says why).
 
 Safety nets: the agent is a child subreaper (orphaned grandchildren are reaped here, not left as zombies),
-and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL.
+and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL, or,
+for an agent connected to a head, when this loop stops coming round (it beats on the watchdog's pipe as a timer).
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class RankGroup:
             saved_subreaper = proctable.set_child_subreaper(True)
             # Forked before the signal handlers and the rank pipes exist: it must hold neither.
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
+            if self._watchdog.beat_every is not None:  # from this loop only: a loop that hangs stops beating
+                self.plugins.timers.add(self._watchdog.beat_due, self._watchdog.beat)
             self._reaper.attach(sel, self._watchdog, pidfd=self._have_pidfd, subreaper=saved_subreaper is not None)
             owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals),
                          *sorted(self.plugins.signals))
