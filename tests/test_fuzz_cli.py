@@ -113,7 +113,7 @@ STRING_FLAGS = {  # flag -> what it needs beside it to be read at all
     "--hang_action": ["--hang_timeout", "5"], "--platform": [], "--run_id": [], "--master_addr": [],
     "--control_addr": ["-H", TWO_WORKERS], "--launcher_args": ["-H", TWO_WORKERS, "--launcher", "openmpi"],
     "--nnodes": ["--elastic"], "--rdzv_conf": ["--elastic"], "--rdzv_endpoint": ["--elastic"],
-    "--rdzv_backend": ["--elastic"],
+    "--rdzv_backend": ["--elastic"], "--preload": [],
 }
 STRING_VALUE = st.one_of(
     st.sampled_from(["0-99999999999", "\u00b2", "\u0663", "--", "", " ", "a\nb", "0,0", "1-0", "0-", "-1", "x" * 5000,

@@ -116,6 +116,13 @@ class PortBusyError(XrunError):
                          "leave --master_port out to use a free port, or pick another")
 
 
+class PreloadHelperLost(XrunError):
+    """The preload helper died during an attempt: the next attempt's ranks cannot be forked on its node. Not the
+    user's input: the job ends as a node's failure does."""
+
+    exit_code = 1
+
+
 class PreloadError(XrunError):
     """--preload that cannot work on this node: a module that cannot be imported, or that leaves the helper unfit
     to fork ranks (CUDA initialised, a thread running), or a helper that could not start or died while importing."""

@@ -2,11 +2,15 @@
 
 Only such a command can be forked from the preload helper, and only when its interpreter and options are the
 helper's own: options such as ``-O``, ``-X dev`` or ``-W`` act while the interpreter starts, so a rank forked from
-a helper started with other ones would not be the rank asked for. Pure; ``NotForkable`` says why not.
+a helper started with other ones would not be the rank asked for. Pure (``NotForkable`` says why not), but for
+``path0``, which reads the filesystem as the interpreter does to find a script's directory.
 """
 
 from __future__ import annotations
 
+import os
+import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,7 +43,7 @@ class PythonCommand:
     args: tuple[str, ...]  # what follows: sys.argv[1:]
 
 
-def parse_python_argv(argv: tuple[str, ...] | list[str]) -> PythonCommand:
+def parse_python_argv(argv: Sequence[str]) -> PythonCommand:
     """Read ``argv`` (``argv[0]`` is the interpreter) as python(1) would; ``NotForkable`` when it runs no program
     (a REPL, ``--help``, a script read from stdin)."""
     if not argv:
@@ -75,7 +79,7 @@ def parse_python_argv(argv: tuple[str, ...] | list[str]) -> PythonCommand:
     raise NotForkable("no program to run (the interpreter would start its REPL)")
 
 
-def _short_options(argv: tuple[str, ...] | list[str], i: int, options: list[str]) -> PythonCommand | int:
+def _short_options(argv: Sequence[str], i: int, options: list[str]) -> PythonCommand | int:
     """One word of single-letter options (``-uB``, ``-Wignore``, ``-c CMD``): the program it names, or the index of
     the next word (``options`` grows by what it held)."""
     word = argv[i]
@@ -134,3 +138,26 @@ def fork_refusal(command: PythonCommand, python: str, options: tuple[str, ...]) 
     if command.mode is Mode.SCRIPT and command.target.endswith((".pyc", ".pyo")):
         return "it runs compiled bytecode (.pyc), which the helper does not load as the interpreter would"
     return None
+
+
+def path0(command: PythonCommand, cwd: str) -> str:
+    """The interpreter's sys.path[0] for ``command`` run in ``cwd``: the script's directory (symbolic links to the
+    script followed), ``cwd`` for -m, '' for -c; a directory or zip archive run as a script is itself sys.path[0]."""
+    if command.mode is Mode.MODULE:
+        return cwd
+    if command.mode is Mode.COMMAND:
+        return ""
+    path = os.path.abspath(os.path.join(cwd, command.target))
+    if is_archive_or_dir(path):
+        return path
+    for _ in range(40):  # python resolves the script's own links (not its directories'), as readlink does
+        try:
+            link = os.readlink(path)
+        except OSError:
+            break
+        path = os.path.join(os.path.dirname(path), link)
+    return os.path.dirname(path)
+
+
+def is_archive_or_dir(path: str) -> bool:
+    return os.path.isdir(path) or (os.path.isfile(path) and zipfile.is_zipfile(path))

@@ -30,13 +30,12 @@ import signal
 import socket
 import sys
 import types
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.preload import kernel
-from xrun.launch.preload.argv import Mode, PythonCommand, has_flag, parse_python_argv
+from xrun.launch.preload.argv import Mode, PythonCommand, has_flag, is_archive_or_dir, parse_python_argv, path0
 from xrun.launch.preload.wire import ForkOrder
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch: OMP_NUM_THREADS, then MKL_NUM_THREADS wins
@@ -94,6 +93,11 @@ def become(order: ForkOrder, fds: tuple[int, ...], startup: Startup, sock: socke
     os.chdir(order.cwd)
     if order.cpus is not None:
         os.sched_setaffinity(0, order.cpus)
+    if order.memory_node is not None:
+        problem = kernel.bind_memory(order.memory_node)
+        if problem is not None:  # as numactl does when it cannot: say so and do not run unbound
+            print(f"xrun: cannot bind the rank's memory to NUMA node {order.memory_node}: {problem}", file=sys.stderr)
+            os._exit(1)
     gc.enable()  # the helper kept it off (and froze what it imported: xrun.launch.preload.helper)
     command = parse_python_argv(order.argv)
     _interpreter(command, order, startup)
@@ -143,7 +147,7 @@ def _interpreter(command: PythonCommand, order: ForkOrder, startup: Startup) -> 
     sys.orig_argv = list(order.argv)
     sys.argv = [{Mode.SCRIPT: command.target, Mode.MODULE: "-m", Mode.COMMAND: "-c"}[command.mode],
                 *command.args]
-    sys.path[:] = [_path0(command), *_rank_path(order.env, startup)]
+    sys.path[:] = [path0(command, os.getcwd()), *_rank_path(order.env, startup)]
     sys.path_importer_cache.clear()
     for name in startup.own_modules:
         sys.modules.pop(name, None)
@@ -162,29 +166,6 @@ def _interpreter(command: PythonCommand, order: ForkOrder, startup: Startup) -> 
 def _said(startup: Startup, env: Mapping[str, str], flag: str, variable: str) -> bool:
     """An interpreter setting that its option or its variable (set and not empty) turns on (ignored under -E)."""
     return has_flag(startup.options, flag) or (not sys.flags.ignore_environment and bool(env.get(variable)))
-
-
-def _path0(command: PythonCommand) -> str:
-    """sys.path[0]: the script's directory (symbolic links to the script followed), the working directory for
-    -m, '' for -c; a directory or zip archive run as a script is itself sys.path[0]."""
-    if command.mode is Mode.MODULE:
-        return os.getcwd()
-    if command.mode is Mode.COMMAND:
-        return ""
-    path = os.path.abspath(command.target)
-    if _is_archive_or_dir(path):
-        return path
-    for _ in range(40):  # python resolves the script's own links (not its directories'), as readlink does
-        try:
-            link = os.readlink(path)
-        except OSError:
-            break
-        path = os.path.join(os.path.dirname(path), link)
-    return os.path.dirname(path)
-
-
-def _is_archive_or_dir(path: str) -> bool:
-    return os.path.isdir(path) or (os.path.isfile(path) and zipfile.is_zipfile(path))
 
 
 def _rank_path(env: Mapping[str, str], startup: Startup) -> list[str]:
@@ -283,7 +264,7 @@ def _execute(command: PythonCommand) -> None:
         exec(compile(command.target, "<string>", "exec", dont_inherit=True), vars(main))  # noqa: S102 - the rank's
         return
     path = os.path.abspath(command.target)
-    if _is_archive_or_dir(path):  # its __main__.py, found through sys.path[0] (which is the path itself)
+    if is_archive_or_dir(path):  # its __main__.py, found through sys.path[0] (which is the path itself)
         runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
         return
     try:

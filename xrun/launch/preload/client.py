@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import xrun
 from xrun.errors import PreloadError
 from xrun.launch.preload import wire
-from xrun.launch.preload.argv import NotForkable, fork_refusal, parse_python_argv
+from xrun.launch.preload.argv import NotForkable, fork_refusal, parse_python_argv, path0
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.proctable import read_proc
 
@@ -111,8 +111,24 @@ class PreloadHelper:
             pass  # it died at once: wait_ready says how
         return helper
 
+    @classmethod
+    def start_for(cls, modules: Sequence[str], argv: Sequence[str], *, env: Mapping[str, str],
+                  cwd: str) -> PreloadHelper:
+        """``start`` a helper for ranks that run ``argv`` in ``cwd``: their interpreter and its options, and their
+        sys.path[0]. ``PreloadError`` (exit code 2) when ``argv`` cannot be forked (``fork_refusal``)."""
+        try:
+            command = parse_python_argv(argv)
+        except NotForkable as err:
+            raise PreloadError(f"--preload: the ranks' command cannot be forked: {err}") from None
+        refusal = fork_refusal(command, command.python, ("-u",))
+        if refusal is not None:
+            raise PreloadError(f"--preload: the ranks' command cannot be forked: {refusal}")
+        return cls.start(modules, python=command.python, options=command.options, env=env, cwd=cwd,
+                         path0=path0(command, cwd))
+
     def fileno(self) -> int:
-        """Readable once the helper is gone (it never speaks unasked): watch it in an event loop, then ``lost``."""
+        """Readable while it imports (it says each module) and once it is gone (it never speaks unasked after it is
+        ready): watch it in an event loop, then ``poll_ready`` or ``gone``."""
         return self._sock.fileno()
 
     def wait_ready(self, timeout: float | None = None) -> wire.Ready:
@@ -124,30 +140,47 @@ class PreloadHelper:
                 self._kill()
                 raise PreloadError(f"--preload: the helper took over {timeout:g} s{self._where()}",
                                    module=self._importing)
-            try:
-                message, _ = wire.recv(self._sock)
-            except (wire.Gone, wire.ProtocolError):
-                raise PreloadError(f"--preload: the helper (pid {self.pid}) {self.lost()}{self._where()}",
-                                   module=self._importing) from None
-            if isinstance(message, wire.Importing):
-                self._importing = message.module
-            elif isinstance(message, wire.Refused):
-                self.lost()
-                raise PreloadError(message.message, module=self._importing)
-            elif isinstance(message, wire.Ready):
-                self.ready = message
-            else:
-                self._kill()
-                raise PreloadError(f"--preload: the helper said {message} before it was ready")
+            self._hear()
         return self.ready
 
+    def poll_ready(self) -> wire.Ready | None:
+        """``wait_ready`` without waiting: what the helper said so far (call it when ``fileno`` is readable)."""
+        while self.ready is None and self._readable(time.monotonic()):
+            self._hear()
+        return self.ready
+
+    def _hear(self) -> None:
+        """One word of the helper while it imports (``PreloadError`` as ``wait_ready`` says)."""
+        try:
+            message, _ = wire.recv(self._sock)
+        except (wire.Gone, wire.ProtocolError):
+            raise PreloadError(f"--preload: the helper (pid {self.pid}) {self.lost()}{self._where()}",
+                               module=self._importing) from None
+        if isinstance(message, wire.Importing):
+            self._importing = message.module
+        elif isinstance(message, wire.Refused):
+            self.lost()
+            raise PreloadError(message.message, module=self._importing)
+        elif isinstance(message, wire.Ready):
+            self.ready = message
+        else:
+            self._kill()
+            raise PreloadError(f"--preload: the helper said {message} before it was ready")
+
+    def gone(self) -> str | None:
+        """How the helper ended, if it did (``was killed by SIGKILL``); None while it is there to fork from."""
+        if self._gone is None and self.ready is not None and self._readable(time.monotonic()):
+            self.lost()
+        return self._gone
+
     def fork(self, argv: Sequence[str], env: Mapping[str, str], *, cwd: str, cpus: frozenset[int] | None,
-             stdout: int, stderr: int) -> ForkedRank:
-        """Fork a rank as ``Popen(argv, env=env, cwd=cwd)`` would start it, bound to ``cpus``, with ``stdout`` and
-        ``stderr`` as its fds 1 and 2 (the caller keeps its own copies). ``NotForkable`` (a ValueError),
-        ``HelperGone`` or ``ForkFailed`` (OSErrors) when it cannot."""
+             stdout: int, stderr: int, memory_node: int | None = None) -> ForkedRank:
+        """Fork a rank as ``Popen(argv, env=env, cwd=cwd)`` would start it, bound to ``cpus`` (and its memory to
+        ``memory_node``, as ``numactl --membind``), with ``stdout`` and ``stderr`` as its fds 1 and 2 (the caller
+        keeps its own copies). ``NotForkable`` (a ValueError), ``HelperGone`` or ``ForkFailed`` (OSErrors) when it
+        cannot."""
         order = wire.ForkOrder(tuple(argv), dict(env), cwd, tuple(sorted(cpus)) if cpus is not None else None,
-                               ignored_signals())
+                               ignored_signals(), memory_node)
         refusal = fork_refusal(parse_python_argv(order.argv), self.python, self.options)
         if refusal is not None:
             raise NotForkable(refusal)

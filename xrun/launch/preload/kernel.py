@@ -10,6 +10,9 @@ rank's words come out one by one, whatever their length. It needs no privilege w
 process reports about itself. ``PR_SET_NAME`` sets the short name (``comm``) that exec would have set.
 
 ``die_with_parent``: the helper gets SIGKILL when the agent that started it dies, ``kill -9`` included.
+
+``bind_memory``: what ``numactl --membind=NODE`` does before it executes a rank (``set_mempolicy(MPOL_BIND)``),
+for a rank forked from the helper, which has no command of its own to prefix (``--bind_cores_to_rank``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ _COMM_LEN = 15  # TASK_COMM_LEN - 1
 # struct prctl_mm_map (linux/prctl.h): eleven u64 bounds, the auxv pointer, then auxv_size and exe_fd (u32 each)
 _MM_MAP = struct.Struct("=11QQII")
 _KEEP_EXE = 0xFFFFFFFF  # exe_fd -1: leave /proc/PID/exe alone (changing it needs CAP_SYS_ADMIN)
+_MPOL_BIND = 2  # linux/mempolicy.h
+# set_mempolicy(2) has no C library wrapper: its number where xrun runs (asm/unistd_64.h of each architecture)
+_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261, "s390x": 270}
 
 # The buffers the kernel now reads /proc/PID/cmdline and environ from: they must live as long as the process.
 _shown: list[ctypes.Array[ctypes.c_char]] = []
@@ -78,3 +84,16 @@ def die_with_parent(parent: int) -> bool:
     """SIGKILL this process when its parent dies; False if the parent is not ``parent`` any more (it died first)."""
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     return os.getppid() == parent
+
+
+def bind_memory(node: int) -> str | None:
+    """Bind this process's future allocations to NUMA node ``node`` (``MPOL_BIND``); None when done, else why not."""
+    number = _SET_MEMPOLICY.get(os.uname().machine)
+    if number is None:
+        return f"set_mempolicy's number on {os.uname().machine} is not known to xrun"
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    mask = (ctypes.c_ulong * (node // bits + 1))()
+    mask[node // bits] = 1 << (node % bits)
+    if _libc().syscall(number, _MPOL_BIND, mask, ctypes.c_ulong(len(mask) * bits + 1)) != 0:
+        return f"set_mempolicy refused: {os.strerror(ctypes.get_errno())}"
+    return None

@@ -65,6 +65,7 @@ class ForkOrder:
     cwd: str
     cpus: tuple[int, ...] | None  # its CPU affinity (None: the helper's)
     ignored_signals: tuple[int, ...]  # ignored in the agent: a started rank inherits them ignored, so does this
+    memory_node: int | None = None  # the NUMA node its memory is bound to (None: the helper's policy)
 
 
 @dataclass(frozen=True)

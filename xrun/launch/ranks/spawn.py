@@ -118,7 +118,7 @@ def _fork(spec: RankProcess, preload: PreloadHelper) -> tuple[ForkedRank, tuple[
     err_read, err_write = os.pipe()
     try:
         forked = preload.fork(spec.argv, spec.env, cwd=spec.cwd or os.getcwd(), cpus=spec.cpus,
-                              stdout=out_write, stderr=err_write)
+                              memory_node=spec.memory_node, stdout=out_write, stderr=err_write)
     except BaseException:
         os.close(out_read)
         os.close(err_read)
