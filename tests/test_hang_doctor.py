@@ -130,6 +130,20 @@ def test_parse_dump_puts_the_main_thread_first_and_the_outermost_frame_first():
             parse_dump(garbage)
 
 
+def test_a_forked_ranks_stack_leaves_out_the_preload_helpers_frames_below_its_program():
+    helper = os.path.join(ROOT, "xrun", "launch", "preload")
+    below = [{"name": "_execute", "filename": f"{helper}/become.py", "line": 290},
+             {"name": "become", "filename": f"{helper}/become.py", "line": 100},
+             {"name": "main", "filename": f"{helper}/helper.py", "line": 70},
+             {"name": "<module>", "filename": "<string>", "line": 1}]
+    program = [{"name": "step", "filename": "/train.py", "line": 88}, {"name": "<module>", "filename": "/train.py",
+                                                                       "line": 9}]
+    forked = json.dumps([{"thread_name": "MainThread", "frames": program + below}])
+    assert parse_dump(forked)[0].frames == (Frame("<module>", "/train.py", 9), Frame("step", "/train.py", 88))
+    user = json.dumps([{"thread_name": "MainThread", "frames": [*program, below[-1]]}])  # python -c: kept whole
+    assert len(parse_dump(user)[0].frames) == 3
+
+
 @pytest.mark.parametrize(
     ("stderr", "says"),
     [

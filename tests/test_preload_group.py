@@ -192,6 +192,8 @@ def test_the_hang_doctor_takes_the_stacks_of_forked_ranks(helper, marker, ready,
     for stack in stacks.values():
         assert stack.error is None
         assert any(f.filename.endswith("rank.py") and f.name == "main" for f in stack.threads[0].frames)
+        outermost = stack.threads[0].frames[0]  # as a started rank's: the helper's frames below it left out
+        assert outermost.filename.endswith("rank.py") and outermost.name == "<module>", stack.threads[0].frames
 
 
 # ---------------------------------------------------------------------------------------------------------------
