@@ -258,6 +258,16 @@ def test_launcher_argv_shapes():
     assert shlex.join(LAUNCHERS["xrun"].argv(job)).startswith("xrun --num_gpus 4")
 
 
+def test_the_preload_scenarios_variants_differ_only_by_their_flags():
+    from bench.scenarios import preload
+
+    job = LocalJob(nproc=4, script="/s.py", args=("k=v",), master_port=1234)
+    plain, forked = preload.launcher_argv("xrun", job, restarts=1), preload.launcher_argv("xrun:preload", job, restarts=1)
+    assert forked == [*plain[:-2], "--preload", "torch", *plain[-2:]] and "--max_restarts" in plain
+    assert "--preload" not in preload.launcher_argv("xrun", job)
+    assert preload.launcher_argv("torchrun", job, restarts=1)[:3] == ["torchrun", "--max-restarts", "1"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # /proc helpers, on this very process and one short-lived child
 

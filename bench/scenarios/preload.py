@@ -1,11 +1,10 @@
 """Scenario 14 (issue 32, opt-in): ranks forked from a preloaded helper. N torch ranks (import torch, a gloo group,
-one all-reduce: bench/ranks/torch_allreduce.py) under xrun's RankGroup, ``forked`` from a helper that imported torch
-once, against the same group ``started`` as xrun starts ranks today (each imports torch), and the floor (bash
-starting them). Until the agent has ``--preload``, bench/preload_launcher.py drives the group; both variants run
-its same code, the helper being the only difference.
+one all-reduce: bench/ranks/torch_allreduce.py) under ``xrun --preload torch`` (``xrun:preload``: one helper per
+node imports torch once and every rank is forked from it), against the same job under plain ``xrun``, torchrun,
+and the floor (bash starting them), paired in one run.
 
 Three groups, paired rounds:
-* ``start``: launch to exit (``wall_s``), ratios to the floor and to ``started``; goal: forked ≤ 0.6× the floor.
+* ``start``: launch to exit (``wall_s``), ratios to the floor; goal: ``xrun:preload`` ≤ 0.6× the floor.
   ``floor:sessions`` starts each rank in a session of its own, as xrun does: where the kernel shares the CPU among
   sessions (autogroup), the plain floor's ranks share one slice of a busy machine and come out slower; the goal
   is judged against ``floor:sessions``, the fair one.
@@ -18,34 +17,35 @@ Three groups, paired rounds:
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
 from bench import harness, procs
-from bench.launchers import LocalJob, floor_argv
+from bench.launchers import LocalJob, floor_argv, torchrun_argv, xrun_argv
 from bench.scenarios.base import Context, finish, median, section, target
 from bench.scenarios.elastic import _read_float
 
 NAME = "preload"
-TITLE = "14. Preload: N torch ranks forked from a helper that imported torch once"
+TITLE = "14. Preload: N torch ranks forked from a helper that imported torch once (xrun --preload torch)"
 HELPER = "xrun.launch.preload.helper"  # in the helper's command line
+PRELOADED = "xrun:preload"
 TABLE = {
     "metrics": [["wall_s", "launch→exit", "s"], ["total_pss_mib", "ranks+helper PSS", "MiB"],
                 ["restart_s", "failure→all back through a collective", "s"]],
     "ratio": "wall_s",
     "extra_ratio": "restart_s",
-    "references": ["floor:sessions", "floor", "started"],
+    "references": ["floor:sessions", "floor", "xrun", "torchrun"],
 }
 
 
 def launcher_argv(variant: str, job: LocalJob, *, restarts: int = 0) -> list[str]:
     if variant.startswith("floor"):
         return floor_argv(job, own_sessions=variant == "floor:sessions")
-    argv = [sys.executable, "-m", "bench.preload_launcher", "--max_restarts", str(restarts)]
-    if variant == "forked":
-        argv += ["--preload", "torch"]
-    return [*argv, str(job.nproc), job.script, *job.args]
+    if variant == "torchrun":
+        torchrun, *rest = torchrun_argv(job)
+        return [torchrun, *("--max-restarts", str(restarts)) * bool(restarts), *rest]
+    flags = ("--max_restarts", str(restarts)) * bool(restarts) + ("--preload", "torch") * (variant == PRELOADED)
+    return xrun_argv(LocalJob(job.nproc, job.script, job.args, job.master_port, xrun_flags=flags))
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -56,27 +56,27 @@ def run(ctx: Context) -> dict[str, Any]:
     sec = section(NAME, TITLE, params=params, skipped={}, table=TABLE, groups=[], targets=[])
     refs = TABLE["references"]
 
-    start = harness.run_rounds(("floor", "floor:sessions", "started", "forked"), rounds, lambda v: _start(v, n),
-                               rng=ctx.rng, label=f"{NAME} start")
+    start = harness.run_rounds(("floor", "floor:sessions", "xrun", PRELOADED, "torchrun"), rounds,
+                               lambda v: _start(v, n), rng=ctx.rng, label=f"{NAME} start")
     sec["groups"].append({"label": f"start N={n}", "params": {"nproc": n},
                           **harness.summarize_group(start, references=refs)})
-    memory = harness.run_rounds(("floor:sessions", "forked"), rounds, lambda v: _memory(v, n, hold), rng=ctx.rng,
-                                label=f"{NAME} memory")
+    memory = harness.run_rounds(("floor:sessions", "xrun", PRELOADED), rounds, lambda v: _memory(v, n, hold),
+                                rng=ctx.rng, label=f"{NAME} memory")
     sec["groups"].append({"label": f"memory N={n}", "params": {"nproc": n},
                           **harness.summarize_group(memory, references=refs)})
-    restart = harness.run_rounds(("started", "forked"), rounds, lambda v: _restart(v, n), rng=ctx.rng,
+    restart = harness.run_rounds(("xrun", PRELOADED, "torchrun"), rounds, lambda v: _restart(v, n), rng=ctx.rng,
                                  label=f"{NAME} restart")
     sec["groups"].append({"label": f"restart N={n}", "params": {"nproc": n},
                           **harness.summarize_group(restart, references=refs)})
     start_group, memory_group, restart_group = sec["groups"]
     sec["targets"] += [
-        target(f"forked / floor (own sessions), start N={n}",
-               median(start_group, "forked", "wall_s", "floor:sessions"), 0.6, "×"),
-        target(f"forked, failure → every rank back through a collective, N={n}",
-               median(restart_group, "forked", "restart_s"), 1.0, "s"),
+        target(f"xrun --preload torch / floor (own sessions), start N={n}",
+               median(start_group, PRELOADED, "wall_s", "floor:sessions"), 0.6, "×"),
+        target(f"xrun --preload torch, failure → every rank back through a collective, N={n}",
+               median(restart_group, PRELOADED, "restart_s"), 1.0, "s"),
+        target(f"xrun --preload torch / floor, ranks+helper PSS, N={n}",
+               median(memory_group, PRELOADED, "total_pss_mib", "floor:sessions"), 1.0, "×"),
     ]
-    sec["targets"].append(target(f"forked / floor, ranks+helper PSS, N={n}",
-                                 median(memory_group, "forked", "total_pss_mib", "floor:sessions"), 1.0, "×"))
     return finish(sec)
 
 
