@@ -22,9 +22,10 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT, run_xrun
-from xrun.errors import UsageError
+from xrun.errors import PreloadError, UsageError
 from xrun.launch.cli import build_parser, parse_agent_argv, preload_option
 from xrun.launch.command import agent_argv
+from xrun.launch.preload.find import check_findable
 from xrun.launch.spec import AgentOptions, NodeSpec, parse_module_list
 
 PROCS = os.path.join(ROOT, "tests", "procs")
@@ -126,6 +127,17 @@ def test_a_module_that_fails_to_import_stops_the_run_in_one_line_before_any_rank
         f"xrun: --preload: cannot import 'preload_raises' (RuntimeError: refusing to load here): install it for "
         f"{sys.executable} or leave it out of --preload"]
     assert os.listdir(tmp_path) == []
+
+
+def test_another_interpreter_finds_the_modules_in_a_process_of_its_own(tmp_path):
+    python = tmp_path / "python3"  # not this interpreter's path: asked, not looked up here
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    check_findable(str(python), ("json", "preload_mark", "os.path"), PROCS)
+    with pytest.raises(PreloadError, match=re.escape(f"--preload: no module 'xml.nope': install 'xml.nope' for {python}")):
+        check_findable(str(python), ("json", "xml.nope"), PROCS)
+    with pytest.raises(PreloadError, match="no module 'preload_mark'"):
+        check_findable(str(python), ("preload_mark",), str(tmp_path))  # not on that sys.path[0]
 
 
 def test_the_dry_run_says_what_is_preloaded():
