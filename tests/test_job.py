@@ -39,14 +39,18 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
-from xrun.runner.job.machine import Job, Refusal, SendSpecs
+from xrun.runner.job.hello_policy import Refusal, SendSpecs
+from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
+from xrun.runner.restart_options import RestartPolicy
 
 HOSTS = ("a", "b", "c")
 STATIC = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_size=4)
 SHORT_JOIN = replace(STATIC, join_timeout=8.0)  # within the keepalive's DEAD_AFTER: no pongs needed
 ELASTIC = replace(STATIC, master_port=29500, elastic=ElasticRule(min_nodes=2, master_addr="a"))
+RESTARTS = replace(STATIC, restart=RestartPolicy(max_restarts=1, min_attempt_s=0.0))
+POD_LATE = replace(STATIC, verdict_to_nodes=True)  # pod mode: the verdict (or the stop) goes to every node
 KEY = (SendSpec, SendStart, SendStop, Drop, TurnAway, ShowLine)
 TERM, KILL = int(signal.SIGTERM), int(signal.SIGKILL)
 
@@ -59,6 +63,7 @@ def hello(node, *, conn=None, addr=None, version=__version__):
 JOINED = [hello(0), hello(1), hello(2)]
 STARTED = [*JOINED, Ready(0, 29501), Ready(1), Ready(2)]
 ALL_DONE = [Done(0), Done(1), Done(2)]
+STOPPED = [Done(0, 143), Done(1, 7), Done(2, 143)]  # after rank 2 on b exited with 7
 
 
 def play(steps, job=None, config=STATIC, policy=None):
@@ -156,6 +161,19 @@ CASES = [
      [hello(0, conn=8)], [ShowLine("ignored a second agent for node 0 (a) from 10.9.9.1"), TurnAway(8)], None),
     ("another xrun version is named", STATIC, [], [hello(1, version="0.0.1")],
      [ShowLine(f"b runs xrun 0.0.1, this is {__version__}"), SendSpec(1, False)], None),
+    # -- --max_restarts, and pod mode's late node (the machine's restart and rejoin rules) ----------------------
+    ("--max_restarts: a rank failure restarts every node", RESTARTS, STARTED, [RankExited(1, 2, 0, code=7), *STOPPED],
+     [stop((0, 1, 2), "rank 2 (local 0) on b exited with code 7"),
+      ShowLine("restarting the job on every node: attempt 1 of 2 (after: rank 2 (local 0) on b exited with code 7)")],
+     None),
+    ("--max_restarts: the last attempt's failure ends the job", RESTARTS,
+     [*STARTED, RankExited(1, 2, 0, code=7), *STOPPED, Ready(0, 29501), Ready(1), Ready(2)],
+     [RankExited(1, 2, 0, code=7), *STOPPED], [stop((0, 1, 2), "rank 2 (local 0) on b exited with code 7")], 7),
+    ("--max_restarts: a node joining a stopping attempt is told to stop after its spec", RESTARTS,
+     [hello(0), hello(1), Ready(0, 29501), Ready(1), RankExited(1, 2, 0, code=7)], [hello(2)],
+     [SendSpec(2, False), stop((2,), "rank 2 (local 0) on b exited with code 7")], None),
+    ("pod mode: a node late for a stopping job is admitted to be told the stop", POD_LATE,
+     [hello(0), hello(1), SignalReceived(TERM)], [hello(2)], [stop((2,), "the job is stopping")], None),
     # -- elastic ------------------------------------------------------------------------------------------------
     ("elastic: each node starts when ready", ELASTIC, JOINED, [1.5, Ready(1), 2.0, Ready(0)],
      [SendStart((1,), "a", 29500),

@@ -144,7 +144,7 @@ def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Fail
                     seated: Sequence[Replacement] = ()) -> list[Action]:
     """Every node (each done with the attempt before, still connected) back to JOINED, and told to prepare
     ``attempt``: node 0 checks the given ``--master_port`` again, or picks a fresh port (its first try 0). A node
-    whose agent is gone (pod mode: it may come back, xrun.runner.job.rejoin) waits for its hello at the barrier. A
+    whose agent is gone (pod mode: it may come back, xrun.runner.job.machine) waits for its hello at the barrier. A
     node a hot spare took the place of (``seated``) is sent its spec instead: the spare has run nothing yet."""
     for node in nodes:
         node.state = NodeState.JOINED if node.connected else NodeState.WAITING
