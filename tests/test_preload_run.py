@@ -195,6 +195,81 @@ def test_bound_forked_ranks_get_the_cpus_and_memory_policy_numactl_gives_started
     assert {r["mark_pid"] for r in reports(forked.stdout)} == {helper_pid(forked.stderr)}
 
 
+# -- a forked rank is the rank xrun starts, through the whole run -----------------------------------------------
+
+PROBE = os.path.join(PROCS, "preload_probe.py")
+PER_JOB = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")  # each job's own, started or forked
+PER_PROCESS = ("draws", "authkey", "torch_seed")  # each process's own: fresh random state
+
+
+def probed(*flags: str, program: tuple[str, ...], env: dict[str, str] | None = None) -> tuple[dict, dict]:
+    """tests/procs/preload_probe.py's report of each rank of ``xrun --num_gpus 2 FLAGS PROGRAM``, checked for what
+    must hold of every rank xrun runs: (by rank, the reports less what is the job's or the process's own; by rank,
+    what is the process's own)."""
+    proc = _xrun("--num_gpus", "2", *flags, *program, env={"PROBE_VAR": "é x", **(env or {})})
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    same, own = {}, {}
+    for line in out.splitlines():
+        report = json.loads(line.split("] ", 1)[1])
+        environ = report["environ"]
+        rank = int(environ["RANK"])
+        assert report["ppid"] == proc.pid  # the agent (xrun itself, on a local run) is the rank's parent
+        assert report["session_leader"] and report["group_leader"]
+        assert report["proc_environ"] == sorted(f"{k}={v}" for k, v in environ.items())  # what ps e and psutil see
+        assert report["cmdline"] == report["orig_argv"] and report["c_env"]["PROBE_VAR"] == "é x"
+        assert (environ["LOCAL_RANK"], environ["WORLD_SIZE"], environ["LOCAL_WORLD_SIZE"]) == (str(rank), "2", "2")
+        own[rank] = {key: report.pop(key) for key in PER_PROCESS if key in report}
+        del report["ppid"], report["proc_environ"]
+        report["environ"] = {k: v for k, v in environ.items() if k not in PER_JOB}
+        same[rank] = report
+    assert sorted(same) == [0, 1], out
+    return same, own
+
+
+def differ(own: dict) -> None:
+    """Each rank's random state is its own: every global generator's draw, multiprocessing's key, torch's seed."""
+    first, second = own[0], own[1]
+    assert first.keys() == second.keys()
+    assert all(a != b for a, b in zip(first["draws"], second["draws"])) and first["authkey"] != second["authkey"]
+    assert first.get("torch_seed") is None or first["torch_seed"] != second["torch_seed"]
+
+
+@pytest.mark.parametrize("program", [(PROBE, "a b", "rand=1"), ("--module", "preload_probe", "rand=1")],
+                         ids=["script", "module"])
+def test_under_xrun_a_forked_rank_is_the_rank_xrun_starts(program):
+    """The same job run as xrun starts its ranks and with --preload: every rank's report agrees (its environment,
+    the env contract, argv and sys.path, __main__, stdio, signals, session, working directory), but for each job's
+    own port and run id, and each process's own random state, which differs between the forked ranks too."""
+    started, _ = probed(program=program)
+    forked, own = probed("--preload=json,numpy", program=program)
+    assert forked == started
+    for report in forked.values():
+        assert report["name"] == "__main__" and report["stdout"]["write_through"]  # python -u
+    assert len(own[0]["draws"]) == 2  # random's and numpy's
+    differ(own)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_under_xrun_a_rank_forked_from_torch_has_its_threads_random_state_and_multiprocessing():
+    """--preload torch: torch.get_num_threads() is the rank's OMP_NUM_THREADS (xrun's, and one the user gives),
+    torch's seed and every global generator differ between ranks, multiprocessing's spawn and fork pools work; the
+    rest as started."""
+    pytest.importorskip("torch")
+    program = (PROBE, "torch=1", "rand=1", "mp=1")
+    (started, _), (forked, own) = probed(program=program), probed("--preload=torch", program=program)
+    assert forked == started
+    differ(own)
+    for report in forked.values():
+        assert report["torch_threads"] == int(report["environ"]["OMP_NUM_THREADS"])
+        assert report["mp_spawn"] == report["mp_fork"] == [1, 2, 3]
+    given, own = probed("--preload=torch", program=program, env={"OMP_NUM_THREADS": "3"})
+    assert [r["torch_threads"] for r in given.values()] == [3, 3]
+    assert len(own[0]["draws"]) == 3  # random's, numpy's and torch's
+    differ(own)
+
+
 # -- faults ---------------------------------------------------------------------------------------------------
 
 

@@ -57,7 +57,7 @@ def main():
         "main_is_module": sys.modules["__main__"] is __main__,
         "environ": dict(os.environ), "c_env": {k: getenv(k) for k in ("PROBE_VAR", "PATH", "HOME")},
         "cwd": os.getcwd(), "session_leader": os.getsid(0) == os.getpid(), "group_leader": os.getpgid(0) == os.getpid(),
-        "parent_is_launcher": os.getppid() == int(os.environ["PROBE_LAUNCHER"]),
+        "ppid": os.getppid(),
         "cmdline": proc_words("cmdline"), "proc_environ": sorted(proc_words("environ")),
         "comm": open("/proc/self/comm").read().strip(),
         "signals": {s.name: handler_name(signal.getsignal(s)) for s in signal.Signals
