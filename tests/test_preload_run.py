@@ -140,6 +140,21 @@ def test_another_interpreter_finds_the_modules_in_a_process_of_its_own(tmp_path)
         check_findable(str(python), ("preload_mark",), str(tmp_path))  # not on that sys.path[0]
 
 
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_ranks_interpreter_that_is_not_python_is_one_line_and_exit_2(tmp_path, dry):
+    """--python bash runs a shell script as the ranks' program: nothing a python helper can fork."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"touch {tmp_path}/ran\n")
+    result = run_xrun(*(["--dry-run"] if dry else []), "--num_gpus", "1", "--python", "/bin/bash", "--preload=json",
+                      str(script))
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(
+        "xrun: --preload: /bin/bash did not answer as a Python interpreter (exit code 2: "), result.stderr
+    assert result.stderr.rstrip().endswith("only ranks that python runs can be forked from the helper: leave "
+                                           "--preload out")
+    assert not (tmp_path / "ran").exists()
+
+
 def test_the_dry_run_says_what_is_preloaded():
     result = run_xrun("--dry-run", "--num_gpus", "2", "--preload=json,preload_mark", RANK)
     assert result.returncode == 0, result.stderr

@@ -62,10 +62,16 @@ def _ask(python: str, modules: Sequence[str], path0: str) -> list[str | None]:
     try:
         done = subprocess.run([python, "-c", _ASK, _ROOT, path0, *modules], capture_output=True, text=True,
                               timeout=_ASK_TIMEOUT, check=False)
-        found = json.loads(done.stdout)
-    except (OSError, subprocess.TimeoutExpired, ValueError) as err:
+    except (OSError, subprocess.TimeoutExpired) as err:
         raise PreloadError(f"--preload: cannot ask {python} where its modules are ({type(err).__name__}: {err})") \
             from None
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:  # not a python (--python bash runs a shell script, which cannot be forked), or a broken one
+        said = done.stderr.strip().splitlines()
+        raise PreloadError(f"--preload: {python} did not answer as a Python interpreter (exit code {done.returncode}"
+                           + (f": {said[-1].strip()}" if said else "") + "); only ranks that python runs can be "
+                           "forked from the helper: leave --preload out") from None
     return [None if p is None else str(p) for p in found]
 
 
