@@ -295,6 +295,28 @@ def test_under_xrun_a_rank_forked_from_torch_has_its_threads_random_state_and_mu
     differ(own)
 
 
+def test_a_forked_ranks_output_reaches_xrun_unflushed_while_it_runs(tmp_path):
+    """python -u, as for a started rank: a print without flush is on xrun's stdout while the rank still runs."""
+    script = tmp_path / "job.py"
+    script.write_text("import time\nprint('early')\ntime.sleep(60)\n")
+    proc = _xrun("--num_gpus", "1", "--preload=json", str(script), env={})
+    got: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        got.append(proc.stdout.readline())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        reader.join(WAIT)
+        assert got == ["[localhost:0] early\n"] and proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 130 and "preloaded json in" in err
+
+
 # -- faults ---------------------------------------------------------------------------------------------------
 
 
