@@ -245,7 +245,7 @@ def test_a_module_the_helper_cannot_import_fails_the_preflight_as_bad_input(tmp_
 
 
 def test_a_helper_killed_during_an_attempt_fails_the_next_preflight_naming_it(tmp_path):
-    spec = preload_spec(tmp_path, ("preload_mark",), "kill_helper=0")
+    spec = preload_spec(tmp_path, ("preload_mark",), "kill_helper=1")
     seen: dict[str, int] = {}
 
     def reply(msg: Message) -> list[Message]:

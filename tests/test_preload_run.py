@@ -321,7 +321,9 @@ def test_a_forked_ranks_output_reaches_xrun_unflushed_while_it_runs(tmp_path):
 
 
 def test_a_helper_killed_during_a_run_is_said_and_the_running_ranks_finish():
-    result = run_xrun("--num_gpus", "2", "--preload=preload_mark", RANK, "kill_helper=0", "sleep=0.5")
+    # the last rank kills it, so every rank is forked by then (rank 0 killing it could beat rank 1's fork, which
+    # then cannot start: tests/test_preload_group.py's test_a_dead_helper_fails_the_ranks_it_has_not_forked)
+    result = run_xrun("--num_gpus", "2", "--preload=preload_mark", RANK, "kill_helper=1", "sleep=0.5")
     assert result.returncode == 0, result.stderr
     pid = helper_pid(result.stderr)
     assert (f"xrun[localhost]: the preload helper (pid {pid}) was killed by SIGKILL; the running ranks go on, but no "
@@ -330,7 +332,7 @@ def test_a_helper_killed_during_a_run_is_said_and_the_running_ranks_finish():
 
 
 def test_a_helper_killed_during_an_attempt_ends_the_job_before_the_next(tmp_path):
-    result = run_xrun("--num_gpus", "2", "--max_restarts", "2", "--preload=preload_mark", RANK, "kill_helper=0",
+    result = run_xrun("--num_gpus", "2", "--max_restarts", "2", "--preload=preload_mark", RANK, "kill_helper=1",
                       "fail=1", f"dir={tmp_path}")
     assert result.returncode == 1, result.stderr
     pid = helper_pid(result.stderr)
