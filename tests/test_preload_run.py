@@ -26,6 +26,7 @@ from xrun.errors import PreloadError, UsageError
 from xrun.launch.cli import build_parser, parse_agent_argv, preload_option
 from xrun.launch.command import agent_argv
 from xrun.launch.preload.find import check_findable
+from xrun.launch.procs import proctable
 from xrun.launch.spec import AgentOptions, NodeSpec, parse_module_list
 
 PROCS = os.path.join(ROOT, "tests", "procs")
@@ -412,12 +413,4 @@ def test_kill_9_of_xrun_leaves_neither_ranks_nor_helper(tmp_path):
             proc.kill()
         reader.join(WAIT)
     _wait_for(lambda: not processes_with_marker(f"XRUN_TEST_MARK={marker}"), "everything of the job to die with xrun")
-    _wait_for(lambda: not _alive(pid), "the helper to die with xrun")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
+    _wait_for(lambda: not (info := proctable.read_proc(pid)) or not info.alive, "the helper to die with xrun")
