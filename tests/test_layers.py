@@ -190,7 +190,8 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
 # the planner's to ask, so it ranks with the plan, below the backends it names (it loads them lazily).
 RANKS = {
     "xrun.launch": [
-        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network"},
+        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
+         "xrun.launch.preload"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},

@@ -96,7 +96,8 @@ def hx(data: bytes) -> str:
 class Agent:
     """A real agent process (tests/procs/run_group.py) running ranks given as step lists."""
 
-    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (), **options) -> None:
+    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (),
+                 preload: dict | None = None, **options) -> None:
         options.setdefault("host", "h")
         self.result_path = tmp_path / "result.json"
         self.out_path = tmp_path / "agent.out"
@@ -104,6 +105,7 @@ class Agent:
         spec = {
             "options": options,
             "result": str(self.result_path),
+            "preload": preload,
             "procs": [
                 {"rank": i, "argv": list(steps_argv(*steps)), "env": {**os.environ, "XRUN_TEST_MARK": marker}}
                 for i, steps in enumerate(ranks)
@@ -375,14 +377,18 @@ def test_agent_under_nohup_keeps_ignoring_sighup(tmp_path, marker, ready):
     assert agent.wait() == 128 + signal.SIGTERM
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
-    ranks = [
+def kill_9_ranks(ready: str) -> list[list[str]]:
+    """Three ranks and a grandchild (4 ready files) that only the watchdog's TERM and KILL stop."""
+    return [
         ["ready", ready, "sleep", "120"],
         ["ignore-term", "-", "ready", ready, "sleep", "120"],  # needs the watchdog's SIGKILL
         ["fork", "ignore", "ready", ready, "then", "-", "ready", ready, "sleep", "120"],  # and a grandchild
     ]
-    agent = Agent(tmp_path, marker, ranks, shutdown_timeout=1)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
+    agent = Agent(tmp_path, marker, kill_9_ranks(ready), shutdown_timeout=1)
     wait_for(lambda: n_ready(ready, 4), "ranks and the grandchild to start")
     assert len(marked(marker)) == 4
     agent.proc.kill()

@@ -9,6 +9,7 @@ Ctrl-C during an attempt stops its ranks and ends the loop (130); between attemp
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
@@ -18,6 +19,9 @@ from xrun.runner.job.attempts import Attempts, Ending
 from xrun.runner.job.events import Failure
 from xrun.runner.job.verdict import RootCause
 from xrun.runner.plan import Plan, PortChoice
+
+if TYPE_CHECKING:
+    from xrun.launch.preload.client import PreloadHelper
 
 
 def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
@@ -33,16 +37,17 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
     return None
 
 
-def run_attempts(plan: Plan) -> int:
-    """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code."""
-    from xrun.launch.agent import run_node_result  # noqa: PLC0415 - supervision code loads only for a real run
+def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
+    """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code. With
+    ``preload`` every attempt's ranks are forked from it; one that died meanwhile ends the job (``check_helper``)."""
+    from xrun.launch.agent import check_helper, run_node_result  # noqa: PLC0415 - loads only for a real run
 
     node, policy = plan.nodes[0], plan.request.restart
     attempts = Attempts(policy, t0=time.monotonic())
     spec = node
     while True:
         began = time.monotonic()
-        code, result = run_node_result(spec)
+        code, result = run_node_result(spec, preload=preload)
         cause = RootCause(elastic=False)
         if result.interrupted_by is not None:
             cause.interrupted(result.interrupted_by)
@@ -55,6 +60,8 @@ def run_attempts(plan: Plan) -> int:
             for line in cause.restart_lines:
                 say(line)
             return code
+        if preload is not None:
+            check_helper(preload)
         attempt = attempts.begin_next(time.monotonic())
         say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
         spec = with_rendezvous(node, plan.rendezvous.master_addr, _port(plan), attempt)
