@@ -65,21 +65,6 @@ def test_blocking_recv_keeps_messages_that_arrive_together():
             channel.recv(b, reader, timeout=1)
 
 
-@given(st.binary(max_size=512), st.sampled_from([1, 2]))
-def test_an_output_message_carries_any_bytes_unchanged(data, fd):
-    """Pod mode's console lines (xrun.launch.output.consoleroute): whatever a rank wrote reaches node 0 byte for byte."""
-    frame = encode(channel.output_message(fd, data))
-    (msg,) = FrameReader().feed(frame)
-    assert channel.output_bytes(msg) == (fd, data)
-
-
-@pytest.mark.parametrize("msg", [{"type": "output", "fd": 3, "text": "x"}, {"type": "output", "fd": True, "text": ""},
-                                 {"type": "output", "fd": 1, "text": 7}, {"type": "output"}])
-def test_a_malformed_output_message_is_a_protocol_error(msg):
-    with pytest.raises(ChannelError, match="output"):
-        channel.output_bytes(msg)
-
-
 _records = st.lists(st.tuples(st.lists(st.integers(0, fields.MAX_RANK), max_size=8), st.binary(max_size=256)),
                     min_size=1, max_size=8)
 

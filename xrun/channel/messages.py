@@ -26,9 +26,8 @@ Agent -> runner                                   Runner -> agent
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
-  output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
-                     shown on node 0's console
-  lines(fd, host, lines)   its console's line records, [[ranks, text], ...]: only the head renders them
+  lines(fd, host, lines)   its console's line       stop(..., stacks)     stacks: take them before stopping
+      records while its ranks run, [[ranks, text], ...]: only the head (pod mode: node 0) renders and shows them
   probe_ready(address, port, interface, ...)        probe_open(toward)    --precheck, at the barrier: open the
                                                                           node's probe server (issue 24)
   probed(id, ok, latency_ms, throughput_mbs, error) probe(id, probe, mode, seconds, timeout)   probe a peer
@@ -80,7 +79,6 @@ class Kind(str, enum.Enum):
     WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
-    OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
     LINES = "lines"  # a node's console: its ranks' line records and its own lines, for the head's console
     RESTART = "restart"  # --max_restarts: every node is done with an attempt; prepare the next and say ready
     PROBE_OPEN = "probe_open"  # --precheck (issue 24): open this node's probe server, say where it listens
@@ -94,19 +92,6 @@ STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were s
 
 def message(kind: Kind, **fields: Any) -> Message:
     return {"type": kind.value, **fields}
-
-
-def output_message(fd: int, data: bytes) -> Message:
-    """A console write as a message; its bytes survive the trip whatever they are (see ``output_bytes``)."""
-    return message(Kind.OUTPUT, fd=fd, text=data.decode("utf-8", "surrogateescape"))
-
-
-def output_bytes(msg: Message) -> tuple[int, bytes]:
-    """An output message's console fd and its bytes, as the node wrote them."""
-    fd, text = msg.get("fd"), msg.get("text")
-    if fd not in (1, 2) or isinstance(fd, bool) or not isinstance(text, str):
-        raise ChannelError(f"output: fd {fd!r} and text of type {type(text).__name__} (want 1 or 2, and a string)")
-    return fd, text.encode("utf-8", "surrogateescape")
 
 
 def lines_messages(fd: int, host: str, records: Sequence[tuple[Sequence[int], bytes]]) -> Iterator[Message]:
