@@ -229,7 +229,7 @@ def test_a_log_file_that_takes_no_more_is_said_once(capfd):
 
     full = os.open("/dev/full", os.O_WRONLY)
     console = Console(prefix=True, quiet=True, host="h")
-    stream = RankStream(-1, 1, b"[h:3] ", log=full, rank=3)
+    stream = RankStream(-1, 1, log=full, rank=3)
     console.consume(stream, b"one\n")
     console.consume(stream, b"two\n")
     assert writer().drain()

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
-from xrun.launch.output.dedupe import expand
+from tests.labels import expand
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,9 @@ from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
+from xrun.launch.output.render import labelled
 from xrun.launch.output.status import PlainStatus
-from xrun.launch.output.streams import prefix_lines
+from xrun.launch.output.streams import cut_lines
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.ranks import processes as ranks_module
 from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
@@ -222,7 +223,8 @@ def test_head_report_of_a_multi_node_job_ends_with_the_fix():
     ],
 )
 def test_carriage_return_ends_a_console_line(pending, chunk, out, rest):
-    assert prefix_lines(b"[p] ", pending, chunk) == (out, rest)
+    done, left = cut_lines(pending, chunk)  # the node cuts its ranks' lines; the head labels them
+    assert (labelled(b"[p] ", done), left) == (out, rest)
 
 
 BAR = (

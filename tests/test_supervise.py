@@ -19,7 +19,8 @@ import uuid
 import pytest
 
 from tests.cluster.harness import processes_with_marker
-from xrun.launch.output.streams import prefix_lines
+from xrun.launch.output.render import labelled
+from xrun.launch.output.streams import cut_lines
 from xrun.launch.procs import proctable
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
@@ -160,8 +161,9 @@ def ready_pids(directory: str, role: str) -> list[int]:
         (b"", b"", b"", b""),
     ],
 )
-def test_prefix_lines_frames_complete_lines_only(pending, chunk, out, rest):
-    assert prefix_lines(b"[p] ", pending, chunk) == (out, rest)
+def test_lines_are_cut_and_labelled_complete_lines_only(pending, chunk, out, rest):
+    done, left = cut_lines(pending, chunk)  # the node cuts its ranks' lines; the head labels them
+    assert (labelled(b"[p] ", done), left) == (out, rest)
 
 
 # ---------------------------------------------------------------------------------------------------------------

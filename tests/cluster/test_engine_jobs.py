@@ -394,12 +394,12 @@ def test_openmpi_subnet_is_the_cluster_one():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine):
-    # the engine's stdout carries every node's lines: the head reads each line's node from its label and merges
+def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine, python):
+    # every node's lines come over the control channel as line records; the head labels and merges them
     need_engine(engine)
     script = job.tmp / "shared.py"
     script.write_text(SHARED_SCRIPT)
-    code, out, err = job.run(engine, script=script)
+    code, out, err = job.run(engine, "--python", python, script=script)  # this tree's agent on the nodes
     assert code == 0, out + err
     assert_shown_once_across_nodes(out, err)
     job.assert_clean()

@@ -44,7 +44,7 @@ from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
 from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice, open_logs, rank_prefix
+from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice, open_logs
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.devices import VISIBILITY, detect_devices
@@ -185,7 +185,7 @@ class OutputRelay:
         self._sel = selectors.DefaultSelector()
         merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
         self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
-                                merge_as=host if merge else None,
+                                merge_as=host if merge else None, host=host,
                                 ranks_shown=local_ranks if options.console_ranks is None else None)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
@@ -232,7 +232,6 @@ class OutputRelay:
                 logs = open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
-                    stream.prefix = rank_prefix(self.host, rank)
                     stream.rank = rank
                     stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, open_logs, rank_prefix
+from xrun.launch.output.streams import Console, RankStream, grow_pipe, open_logs
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 
@@ -65,18 +65,16 @@ def watch_output(
     rank: RankState,
     logs: tuple[int, int] | None,
     *,
-    host: str,
     console_ranks: frozenset[int] | None,
 ) -> None:
     """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
     assert rank.pipes is not None
-    prefix = rank_prefix(host, rank.spec.rank)
     for pipe, fd_no in zip(rank.pipes, (1, 2)):
         fd = pipe.fileno()
         os.set_blocking(fd, False)
         grow_pipe(fd)
         log = logs[fd_no - 1] if logs else None
-        stream = RankStream(fd, fd_no, prefix, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
+        stream = RankStream(fd, fd_no, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
         stream.echo = console_ranks is None or rank.spec.rank in console_ranks
         rank.streams.append(stream)
         sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))

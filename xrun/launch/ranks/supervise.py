@@ -225,7 +225,7 @@ class RankGroup:
         if self._watchdog is not None:
             self._watchdog.watch(rank.pid)
         assert self._loop.sel is not None
-        watch_output(self._loop.sel, self._console, rank, logs, host=options.host, console_ranks=options.console_ranks)
+        watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks)
         self._reaper.watch(rank, self._collect_exits)
 
     # -- the loop -------------------------------------------------------------------------------------------

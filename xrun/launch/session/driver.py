@@ -16,7 +16,7 @@ answering pings as it stops beating for its watchdog: the runner gives the node 
 
 The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
 ``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks, ``want_stacks``, ``quiet``,
-``spoke``, pod mode's console lines) goes out as it comes, past the machine; their end is the machine's event.
+``spoke``, the console's line records) goes out as it comes, past the machine; their end is the machine's event.
 
 Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
 ``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
@@ -360,12 +360,13 @@ class Driver:
             self._group = self._doctor = None
 
     def _route(self) -> Route | None:
-        """Pod mode with ``--dedupe``: this node's console goes to node 0 too, which shows every node's lines
-        merged; node 0 shows its own only there (xrun.launch.output.consoleroute)."""
+        """Where this node's console goes while its ranks run: to the head, which alone renders and shows every
+        node's lines; in pod mode with ``--dedupe`` across nodes to node 0 too, which shows every node's lines
+        merged, and node 0 shows its own only there (xrun.launch.output.consoleroute)."""
         pod, connection = self.machine.pod, self._connection
-        if pod is None or not pod.forward_console or connection is None:
+        if connection is None or (pod is not None and not pod.forward_console):
             return None
-        return Route(connection.forward_output, keep_local=pod.node_rank != 0)
+        return Route(connection.forward_lines, keep_local=pod is not None and pod.node_rank != 0)
 
     def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
         """The rank group's loop takes over the inbox (woken once for what already waits)."""
