@@ -50,13 +50,12 @@ from xrun import __version__, channel
 from xrun.channel import STOP_STACKS, ChannelError, Kind, message
 from xrun.channel.announce import announce_line
 from xrun.channel.link import Credentials, Link, open_link
-from xrun.errors import PortBusyError, UsageError, XrunError
+from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.network.answers import ProbeAnswers
-from xrun.launch.network.modes import MissingInterface
-from xrun.launch.preflight import check_spec
+from xrun.launch.preflight import check_spec, refusal
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.summary import RankFigures
 from xrun.launch.spec import SPEC_VERSION, NodeSpec, RankSpec
@@ -549,16 +548,10 @@ def run_connected(host: str, port: int, node_rank: int, credentials: Credentials
         first = taken
     spec = use_spec(link, first)
     try:
-        check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts this node ready
-    except XrunError as err:  # the runner says it, naming this host: one line, not one from each side
-        # a missing --network_interface is bad input (exit 2); what else fails here ends the job as a node failure
-        bad_input = isinstance(err, MissingInterface)
-        link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code if bad_input else None))
-        return err.exit_code
-    try:
-        rank0_port = node0_port(spec.host, first, near=link.sock.getsockname()[0])
-    except PortBusyError as err:  # an explicit --master_port taken here: the runner ends the job with exit 2
-        link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
+        check_spec(spec)  # the script, interpreter and log files here, before the barrier counts this node ready
+        rank0_port = node0_port(spec.host, first, near=link.sock.getsockname()[0])  # a given --master_port taken
+    except XrunError as err:  # the runner says it, naming this host, and ends the job with its code: one line
+        link.send(refusal(err))
         return err.exit_code
     link.send(message(Kind.READY, master_port=rank0_port))
     start = through_barrier(link, first, spec, engine=engine)
@@ -608,13 +601,11 @@ def stopped_at_barrier(link: Link, *, engine: bool) -> int:
 
 
 def use_spec(link: Link, first: Mapping[str, Any]) -> NodeSpec:
-    """The node spec the runner sent, and its working directory entered; a spec this agent cannot use is said to
-    the runner and raised as one line (``XrunError``, else ``ChannelError``), never as a traceback."""
+    """The node spec the runner sent (the preflight enters its working directory); a spec this agent cannot use
+    is said to the runner and raised as one line (``XrunError``, else ``ChannelError``), never as a traceback."""
     try:
         spec = NodeSpec.from_json(first["spec"])  # KeyError, or a non-object: caught below
-        if spec.cwd:
-            os.chdir(spec.cwd)
-    except (XrunError, OSError, LookupError, TypeError, ValueError, AttributeError) as err:
+    except (XrunError, LookupError, TypeError, ValueError, AttributeError) as err:
         link.send(message(Kind.ERROR, message=f"cannot use the node spec: {err}"))
         if isinstance(err, XrunError):
             raise

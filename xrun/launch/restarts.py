@@ -26,11 +26,11 @@ from typing import Any
 from xrun import channel
 from xrun.channel import Kind, message
 from xrun.channel.link import Link
-from xrun.errors import PortBusyError, XrunError
+from xrun.errors import XrunError
 from xrun.launch.agent import run_node
 from xrun.launch.connect import ChannelHooks, node0_port, serve_until, use_spec, wait_for_start, with_rendezvous
 from xrun.launch.network.answers import ProbeAnswers
-from xrun.launch.preflight import check_spec
+from xrun.launch.preflight import check_spec, refusal
 from xrun.launch.spec import NodeSpec
 
 STOPPED = 128 + signal.SIGTERM  # told to stop before the attempt's ranks started
@@ -66,11 +66,8 @@ def _ready(hooks: ChannelHooks, spec: NodeSpec, restart: dict[str, Any], *, near
     try:
         check_spec(spec)  # the node may have lost its script or log dir since: the runner names this host
         port = node0_port(spec.host, restart, near=near)
-    except PortBusyError as err:
-        hooks.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
-        return err.exit_code
     except XrunError as err:
-        hooks.send(message(Kind.ERROR, message=str(err)))
+        hooks.send(refusal(err))
         return err.exit_code
     hooks.send(message(Kind.READY, master_port=port))
     return None
@@ -118,12 +115,9 @@ def after_barrier_stop(link: Link, spec: NodeSpec, *, near: str) -> dict[str, An
                 break  # a stale stop or anything else before it is skipped
         try:
             check_spec(spec)
-            port = node0_port(spec.host, msg, near=near)
-        except PortBusyError as err:  # a given --master_port taken on node 0: the job ends with 2
-            link.send(message(Kind.ERROR, message=str(err), exit_code=err.exit_code))
-            return err.exit_code
-        except XrunError as err:  # the runner names this host; a spare may take its place
-            link.send(message(Kind.ERROR, message=str(err)))
+            port = node0_port(spec.host, msg, near=near)  # a given --master_port taken on node 0
+        except XrunError as err:  # the runner names this host and ends the job with its code (2)
+            link.send(refusal(err))
             return err.exit_code
         link.send(message(Kind.READY, master_port=port))
         start = wait_for_start(link)
@@ -136,8 +130,8 @@ def stand_by(link: Link, first: dict[str, Any]) -> dict[str, Any] | int:
     takes, or an exit code (0: the job ended without it; the preflight's code when it failed)."""
     try:
         check_spec(use_spec(link, first))  # the same checks as any node's, before the spare counts as standing by
-    except XrunError as err:
-        link.send(message(Kind.ERROR, message=str(err)))
+    except XrunError as err:  # the runner loses this spare, the job goes on
+        link.send(refusal(err))
         return err.exit_code
     link.send(message(Kind.READY))
     # the runner pings spares too (silence is its loss), and --precheck checks them beside the nodes

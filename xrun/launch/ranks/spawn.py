@@ -13,7 +13,8 @@ import selectors
 import subprocess
 import time
 
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, open_logs, rank_prefix
+from xrun.launch.output.logfiles import open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe, rank_prefix
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 

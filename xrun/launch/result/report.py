@@ -20,7 +20,8 @@ import sys
 import tempfile
 from typing import Any
 
-from xrun.launch.output.streams import host_log_dir, notice
+from xrun.launch.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
+from xrun.launch.output.streams import notice
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
@@ -40,11 +41,11 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
         writer().drain()  # the node's queued lines and notices first (the console is written from a thread)
         sys.stderr.write(each_line(format_failure_report(result)) + "\n")  # tails, stacks: escaped (issue 22)
         if log_dir is not None:
-            write_failure_json(os.path.join(host_log_dir(log_dir, result.host), "failure.json"), result)
+            write_failure_json(os.path.join(host_log_dir(log_dir, result.host), FAILURE_JSON), result)
     elif announce and result.exit_code == 0 and figures:
         notice(result.host, success_line(figures))
     if log_dir is not None:
-        write_json(os.path.join(host_log_dir(log_dir, result.host), "summary.json"),
+        write_json(os.path.join(host_log_dir(log_dir, result.host), SUMMARY_JSON),
                    summary_json(figures, exit_code=result.exit_code))
     return result.exit_code
 

@@ -32,9 +32,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from xrun.channel import Kind, Message, message
-from xrun.errors import PortBusyError, XrunError
+from xrun.errors import XrunError
 from xrun.launch.connect import ChannelHooks, node0_port, with_rendezvous
 from xrun.launch.output.consoleroute import Route, routed
+from xrun.launch.preflight import check_spec, refusal
 from xrun.launch.procs.signals import SignalLatch
 from xrun.launch.spec import NodeSpec
 from xrun.runner.job.events import Failure, Verdict
@@ -148,16 +149,12 @@ class PodAgent:
     def _restart_ready(self, restart: Message) -> Message:
         """--max_restarts: the preflight again, then ready (node 0 with the port it checked or picked, as for the
         first start); an ``error`` the job ends with if either fails."""
-        from xrun.launch.preflight import check_spec  # noqa: PLC0415
-
         spec = own_name(self.plan, self.plan.nodes[self.setup.node_rank])
         try:
             check_spec(spec)  # the script may be gone since: node 0 names this host
             port = node0_port(spec.host, restart, near="0.0.0.0")  # noqa: S104 - node 0 only: others get no port
-        except PortBusyError as err:
-            return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
         except XrunError as err:
-            return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
+            return refusal(err)
         return message(Kind.READY, master_port=port)
 
     def _attempt(self, start: Message) -> None:

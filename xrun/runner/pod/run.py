@@ -35,7 +35,8 @@ from typing import Any
 from xrun import channel
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link, open_link
-from xrun.errors import PortBusyError
+from xrun.errors import XrunError
+from xrun.launch.preflight import check_spec, refusal
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.net import master_port
 from xrun.runner.job.machine import LINGER
@@ -48,6 +49,7 @@ from xrun.runner.pod.agent import (
     PodAgent,
     PodEnd,
     TurnedAway,
+    own_name,
 )
 from xrun.runner.pod.plan import PodSetup, pod_setup
 from xrun.runner.pod.secret import TOKEN_ENV, auth_notice, load_token, pod_key
@@ -208,15 +210,17 @@ def connect_until(node0: Node0, deadline: float, join_timeout: float) -> socket.
 
 
 def ready_message(plan: Plan, setup: PodSetup) -> Message:
-    """``ready``, and on node 0 of a static job the port rank 0 will use (issue 17): the default kept where free,
-    else a free one that the start message hands to every node; a ``--master_port`` taken here is an
-    ``error`` that ends the job with exit 2 before any rank starts."""
-    if setup.node_rank != 0 or plan.nodes[0].elastic is not None:
-        return message(Kind.READY)
+    """``ready`` once this node's preflight passed, and on node 0 of a static job the port rank 0 will use (issue
+    17): the default kept where free, else a free one that the start message hands to every node. A preflight
+    finding or a ``--master_port`` taken here is an ``error`` that ends the job with exit 2 on every node, naming
+    this one, before any rank starts (issue 33 §2)."""
     try:
+        check_spec(own_name(plan, plan.nodes[setup.node_rank]))
+        if setup.node_rank != 0 or plan.nodes[0].elastic is not None:
+            return message(Kind.READY)
         port = master_port(plan.nodes[0].host, setup.master_port, pick=plan.node0_picks_port)
-    except PortBusyError as err:
-        return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
+    except XrunError as err:
+        return refusal(err)
     return message(Kind.READY, master_port=port)
 
 
