@@ -21,10 +21,13 @@ setup(
         "mpi": ["mpi4py>=4"],
         "elastic": ["torch>=2.1", "numpy>=1.24"],
         "status": ["rich>=13"],
+        # NVML's reading of who holds GPU memory after an attempt (xrun.launch.ranks.gpu_release); without it
+        # xrun asks nvidia-smi
+        "gpu": ["nvidia-ml-py>=12"],
         "test": TEST,
         "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
-        "all": ["paramiko>=3", "mpi4py>=4", "rich>=13"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
+        "all": ["paramiko>=3", "mpi4py>=4", "rich>=13", "nvidia-ml-py>=12"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },
     entry_points={"console_scripts": ["xrun=xrun.__main__:main"]},
 )

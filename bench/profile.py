@@ -3,8 +3,8 @@
 Prints (and saves under bench/results/raw/) three things, all median of a few runs:
   1. what any Python process costs here: ``python -c pass``, with and without ``site`` (``-S``);
   2. what importing xrun's CLI costs on top (``python -c 'import xrun.runner.cli'``), with the top modules from
-     ``-X importtime``, and the same for a node agent's start path (``xrun.launch.connect`` and what runs the
-     ranks: ``xrun.launch.agent``), the path ``python -m xrun.launch --connect`` imports;
+     ``-X importtime``, and the same for a node agent's start path (``xrun.launch.session.main``, which loads
+     the driver and what runs the ranks), the path ``python -m xrun.launch --connect`` imports;
   3. the exit path after a rank fails: when xrun's ``main`` returns, when its atexit hooks are done, when the
      process is gone, and when it would be gone with ``os._exit`` after the hooks (interpreter finalization
      skipped);
@@ -38,7 +38,7 @@ def wall(argv: list[str], env: dict[str, str], runs: int = 7) -> float:
     return statistics.median(times)
 
 
-AGENT_START_PATH = "xrun.launch.connect, xrun.launch.agent"  # what `python -m xrun.launch --connect` imports
+AGENT_START_PATH = "xrun.launch.session.main"  # what `python -m xrun.launch --connect` imports
 
 
 def import_top(module: str, env: dict[str, str], top: int = 12) -> list[str]:

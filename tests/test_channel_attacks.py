@@ -49,10 +49,10 @@ from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity
 from xrun.channel.tlspipe import TlsPipe, client_handshake
-from xrun.launch import connect
+from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
+from xrun.launch.session.main import main as agent_main
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 
 KEY = token_key(TOKEN, HEAD_PURPOSE)
@@ -311,7 +311,7 @@ def test_an_agent_given_garbage_by_a_server_that_knows_the_key_exits_with_one_li
     err = io.StringIO()
     os.environ["XRUN_ATTACK_TOKEN"] = TOKEN  # read and removed by the agent, as from an engine's export
     with contextlib.redirect_stderr(err):
-        code = connect.main(agent_argv(fake.port))
+        code = agent_main(agent_argv(fake.port))
     fake.thread.join(10)
     lines = err.getvalue().splitlines()
     assert code != 0 and len(lines) == 1 and lines[0].startswith("xrun.launch"), lines

@@ -369,9 +369,9 @@ class RelayedSessions:
 
 
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
+    from xrun.launch.output.status import PlainStatus
     from xrun.launch.procs.posix import write_all
     from xrun.launch.rankplan import LaunchOptions
-    from xrun.runner.job.status import PlainStatus
     from xrun.runner.plan import JobRequest, make_plan
 
     script = tmp_path / "rank.py"

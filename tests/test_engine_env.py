@@ -8,8 +8,8 @@ import os
 import pytest
 
 from xrun.errors import UsageError
-from xrun.launch.connect import build_parser, node_rank_from, read_token
 from xrun.launch.engine_env import drop_engine_identity
+from xrun.launch.session.main import build_parser, node_rank_from, read_token
 
 
 def test_node_rank_from_first_set_variable():

@@ -112,7 +112,7 @@ def test_the_engine_does_not_abort_an_agent_whose_result_arrived(name, tmp_path)
 
 
 def test_engine_exit_code_is_zero_only_once_the_runner_has_the_result():
-    from xrun.launch.connect import engine_exit_code
+    from xrun.launch.session.machine import engine_exit_code
 
     assert engine_exit_code(9, delivered=True) == 0
     assert engine_exit_code(9, delivered=False) == 9

@@ -38,6 +38,7 @@ from xrun.launch.doctor.stackdump import (
     pyspy_path,
     stack_problem,
 )
+from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
@@ -47,7 +48,6 @@ from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
 from xrun.runner.job.events import Hung, SignalReceived
 from xrun.runner.job.machine import Job
-from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 
 

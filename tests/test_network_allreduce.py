@@ -15,13 +15,13 @@ import pytest
 
 from tests.conftest import ROOT
 from xrun.errors import UsageError
-from xrun.launch.network.allreduce import BYTES, MIN_BYTES, backend_for, run_pair, size_for
-from xrun.launch.network.probe import ProbeServer
-from xrun.runner.network import report
-from xrun.runner.network.cli import check_torch
+from xrun.launch.network.allreduce_pair import BYTES, MIN_BYTES, backend_for, run_pair, size_for
+from xrun.launch.network.probe_server import ProbeServer
+from xrun.runner.network import node_results
+from xrun.runner.network.check_command import check_torch
 from xrun.runner.network.coordinate import ALLREDUCE, MEASURE, REACH, Check, Request
-from xrun.runner.network.remote import LinkProber
-from xrun.runner.network.verdict import Figures, NodeVerdict, Probe, Verdict, best_figures, judge, pair_figures
+from xrun.runner.network.node_verdicts import Figures, NodeVerdict, Probe, Verdict, best_figures, judge, pair_figures
+from xrun.runner.network.ssh_probes import LinkProber
 
 # -- the verdict with all-reduce figures ---------------------------------------------------------------------------
 
@@ -156,14 +156,14 @@ def test_a_node_without_torch_is_one_line_naming_it():
 
 
 def test_the_report_carries_the_all_reduce_figure():
-    rows = [report.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0, 300.0))),
-            report.NodeRow("n2", "lo", "127.0.0.2", NodeVerdict(Verdict.SLOW, Figures(0.1, 800.0, 10.0), "why"))]
-    table = report.format_table(rows).splitlines()
+    rows = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0, 300.0))),
+            node_results.NodeRow("n2", "lo", "127.0.0.2", NodeVerdict(Verdict.SLOW, Figures(0.1, 800.0, 10.0), "why"))]
+    table = node_results.format_table(rows).splitlines()
     assert "allreduce MB/s" in table[0] and "300.0" in table[1] and "10.0" in table[2]
-    assert [n["allreduce_mbs"] for n in json.loads(report.format_json(rows, 1.0))["nodes"]] == [300.0, 10.0]
-    assert "all-reduce 10.0 MB/s" in report.BadNode(1, rows[1]).describe()
-    tcp = [report.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0)))]
-    assert "allreduce" not in report.format_table(tcp)
+    assert [n["allreduce_mbs"] for n in json.loads(node_results.format_json(rows, 1.0))["nodes"]] == [300.0, 10.0]
+    assert "all-reduce 10.0 MB/s" in node_results.BadNode(1, rows[1]).describe()
+    tcp = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0)))]
+    assert "allreduce" not in node_results.format_table(tcp)
 
 
 # -- real gloo pairs on loopback -----------------------------------------------------------------------------------

@@ -6,24 +6,32 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_layers import Level, cycles, import_edges, internal_graph
 from xrun.errors import UsageError
-from xrun.launch.network import interfaces, ranks_env
+from xrun.launch.network import interfaces, socket_ifname
 from xrun.launch.network.interfaces import Route, parse_routes, route_interface, select_interface
-from xrun.launch.network.probe import ProbeServer, measure, reach
+from xrun.launch.network.probe_server import ProbeServer
+from xrun.launch.network.tcp_probe import measure, reach
 from xrun.launch.spec import AgentOptions, NodeSpec
 from xrun.runner.network import rounds
 from xrun.runner.network.coordinate import REACH, Check, Request
-from xrun.runner.network.verdict import Figures, Probe, Verdict, best_figures, blame, judge, pair_figures
+from xrun.runner.network.node_verdicts import Figures, Probe, Verdict, best_figures, blame, judge, pair_figures
 
 # -- the round planner -------------------------------------------------------------------------------------------
 
 
 def pairs_of(round_):
     return [pair for wave in round_ for pair in wave]
+
+
+def covered(round_):
+    """Every node that is in a pair of the round."""
+    return {node for pair in pairs_of(round_) for node in pair}
 
 
 def test_round_zero_pairs_neighbours():
@@ -45,7 +53,7 @@ def test_round_one_pairs_fastest_with_slowest():
 def test_every_node_is_in_both_rounds_and_waves_share_no_node(count):
     order = list(reversed(range(count)))
     for round_ in (rounds.neighbour_round(count), rounds.extremes_round(order)):
-        assert rounds.covered(round_) == set(range(count))
+        assert covered(round_) == set(range(count))
         assert len(round_) <= 2  # a round costs at most two waves, whatever the count
         for wave in round_:
             nodes = [n for pair in wave for n in pair]
@@ -204,33 +212,33 @@ def test_the_source_address_decides_before_the_route_table():
 
 def test_a_user_value_is_kept():
     env = {"NCCL_SOCKET_IFNAME": "^docker,lo"}
-    assert interfaces.interface_variables("ib0", env) == {"GLOO_SOCKET_IFNAME": "ib0"}
-    assert interfaces.interface_variables(None, {}) == {}
+    assert socket_ifname.interface_variables("ib0", env) == {"GLOO_SOCKET_IFNAME": "ib0"}
+    assert socket_ifname.interface_variables(None, {}) == {}
 
 
 def test_a_named_interface_a_node_lacks_is_one_line_naming_the_node():
     with pytest.raises(UsageError, match=r"node7 has no interface 'ib9'; it has: lo, eth0"):
-        interfaces.check_interface_name("node7", "ib9", ("lo", "eth0"))
+        socket_ifname.check_interface_name("node7", "ib9", ("lo", "eth0"))
 
 
 def test_rank_env_modes(monkeypatch):
     monkeypatch.setattr(interfaces, "interface_names", lambda: ("lo", "eth0"))
-    monkeypatch.setattr(ranks_env, "gloo_trap", lambda host, nodes: None)
+    monkeypatch.setattr(socket_ifname, "gloo_trap", lambda host, nodes: None)
     env = {"MASTER_ADDR": "127.0.0.1"}
-    assert ranks_env.rank_network_env("h", "none", env, 3) == {}
-    assert ranks_env.rank_network_env("h", "eth0", env, 1) == {"GLOO_SOCKET_IFNAME": "eth0",
+    assert socket_ifname.rank_network_env("h", "none", env, 3) == {}
+    assert socket_ifname.rank_network_env("h", "eth0", env, 1) == {"GLOO_SOCKET_IFNAME": "eth0",
                                                                "NCCL_SOCKET_IFNAME": "eth0"}
-    assert ranks_env.rank_network_env("h", "auto", env, 1) == {}  # one node: loopback whatever they say
-    assert ranks_env.rank_network_env("h", "auto", env, 2) == {"GLOO_SOCKET_IFNAME": "lo",
+    assert socket_ifname.rank_network_env("h", "auto", env, 1) == {}  # one node: loopback whatever they say
+    assert socket_ifname.rank_network_env("h", "auto", env, 2) == {"GLOO_SOCKET_IFNAME": "lo",
                                                                "NCCL_SOCKET_IFNAME": "lo"}
     with pytest.raises(UsageError, match="h has no interface 'ib0'"):
-        ranks_env.rank_network_env("h", "ib0", env, 2)
+        socket_ifname.rank_network_env("h", "ib0", env, 2)
 
 
 def test_the_gloo_trap_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(interfaces, "hostname_is_loopback", lambda name: "127.0.1.1")
-    monkeypatch.setattr(interfaces, "interface_toward", lambda host: interfaces.Choice("eth0", "10.0.0.1", "x"))
-    assert ranks_env.rank_network_env("node2", "auto", {"MASTER_ADDR": "node1"}, 4)["GLOO_SOCKET_IFNAME"] == "eth0"
+    monkeypatch.setattr(interfaces, "interface_toward", lambda host: interfaces.Choice("eth0", "x"))
+    assert socket_ifname.rank_network_env("node2", "auto", {"MASTER_ADDR": "node1"}, 4)["GLOO_SOCKET_IFNAME"] == "eth0"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "127.0.1.1" in err and "4 nodes" in err
 
@@ -304,3 +312,19 @@ def test_untried_pairs_skip_what_was_tried():
     assert rounds.untried_pairs([0, 1, 2], [(0, 1), (2, 0)]) == [(1, 2)]
     assert rounds.untried_pairs([0, 1], [(1, 0)]) == []
     assert rounds.untried_pairs([], []) == []
+
+
+# -- the code's shape (issue 30 §4) --------------------------------------------------------------------------------
+
+
+def test_the_checks_modules_are_in_no_circle_even_counting_function_level_imports():
+    graph = internal_graph(import_edges(), set(Level))
+    assert [c for c in cycles(graph) if any(".network" in module for module in c)] == []
+
+
+def test_the_checks_file_names_are_found_once_in_the_tree():
+    package = Path(ROOT) / "xrun"
+    names = [path.name for path in package.rglob("*.py") if path.name not in ("__init__.py", "__main__.py")]
+    for folder in (package / "launch" / "network", package / "runner" / "network"):
+        for path in folder.glob("*.py"):
+            assert path.name in ("__init__.py", "__main__.py") or names.count(path.name) == 1, path

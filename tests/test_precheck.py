@@ -12,13 +12,14 @@ import pytest
 
 from tests.test_job import HOSTS, SHORT_JOIN, STARTED, STATIC, play
 from xrun.channel import Kind, message
-from xrun.runner.job import precheck_run
+from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.runner.job.events import Done, PrecheckDone, RunPrecheck, SendStart, SendStop, ShowLine, Tick
-from xrun.runner.job.precheck import decide, passed_line
-from xrun.runner.job.precheck_run import ChannelPrecheck
 from xrun.runner.network.coordinate import Check, Request, Stepper
-from xrun.runner.network.report import NodeRow, PrecheckResult
-from xrun.runner.network.verdict import Figures, NodeVerdict, Verdict
+from xrun.runner.network.node_results import NodeRow, PrecheckResult
+from xrun.runner.network.node_verdicts import Figures, NodeVerdict, Verdict
+from xrun.runner.network.precheck_channel import ChannelPrecheck
+from xrun.runner.network.precheck_decision import decide, passed_line
+from xrun.runner.network.probe_requests import probe_budget
 
 PRECHECK = replace(STATIC, precheck=True)
 OK = NodeVerdict(Verdict.OK, Figures(0.05, 900.0))
@@ -179,7 +180,7 @@ def test_a_node_that_opens_no_probe_server_is_unreachable_after_the_deadline():
 def test_a_probe_never_answered_fails_after_its_budget():
     res = drive(FakeServer(4, mute_probe={1}), 4)
     assert verdicts_of(res)["n1"] == "unreachable", verdicts_of(res)
-    assert res.elapsed >= precheck_run.probe_budget(Request(1, 0))
+    assert res.elapsed >= probe_budget(Request(1, 0))
 
 
 def test_a_late_answer_to_an_earlier_checks_probe_is_not_this_checks():
@@ -213,10 +214,8 @@ def test_the_driver_stops_quietly_when_the_job_stops():
 
 
 def test_a_node_opens_its_probe_server_and_measures_a_peer_on_loopback():
-    from xrun.launch.network.onchannel import NodeProbes
-
     replies = []
-    probes = NodeProbes(replies.append)
+    probes = ProbeAnswers(replies.append)
     try:
         probes.handle(message(Kind.PROBE_OPEN, toward="127.0.0.1"))
         (ready,) = replies
@@ -235,6 +234,28 @@ def test_a_node_opens_its_probe_server_and_measures_a_peer_on_loopback():
     assert measured["type"] == Kind.PROBED.value and measured["id"] == 7 and measured["ok"], measured
     assert measured["throughput_mbs"] > 0 and measured["latency_ms"] > 0
     assert refused["id"] == 8 and not refused["ok"] and "refused" in refused["error"], refused
+
+
+def test_a_node_answers_the_next_attempts_precheck_after_the_barrier_closed_its_probes():
+    """The agent closes its answers when a barrier opens and hands the same object the next attempt's probes: the
+    second check gets a fresh server and worker (a closed one never answered: the restart's precheck found every
+    node unreachable)."""
+    replies = []
+    probes = ProbeAnswers(replies.append)
+    try:
+        for attempt in range(2):
+            replies.clear()
+            probes.handle(message(Kind.PROBE_OPEN, toward="127.0.0.1"))
+            port = replies[0]["port"]
+            probes.handle(message(Kind.PROBE, id=attempt, probe=f"127.0.0.1:{port}", mode="reach", seconds=0.0,
+                                  timeout=2.0))
+            deadline = time.monotonic() + 10
+            while len(replies) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(replies) == 2 and replies[1]["id"] == attempt and replies[1]["ok"], (attempt, replies)
+            probes.close()
+    finally:
+        probes.close()
 
 
 # -- the flag: bad input and the dry run -------------------------------------------------------------------------

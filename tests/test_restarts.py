@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
+from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.attempts import Ending, decide, no_progress, same_way
@@ -44,7 +45,6 @@ from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
 from xrun.runner.job.server import ControlServer
-from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 

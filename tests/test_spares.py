@@ -7,10 +7,8 @@ node's place at the restart, the lost host never used again, too few spares, the
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
@@ -50,7 +48,7 @@ from xrun.runner.job.events import (
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.report import report_lines
-from xrun.runner.network.report import NodeRow, PrecheckResult
+from xrun.runner.network.node_results import NodeRow, PrecheckResult
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 
@@ -430,94 +428,6 @@ def test_a_restart_does_not_wait_for_a_spare_that_never_joined():
              Done(0, 143), Done(1, 1), Done(2, 143), Ready(0, 40001), Ready(1), Ready(2)]
     _, actions = play(steps, job)
     assert RunPrecheck((0, 1, 2, 3), "10.0.0.1", ("a", "b", "c", "d")) in actions  # at once: e is not awaited
-
-
-# -- the agent's side: stopped at the first barrier under --max_restarts, it waits (a fake link) -------------------
-
-class FakeLink:
-    def __init__(self, *incoming):
-        self.incoming, self.sent = list(incoming), []
-
-    def recv(self, timeout=None):
-        return self.incoming.pop(0)
-
-    def send(self, msg):
-        self.sent.append(msg["type"])
-
-
-def a_spec(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("pass\n")
-    return make_plan(JobRequest(script=str(script)), {"a": (0,), "b": (0,)}, "ssh").nodes[1]
-
-
-def test_an_agent_stopped_at_the_first_barrier_waits_for_the_restart_and_starts_it(tmp_path):
-    from xrun.channel import Kind, message
-    from xrun.launch.restarts import STOPPED, after_barrier_stop
-
-    start = message(Kind.START, master_addr="10.0.0.1", master_port=4000, restart_count=1)
-    link = FakeLink(message(Kind.PING), message(Kind.STOP, signal=15, deadline=5.0, reason="x"),
-                    message(Kind.RESTART, attempt=1, pick_master_port=False, master_port=0), start)
-    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == start
-    assert link.sent == ["done", "pong", "ready"]
-    link = FakeLink(message(Kind.VERDICT, exit_code=1))
-    assert after_barrier_stop(link, a_spec(tmp_path), near="127.0.0.1") == STOPPED and link.sent == ["done"]
-
-
-def test_a_spare_stands_by_answering_pings_until_a_lost_nodes_spec_or_the_verdict(tmp_path):
-    from xrun.channel import Kind, message
-    from xrun.launch.restarts import stand_by
-
-    spec = a_spec(tmp_path).to_json()
-    standby = message(Kind.SPEC, spec=spec, standby=True, max_restarts=2)
-    taken = message(Kind.SPEC, spec=spec, pick_master_port=False, master_port=0, max_restarts=2)
-    link = FakeLink(message(Kind.PING), taken)
-    assert stand_by(link, standby) == taken and link.sent == ["ready", "pong"]
-    link = FakeLink(message(Kind.VERDICT, exit_code=0))
-    assert stand_by(link, standby) == 0 and link.sent == ["ready"]
-    broken = message(Kind.SPEC, spec={**spec, "ranks": [{**spec["ranks"][0], "argv": ["/nonexistent/python", "x"]}]},
-                     standby=True)
-    link = FakeLink()
-    assert stand_by(link, broken) != 0 and link.sent == ["error"]  # its preflight failed: never on standby
-
-
-class ProbingHooks:
-    """The channel's inbox between two attempts: the runner's --precheck (open, one probe of this node's own
-    server), then the start once the probe was answered."""
-
-    def __init__(self, start):
-        self.sent, self.start, self.asked = [], start, 0
-
-    def send(self, msg):
-        self.sent.append(msg)
-
-    def next_message(self, timeout):
-        from xrun.channel import Kind, message
-
-        self.asked += 1
-        if self.asked == 1:
-            return message(Kind.PROBE_OPEN, toward="127.0.0.1")
-        if self.asked == 2:
-            port = self.sent[0]["port"]
-            return message(Kind.PROBE, id=0, probe=f"127.0.0.1:{port}", mode="measure", seconds=0.05, timeout=2.0)
-        deadline = time.monotonic() + 10
-        while len(self.sent) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.start
-
-
-def test_an_agent_between_attempts_answers_the_precheck_then_starts():
-    from xrun.channel import Kind, message
-    from xrun.launch.restarts import _wait_start
-
-    start = message(Kind.START, master_addr="10.0.0.1", master_port=4000, restart_count=1)
-    hooks = ProbingHooks(start)
-    assert _wait_start(hooks) == start
-    ready, probed = hooks.sent
-    assert ready["type"] == Kind.PROBE_READY.value and isinstance(ready["port"], int)
-    assert probed["type"] == Kind.PROBED.value and probed["id"] == 0 and probed["ok"], probed
-    with pytest.raises(OSError):  # the probe server closed with the wait: nothing of the check outlives it
-        socket.create_connection(("127.0.0.1", ready["port"]), timeout=2).close()
 
 
 def test_a_node_joining_a_stopping_attempt_is_stopped_and_restarted_on_a_spare_that_was_still_joining():

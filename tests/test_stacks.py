@@ -18,6 +18,7 @@ from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch.cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
+from xrun.launch.output.status import PlainStatus
 from xrun.launch.output.streams import prefix_lines
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.ranks import processes as ranks_module
@@ -41,7 +42,6 @@ from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.job.events import Failure, Verdict
 from xrun.runner.job.report import report_lines
-from xrun.runner.job.status import PlainStatus
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import SshSettings
 

@@ -1,6 +1,6 @@
 """The control channel's message kinds: what the runner and each node agent say to each other.
 
-The agent (``xrun.launch.connect``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
+The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
 import this package; neither defines a message of its own.
 
 Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
@@ -18,9 +18,10 @@ Agent -> runner                                   Runner -> agent
                                                           attempt (the agent says ready again; node 0: the port)
   rank_exited(rank, local_rank, code, signal,      stop(signal, deadline, reason)
               tail, figures)
-  done(exit_code, result)                           verdict(exit_code, host, rank, reason, interrupted_by,
-  pong / error(message)                                     stopped_after)   pod mode, and head mode with
-                                                            --max_restarts: how the job ended (no more attempts)
+  done(exit_code, root_cause, interrupted_by)       verdict(exit_code, host, rank, reason, interrupted_by,
+  pong / error(message, exit_code)                          stopped_after, line)   pod mode, and head mode with
+                                                            --max_restarts: how the job ended (no more attempts);
+                                                            line: the root cause as node 0 reports it
   want_stacks(reason)   SIGQUIT reached an agent    ping
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
@@ -36,9 +37,9 @@ mode: the agent first checks the server certificate's fingerprint against the on
 Until the hello's proof checks out, the server reads with ``FrameReader.stranger()`` (64 KiB frames, strict text)
 and checks field shapes (``xrun.channel.fields``); a connection that fails any check is closed without a word.
 
-Pod mode (``xrun.runner.pod.run``): node 0's xrun hosts the server; both sides prove the key derived from the
-shared secret (the server first, in the challenge) and ``digest`` is the node's plan digest; no spec is ever sent,
-and every node exits with the code its ``verdict`` carries.
+Pod mode (``xrun.runner.pod.run``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
+both sides prove the key derived from the shared secret (the server first, in the challenge) and ``digest`` is the
+node's plan digest; no spec is ever sent, and every node exits with the code its ``verdict`` carries.
 """
 
 from __future__ import annotations

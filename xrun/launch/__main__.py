@@ -1,13 +1,14 @@
-"""``python -m xrun.launch``: a connect-mode agent (every node of a multi-node run) goes straight to
-``xrun.launch.connect``, which imports only its start path; the stand-alone form parses with ``xrun.launch.cli``.
-Either way the process ends with ``posix.leave`` (no interpreter teardown)."""
+"""``python -m xrun.launch``: the one dispatch between the agent's two command lines. ``--connect=HEAD:PORT`` first
+is a multi-node run's agent (``xrun.launch.session.main``), which loads only its own path; anything else is the
+stand-alone agent (``xrun.launch.cli``). Either way the process ends with ``posix.leave`` (no interpreter
+teardown)."""
 
 import sys
 
 from xrun.launch.procs.posix import leave
 
-if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # xrun.launch.cli.is_connect_mode, unimported
-    from xrun.launch.connect import main as connect_main
+if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # as xrun.launch.command renders it
+    from xrun.launch.session.main import main as connect_main
 
     leave(connect_main(sys.argv[1:]))
 

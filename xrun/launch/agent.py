@@ -3,18 +3,18 @@
 Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding, a per-run directory of
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
-(xrun.launch.elastic.run) -> NodeResult -> report
+(xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
 (xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Protocol
 
 from xrun.launch.doctor.node_doctor import NodeDoctor
-from xrun.launch.procs.watchdog import removed_if_the_agent_dies, watched_for_freezes
+from xrun.launch.procs.watchdog import removed_if_the_agent_dies
+from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
@@ -24,7 +24,7 @@ from xrun.launch.spec import NodeSpec
 
 
 class AgentHooks(Protocol):
-    """What a control channel plugs into the agent (see xrun.launch.connect)."""
+    """What a control channel plugs into the agent (xrun.launch.session.driver.Driver)."""
 
     def attach(self, group: RankGroup, doctor: NodeDoctor | None = None) -> None:
         """Register readers on the group's event loop; keep the group to call request_stop(); become the
@@ -64,6 +64,8 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple
         result = run_elastic(spec, hooks=hooks)
     else:
         result = _run_group(spec, hooks)
+    # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
+    wait_for_gpu_release(result)
     code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
     if hooks:
         hooks.on_result(result)
@@ -74,8 +76,7 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
     doctor = NodeDoctor(spec.host, spec.options)
     try:
-        # A kill -9 of this agent leaves no directory; a frozen one, connected to a head, no ranks running.
-        with removed_if_the_agent_dies(error_files.directory), _freezes_watched(hooks):
+        with removed_if_the_agent_dies(error_files.directory):  # a kill -9 of this agent leaves no directory
             group = RankGroup(
                 rank_processes(spec, os.environ, error_files),
                 supervise_options(spec),
@@ -88,13 +89,3 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     finally:
         doctor.close()
         error_files.close()
-
-
-def _freezes_watched(hooks: AgentHooks | None) -> contextlib.AbstractContextManager[None]:
-    """Connected to a head, the node is given up after ``DEAD_AFTER`` s of silence: its ranks go after as long a
-    freeze of this agent (xrun.launch.procs.watchdog). Alone (a local run), a Ctrl-Z only pauses the job."""
-    if hooks is None:
-        return contextlib.nullcontext()
-    from xrun.channel.sockets import DEAD_AFTER  # noqa: PLC0415 - loaded already by the channel the hooks use
-
-    return watched_for_freezes(DEAD_AFTER)

@@ -1,7 +1,7 @@
 """``python -m xrun.launch``: the node agent's command line, DeepSpeed-compatible.
 
     python -m xrun.launch --world_info=B64 --node_rank=N --master_addr=A --master_port=P [options] SCRIPT ARGS...
-    python -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-        (a multi-node run: xrun.launch.connect)
+    python -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-        (a multi-node run: xrun.launch.session)
 
 This module parses; ``xrun.launch.command`` renders both forms (``parse_agent_argv(agent_argv(c)[4:]) == c``),
 so the runner's dry-run and the agent agree. The flag groups are shared with the runner's own command line.
@@ -18,8 +18,7 @@ from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
-from xrun.launch.network.modes import AUTO
-from xrun.launch.network.ranks_env import check_mode
+from xrun.launch.network.socket_ifname import AUTO, check_mode
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
@@ -267,17 +266,8 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
     )
 
 
-def is_connect_mode(argv: Sequence[str]) -> bool:
-    """``--connect=HEAD:PORT`` (first, as the backends render it): the agent of a multi-node run."""
-    return bool(argv) and argv[0].split("=", 1)[0] == "--connect"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if is_connect_mode(args):
-        from xrun.launch.connect import main as connect_main
-
-        return connect_main(args)
     tolerant_streams()
     raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:

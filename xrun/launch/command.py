@@ -9,8 +9,8 @@
   starts once per node; everything else reaches the agent over the control channel. Nothing on it lets another user take
   the node's place: the fingerprint (of the head's certificate, which the agent pins) is public, and the token is read
   from stdin or the environment, or made by the agent and announced on its own output (pdsh). Its parser is
-  ``xrun.launch.connect.build_parser``; ``--connect`` comes first, which is how ``xrun.launch.cli`` tells the modes
-  apart. Before the runner's server is open (``--dry-run``) the endpoint and token are placeholders.
+  ``xrun.launch.session.main.build_parser``; ``--connect`` comes first, which is how ``xrun.launch.__main__`` tells
+  the modes apart. Before the runner's server is open (``--dry-run``) the endpoint and token are placeholders.
 
 The runner builds these through this module only (``xrun.launch`` owns the wire; ``xrun.runner`` imports it).
 """
@@ -31,9 +31,12 @@ from xrun.launch.spec import (
     PythonMode,
     signal_list,
 )
-from xrun.launch.tokens import TOKEN_ANNOUNCE as TOKEN_ANNOUNCE
-from xrun.launch.tokens import TOKEN_ENV_PREFIX as TOKEN_ENV_PREFIX
-from xrun.launch.tokens import TOKEN_ON_STDIN as TOKEN_ON_STDIN
+
+# ``--token``'s forms: where a connect-mode agent's key comes from (xrun.launch.session.main reads them). There is
+# no other form: a token on the command line would be every local user's to read.
+TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
+TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME
+TOKEN_ANNOUNCE = "announce"  # noqa: S105 - make a one-time key and announce it on stderr (xrun.channel.announce)
 
 AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered, so output is never held back
 

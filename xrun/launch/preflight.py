@@ -4,10 +4,10 @@ under the hard limit (``xrun.fdlimit``).
 
 One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
 for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
-a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.connect``;
-pod mode: ``xrun.runner.pod.run`` once it joined node 0). A finding is bad input, never a rank's failure (issue 33
-§2): one line, exit code 2, no rank started; an agent sends it as ``refusal(err)``, whose exit code ends the job
-with 2 naming the host. Nothing here starts or imports the user's code: a module is found the way ``python -m``
+a real run executes), and every agent runs it on its own node after it gets its spec, pod mode's once it joined
+node 0 (``xrun.launch.session``). A finding is bad input, never a rank's failure (issue 33 §2): one line, exit
+code 2, no rank started; the agent's machine sends it with its exit code, which ends the job with 2 on every node,
+naming the host. Nothing here starts or imports the user's code: a module is found the way ``python -m``
 would find it, without importing its packages.
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
 
-from xrun.channel import Kind, Message, message
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
-from xrun.launch.network.modes import AUTO, NONE
+from xrun.launch.network.interfaces import interface_names
+from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.output.logfiles import LogFileRefused, check_logs
 from xrun.launch.ranks.processes import plan_bindings
 from xrun.launch.spec import NodeSpec, PythonMode
@@ -75,8 +75,6 @@ def check_spec(spec: NodeSpec) -> None:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
     if spec.options.network_interface not in (AUTO, NONE):  # before the barrier: the runner says it, exit 2
-        from xrun.launch.network.interfaces import check_interface_name, interface_names  # noqa: PLC0415
-
         check_interface_name(spec.host, spec.options.network_interface, interface_names())
     argv = spec.ranks[0].argv
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
@@ -103,12 +101,6 @@ def check_ranks(spec: NodeSpec) -> None:
                                                           "the ranks; install torch on every node")
     for rank in spec.ranks:
         _check_exec_size(rank.argv, {**env, **rank.env})
-
-
-def refusal(err: XrunError) -> Message:
-    """The ``error`` an agent sends for its preflight's finding (or another refusal before its ranks start): the
-    finding's exit code travels with it, so the runner ends the job with that code (2) naming this host."""
-    return message(Kind.ERROR, message=str(err), exit_code=err.exit_code)
 
 
 def _enter(cwd: str) -> None:

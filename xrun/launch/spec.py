@@ -12,7 +12,7 @@ import enum
 import re
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xrun.errors import UsageError
@@ -172,6 +172,18 @@ class NodeSpec:
             run_id=str(data.get("run_id", "xrun")),
             elastic=ElasticOptions.from_json(data["elastic"]) if data.get("elastic") else None,
         )
+
+
+def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_count: int = 0) -> NodeSpec:
+    """``spec`` with what the start barrier decided filled in (the plan carries placeholders for both) and, with
+    --max_restarts, the attempt (torch's contract: ``TORCHELASTIC_RESTART_COUNT``)."""
+    ranks = tuple(
+        RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
+                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                      "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+        for r in spec.ranks
+    )
+    return replace(spec, ranks=ranks)
 
 
 def _options_to_json(options: AgentOptions) -> dict[str, Any]:

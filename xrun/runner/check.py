@@ -6,11 +6,12 @@ Without a hostfile it checks this machine (its local slots, as ``xrun`` without 
 running the probe directly: no ssh (issue 13).
 
 For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
-version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does
-not hold the others up), accelerators found vs slots asked, and on the master (node 0) whether
-``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and consistent (same Python
-and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given master port free),
-else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one (issue 17).
+version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does not hold
+the others up), accelerators found vs slots asked, each GPU's name, memory and driver (nvidia-smi), and on the
+master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and
+consistent (same Python and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given
+master port free), else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one
+(issue 17).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
+from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
+from xrun.runner.ssh_connections import Connected, close_all, connect_all
 from xrun.shell import render
 from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
 
@@ -41,7 +44,7 @@ PROBE_TIMEOUT = 30.0
 
 # Runs on every node with the job's interpreter; stdlib only, prints one JSON object.
 PROBE = r"""
-import json, os, socket, subprocess, sys
+import json, os, shutil, socket, subprocess, sys
 from importlib import metadata
 def version(name):
     try:
@@ -58,6 +61,17 @@ def accelerators():
         return sum(1 for line in out.splitlines() if line.startswith("GPU "))
     except Exception:
         return 0
+def gpus():
+    # name, memory and driver as the driver reports them (nvidia-smi: the probe imports nothing but the stdlib)
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
+    except Exception:
+        return []
+    rows = [[f.strip() for f in line.rsplit(",", 2)] for line in out.splitlines()]
+    return [{"name": r[0], "memory_mib": int(r[1]), "driver": r[2]} for r in rows if len(r) == 3 and r[1].isdigit()]
 def port_free(port):
     if port <= 0:
         return None
@@ -75,7 +89,8 @@ def interface(toward):
         return None
 print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
     "version": sys.version.split()[0], "xrun": version("xrun"), "torch": version("torch"),
-    "accelerators": accelerators(), "port_free": port_free(int(sys.argv[1])), "interface": interface(sys.argv[2])}))
+    "accelerators": accelerators(), "gpus": gpus(), "port_free": port_free(int(sys.argv[1])),
+    "interface": interface(sys.argv[2])}))
 """
 
 
@@ -146,8 +161,6 @@ def probe_here(host: str, ns: argparse.Namespace) -> Probes:
 
 
 def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
-    from xrun.runner.backends.sshconn import Connected, close_all, connect_all
-
     results = connect_all(list(commands), settings)
     try:
         def one(result: Any) -> tuple[str, tuple[bool, str, str]]:
@@ -223,7 +236,8 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
 
 
 def format_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
-    header = ("host", "reachable", "interface", "python", "version", "xrun", "torch", "accel/slots", "problems")
+    header = ("host", "reachable", "interface", "python", "version", "xrun", "torch", "accel/slots", "gpus",
+              "problems")
     rows = [header]
     for r in reports:
         f = r.facts
@@ -231,7 +245,7 @@ def format_table(reports: list[HostReport], master_port: int, *, given: bool = T
         accel = f"{count}/{len(r.slots)}" + (" (cpu)" if count == 0 else "") if f else "-"
         rows.append((r.host, "yes" if r.reachable else "NO", f.get("interface") or "-", f.get("python", "-"),
                      f.get("version", "-"), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
-                     "; ".join(r.problems) or "ok"))
+                     gpu_summary(f.get("gpus")), "; ".join(r.problems) or "ok"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     # a host's answers are its own strings: control characters shown escaped (issue 22 §6)
     lines = [one_line("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1]) for row in rows]
@@ -241,6 +255,18 @@ def format_table(reports: list[HostReport], master_port: int, *, given: bool = T
         note = " (no --master_port: a free one will be used)" if free is False and not given else ""
         lines.append(f"master {reports[0].host}: port {master_port} {state}{note}")
     return "\n".join(lines)
+
+
+def gpu_summary(gpus: Any) -> str:
+    """A host's GPUs as the probe read them: ``8x NVIDIA H100 80GB HBM3 81559 MiB, driver 580.159.04``."""
+    if not isinstance(gpus, list) or not gpus:
+        return "-"
+    kinds: dict[tuple[str, str], int] = {}
+    for gpu in gpus:
+        if isinstance(gpu, dict):
+            key = (f"{gpu.get('name')} {gpu.get('memory_mib')} MiB", str(gpu.get("driver")))
+            kinds[key] = kinds.get(key, 0) + 1
+    return "; ".join(f"{count}x {what}, driver {driver}" for (what, driver), count in kinds.items()) or "-"
 
 
 def _check_ports(ns: argparse.Namespace) -> None:
@@ -273,16 +299,12 @@ def parse_check_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _check_network_flags(ns: argparse.Namespace) -> None:
     if ns.network is not None:
-        from xrun.runner.network.cli import check_mode
-
         check_mode(ns.network)
     elif ns.json:
         raise UsageError("--json", "only applies with --network")
 
 
 def _network(hosts: list[str], ns: argparse.Namespace) -> int:
-    from xrun.runner.network.cli import check_hosts, run_network_check
-
     check_hosts(hosts)
     return run_network_check(hosts, python=ns.python, settings=ssh_settings(ns), as_json=ns.json, mode=ns.network)
 

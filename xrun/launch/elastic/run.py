@@ -43,7 +43,7 @@ from typing import Any
 from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
-from xrun.launch.network.modes import VARIABLES as IFNAME_VARIABLES
+from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
 from xrun.launch.output.logfiles import open_logs
 from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice, rank_prefix
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals

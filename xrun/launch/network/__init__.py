@@ -1,9 +1,17 @@
-"""The node's network, seen from the node (issue 24): which interface leads to the master, and a small TCP probe.
+"""The network check's node side, and the node's interface choice (issue 24). Stdlib only; torch only in the
+all-reduce worker, a process of its own.
 
-``interfaces`` picks the interface on the route to the master address (pure over literal route tables and
-addresses, with thin readers of the kernel's) and turns it into ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` for
-the ranks; ``probe`` is a stdlib echo/sink server and the client that measures latency and throughput against a
-peer's server; ``python -m xrun.launch.network`` runs one probe process that the head (``xrun check --network``)
-drives with JSON lines. Stdlib only (psutil, when installed, only widens the address list); imports ``spec``-level
-modules at most, so any agent (and a later ``--precheck`` over the control channel) can use it.
+Which interface the ranks use: ``interfaces`` picks the one on the route to the master address (pure over literal
+route tables and addresses, with thin readers of the kernel's); ``socket_ifname`` turns ``--network_interface`` and
+that choice into the ranks' ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+
+The probes, low to high: ``tcp_probe`` (the client that measures latency and throughput against a peer, and the echo
+and sink it talks to), ``allreduce_pair`` (``--network=allreduce``: a pair's torch group, both sides; each rank is a
+``python -m xrun.launch.network.allreduce_worker``), ``probe_server`` (the node's listening socket: a mode byte
+picks one of those), ``probe_commands`` (the node's hello and one probe command, answered alike however asked).
+Asked two ways: ``python -m xrun.launch.network`` (``__main__``) is the probe process that ``xrun check --network``
+starts over ssh and drives with JSON lines; ``precheck_answers`` answers a job's ``--precheck`` over the control
+channel while the agent waits for a start. The head's side is ``xrun.runner.network``.
+
+May import ``xrun.errors`` and ``xrun.channel``; nothing else of xrun.
 """

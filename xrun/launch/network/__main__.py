@@ -3,7 +3,7 @@
 It starts a probe server, then prints one line::
 
     {"ready": true, "host": "node2", "address": "10.77.0.12", "port": 40123, "interface": "xceth0",
-     "interfaces": ["lo", "xceth0"], "loopback_name": null}
+     "interfaces": ["lo", "xceth0"], "loopback_name": null, "torch": true, "gpus": 0}
 
 ``address``/``interface``: this node's address and interface on the route to ``--toward`` (the job's master;
 on the master itself, the interface holding its address), which is where the job's ranks would talk.
@@ -12,7 +12,9 @@ Then each stdin line is a command, answered by one stdout line, in order::
     {"probe": "10.77.0.11:40555", "mode": "measure", "seconds": 0.5}
     -> {"ok": true, "latency_ms": 0.08, "throughput_mbs": 812.4, "error": ""}
 
-``mode`` ``reach`` only connects and gets one byte back. End of input (or ``{"quit": true}``) ends it.
+``mode`` ``reach`` only connects and gets one byte back; ``allreduce`` runs the pair's all-reduce
+(``allreduce_pair``). The hello and the answers are ``probe_commands``'s, the server ``probe_server``'s. End of
+input (or ``{"quit": true}``) ends it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from xrun.launch.network.commands import hello, safe_answer
-from xrun.launch.network.probe import ProbeServer
+from xrun.launch.network.probe_commands import hello, safe_answer
+from xrun.launch.network.probe_server import ProbeServer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """``python -m xrun.launch.network.allreduce_worker --rank R --spec JSON``: one rank of a pair's all-reduce.
 
-Started by ``xrun.launch.network.allreduce`` (never on the launch path: this is where torch is imported). Prints
+Started by ``xrun.launch.network.allreduce_pair`` (never on the launch path: this is where torch is imported). Prints
 one JSON line: ``{"ok": true, "allreduce_mbs": 812.4, "error": ""}`` (algorithm bandwidth: the tensor's bytes
 over the median time of one all-reduce, after a warm-up), or ``ok`` false and a one-line error.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 
 def measure(rank: int, spec: dict[str, Any]) -> float:
-    import torch  # noqa: PLC0415 - only here, in the worker
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch  # only here, in the worker: nothing else of the check loads torch
+    import torch.distributed as dist
 
     master = str(spec["master"])
     url = f"tcp://[{master}]:{spec['port']}" if ":" in master else f"tcp://{master}:{spec['port']}"

@@ -10,7 +10,8 @@ need ``*_SOCKET_IFNAME``. The choice, in order (``select_interface``, pure):
    that one (this follows policy routing too);
 3. the longest matching prefix of ``/proc/net/route`` (lowest metric on a tie).
 
-The readers (``read_routes``, ``read_addresses``) are the only code that touches the kernel.
+The readers (``read_routes``, ``read_addresses``) are the only code that touches the kernel. What the ranks are
+given from the choice (``--network_interface``) is ``socket_ifname``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from xrun.launch.network.modes import AUTO, NONE, VARIABLES, MissingInterface  # noqa: F401 - re-exported
 
 _SIOCGIFADDR = 0x8915  # netdevice(7): an interface's primary IPv4 address
 
@@ -108,7 +107,7 @@ def read_addresses(*, wide: bool = False) -> dict[str, tuple[str, ...]]:
 
 def _psutil_addresses() -> dict[str, tuple[str, ...]] | None:
     try:
-        import psutil  # noqa: PLC0415 - optional: widens the view, never required
+        import psutil  # optional: widens the view, never required
 
         found = psutil.net_if_addrs()
     except Exception:  # noqa: BLE001 - no psutil, or it cannot read: the caller keeps the stdlib view
@@ -148,18 +147,17 @@ def _source_toward(dest: str) -> str | None:
 
 @dataclass(frozen=True)
 class Choice:
-    """The interface toward a host, with what led there (for messages and ``xrun check``)."""
+    """The interface toward a host, and this node's address on that route (what its peers connect to)."""
 
     interface: str | None
-    dest: str | None  # the host's address as this node resolves it
-    source: str | None  # this node's address on that route
+    source: str | None
 
 
 def interface_toward(host: str) -> Choice:
     """Ask the kernel: the interface on this node's route to ``host`` (a name or an address)."""
     dest = resolve(host)
     if dest is None:
-        return Choice(None, None, None)
+        return Choice(None, None)
     source = _source_toward(dest)
     addresses = read_addresses()
     if holder(dest, addresses) is None and (source is None or holder(source, addresses) is None):
@@ -167,24 +165,11 @@ def interface_toward(host: str) -> Choice:
     chosen = select_interface(dest, source, read_routes(), addresses)
     if holder(dest, addresses) is not None:
         source = dest  # the master's own node: peers reach it at the master address, not over lo
-    return Choice(chosen, dest, source)
+    return Choice(chosen, source)
 
 
 def interface_names() -> tuple[str, ...]:
     return tuple(name for _, name in socket.if_nameindex())
-
-
-def check_interface_name(host: str, name: str, names: Sequence[str]) -> None:
-    """``--network_interface NAME`` on a node that lacks it: one line naming the node and what it has."""
-    if name not in names:
-        raise MissingInterface(host, name, tuple(names))
-
-
-def interface_variables(interface: str | None, env: Mapping[str, str]) -> dict[str, str]:
-    """Pure: the ``*_SOCKET_IFNAME`` variables to add; a value the user set stays as it is."""
-    if not interface:
-        return {}
-    return {name: interface for name in VARIABLES if name not in env}
 
 
 def hostname_is_loopback(hostname: str) -> str | None:

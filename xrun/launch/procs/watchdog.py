@@ -7,12 +7,14 @@ TERM, wait, KILL, by process group (xrun.launch.procs.proctable), never by name 
 agent's per-run directories (``removed_if_the_agent_dies``: the ranks' ``TORCHELASTIC_ERROR_FILE`` directory),
 which the dead agent can no longer remove.
 
-An agent connected to a head (or to pod mode's node 0) also beats: inside ``watched_for_freezes(bound)`` it writes
-``.`` every ``bound / 5`` s from a thread, and a watchdog that hears nothing for ``bound`` s takes the agent for
-frozen (SIGSTOP, a stopped container, a machine that stopped scheduling it) and stops the ranks the same way. The
-head gives such a node up after the same silence (its keepalive), and a hot spare may take its place: without
-the beat the frozen agent's ranks ran on beside their replacements. A local run does not beat: a Ctrl-Z of
-xrun there pauses the job, as it always did.
+An agent connected to a head (or to pod mode's node 0) also beats: inside ``watched_for_freezes(bound)`` the loop
+that supervises the ranks writes ``.`` every ``bound / 5`` s (``beat``, a timer of xrun.launch.ranks.supervise's
+loop), and a watchdog that hears nothing for ``bound`` s takes the agent for frozen (SIGSTOP, a stopped container,
+a machine that stopped scheduling it, a loop deadlocked in a callback) and stops the ranks the same way. The beat
+comes from that loop and from nothing else (issue 33 §4): a thread beside it kept beating for a loop that hung.
+The head gives such a node up after the same silence (its keepalive: the same loop answers its pings), and a
+hot spare may take its place: without the beat the frozen agent's ranks ran on beside their replacements. A
+local run does not beat: a Ctrl-Z of xrun there pauses the job, as it always did.
 (horovod's runner uses a middleman per rank for the same reason; one per node is enough.)
 """
 
@@ -23,7 +25,6 @@ import os
 import select
 import shutil
 import signal
-import threading  # already loaded by subprocess
 import time
 from collections.abc import Collection, Iterator
 
@@ -58,16 +59,14 @@ def watched_for_freezes(bound: float) -> Iterator[None]:
 
 
 class Watchdog:
-    """The agent's end of the watchdog: a pid and the write end of its pipe (and the thread that beats on it)."""
+    """The agent's end of the watchdog: a pid and the write end of its pipe. Used by one thread, the loop's."""
 
     def __init__(self, pid: int, fd: int, beat_every: float | None = None) -> None:
         self.pid = pid
         self._fd: int | None = fd
         self._reaped = False
-        self._lock = threading.Lock()  # the beat and the agent write; a closed fd's number may be reused at once
-        self._closed = threading.Event()
-        if beat_every is not None:
-            threading.Thread(target=self._beat, args=(beat_every,), name="xrun-watchdog-beat", daemon=True).start()
+        self.beat_every = beat_every  # None: no beat is expected (a local run)
+        self._next_beat = time.monotonic()
 
     @classmethod
     def start(cls, grace: float) -> Watchdog:
@@ -84,9 +83,15 @@ class Watchdog:
         os.close(read_fd)
         return cls(pid, write_fd, frozen_after / 5 if frozen_after is not None else None)
 
-    def _beat(self, every: float) -> None:
-        while not self._closed.wait(every):
+    def beat_due(self) -> float | None:
+        """When the next beat is due (monotonic); None if this watchdog expects none."""
+        return self._next_beat if self.beat_every is not None and self._fd is not None else None
+
+    def beat(self) -> None:
+        """The agent is alive: its loop came round."""
+        if self.beat_every is not None:
             self._send(b".\n")
+            self._next_beat = time.monotonic() + self.beat_every
 
     def watch(self, sid: int) -> None:
         self._send(b"+%d\n" % sid)
@@ -108,20 +113,14 @@ class Watchdog:
         self._close()
 
     def _send(self, message: bytes) -> None:
-        with self._lock:
-            if self._fd is None:
-                return
-            try:
-                os.write(self._fd, message)  # a few bytes: atomic on a pipe
-            except BrokenPipeError:  # it was killed; the agent carries on without it
-                self._close_locked()
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, message)  # a few bytes: atomic on a pipe
+        except BrokenPipeError:  # it was killed; the agent carries on without it
+            self._close()
 
     def _close(self) -> None:
-        with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        self._closed.set()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xrun.launch.network.ranks_env import rank_network_env
+from xrun.launch.network.socket_ifname import rank_network_env
 from xrun.launch.ranks.devices import (
     NVIDIA_VISIBLE,
     Devices,

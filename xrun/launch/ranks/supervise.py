@@ -21,7 +21,8 @@ stopped the same way and reported as leftovers, so the agent never hangs on them
 the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in (xrun.launch.ranks.plugins).
 
 Safety nets: the agent is a child subreaper (orphaned grandchildren are reaped here, not left as zombies),
-and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL.
+and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL, or,
+for an agent connected to a head, when this loop stops coming round (it beats on the watchdog's pipe as a timer).
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class RankGroup:
             saved_subreaper = proctable.set_child_subreaper(True)
             # Forked before the signal handlers and the rank pipes exist: it must hold neither.
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
+            if self._watchdog.beat_every is not None:  # from this loop only: a loop that hangs stops beating
+                self.plugins.timers.add(self._watchdog.beat_due, self._watchdog.beat)
             self._reaper.attach(sel, self._watchdog, pidfd=self._have_pidfd, subreaper=saved_subreaper is not None)
             owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals),
                          *sorted(self.plugins.signals))

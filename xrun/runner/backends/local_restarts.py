@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import time
 
-from xrun.launch.connect import with_rendezvous
+from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
-from xrun.launch.spec import HangAction, NodeSpec
+from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.net import free_port
 from xrun.runner.job.attempts import Attempts, Ending
 from xrun.runner.job.events import Failure
-from xrun.runner.job.status import say
 from xrun.runner.job.verdict import RootCause
 from xrun.runner.plan import Plan, PortChoice
 

@@ -16,6 +16,7 @@ from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.plan import Plan
+from xrun.runner.ssh_connections import Connected, HostConnectError, close_all, connect_all
 from xrun.shell import render
 
 
@@ -47,9 +48,6 @@ class SshBackend:
         )
 
     def execute(self, plan: Plan) -> int:
-        # paramiko loads here, only when the ssh backend really runs.
-        from xrun.runner.backends.sshconn import Connected, HostConnectError, close_all, connect_all  # noqa: PLC0415
-
         results = connect_all(list(plan.agent_hosts), plan.request.remote.ssh)  # the hot spares' too: standby
         try:
             connected = [r for r in results if isinstance(r, Connected)]

@@ -2,8 +2,8 @@
 and each action that comes back is carried out.
 
 An action becomes a message to agents over their admitted connections (a spec, ``start``, ``stop``, ``restart``,
-the verdict, a ping), a connection admitted or dropped, a status line (``xrun.runner.job.status``), or the start of
-``--precheck``'s network check (``xrun.runner.job.precheck_run``). ``feed`` is not re-entered: an event raised
+the verdict, a ping), a connection admitted or dropped, a status line (``xrun.launch.output.status``), or the start of
+``--precheck``'s network check (``xrun.runner.network.precheck_channel``). ``feed`` is not re-entered: an event raised
 while actions are carried out (a send that fails loses its node) waits in the queue for the loop already feeding.
 Pod mode's server replaces some doers (the barrier's status goes to every node: ``xrun.runner.pod.server``).
 """
@@ -39,8 +39,8 @@ from xrun.runner.job.events import (
 from xrun.runner.job.wire import verdict_message
 
 if TYPE_CHECKING:
+    from xrun.launch.output.status import PlainStatus
     from xrun.runner.job.machine import Job
-    from xrun.runner.job.status import PlainStatus
     from xrun.runner.plan import Plan
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from xrun.runner.job.digest import PlanDigest
-    from xrun.runner.network.report import PrecheckResult
+    from xrun.runner.network.node_results import PrecheckResult
 
 # -- events ---------------------------------------------------------------------------------------------------
 
@@ -110,7 +110,7 @@ class Hung:
 
 @dataclass(frozen=True)
 class PrecheckDone:
-    """--precheck (issue 24): the network check across the nodes is over (xrun.runner.job.precheck_run)."""
+    """--precheck (issue 24): the network check across the nodes is over (xrun.runner.network.precheck_channel)."""
 
     result: PrecheckResult
 

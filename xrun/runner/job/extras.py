@@ -1,6 +1,6 @@
 """What the control server (``xrun.runner.job.server``) carries besides the job: the hang doctor's head side
 (``xrun.runner.job.doctor``), every rank's figures (``xrun.launch.result.summary``) and ``--precheck``'s network check
-(``xrun.runner.job.precheck_run``), all fed from the agents' messages before the machine sees them.
+(``xrun.runner.network.precheck_channel``), all fed from the agents' messages before the machine sees them.
 
 Every rank's figures come with its ``rank_exited``: at the end, one success line, the table after a failure, and
 ``summary.json``. The hang doctor's messages (``stacks``, ``want_stacks``, ``quiet``, ``spoke``) become its steps:
@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message
+from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.report import write_json
 from xrun.launch.result.stackview import merge, render
@@ -25,7 +26,6 @@ from xrun.launch.result.summary import RankFigures, success_line, summary_json, 
 from xrun.runner.job.doctor import HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import Hung, RunPrecheck, Verdict
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.status import say
 
 if TYPE_CHECKING:
     from xrun.runner.job.dispatch import Dispatch
@@ -65,7 +65,7 @@ class Extras:
         return node.host if node is not None else self.server.plan.agent_hosts[agent]
 
     def run_precheck(self, action: RunPrecheck) -> None:
-        from xrun.runner.job.precheck_run import ChannelPrecheck  # noqa: PLC0415 - --precheck only
+        from xrun.runner.network.precheck_channel import ChannelPrecheck  # noqa: PLC0415 - --precheck only
 
         self.precheck = ChannelPrecheck(self.server, action, now=time.monotonic())
 

@@ -4,7 +4,7 @@ While the start barrier holds, each bad node is replaced at once by a hot spare 
 restart, no rank has started; the spare is sent the node's spec and the barrier waits for its preflight and ready.
 Without enough spares, or once the ranks run, bad nodes are lost nodes: the job stops, and with ``--max_restarts``
 the next attempt runs on spares or the job ends naming every lost node (``xrun.runner.job.restart``). Which nodes a
-precheck finds bad, and which spares may take their places, is ``xrun.runner.job.precheck``'s decision.
+precheck finds bad, and which spares may take their places, is ``xrun.runner.network.precheck_decision``'s decision.
 
 Pure: the machine feeds the state, these change it and queue its actions.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 from xrun.runner.job.attempts import seated_specs
 from xrun.runner.job.events import Failure, NodesFaulty, PrecheckDone
 from xrun.runner.job.nodes import Node
-from xrun.runner.job.precheck import decide_with_spares, passed_line
 from xrun.runner.job.verdict import lost_failure
 from xrun.runner.job.view import JobView
+from xrun.runner.network.precheck_decision import decide_with_spares, passed_line
 
 
 def precheck_done(job: JobView, event: PrecheckDone) -> None:

@@ -23,16 +23,26 @@ def _exit_code(reason: str, code: int) -> str:
     return "" if re.search(rf"\bcode {code}\b", reason) else f" (exit code {code})"
 
 
+def headline(verdict: Verdict) -> str | None:
+    """The verdict's first line: the signal that stopped the job, or its root cause; None for a job that succeeded.
+    Pod mode's node 0 sends it with the verdict, and every other node prints it (``wire.verdict_message``)."""
+    failure, code = verdict.failure, verdict.exit_code
+    if verdict.interrupted_by is not None:
+        return f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})"
+    if failure is None:
+        return None
+    stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
+    return f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{stopped}"
+
+
 def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
     lines = []
     if strays:
         lines.append(f"closed {strays} connection(s) that did not prove this run's key")
-    failure, code = verdict.failure, verdict.exit_code
-    if verdict.interrupted_by is not None:
-        lines.append(f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})")
-    elif failure is not None:
-        stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
-        lines.append(f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{stopped}")
+    first, failure = headline(verdict), verdict.failure
+    if first is not None:
+        lines.append(first)
+    if verdict.interrupted_by is None and failure is not None:
         lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
         hint = failure_hint(failure.tail)
         if hint:

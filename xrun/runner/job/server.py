@@ -8,7 +8,7 @@ the machine's events: agents' messages (``xrun.runner.job.wire``), dropped conne
 machine and carries out the actions that come back: sends, closed connections and status lines; at the end the
 machine's verdict is the report (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and
 exit-code decisions are all the machine's; the wire format lives in ``xrun.channel``, the status display in
-``xrun.runner.job.status``.
+``xrun.launch.output.status``.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, message
+from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
@@ -62,7 +63,6 @@ from xrun.runner.job.gate import Gate
 from xrun.runner.job.loop import SelectLoop
 from xrun.runner.job.machine import Job
 from xrun.runner.job.report import report_lines
-from xrun.runner.job.status import PlainStatus, make_status, say
 from xrun.runner.job.wire import agent_event, hello_event
 from xrun.runner.plan import Plan
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.runner.job.events import AgentError, Done, Event, Heard, HelloReceived, RankExited, Ready, Verdict
+from xrun.runner.job.report import headline
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 
 
@@ -33,6 +34,7 @@ def verdict_message(verdict: Verdict) -> Message:
         Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
         stopped_after=verdict.stopped_after, host=failure.host if failure else None,
         rank=failure.rank if failure else None, reason=failure.reason if failure else None,
+        line=headline(verdict),  # pod mode: what every node but node 0 prints
     )
 
 

@@ -2,7 +2,7 @@
 
 Two rounds (``rounds``), each a wave or two of pairs; each pair is measured both ways, one direction after the
 other, with every pair of the wave at once. Then every failed probe is settled against a third node
-(``verdict.blame``), and a node left without figures (all its partners were bad) gets a pair with a good node of
+(``node_verdicts.blame``), and a node left without figures (all its partners were bad) gets a pair with a good node of
 its own. With N nodes that is 2 rounds x 2 waves at most x 2 directions, plus one batch of settling probes and
 one of cover pairs (and, when pairs failed, one wave pairing the nodes still without figures among
 themselves, so that a node that cannot connect out does not hide every partner it had): the time does not grow
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from xrun.runner.network import rounds
-from xrun.runner.network.verdict import (
+from xrun.runner.network.node_verdicts import (
     Figures,
     NodeVerdict,
     Probe,
@@ -51,8 +51,7 @@ class Prober(Protocol):
 
 @dataclass(frozen=True)
 class Outcome:
-    verdicts: dict[int, NodeVerdict]
-    probes: tuple[Probe, ...]  # every probe that ran, in order
+    verdicts: dict[int, NodeVerdict]  # every node's, by the index the prober knows it by
 
 
 # A check's steps: each yields one batch of requests and is sent back their probes, in order; it returns the outcome.
@@ -93,7 +92,7 @@ class Check:
         if len(alive) < 2:
             unreachable.update({n: "no other node came up to test against" for n in alive})
         yield from self._cover([n for n in alive if n not in unreachable], unreachable)
-        return Outcome(judge(best_figures(self._pairs), unreachable, self._nodes), tuple(self._probes))
+        return Outcome(judge(best_figures(self._pairs), unreachable, self._nodes))
 
     def _round(self, round_: rounds.Round, names: Sequence[int]) -> _Asks:
         for wave in round_:

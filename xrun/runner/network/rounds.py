@@ -35,11 +35,6 @@ def extremes_round(order: Sequence[int]) -> Round:
     return (wave, ((order[count // 2], order[0]),)) if count % 2 else (wave,)
 
 
-def covered(round_: Round) -> set[int]:
-    """Every node that is in a pair of the round."""
-    return {node for wave in round_ for pair in wave for node in pair}
-
-
 def untried_pairs(nodes: Sequence[int], tried: Iterable[tuple[int, int]]) -> list[Pair]:
     """One wave pairing ``nodes`` among themselves, greedily, never a pair already tried (after failures: two
     good nodes that were each paired only with a bad one still get to prove themselves)."""

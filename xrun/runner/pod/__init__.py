@@ -1,5 +1,7 @@
 """Pod mode: every node starts xrun itself (Kubernetes, PAI, Volcano, a batch system, a person on each node).
 
-Placement from the platform's variables, the shared secret, node 0's server and the hello policy, the run.
+Placement from the platform's variables, the shared secret, node 0's server and the hello policy, and the run's
+head-layer part (``run``): each node's own part, node 0's included, is the node layer's agent
+(``xrun.launch.session``), handed a ``PodNode``.
 May import ``runner.hosts``, ``runner.job``, the head's plan modules, ``xrun.launch`` and ``xrun.channel``.
 """

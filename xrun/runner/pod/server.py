@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
 from xrun.runner.job.digest import PlanDigest, PlanDigestError
@@ -44,7 +45,6 @@ from xrun.runner.job.machine import Job
 from xrun.runner.job.rejoin import rejoins
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer
-from xrun.runner.job.status import PlainStatus, say
 from xrun.runner.job.wire import hello_event
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello

@@ -1,17 +1,17 @@
 """``--precheck`` (issue 24): the one decision about what the network check across a job's nodes found (its result
-is data: ``xrun.runner.network.report.PrecheckResult``, each bad node's rank, host, verdict, reason and figures).
-Pure: no socket, no clock.
+is data: ``node_results.PrecheckResult``, each bad node's rank, host, verdict, reason and figures). Pure: no socket,
+no clock.
 
-The check itself is ``xrun check --network``'s (``xrun.runner.network``: the same rounds, the same verdict rules),
-run over the job's own connected agents once every node is through the start barrier and before any rank starts,
-before every attempt of ``--max_restarts`` (``xrun.runner.job.precheck_run`` drives it; the barrier holds meanwhile:
-``xrun.runner.job.barrier``).
+The check itself is ``xrun check --network``'s (the same rounds, the same verdict rules), run over the job's own
+connected agents once every node is through the start barrier and before any rank starts, before every attempt of
+``--max_restarts`` (``precheck_channel`` drives it; the barrier holds meanwhile: ``xrun.runner.job.barrier``).
 
 ``decide`` is the one place that says what a bad node means for the job: it ends before any rank starts (exit 1),
 naming every bad node with its figures. With hot spares (``--spares``, issue 23) the spares on standby are checked
 beside the nodes, and ``decide_with_spares`` comes first: a bad spare is dropped, and bad nodes that spares which
 passed can replace are replaced (``Replacing``; the machine seats them and the barrier waits for them, with no
-second check) instead of ending the job.
+second check) instead of ending the job. What the job then does with those nodes (seat the spares, or lose the
+nodes) is the job's own rule: ``xrun.runner.job.faulty``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from xrun.runner.job.events import Failure
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
-from xrun.runner.network.report import BadNode, PrecheckResult
+from xrun.runner.network.node_results import BadNode, PrecheckResult
 
 
 @dataclass(frozen=True)

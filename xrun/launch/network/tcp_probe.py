@@ -1,9 +1,10 @@
-"""A TCP probe between two nodes: a server that echoes or sinks, and a client that measures (issue 24).
+"""The TCP probe between two nodes: the client that measures a peer, and the server's two halves it talks to
+(issue 24).
 
-Each connection starts with one mode byte: ``E`` echo (every byte comes back: round trips), ``S`` sink (count
-what arrives until the client's half-close, then answer the count as 8 bytes: throughput measured end to end,
-so bytes still queued in a send buffer are never counted as delivered), ``A`` all-reduce (start this node's rank
-of a pair's torch group: ``allreduce``). Stdlib sockets only here: torch only in the all-reduce worker.
+A connection to a node's probe server (``probe_server``) starts with one mode byte: ``E`` echo (every byte comes
+back: ``echo``, round trips) or ``S`` sink (count what arrives until the client's half-close, then answer the count
+as 8 bytes: ``sink``, throughput measured end to end, so bytes still queued in a send buffer are never counted as
+delivered). Stdlib sockets only: torch only in the all-reduce worker.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import socket
 import statistics
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
@@ -19,7 +19,9 @@ ECHO = b"E"
 SINK = b"S"
 CHUNK = 256 * 1024
 PING = b"x" * 32
-ALLREDUCE = b"A"  # an all-reduce pair (``xrun.launch.network.allreduce``)
+CONNECT_TIMEOUT = 3.0  # per probe connection: a firewall that drops SYNs costs this much, not TCP's minutes
+SECONDS = 0.5  # throughput: send for this long...
+MAX_BYTES = 256 << 20  # ...or this much
 
 
 @dataclass(frozen=True)
@@ -30,57 +32,21 @@ class Measurement:
     latency_ms: float | None = None  # median round trip of small messages
     throughput_mbs: float | None = None  # MB/s (10^6 bytes) delivered and acknowledged
     error: str = ""
-    allreduce_mbs: float | None = None  # --network=allreduce: the pair's all-reduce bandwidth (``allreduce``)
+    allreduce_mbs: float | None = None  # --network=allreduce: the pair's all-reduce bandwidth (``allreduce_pair``)
 
 
-class ProbeServer:
-    """Accepts on every address of ``port`` (0: the kernel picks); one thread per connection, daemons all."""
-
-    def __init__(self, port: int = 0, *, family: socket.AddressFamily = socket.AF_INET) -> None:
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("", port))
-        self._sock.listen(128)
-        self.port = int(self._sock.getsockname()[1])
-        threading.Thread(target=self._accept, name="xrun-netprobe-accept", daemon=True).start()
-
-    def close(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread; close alone leaves it listening
-        except OSError:
-            pass
-        self._sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=_serve, args=(conn,), name="xrun-netprobe-conn", daemon=True).start()
+def echo(conn: socket.socket) -> None:
+    """The server's side of ``E`` (the mode byte already read): every byte back, until the client closes."""
+    while data := conn.recv(4096):
+        conn.sendall(data)
 
 
-def _serve(conn: socket.socket) -> None:
-    with conn:
-        conn.settimeout(30)  # a client that vanishes mid-probe must not hold a thread forever
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            mode = conn.recv(1)
-            if mode == ECHO:
-                while data := conn.recv(4096):
-                    conn.sendall(data)
-            elif mode == SINK:
-                total = 0
-                while data := conn.recv(CHUNK):
-                    total += len(data)
-                conn.sendall(struct.pack("!Q", total))
-            elif mode == ALLREDUCE:
-                conn.settimeout(None)  # the all-reduce worker is bounded by its own timeout
-                from xrun.launch.network.allreduce import serve  # noqa: PLC0415 - only for --network=allreduce
-
-                serve(conn)
-        except OSError:
-            return
+def sink(conn: socket.socket) -> None:
+    """The server's side of ``S``: count what arrives until the client's half-close, then answer the count."""
+    total = 0
+    while data := conn.recv(CHUNK):
+        total += len(data)
+    conn.sendall(struct.pack("!Q", total))
 
 
 def _connect(address: str, port: int, timeout: float, mode: bytes) -> socket.socket:
@@ -90,7 +56,7 @@ def _connect(address: str, port: int, timeout: float, mode: bytes) -> socket.soc
     return sock
 
 
-def round_trips(address: str, port: int, *, count: int = 5, timeout: float = 3.0) -> float:
+def round_trips(address: str, port: int, *, count: int = 5, timeout: float = CONNECT_TIMEOUT) -> float:
     """Median round trip (ms) of ``count`` small messages on one connection."""
     with _connect(address, port, timeout, ECHO) as sock:
         times = []
@@ -107,14 +73,13 @@ def round_trips(address: str, port: int, *, count: int = 5, timeout: float = 3.0
     return statistics.median(times)
 
 
-def throughput(address: str, port: int, *, seconds: float = 0.5, max_bytes: int = 256 << 20,
-               timeout: float = 3.0) -> float:
-    """MB/s: send for ``seconds`` (or ``max_bytes``), half-close, and wait for the server's count."""
+def throughput(address: str, port: int, *, seconds: float = SECONDS, timeout: float = CONNECT_TIMEOUT) -> float:
+    """MB/s: send for ``seconds`` (or ``MAX_BYTES``), half-close, and wait for the server's count."""
     payload = b"\0" * CHUNK
     with _connect(address, port, timeout, SINK) as sock:
         start = time.perf_counter()
         sent = 0
-        while sent < max_bytes and time.perf_counter() - start < seconds:
+        while sent < MAX_BYTES and time.perf_counter() - start < seconds:
             sock.sendall(payload)
             sent += len(payload)
         sock.shutdown(socket.SHUT_WR)
@@ -130,7 +95,7 @@ def throughput(address: str, port: int, *, seconds: float = 0.5, max_bytes: int 
     return received / elapsed / 1e6
 
 
-def measure(address: str, port: int, *, seconds: float = 0.5, timeout: float = 3.0) -> Measurement:
+def measure(address: str, port: int, *, seconds: float = SECONDS, timeout: float = CONNECT_TIMEOUT) -> Measurement:
     """Latency then throughput against a peer's server; any failure becomes data with a one-line reason."""
     try:
         latency = round_trips(address, port, timeout=timeout)
@@ -140,7 +105,7 @@ def measure(address: str, port: int, *, seconds: float = 0.5, timeout: float = 3
     return Measurement(ok=True, latency_ms=latency, throughput_mbs=rate)
 
 
-def reach(address: str, port: int, *, timeout: float = 3.0) -> Measurement:
+def reach(address: str, port: int, *, timeout: float = CONNECT_TIMEOUT) -> Measurement:
     """Can this node open a connection to the peer and get a byte back? (deciding which side of a pair is bad)"""
     try:
         latency = round_trips(address, port, count=1, timeout=timeout)

@@ -1,5 +1,7 @@
-"""What ``xrun check --network`` prints: one line per node, or one JSON object (``--json``); and a job's
-``--precheck`` result as data (``PrecheckResult``: which node ranks are bad, why, their figures)."""
+"""Each checked node's result: its row (host, interface, address, figures, verdict); what ``xrun check --network``
+prints of the rows (one line per node, or one JSON object with ``--json``, and the summary line); and a job's
+``--precheck`` result as data (``PrecheckResult``: which node ranks are bad, why, their figures), which
+``precheck_decision`` decides on."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.runner.network.verdict import RULE, NodeVerdict, Verdict
+from xrun.runner.network.node_verdicts import RULE, NodeVerdict, Verdict
 
 
 @dataclass(frozen=True)

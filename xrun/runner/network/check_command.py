@@ -1,4 +1,6 @@
-"""``xrun check --network``: the wiring from the selected hosts to the verdicts (see the package doc)."""
+"""``xrun check --network[=MODE]``: its bad input (the mode, too few hosts, no torch for ``allreduce``), and the
+wiring from the selected hosts to the printed verdicts: the probes over ssh (``ssh_probes``), the check
+(``coordinate``), the table or JSON (``node_results``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.runner.network import report
+from xrun.runner.network import node_results
 from xrun.runner.network.coordinate import Check
+from xrun.runner.network.ssh_probes import Down, Link, LinkProber, start_links
 from xrun.runner.remote_options import SshSettings
 
 TCP = "tcp"
@@ -40,8 +43,6 @@ def check_torch(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]]) -
 def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSettings, as_json: bool,
                       mode: str = TCP) -> int:
     """Start the probes, run the rounds, print; 0 when every node is ok, 1 when any is bad."""
-    from xrun.runner.network.remote import Down, Link, LinkProber, start_links  # noqa: PLC0415 - ssh is heavy
-
     start = time.monotonic()
     started = start_links(hosts, python, settings)
     links = {i: s for i, s in enumerate(started) if isinstance(s, Link)}
@@ -54,8 +55,8 @@ def run_network_check(hosts: Sequence[str], *, python: str, settings: SshSetting
         for link in links.values():
             link.close()
     elapsed = time.monotonic() - start
-    rows = report.node_rows(hosts, {i: link.hello for i, link in links.items()}, outcome.verdicts)
-    print(report.format_json(rows, elapsed) if as_json else report.format_table(rows))
-    quiet_stdout = as_json or report.bad(rows)  # --json: stdout holds exactly one object
-    print(report.summary(rows, elapsed), file=sys.stderr if quiet_stdout else sys.stdout)
-    return 1 if report.bad(rows) else 0
+    rows = node_results.node_rows(hosts, {i: link.hello for i, link in links.items()}, outcome.verdicts)
+    print(node_results.format_json(rows, elapsed) if as_json else node_results.format_table(rows))
+    quiet_stdout = as_json or node_results.bad(rows)  # --json: stdout holds exactly one object
+    print(node_results.summary(rows, elapsed), file=sys.stderr if quiet_stdout else sys.stdout)
+    return 1 if node_results.bad(rows) else 0

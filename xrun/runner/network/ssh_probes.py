@@ -1,8 +1,9 @@
-"""The probe processes of ``xrun check --network``: one ``python -m xrun.launch.network`` per node over ssh.
+"""The probe processes of ``xrun check --network``: one ``python -m xrun.launch.network`` per node over ssh, and
+the ``Prober`` that drives them (``LinkProber``).
 
-Each runs for the whole check; the head writes JSON-line commands to its stdin and reads one answer line per
-command (the node side's doc has the protocol). OpenSSH's client by default; paramiko when the check would use
-it (installed). A node whose probe does not come up is data (``Down``), not an exception.
+Each runs for the whole check; the head writes JSON-line commands to its stdin (``probe_requests``) and reads one
+answer line per command (the node side's doc has the protocol). OpenSSH's client by default; paramiko when the
+check would use it (installed). A node whose probe does not come up is data (``Down``), not an exception.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from xrun.errors import UsageError
-from xrun.launch.network.allreduce import backend_for, size_for
-from xrun.runner.network.coordinate import ALLREDUCE, REACH, Request
-from xrun.runner.network.verdict import Probe
+from xrun.runner.network.coordinate import Request
+from xrun.runner.network.node_verdicts import Probe
+from xrun.runner.network.probe_requests import command_for, probe_budget, probe_from
 from xrun.runner.remote_options import SshSettings, openssh_args
+from xrun.runner.ssh_connections import Connected, connect_all
 from xrun.shell import render
 
 HELLO_TIMEOUT = 30.0  # ssh handshake + interpreter start on a loaded node
-CONNECT_TIMEOUT = 3.0  # per probe connection: a firewall that drops SYNs costs this much, not TCP's minutes
-SECONDS = 0.5  # throughput: send for this long (or 256 MB)
-GROUP_TIMEOUT = 30.0  # --network=allreduce: torch's import and the group's rendezvous on both nodes
 MAX_PARALLEL = 1024  # probing nodes driven at once: a wave of 1,000 nodes is 500 pairs, all at the same time
 
 
@@ -154,8 +153,6 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def _paramiko_links(hosts: Sequence[str], command: str, settings: SshSettings) -> list[Link | Down]:
-    from xrun.runner.backends.sshconn import Connected, connect_all  # noqa: PLC0415 - paramiko is heavy
-
     links: list[Link | Down] = []
     for result in connect_all(list(hosts), settings):
         if not isinstance(result, Connected):
@@ -191,11 +188,8 @@ def _lines(raw: Any) -> Iterable[str]:
 class LinkProber:
     """``Prober`` over the links: a node's requests in turn, different nodes at once."""
 
-    def __init__(self, links: Mapping[int, Link], *, seconds: float = SECONDS,
-                 timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(self, links: Mapping[int, Link]) -> None:
         self._links = dict(links)
-        self._seconds = seconds
-        self._timeout = timeout
 
     def run(self, requests: Sequence[Request]) -> list[Probe]:
         by_src: dict[int, list[int]] = {}
@@ -213,20 +207,9 @@ class LinkProber:
         return [results[i] for i in range(len(requests))]
 
     def _one(self, request: Request) -> Probe:
-        src, dst = self._links[request.src], self._links[request.dst].hello
-        address = str(dst["address"])
-        target = f"[{address}]:{dst['port']}" if ":" in address else f"{address}:{dst['port']}"
-        seconds = 0.0 if request.mode == REACH else self._seconds
-        command = {"probe": target, "mode": request.mode, "seconds": seconds, "timeout": self._timeout}
-        wait = 4 * self._timeout + 2 * seconds + 5
-        if request.mode == ALLREDUCE:
-            backend = backend_for(int(src.hello.get("gpus") or 0), int(dst.get("gpus") or 0))
-            command.update(backend=backend, group_timeout=GROUP_TIMEOUT, bytes=size_for(request.rate_mbs))
-            wait += 4 * GROUP_TIMEOUT  # each rank may take twice the group's bound before it is killed
-        src.send(command)
-        answer = src.read(wait)
+        src = self._links[request.src]
+        src.send(command_for(request, src.hello, self._links[request.dst].hello))
+        answer = src.read(probe_budget(request))
         if isinstance(answer, str):
             return Probe(request.src, request.dst, ok=False, error=answer)
-        return Probe(request.src, request.dst, ok=bool(answer.get("ok")), latency_ms=answer.get("latency_ms"),
-                     throughput_mbs=answer.get("throughput_mbs"), error=str(answer.get("error") or ""),
-                     allreduce_mbs=answer.get("allreduce_mbs"))
+        return probe_from(request, answer)

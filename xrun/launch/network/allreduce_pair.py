@@ -1,10 +1,12 @@
-"""``--network=allreduce``: a 2-process torch.distributed group per pair, timed (issue 24).
+"""``--network=allreduce``: a 2-process torch.distributed group per pair, timed (issue 24); both of its sides.
 
-The probing node (``src``) connects to its partner's probe server with mode byte ``A`` and one JSON line (the
-group's rendezvous: ``src``'s address on that connection and a free port, the backend, the tensor size); both
-sides then start one ``python -m xrun.launch.network.allreduce_worker`` (rank 0 here, rank 1 there), which
-imports torch, forms the group within ``timeout`` and times ``iters`` all-reduces. Torch is imported only in
-those workers: this module, the probe process and the launch path never import it.
+The probing node (``src``, ``run_pair``) connects to its partner's probe server with mode byte ``A`` and one JSON
+line (the group's rendezvous: ``src``'s address on that connection and a free port, the backend, the tensor size);
+the partner's server hands the connection to ``serve``. Both sides then start one
+``python -m xrun.launch.network.allreduce_worker`` (rank 0 here, rank 1 there), which imports torch, forms the
+group within ``timeout`` and times ``iters`` all-reduces. Torch is imported only in those workers: this module,
+the probe process and the launch path never import it. ``backend_for`` and ``size_for`` are the head's choices for
+a pair (``xrun.runner.network.probe_requests``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-ALLREDUCE = b"A"
+from xrun.launch.network.interfaces import holder, read_addresses
+from xrun.launch.network.tcp_probe import CONNECT_TIMEOUT, describe
+
+ALLREDUCE = b"A"  # the mode byte of a connection to a probe server (``probe_server``)
 BYTES = 8 << 20  # 8 MiB of float32: big enough to measure bandwidth, small enough for a slow link
 ITERS = 5
 MIN_BYTES = 64 << 10
@@ -61,8 +66,6 @@ def has_torch() -> bool:
 
 
 def _interface_of(address: str) -> str | None:
-    from xrun.launch.network.interfaces import holder, read_addresses  # noqa: PLC0415 - only for this mode
-
     return holder(address, read_addresses()) or holder(address, read_addresses(wide=True))
 
 
@@ -106,13 +109,11 @@ def _free_port(address: str) -> int:
 
 
 def run_pair(address: str, port: int, *, backend: str = "gloo", size: int = BYTES, iters: int = ITERS,
-             timeout: float = GROUP_TIMEOUT, connect_timeout: float = 3.0) -> Result:
+             timeout: float = GROUP_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT) -> Result:
     """Rank 0 of a pair with the probe server at ``address:port`` (which starts rank 1)."""
     try:
         sock = socket.create_connection((address, port), timeout=connect_timeout)
     except OSError as err:
-        from xrun.launch.network.probe import describe  # noqa: PLC0415 - probe imports this module
-
         return Result(ok=False, error=describe(err, address, port))
     with sock:
         local = str(sock.getsockname()[0])

@@ -8,9 +8,11 @@ liveness and teardown: a node lost or a signal during the check ends the job lik
 The same rounds and verdicts as ``xrun check --network``: ``coordinate.Check``, driven one batch at a time
 (``Stepper``) as the answers arrive. Each node is sent ``probe_open`` (toward the master address) and answers
 ``probe_ready`` with its probe server's address and port; each request of a batch becomes a ``probe`` to its
-source node, answered ``probed`` (``xrun.launch.network.onchannel``). Deadlines keep it bounded: a node that does
-not open its server in ``OPEN_TIMEOUT`` is unreachable, an unanswered probe fails after its budget (the ssh
-check's). When the check is over the result goes to the machine as ``PrecheckDone``, which decides.
+source node (``probe_requests``, as the ssh check sends it), answered ``probed``
+(``xrun.launch.network.precheck_answers``). Deadlines keep it bounded: a node that does not open its server in
+``OPEN_TIMEOUT`` is unreachable, an unanswered probe fails after its budget (the ssh check's). When the check is
+over the result goes to the machine as ``PrecheckDone``, whose rule (``xrun.runner.job.faulty``) acts on
+``precheck_decision``'s decision.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xrun.channel import Kind, Message, message
+from xrun.launch.output.status import say
 from xrun.runner.job.events import PrecheckDone, RunPrecheck
-from xrun.runner.job.status import say
-from xrun.runner.network.coordinate import REACH, Check, Request, Stepper
-from xrun.runner.network.report import PrecheckResult, node_rows
-from xrun.runner.network.verdict import Probe
+from xrun.runner.network.coordinate import Check, Request, Stepper
+from xrun.runner.network.node_results import PrecheckResult, node_rows
+from xrun.runner.network.node_verdicts import Probe
+from xrun.runner.network.probe_requests import command_for, probe_budget, probe_from
 
 if TYPE_CHECKING:
     from xrun.runner.job.dispatch import Dispatch
@@ -43,19 +46,12 @@ class Server(Protocol):
 
     def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None: ...
 
+
 OPEN_TIMEOUT = 15.0  # a node's probe server and its route lookup: instant, unless the agent is stuck
-CONNECT_TIMEOUT = 3.0  # per probe connection (as xrun check --network)
-SECONDS = 0.5  # throughput: send for this long
 # Each check numbers its probes from its own block, so a late answer to an earlier check's probe (a standing spare's,
 # checked again at a restart) is never taken for one of this check's.
 ID_BLOCK = 1 << 32
 _checks = itertools.count()
-
-
-def probe_budget(request: Request) -> float:
-    """How long one probe may take before it counts as failed: its connections' timeouts and its sending time."""
-    seconds = 0.0 if request.mode == REACH else SECONDS
-    return 4 * CONNECT_TIMEOUT + 2 * seconds + 5
 
 
 class ChannelPrecheck:
@@ -92,7 +88,7 @@ class ChannelPrecheck:
         if isinstance(index, int) and 0 <= index - self.first_id < len(self.batch):
             request = self.batch[index - self.first_id]
             if request.src == where:
-                self.answers[index - self.first_id] = _probe(request, msg)
+                self.answers[index - self.first_id] = probe_from(request, msg)
                 if len(self.answers) == len(self.batch):
                     self._next(now)
 
@@ -138,13 +134,8 @@ class ChannelPrecheck:
         self.batch, self.answers = requests, {}
         load: dict[int, float] = {}  # a node runs its probes in turn: its budgets add up
         for i, request in enumerate(requests):
-            peer = self.hellos[request.dst]
-            address, port = str(peer["address"]), peer["port"]
-            target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-            seconds = 0.0 if request.mode == REACH else SECONDS
-            self.server.dispatch.send(self.ranks[request.src], message(
-                Kind.PROBE, id=self.first_id + i, probe=target, mode=request.mode, seconds=seconds,
-                timeout=CONNECT_TIMEOUT))
+            command = command_for(request, self.hellos[request.src], self.hellos[request.dst])
+            self.server.dispatch.send(self.ranks[request.src], message(Kind.PROBE, id=self.first_id + i, **command))
             load[request.src] = load.get(request.src, 0.0) + probe_budget(request)
         self.deadline = now + max(load.values())
 
@@ -158,10 +149,3 @@ class ChannelPrecheck:
                 say(f"precheck: {line}")
         self.server.dispatch.feed(PrecheckDone(result))
 
-
-def _probe(request: Request, msg: Message) -> Probe:
-    latency, rate = msg.get("latency_ms"), msg.get("throughput_mbs")
-    return Probe(request.src, request.dst, ok=bool(msg.get("ok")),
-                 latency_ms=float(latency) if isinstance(latency, (int, float)) else None,
-                 throughput_mbs=float(rate) if isinstance(rate, (int, float)) else None,
-                 error=str(msg.get("error") or ""))

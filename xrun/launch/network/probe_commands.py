@@ -1,5 +1,6 @@
-"""What a probe process is asked, answered the same way over stdin (``xrun check --network``) and over a job's
-control channel (``--precheck``): its hello (where it listens, which interface leads to the master) and one probe.
+"""What a node's probes are asked, answered the same way over stdin (``xrun check --network``'s probe process,
+``__main__``) and over a job's control channel (``--precheck``, ``precheck_answers``): its hello (where its probe
+server listens, which interface leads to the master, torch and GPUs) and one probe command.
 """
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from xrun.launch.network import allreduce, interfaces
-from xrun.launch.network.probe import Measurement, measure, reach
+from xrun.launch.network import allreduce_pair, interfaces
+from xrun.launch.network.tcp_probe import CONNECT_TIMEOUT, SECONDS, Measurement, measure, reach
 
 
 def hello(toward: str | None, port: int) -> dict[str, Any]:
@@ -22,8 +23,8 @@ def hello(toward: str | None, port: int) -> dict[str, Any]:
         "interface": choice.interface,
         "interfaces": list(interfaces.interface_names()),
         "loopback_name": interfaces.hostname_is_loopback(socket.gethostname()),
-        "torch": allreduce.has_torch(),  # found, not imported: --network=allreduce needs it on every node
-        "gpus": allreduce.gpu_count(),  # nccl for a pair whose nodes both have GPUs
+        "torch": allreduce_pair.has_torch(),  # found, not imported: --network=allreduce needs it on every node
+        "gpus": allreduce_pair.gpu_count(),  # nccl for a pair whose nodes both have GPUs
     }
 
 
@@ -32,18 +33,18 @@ def answer(command: dict[str, Any]) -> Measurement:
     ``allreduce``: the pair's all-reduce with ``backend``, ``bytes``, ``iters``, ``group_timeout``)."""
     address, _, port = str(command["probe"]).rpartition(":")
     address = address.strip("[]")  # [v6]:port
-    timeout = float(command.get("timeout", 3.0))
+    timeout = float(command.get("timeout", CONNECT_TIMEOUT))
     if command.get("mode") == "reach":
         return reach(address, int(port), timeout=timeout)
     if command.get("mode") == "allreduce":
-        pair = allreduce.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
-                                  size=int(command.get("bytes", allreduce.BYTES)),
-                                  iters=int(command.get("iters", allreduce.ITERS)),
-                                  timeout=float(command.get("group_timeout", allreduce.GROUP_TIMEOUT)),
-                                  connect_timeout=timeout)
+        pair = allreduce_pair.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
+                                       size=int(command.get("bytes", allreduce_pair.BYTES)),
+                                       iters=int(command.get("iters", allreduce_pair.ITERS)),
+                                       timeout=float(command.get("group_timeout", allreduce_pair.GROUP_TIMEOUT)),
+                                       connect_timeout=timeout)
         return Measurement(ok=pair.ok, allreduce_mbs=pair.allreduce_mbs,
                            error=f"all-reduce: {pair.error}" if pair.error else "")
-    return measure(address, int(port), seconds=float(command.get("seconds", 0.5)), timeout=timeout)
+    return measure(address, int(port), seconds=float(command.get("seconds", SECONDS)), timeout=timeout)
 
 
 def safe_answer(command: dict[str, Any], shown: str) -> Measurement:

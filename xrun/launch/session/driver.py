@@ -1,0 +1,399 @@
+"""The one driver of the agent's state machine (``xrun.launch.session.machine``): head mode, hot spares, restarts
+and pod mode alike.
+
+It owns what the machine must not: the connection (``xrun.launch.session.connection``), the clock, the preflight,
+the ranks, the console. Everything that happens becomes one of the machine's events, posted to one ``Inbox`` (a
+queue and the pipe that wakes its reader): the connection's reader thread posts the runner's messages and its
+loss, pod mode's signal latch this xrun's shutdown signals. Whoever supervises takes them from there:
+
+* while no ranks run (the hello, the preflight, the barrier, a spare's standby, between attempts): ``run``'s
+  own loop on the main thread, which also gives the machine the time it asked for (``Tick``);
+* while they run: the rank group's event loop (xrun.launch.ranks.supervise), which watches the inbox's pipe
+  like any other reader (``attach``; under ``--elastic`` the bridge's thread to torch's agent does).
+
+So one thread at a time feeds the machine (a lock makes sure), and a supervising loop that freezes stops
+answering pings as it stops beating for its watchdog: the runner gives the node up as its ranks are stopped.
+
+The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
+``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks, ``want_stacks``, ``quiet``,
+``spoke``, pod mode's console lines) goes out as it comes, past the machine; their end is the machine's event.
+
+Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
+``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
+``xrun.launch.agent.run_node`` -> ``RankGroup.run`` -> each rank's ``Popen`` (xrun.launch.ranks.spawn).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
+from xrun.channel.link import Credentials, Link
+from xrun.errors import XrunError
+from xrun.launch.agent import run_node
+from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.network.precheck_answers import ProbeAnswers
+from xrun.launch.output.consoleroute import Route, routed
+from xrun.launch.output.status import PlainStatus, make_status, say
+from xrun.launch.preflight import check_spec
+from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
+from xrun.launch.procs.watchdog import watched_for_freezes
+from xrun.launch.result.errorfile import error_lines
+from xrun.launch.result.outcome import NodeResult, RankOutcome
+from xrun.launch.result.summary import RankFigures
+from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect
+from xrun.launch.session.events import (
+    NODE_FAILURE_EXIT,
+    Action,
+    AnswerProbe,
+    AttemptEnded,
+    CloseProbes,
+    Delivered,
+    Event,
+    Exit,
+    ForwardSignal,
+    JoinAgain,
+    Preflight,
+    PreflightFailed,
+    PreflightPassed,
+    RunAttempt,
+    Send,
+    ShowLine,
+    ShowStarted,
+    ShowWaiting,
+    Shutdown,
+    StopRanks,
+    TakeStacks,
+    Tick,
+)
+from xrun.launch.session.machine import AgentMachine
+from xrun.net import master_port
+from xrun.values import one_line
+
+if TYPE_CHECKING:
+    from xrun.launch.result.stacks import RankStack
+    from xrun.launch.session.pod import PodNode
+
+HELLO_AGAIN_EVERY = 2.0  # pod mode: after node 0 turned this node away (each try is a line on node 0's console)
+ANY_ADDRESS = "0.0.0.0"  # noqa: S104 - pod mode's node 0: rank 0's store listens on every address
+
+
+class Inbox:
+    """Every event for the machine, in order: a queue, and a pipe that is readable while it holds any. ``post`` is
+    safe from any thread and from a signal handler (``SimpleQueue.put`` is reentrant; a pipe write is atomic)."""
+
+    def __init__(self) -> None:
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._wake_w, False)
+
+    def post(self, event: Event) -> None:
+        self._events.put(event)
+        self.nudge()
+
+    def nudge(self) -> None:
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:  # full: it is readable already
+            pass
+
+    def wait(self, timeout: float | None) -> None:
+        select.select([self.wake_fd], [], [], timeout)
+
+    def next(self) -> Event | None:
+        """The next event, if any (the pipe drained first: a post after this read wakes the reader again)."""
+        try:
+            os.read(self.wake_fd, 4096)
+        except OSError:
+            pass
+        try:
+            return self._events.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        os.close(self.wake_fd)
+        os.close(self._wake_w)
+
+
+class Driver:
+    """Runs one ``AgentMachine`` over the connection ``join`` opens (see the module doc)."""
+
+    def __init__(self, machine: AgentMachine, join: Callable[[], Link], *, inbox: Inbox | None = None,
+                 first_timeout: float = DEAD_AFTER, say_line: Callable[[str], None] = say,
+                 near: str | None = None, status: PlainStatus | None = None) -> None:
+        self.machine = machine
+        self._join = join
+        self._inbox = inbox or Inbox()
+        self._first_timeout = first_timeout  # for the runner's first word (head mode: the spec)
+        self._say = say_line
+        self._near = near  # where rank 0's store listens (None: this end of the connection's address)
+        self._status = status
+        self._lock = threading.Lock()  # one feeder at a time (the elastic bridge's thread is another)
+        self._connection: Connection | None = None
+        self._probes: ProbeAnswers | None = None
+        self._attempt: RunAttempt | None = None  # the machine asked for it: run by the main loop
+        self._join_again = False
+        self._group: Any = None  # a RankGroup, or the elastic StopBridge, while the ranks run
+        self._doctor: NodeDoctor | None = None
+
+    # -- the main loop ----------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """The agent's life from the hello to its exit code."""
+        try:
+            self._open()
+            while self.machine.exit_code is None:
+                if self._attempt is not None:
+                    attempt, self._attempt = self._attempt, None
+                    self._run_attempt(attempt)
+                elif self._join_again:
+                    self._join_again = False
+                    self._close()
+                    time.sleep(HELLO_AGAIN_EVERY)  # its old connection may be open at node 0 until its keepalive ends
+                    self._open()
+                else:
+                    self._next_events()
+            return self.machine.exit_code
+        finally:
+            self._close()
+            self._inbox.close()
+
+    def _open(self) -> None:
+        link = self._join()
+        self._connection = Connection(link, self._inbox.post, first_timeout=self._first_timeout)
+        self._probes = ProbeAnswers(self._connection.send)
+
+    def _close(self) -> None:
+        if self._probes is not None:
+            self._probes.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _next_events(self) -> None:
+        """Wait for events (or the machine's time) and feed them, up to an attempt the machine asks for: what comes
+        after waits for the rank group's loop."""
+        due = self.machine.wake_at
+        self._inbox.wait(None if due is None else max(0.0, due - time.monotonic()))
+        while self._attempt is None and not self._join_again and self.machine.exit_code is None:
+            event = self._inbox.next()
+            if event is None:
+                break
+            self.feed(event)
+        if due is not None and time.monotonic() >= due:
+            self.feed(Tick())
+
+    def feed(self, event: Event) -> None:
+        """One event into the machine, its actions carried out (and what they answer, fed in turn)."""
+        with self._lock:
+            pending: list[Event] = [event]
+            while pending:
+                for action in self.machine.handle(pending.pop(0), time.monotonic()):
+                    answer = self._carry_out(action)
+                    if answer is not None:
+                        pending.append(answer)
+
+    # -- the machine's actions --------------------------------------------------------------------------------
+
+    def _carry_out(self, action: Action) -> Event | None:
+        connection = self._connection
+        if isinstance(action, Send):
+            if connection is None:
+                return Delivered(False) if action.final else None
+            if action.final:
+                return Delivered(connection.send_final(action.message))
+            connection.send(action.message)
+        elif isinstance(action, Preflight):
+            return self._preflight(action)
+        elif isinstance(action, RunAttempt):
+            self._attempt = action
+        elif isinstance(action, StopRanks):
+            self._stop_ranks(action)
+        elif isinstance(action, ForwardSignal):
+            if self._group is not None:
+                self._group.forward_signal(action.signum)  # a RankGroup, or the elastic StopBridge
+        elif isinstance(action, TakeStacks):
+            self._dump(action.id)
+        elif isinstance(action, AnswerProbe):
+            if self._probes is not None:
+                self._probes.handle(dict(action.message))
+        elif isinstance(action, CloseProbes):
+            if self._probes is not None:
+                self._probes.close()
+        elif isinstance(action, ShowLine):
+            say(action.text)
+        elif isinstance(action, ShowWaiting):
+            if self._status is not None:
+                self._status.waiting(action.ready, list(action.missing), action.elapsed)
+        elif isinstance(action, ShowStarted):
+            if self._status is not None:
+                self._status.started(action.nodes, action.ranks, action.elapsed, action.master_addr, action.master_port)
+        elif isinstance(action, JoinAgain):
+            self._join_again = True
+        elif isinstance(action, Exit) and action.line is not None:
+            self._say(action.line)
+        return None
+
+    def _preflight(self, action: Preflight) -> Event:
+        """What must hold before this node says ready (xrun.launch.preflight: it enters the spec's working
+        directory first), and rank 0's port on node 0. A finding is the user's to fix: its exit code (2) travels."""
+        spec = action.spec
+        try:
+            check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
+            rule, port = action.port, None
+            if rule is not None:
+                near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)
+                port = master_port(spec.host, rule.port, pick=rule.pick, near=near)
+        except XrunError as err:  # the runner ends the job with its code, naming this host (a spare: it is lost)
+            return PreflightFailed(str(err), err.exit_code)
+        return PreflightPassed(port)
+
+    def _stop_ranks(self, action: StopRanks) -> None:
+        if self._group is None:
+            return
+        if action.stacks and self._doctor is not None and action.signum != signal.SIGKILL:
+            self._doctor.take_stop_stacks()  # another node failed first: what were these doing?
+        self._group.request_stop(action.signum, action.reason)
+
+    def _dump(self, dump_id: object) -> None:
+        def answer(stacks: list[RankStack], problem: str | None) -> None:
+            self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in stacks], problem=problem))
+
+        if self._doctor is None:  # --elastic: torch's agent owns the workers
+            answer([], f"no stacks from {socket.gethostname()}: not taken under --elastic")
+        else:
+            self._doctor.dump(answer)
+
+    # -- an attempt: the rank group's link to the runner (xrun.launch.agent.AgentHooks, DoctorLink) ------------
+
+    def _run_attempt(self, attempt: RunAttempt) -> None:
+        """The ranks of one attempt, supervised by the rank group; ``on_result`` feeds their end. The runner gives
+        a node up after ``DEAD_AFTER`` s of silence: its ranks go after as long a freeze of the loop that supervises
+        them (xrun.launch.procs.watchdog)."""
+        try:
+            with routed(self._route()), watched_for_freezes(DEAD_AFTER):
+                run_node(attempt.spec, hooks=self)
+        finally:
+            self._group = self._doctor = None
+
+    def _route(self) -> Route | None:
+        """Pod mode with ``--dedupe``: this node's console goes to node 0 too, which shows every node's lines
+        merged; node 0 shows its own only there (xrun.launch.output.consoleroute)."""
+        pod, connection = self.machine.pod, self._connection
+        if pod is None or not pod.forward_console or connection is None:
+            return None
+        return Route(connection.forward_output, keep_local=pod.node_rank != 0)
+
+    def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
+        """The rank group's loop takes over the inbox (woken once for what already waits)."""
+        self._group, self._doctor = group, doctor
+        if doctor is not None:
+            doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
+        group.add_reader(self._inbox.wake_fd, self._on_wake)
+        self._inbox.nudge()
+        self._send(message(Kind.STARTED))
+
+    def _on_wake(self) -> None:
+        while (event := self._inbox.next()) is not None:
+            self.feed(event)
+
+    def on_rank_exit(self, outcome: RankOutcome) -> None:
+        self._send(message(
+            Kind.RANK_EXITED,
+            rank=outcome.rank,
+            local_rank=outcome.local_rank,
+            code=outcome.returncode,
+            signal=outcome.signal,
+            stopped=outcome.stopped_by_xrun,
+            runtime_s=round(outcome.runtime_s, 3),
+            # the recorded exception last: the head shows the end of the tail
+            tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
+            figures=RankFigures.of(outcome).to_json(),  # the head's summary of the whole job
+        ))
+
+    def on_result(self, result: NodeResult) -> None:
+        if result.stacks:  # taken before the stop: the head merges every node's into its failure report
+            self._send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
+        root = result.root_cause.rank if result.root_cause is not None else None
+        self.feed(AttemptEnded(result.exit_code, root, result.interrupted_by))
+
+    def stacks_wanted(self, reason: str) -> None:
+        self._send(message(Kind.WANT_STACKS, reason=reason))
+
+    def quiet(self, silent_for: float) -> None:
+        self._send(message(Kind.QUIET, silent_for=round(silent_for, 3)))
+
+    def spoke(self) -> None:
+        self._send(message(Kind.SPOKE))
+
+    def _send(self, msg: Message) -> None:
+        if self._connection is not None:
+            self._connection.send(msg)
+
+
+# -- the two ways in --------------------------------------------------------------------------------------------
+
+
+def run_head_mode(server: Server, credentials: Credentials, node_rank: int, *, engine: bool) -> int:
+    """A multi-node run's agent (``python -m xrun.launch --connect``): this node's part, to its exit code. A
+    connection that cannot be made raises ``ChannelError``."""
+    machine = AgentMachine(engine=engine)
+    host = socket.gethostname()
+    return Driver(machine, lambda: connect(server, credentials, node_rank), first_timeout=SPEC_TIMEOUT,
+                  say_line=lambda line: print(f"xrun.launch[{host}]: {one_line(line)}", file=sys.stderr)).run()
+
+
+def run_pod_node(node: PodNode, latch: SignalLatch) -> int:
+    """Pod mode: this node's part (node 0's included, over loopback), to the job's exit code. ``latch`` owns the
+    shutdown signals while no rank group does."""
+    server = Server(node.node0.addr, node.node0.port, node.join_timeout, node0=node.node0.host)
+    credentials = Credentials(node.key, pinned=None)
+    machine = AgentMachine(pod=node, join_deadline=time.monotonic() + node.join_timeout)
+    inbox = Inbox()
+    latch.listen(lambda signum: inbox.post(Shutdown(signum)))  # the listener only translates: a queue put
+
+    def join() -> Link:
+        with _interruptible():
+            return connect(server, credentials, node.node_rank, hello_extra={"digest": node.digest})
+
+    status = make_status(node.num_nodes)
+    try:
+        return Driver(machine, join, inbox=inbox, near=ANY_ADDRESS, status=status).run()
+    except _Interrupted as stop:
+        say(f"got {signal.Signals(stop.signum).name} before node 0 answered")
+        return 128 + stop.signum
+    except ChannelError as err:
+        say(err.reason)
+        return NODE_FAILURE_EXIT
+    finally:
+        status.close()
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP raise ``_Interrupted`` out of the join's blocking connect or handshake (main thread
+    only; one that came before is handed over by the latch at once). Nothing is shared yet: raising is safe."""
+
+    def raise_it(signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
+
+    with owned_signals(SHUTDOWN_SIGNALS, raise_it):
+        yield
