@@ -334,19 +334,22 @@ FAKE_UNREACHABLE = "#!/bin/sh\necho 'ssh: connect to host {host} port 22: Connec
 
 
 @pytest.mark.parametrize("launcher, program", [("mpich", "mpiexec.hydra"), ("pdsh", "pdsh")])
-def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program):
-    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes.
+@pytest.mark.parametrize("spelled, said", [("n2", "n2"), ("N2", "n2"), ("127.2", "127.0.0.2")],
+                         ids=["as-written", "lowercased", "resolved"])
+def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program, spelled, said):
+    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes. ssh names the host as
+    # it connected to it, not as the hostfile spells it (issue 33 §3: xrun waited the whole --join_timeout)
     fake = tmp_path / "bin" / program
     fake.parent.mkdir()
-    fake.write_text(FAKE_UNREACHABLE.format(host="n2"))
+    fake.write_text(FAKE_UNREACHABLE.format(host=said))
     fake.chmod(0o755)
-    hosts = hostfile(tmp_path, "n1 slots=1\nn2 slots=1\n")
+    hosts = hostfile(tmp_path, f"n1 slots=1\n{spelled} slots=1\n")
     result = run_xrun("--launcher", launcher, "-H", hosts, "--control_addr", "127.0.0.1", "--join_timeout", "600",
                       "t.py", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=TIME_BOUND)
     assert result.returncode == 255, result.stderr
     assert "Traceback" not in result.stderr
-    assert ("the session to n2 exited with code 255 before its agent connected "
-            f"({program}: ssh: connect to host n2 port 22: Connection refused)") in result.stderr
+    assert (f"the session to {spelled} exited with code 255 before its agent connected "
+            f"({program}: ssh: connect to host {said} port 22: Connection refused)") in result.stderr
 
 
 def test_launcher_lines_that_name_an_unreachable_host():
@@ -356,8 +359,22 @@ def test_launcher_lines_that_name_an_unreachable_host():
     assert unreachable_host("ssh: Could not resolve hostname nodex: Name or service not known\r") == "nodex"
     assert unreachable_host("root@node2: Permission denied (publickey,password).") == "node2"
     assert unreachable_host("pdsh@head: node3: ssh exited with exit code 255") == "node3"
+    intel = "[mpiexec@head] Error: Unable to run bstrap_proxy on Node4 (pid 24740, exit code 65280)"
+    assert unreachable_host(intel) == "Node4"  # Intel MPI's hydra keeps ssh's words to itself
     assert unreachable_host("[node1:0] ssh: connect to host") is None
     assert unreachable_host("loss 0.25") is None
+
+
+def test_the_host_a_launcher_names_is_found_in_the_jobs_spelling():
+    from xrun.runner.backends.launcher_process import LaunchedHosts
+    from xrun.runner.remote_options import SshSettings
+
+    hosts = LaunchedHosts(["n1", "HeadNode", "127.2"], SshSettings())
+    assert hosts.which("n1") == "n1"
+    assert hosts.which("headnode") == "HeadNode"  # OpenSSH lowercases the name
+    assert hosts.which("127.0.0.2") == "127.2"  # ssh prints the address it connected to
+    assert hosts.which("no-such-node.invalid") is None  # none of the job's: every node not yet connected
+    assert hosts.which("127.0.0.3") is None
 
 
 # What only a node can tell, checked by its agent there: (set-up on tmp_path, xrun's arguments, the job's line).

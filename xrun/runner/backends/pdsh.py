@@ -23,7 +23,7 @@ from xrun.launch.output.dedupe import LineMerger
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.echoes import EchoFilter
-from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
+from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess, stdout_for
 from xrun.runner.backends.routes import control_address
 from xrun.runner.job.relay import head_merger
 from xrun.runner.plan import Plan
@@ -93,12 +93,12 @@ class PdshBackend:
                                     env=env, start_new_session=True)
         except OSError as err:
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return PdshSession(proc, merger)
+        return PdshSession(proc, LaunchedHosts.of(plan), merger)
 
 
 class PdshSession(LauncherProcess):
-    def __init__(self, proc: subprocess.Popen[bytes], merger: LineMerger | None = None) -> None:
-        super().__init__(proc, "pdsh", merger)
+    def __init__(self, proc: subprocess.Popen[bytes], hosts: LaunchedHosts, merger: LineMerger | None = None) -> None:
+        super().__init__(proc, "pdsh", hosts, merger)
         self.echoes = EchoFilter()  # "ssh exited with exit code 143" for each node xrun stopped: not news
 
     def finished(self, lost: set[str]) -> bool:
