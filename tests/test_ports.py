@@ -20,7 +20,8 @@ from xrun.launch.result.report import format_failure_report
 from xrun.net import master_port, port_in_use
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import AgentError, HelloReceived, Ready, SendSpec, SendStart
-from xrun.runner.job.machine import Job, SendSpecs
+from xrun.runner.job.hello_policy import SendSpecs
+from xrun.runner.job.machine import Job
 
 
 @pytest.fixture

@@ -6,25 +6,21 @@ The namespace-cluster tests are in tests/cluster/test_network.py."""
 import socket
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
-from tests.test_job import HOSTS, SHORT_JOIN, STARTED, STATIC, play
+from tests.test_job import GONE, HOSTS, OK, SHORT_JOIN, SLOW, STARTED, STATIC, play
 from xrun.channel import Kind, message
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.runner.job.events import Done, PrecheckDone, RunPrecheck, SendStart, SendStop, ShowLine, Tick
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
-from xrun.runner.network.node_verdicts import Figures, NodeVerdict, Verdict
+from xrun.runner.network.node_verdicts import Verdict
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.network.precheck_decision import decide, passed_line
 from xrun.runner.network.probe_requests import probe_budget
 
 PRECHECK = replace(STATIC, precheck=True)
-OK = NodeVerdict(Verdict.OK, Figures(0.05, 900.0))
-SLOW = NodeVerdict(Verdict.SLOW, Figures(0.06, 0.5), "throughput 0.5 MB/s < 0.5 x median 900.0")
-GONE = NodeVerdict(Verdict.UNREACHABLE, None, "refuses connections: connection to 10.0.0.3:4000 refused")
 
 
 def result(*verdicts, elapsed=1.5):
@@ -42,9 +38,9 @@ def test_a_healthy_result_starts_the_ranks_and_says_so_in_one_line():
 
 
 def test_a_bad_node_ends_the_job_naming_it_and_its_figures():
-    failure = decide(result(OK, SLOW, OK))
-    assert failure is not None and failure.exit_code == 1 and failure.final and failure.host == "b"
-    assert failure.reason == ("precheck: 1 of 3 node(s) bad, no rank started: b slow: throughput 0.5 MB/s < 0.5 x "
+    bad = decide(result(OK, SLOW, OK))
+    assert bad is not None and bad.hosts == ("b",)
+    assert bad.reason == ("precheck: 1 of 3 node(s) bad, no rank started: b slow: throughput 0.5 MB/s < 0.5 x "
                               "median 900.0 (best pair 0.060 ms, 0.5 MB/s)")
 
 
@@ -52,10 +48,10 @@ def test_every_bad_node_is_named_with_its_rank_for_the_spares_to_replace():
     bad = result(OK, SLOW, GONE)
     assert [(node.rank, node.row.host, node.row.result.verdict) for node in bad.bad] == [
         (1, "b", Verdict.SLOW), (2, "c", Verdict.UNREACHABLE)]
-    failure = decide(bad)
-    assert failure is not None and failure.host == "b, c"
+    nodes_bad = decide(bad)
+    assert nodes_bad is not None and nodes_bad.hosts == ("b", "c")
     assert "c unreachable: refuses connections: connection to 10.0.0.3:4000 refused (no pair with it succeeded)" \
-        in failure.reason
+        in nodes_bad.reason
     assert bad.table()[0].split() == ["host", "interface", "address", "latency_ms", "MB/s", "verdict"]
     assert bad.table()[-1].startswith("rule: slow: best throughput < 0.5 x the median")
 
@@ -84,7 +80,7 @@ def test_a_failed_precheck_stops_every_node_and_the_job_exits_1_naming_it():
     assert not any(isinstance(a, SendStart) for a in actions)
     (stop,) = [a for a in actions if isinstance(a, SendStop)]
     assert stop.nodes == (0, 1, 2) and stop.reason.startswith("precheck: 1 of 3 node(s) bad, no rank started: b slow")
-    assert job.verdict().exit_code == 1 and job.verdict().failure.host == "b"
+    assert job.verdict().exit_code == 1 and job.verdict().failure.host == "b" and job.verdict().failure.final
 
 
 def test_a_precheck_that_ends_after_the_job_began_stopping_changes_nothing():
@@ -113,13 +109,18 @@ def test_a_stepper_refuses_answers_that_do_not_fit():
 
 
 class FakeServer:
-    """What ChannelPrecheck uses of the control server; a node answers as the network says, or stays mute."""
+    """What ChannelPrecheck is handed of the control server; a node answers as the network says, or stays mute."""
 
     def __init__(self, count, *, slow=(), mute_open=(), mute_probe=()):
-        self.job = SimpleNamespace(stopping=False, nodes=[SimpleNamespace(host=f"n{i}") for i in range(count)])
+        self.count, self.stopping = count, False
         self.slow, self.mute_open, self.mute_probe = set(slow), set(mute_open), set(mute_probe)
         self.sent, self.fed, self.timers, self.inbox = [], [], [], []
-        self.dispatch = self  # what the driver sends and feeds goes through the server's dispatch
+
+    def start(self):
+        """The check over every node, as the server starts it for a ``RunPrecheck``."""
+        return ChannelPrecheck(range(self.count), [f"n{i}" for i in range(self.count)], toward="10.0.0.0", now=0.0,
+                               send=self.send, add_timer=self.add_timer, stopping=lambda: self.stopping,
+                               done=self.fed.append)
 
     def add_timer(self, due, fire):
         self.timers.append((due, fire))
@@ -135,24 +136,21 @@ class FakeServer:
             self.inbox.append((node, message(Kind.PROBED, id=msg["id"], ok=True, latency_ms=0.05,
                                              throughput_mbs=rate, error="")))
 
-    def feed(self, event):
-        self.fed.append(event)
-
     def deliver(self, driver, now=0.0):
         while self.inbox:
             node, msg = self.inbox.pop(0)
             driver.message(node, msg, now)
 
 
-def drive(server, count, *, until=200.0):
-    driver = ChannelPrecheck(server, RunPrecheck(tuple(range(count)), "10.0.0.0"), now=0.0)
+def drive(server, *, until=200.0):
+    driver = server.start()
     now = 0.0
     while not server.fed and now < until:
         server.deliver(driver, now)
         now += 1.0
         driver.tick(now)
-    (done,) = server.fed
-    return done.result
+    (result,) = server.fed
+    return result
 
 
 def verdicts_of(res):
@@ -161,24 +159,24 @@ def verdicts_of(res):
 
 @pytest.mark.parametrize("count", [2, 3, 5, 8])
 def test_the_driver_runs_the_check_over_the_agents(count):
-    res = drive(FakeServer(count), count)
+    res = drive(FakeServer(count))
     assert set(verdicts_of(res).values()) == {"ok"} and res.ranks == tuple(range(count))
     assert all(row.interface == "eth0" for row in res.rows)
 
 
 def test_the_driver_names_a_slow_node_and_no_other():
-    res = drive(FakeServer(5, slow={3}), 5)
+    res = drive(FakeServer(5, slow={3}))
     assert verdicts_of(res) == {"n0": "ok", "n1": "ok", "n2": "ok", "n3": "slow", "n4": "ok"}
 
 
 def test_a_node_that_opens_no_probe_server_is_unreachable_after_the_deadline():
-    res = drive(FakeServer(4, mute_open={2}), 4)
+    res = drive(FakeServer(4, mute_open={2}))
     assert verdicts_of(res) == {"n0": "ok", "n1": "ok", "n2": "unreachable", "n3": "ok"}
     assert "did not open a probe server within" in res.rows[2].result.reason
 
 
 def test_a_probe_never_answered_fails_after_its_budget():
-    res = drive(FakeServer(4, mute_probe={1}), 4)
+    res = drive(FakeServer(4, mute_probe={1}))
     assert verdicts_of(res)["n1"] == "unreachable", verdicts_of(res)
     assert res.elapsed >= probe_budget(Request(1, 0))
 
@@ -187,10 +185,10 @@ def test_a_late_answer_to_an_earlier_checks_probe_is_not_this_checks():
     """A restart checks again (standing spares included): an answer to the previous check's probe that arrives
     late must not stand for one of the new check's, which it would if both numbered their probes from 0."""
     first = FakeServer(3)
-    drive(first, 3)
+    drive(first)
     old_ids = {msg["id"] for _, msg in first.sent if msg["type"] == Kind.PROBE.value}
     second = FakeServer(3, mute_probe={0, 1, 2})  # the new check's probes go unanswered...
-    driver = ChannelPrecheck(second, RunPrecheck((0, 1, 2), "10.0.0.0"), now=0.0)
+    driver = second.start()
     second.deliver(driver)
     new_ids = {msg["id"] for _, msg in second.sent if msg["type"] == Kind.PROBE.value}
     assert old_ids and new_ids and not old_ids & new_ids
@@ -203,8 +201,8 @@ def test_a_late_answer_to_an_earlier_checks_probe_is_not_this_checks():
 
 def test_the_driver_stops_quietly_when_the_job_stops():
     server = FakeServer(3)
-    driver = ChannelPrecheck(server, RunPrecheck((0, 1, 2), "10.0.0.0"), now=0.0)
-    server.job.stopping = True
+    driver = server.start()
+    server.stopping = True
     server.deliver(driver)
     driver.tick(100.0)
     assert server.fed == [] and [msg["type"] for _, msg in server.sent] == [Kind.PROBE_OPEN.value] * 3

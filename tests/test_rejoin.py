@@ -1,5 +1,5 @@
 """Pod mode's restarts and returning nodes without sockets (issue 23): the machine's rules
-(``xrun.runner.job.rejoin``) played as event sequences, a node's place reopening (``NodeKeys.release``), the
+(``xrun.runner.job.machine``'s pod-mode rules) played as event sequences, a node's place reopening (``NodeKeys.release``), the
 plan digest's ``restarts``, and the ``SignalLatch`` that keeps a signal from its default action between owners.
 """
 
@@ -30,10 +30,9 @@ from xrun.runner.job.events import (
     Tick,
     TurnAway,
 )
+from xrun.runner.job.hello_policy import Refusal
 from xrun.runner.job.keys import NodeKeys
-from xrun.runner.job.machine import Refusal
 from xrun.runner.job.nodes import Nodes, NodeState
-from xrun.runner.job.rejoin import unawaited
 from xrun.runner.restart_options import RestartPolicy
 
 POD = replace(STATIC, verdict_to_nodes=True, restart=RestartPolicy(max_restarts=2, min_attempt_s=0.0))
@@ -152,13 +151,13 @@ def test_which_lost_nodes_the_next_attempt_cannot_wait_for():
     for node in nodes:
         node.state, node.connected = NodeState.DONE, True
     nodes[2].state, nodes[2].connected = NodeState.LOST, False  # lost during the attempt just over
-    assert unawaited(nodes, POD) == 0  # it may come back
-    assert unawaited(nodes, replace(POD, verdict_to_nodes=False)) == 1  # head mode: an agent gone is gone
-    assert unawaited(nodes, replace(POD, restart=RestartPolicy())) == 1
+    assert len(nodes.faulty(rejoin=POD.rejoins)) == 0  # it may come back
+    assert len(nodes.faulty(rejoin=replace(POD, verdict_to_nodes=False).rejoins)) == 1  # head mode: an agent gone is gone
+    assert len(nodes.faulty(rejoin=replace(POD, restart=RestartPolicy()).rejoins)) == 1
     nodes[2].state = NodeState.WAITING  # awaited at that attempt's barrier, never came
-    assert unawaited(nodes, POD) == 1
+    assert len(nodes.faulty(rejoin=POD.rejoins)) == 1
     nodes[2].state, nodes[0].connected = NodeState.LOST, False
-    assert unawaited(nodes, POD) == 1  # node 0 hosts the channel
+    assert len(nodes.faulty(rejoin=POD.rejoins)) == 1  # node 0 hosts the channel
 
 
 def test_a_place_reopens_only_when_released():

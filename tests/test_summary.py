@@ -110,8 +110,8 @@ def test_a_failed_local_run_has_the_table_in_its_report(tmp_path):
 def test_the_head_sums_up_every_node_in_one_line(tmp_path, capsys):
     code, out, server, _ = run_job(tmp_path, {})
     assert code == 0, out
-    assert sorted(f.rank for f in server.extras.figures) == [0, 1, 2, 3]
-    assert {f.host for f in server.extras.figures} == {"a", "b", "c"}
+    assert sorted(f.rank for f in server.figures.ranks) == [0, 1, 2, 3]
+    assert {f.host for f in server.figures.ranks} == {"a", "b", "c"}
     err = capsys.readouterr().err
     assert err.count("ranks ok") == 1 and "xrun: 4 ranks ok in " in err
     assert "ranks ok" not in out  # the agents leave it to the head

@@ -1,7 +1,11 @@
-"""The job at the head: the pure state machine (``machine.Job``) and its rules, one concept a module (nodes, barrier,
-stop, verdict, hellos, attempts and restart, spares, faulty nodes, rejoin), its events; the control server around
-it (``server.ControlServer``: the loop and its connections; ``dispatch``: events in, actions carried out; ``wire``:
-messages as events; ``extras``), the console relay, the live status and the head's side of the hang doctor.
+"""The job at the head: the pure state machine (``machine.Job``: every rule of the job, events in, actions out) with
+the collaborators it owns (nodes, barrier, stop, verdict, attempts, spares, the hello policies) and its events; the
+control server around it (``server.ControlServer``: accepts, turns what its connections read into events, feeds
+the machine and carries out its actions; ``connections.Conn``: one connection's TLS and frames; ``loop.SelectLoop``:
+the selector, timers and signals; ``gate``: who gets in), what the server reads beside the machine (the hang
+doctor's head side, every rank's figures, ``--precheck``'s check) and the console relay; the job's last words
+(``report``).
 
-May import ``runner.hosts``, the head's request and plan modules, ``xrun.launch`` and ``xrun.channel``.
+May import ``runner.hosts``, the head's request and plan modules, ``runner.network`` (the check ``--precheck`` runs,
+and its decision), ``xrun.launch`` (the join status line is ``xrun.launch.output.status``) and ``xrun.channel``.
 """

@@ -37,6 +37,11 @@ class JobConfig:
     precheck: bool = False  # --precheck (issue 24): the network check across the nodes before any rank starts
     spares: tuple[str, ...] = ()  # --spares: the hot spares' hosts, whose agent ids follow the world's
 
+    @property
+    def rejoins(self) -> bool:
+        """Pod mode with --max_restarts: a node other than node 0 may come back to the job (its pod re-created)."""
+        return self.verdict_to_nodes and self.restart.restarts
+
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
         elastic = plan.nodes[0].elastic if plan.nodes else None

@@ -1,17 +1,17 @@
 """The control server's connections (``xrun.runner.job.server``): one per accepted socket, each reading its own
-frames and handing them to the server, and the bookkeeping that finds them again.
+frames and handing what it read back to the server, and the bookkeeping that finds them again.
 
 A connection is TLS from its first byte: a non-blocking ``SSLSocket`` (half a record never blocks the loop: it
 waits in OpenSSL's buffer until the rest comes), which holds no buffer between records (CPython sets OpenSSL's
 ``SSL_MODE_RELEASE_BUFFERS``), where a session over memory BIOs kept ~3 KiB each of 10,000 connections (issue
 22 §7). It reads only when its socket is readable and decodes whole frames (at most ``MAX_HELLO``
 bytes, strictly, until the machine admits its hello; then ``MAX_FRAME``). Its first message must be ``auth``,
-answered with a ``challenge`` (``xrun.channel.handshake``); the next, the hello with its proof, goes to
-``ConnOwner.on_hello``, the later ones to ``on_message``; a connection that ends, breaks or breaks the protocol
-goes to ``on_closed`` with the reason, and so does one whose handling failed in any other way.
-``Connections`` keeps every open one by serial, the unadmitted ones in the order they opened (the oldest is the
-next to time out, so neither the loop's timeout nor its tick scans every connection: issue 15) and the admitted
-ones by node.
+answered here with a ``challenge`` (``xrun.channel.handshake``); ``read`` gives the server the next, the hello with
+its proof, and once the server admitted it the node's messages, then ``Closed`` with the reason when the peer went
+away; a peer that breaks TLS or the protocol raises ``ChannelError`` (the server closes that connection, and only
+that one). ``Connections`` keeps every open one by serial, the unadmitted ones in the order they opened (the
+oldest is the next to time out, so neither the loop's timeout nor its tick scans every connection: issue 15) and
+the admitted ones by node.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from xrun import channel
 from xrun.channel import ChannelError, Message
 from xrun.channel.handshake import ServerHandshake
 from xrun.channel.tls import reason
 
-ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 RECV_CHUNK = 65536
 TLS_HANDSHAKE_RECORD, TLS_MAJOR = 0x16, 0x03  # a TLS record's first two bytes: content type, major version
 READ_BUDGET = 4 * RECV_CHUNK  # plaintext read from one connection per wake-up
@@ -39,33 +39,25 @@ _recv = threading.local()
 SPENT = ServerHandshake.spent()
 
 
-class ConnOwner(Protocol):
-    """What a connection hands what it reads to (the control server)."""
+@dataclass(frozen=True)
+class Closed:
+    """What ``Conn.read`` gives last when the connection is over: the peer closed it, or it broke."""
 
-    def on_hello(self, conn: Conn, msg: Message) -> None:
-        """The connection's first message; admitting it (``Conn.admit``) is the owner's to decide."""
-
-    def on_message(self, node: int, msg: Message) -> None:
-        """A message from the admitted agent of ``node``; a ``ChannelError`` closes its connection."""
-
-    def on_closed(self, conn: Conn, reason: str) -> None:
-        """The connection ended or broke, or its peer broke the protocol."""
+    reason: str
 
 
 class Conn:
     """One accepted connection: its TLS session, its handshake, its frames (slots: a server holds 10,000)."""
 
-    __slots__ = ("serial", "sock", "peer", "opened", "owner", "tls", "secure", "handshake", "reader", "node",
-                 "challenged")
+    __slots__ = ("serial", "sock", "peer", "opened", "tls", "secure", "handshake", "reader", "node", "challenged")
 
-    def __init__(self, *, serial: int, sock: socket.socket, peer: str, opened: float, owner: ConnOwner,
-                 tls: ssl.SSLContext, handshake: ServerHandshake) -> None:
+    def __init__(self, *, serial: int, sock: socket.socket, peer: str, opened: float, tls: ssl.SSLContext,
+                 handshake: ServerHandshake) -> None:
         self.serial = serial
         self.sock: socket.socket | ssl.SSLSocket = sock  # an SSLSocket from its first TLS record on
         self.tls: ssl.SSLContext | None = tls  # until the socket is wrapped
         self.peer = peer
         self.opened = opened
-        self.owner = owner
         self.secure = False  # its TLS handshake is complete
         self.handshake = handshake
         self.reader = channel.FrameReader.stranger()
@@ -73,45 +65,34 @@ class Conn:
         self.challenged = False  # its ``auth`` was answered: the next message is the hello
 
     @classmethod
-    def accepted(cls, serial: int, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner,
-                 tls: ssl.SSLContext, handshake: ServerHandshake) -> Conn:
+    def accepted(cls, serial: int, sock: socket.socket, peer: Any, *, now: float, tls: ssl.SSLContext,
+                 handshake: ServerHandshake) -> Conn:
         channel.tune_socket(sock)
         sock.setblocking(False)  # reads only what is there; ``send`` waits, bounded, for room
-        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, owner=owner, tls=tls,
-                   handshake=handshake)
+        return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, tls=tls, handshake=handshake)
 
-    def read(self) -> None:
-        """The socket is readable: hand on every whole message that arrived, or say why the connection is over.
-
-        Whatever a peer sends costs its own connection only: every failure here, expected or not, closes this
-        connection and nothing else (issue 22); an unproven peer is dropped without a word back (a peer whose TLS
-        handshake fails gets OpenSSL's alert, which tells it nothing a TLS client does not learn by connecting)."""
-        try:
-            self._read()
-        except ChannelError as err:
-            self.owner.on_closed(self, f"protocol error: {err.reason}")
-        except Exception as err:  # noqa: BLE001 - one connection's trouble must never reach the loop
-            self.owner.on_closed(self, f"protocol error: {err.__class__.__name__}")
-
-    def _read(self) -> None:
+    def read(self) -> Iterator[Message | Closed]:
+        """The socket is readable: every whole message that arrived, in order, then ``Closed`` if the connection is
+        over. The peer's ``auth`` is answered here and not given; the message after it is the hello, whose
+        admission (``admit``) the reader decides before it asks for the next: what came with a hello that was not
+        admitted is not read. A peer that breaks TLS or the protocol raises ``ChannelError``."""
         if not self.secure:
             ended = self._handshake_step()
             if ended:
-                self.owner.on_closed(self, ended)
+                yield Closed(ended)
             if not self.secure:
                 return
         plain, reason = self._decrypted()
         for msg in self.reader.feed(plain):
-            if self.node is not None:
-                self.owner.on_message(self.node, msg)
-            elif not self.challenged:
+            if self.node is None and not self.challenged:
                 self._answer_auth(msg)
-            else:
-                self.owner.on_hello(self, msg)
-                if self.node is None:
-                    return  # not admitted (yet): whatever came with the hello is not read
+                continue
+            hello = self.node is None
+            yield msg
+            if hello and self.node is None:
+                return  # not admitted (yet): whatever came with the hello is not read
         if reason and self.sock.fileno() >= 0:  # not closed already by what it said
-            self.owner.on_closed(self, reason)
+            yield Closed(reason)
 
     def _handshake_step(self) -> str | None:
         """Advance the TLS handshake with what arrived (``secure`` once it is complete); why the connection is
@@ -229,9 +210,8 @@ class Connections:
         self.by_node: dict[int, Conn] = {}
         self._serials = itertools.count()
 
-    def open(self, sock: socket.socket, peer: Any, *, now: float, owner: ConnOwner) -> Conn:
-        conn = Conn.accepted(next(self._serials), sock, peer, now=now, owner=owner, tls=self._tls,
-                             handshake=self._handshake())
+    def open(self, sock: socket.socket, peer: Any, *, now: float) -> Conn:
+        conn = Conn.accepted(next(self._serials), sock, peer, now=now, tls=self._tls, handshake=self._handshake())
         self.all[conn.serial] = conn
         self.pending[conn.serial] = conn
         return conn
@@ -248,16 +228,6 @@ class Connections:
         self.pending.pop(conn.serial, None)
         if conn.node is not None and self.by_node.get(conn.node) is conn:
             del self.by_node[conn.node]
-
-
-def accepted(listener: socket.socket) -> Iterator[tuple[socket.socket, Any]]:
-    """The connections waiting on ``listener``, at most ``ACCEPTS_PER_WAKEUP`` of them."""
-    for _ in range(ACCEPTS_PER_WAKEUP):
-        try:
-            pair = listener.accept()
-        except OSError:  # none left (EAGAIN), or one that went away before we took it
-            return
-        yield pair
 
 
 def listener(addr: str, port: int, *, backlog: int) -> socket.socket:

@@ -15,7 +15,7 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
   quiet after a full timeout of its own silence. When every running node is quiet the job is hung: one dump,
   then (``stop``) the stop; with ``dump`` the next dump waits until some node has spoken and gone quiet again.
 * After a failure every node sends the stacks its ranks had before they were stopped (``stacks`` with id
-  ``stop``): ``stop_stacks`` holds them for the job's failure report.
+  ``stop``): ``stop_stacks`` holds them for the job's failure report (``stop_stack_lines``: merged, outliers first).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from xrun.channel import STOP_STACKS, Kind, Message, message
 from xrun.launch.doctor.node_doctor import show_stacks
 from xrun.launch.doctor.stackdump import ON_DEMAND_BUDGET
 from xrun.launch.result.stacks import RankStack
+from xrun.launch.result.stackview import merge, render
 from xrun.launch.spec import HangAction
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
@@ -127,6 +128,13 @@ class HeadDoctor:
         if collection is not None and (not collection.waiting or now >= collection.deadline):
             return self._finish(collection)
         return self._hung(running, now) if running else []
+
+    def stop_stack_lines(self) -> list[str]:
+        """Every node's stacks from before the stop, merged into one view, outliers first (none: no lines)."""
+        if not self.stop_stacks:
+            return []
+        view = [f"  {line}" for line in render(merge(self.stop_stacks))]
+        return [f"stacks of {len(self.stop_stacks)} rank(s) taken before the stop, outliers first:", *view]
 
     def deadline(self) -> float | None:
         return None if self._collection is None else self._collection.deadline

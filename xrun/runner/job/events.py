@@ -209,7 +209,7 @@ class RunPrecheck:
 
     nodes: tuple[int, ...]  # the agents: the world's nodes' and the hot spares' on standby (--spares)
     toward: str
-    hosts: tuple[str, ...] = ()  # each agent's host, as the job names it
+    hosts: tuple[str, ...]  # each agent's host, as the job names it
 
 
 @dataclass(frozen=True)

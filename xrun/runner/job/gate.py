@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 from typing import TYPE_CHECKING
 
 from xrun.channel import Message
 from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.handshake import ServerHandshake
+from xrun.channel.tls_server import ServerIdentity  # cryptography: loaded with the server, only for a real run
 from xrun.runner.job.keys import NodeKeys
 
 if TYPE_CHECKING:
-    from xrun.channel.tls_server import ServerIdentity
     from xrun.runner.job.connections import Conn
 
 PENDING_TOTAL = 512  # strangers at once, all sources: a few MiB of buffers at most
@@ -52,8 +53,6 @@ def limits_for(nodes: int, room: int | None = None) -> PendingLimits:
 def descriptor_room(nodes: int) -> int | None:
     """How many descriptors pending strangers may take under ``RLIMIT_NOFILE``, keeping one per node (its
     admitted connection) and ``KEEP_DESCRIPTORS``; None where the open descriptors cannot be counted."""
-    import resource  # noqa: PLC0415 - a server's concern only
-
     try:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
@@ -69,8 +68,6 @@ class Gate:
 
     def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
                  identity: ServerIdentity | None = None) -> None:
-        from xrun.channel.tls_server import ServerIdentity  # noqa: PLC0415 - cryptography: a real run's server only
-
         self.identity = identity if identity is not None else ServerIdentity.mint_apart()
         self.tls = self.identity.server_context()
         self.keys = keys

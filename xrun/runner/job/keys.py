@@ -67,6 +67,6 @@ class NodeKeys:
 
     def release(self, node: int) -> None:
         """Pod mode with --max_restarts only: node ``node``'s admitted connection is closed, so its place opens
-        again for one agent that proves the key (a re-created pod: xrun.runner.job.rejoin)."""
+        again for one agent that proves the key (a re-created pod: xrun.runner.job.machine)."""
         self._claimed.discard(node)
 

@@ -1,22 +1,50 @@
 """The head's job state machine: pure, events in, actions out, and at the end the job's verdict.
 
-It holds no socket, reads no clock and prints nothing: ``xrun.runner.job.server`` turns what arrives (agents'
-messages, dropped connections, backend sessions that end, signals, time passing) into the events of
-``xrun.runner.job.events``, feeds each with the current ``monotonic()`` time, and carries out the actions that
+It holds no socket, reads no clock and prints nothing: the control server (``xrun.runner.job.server``) turns what
+arrives (agents' messages, dropped connections, backend sessions that end, signals, time passing) into the events
+of ``xrun.runner.job.events``, feeds each with the current ``monotonic()`` time, and carries out the actions that
 come back.
 
-``Job`` is the facade: it takes the events, keeps the nodes' states, the keepalive and the end (the verdict, then a
-last linger); its rules live beside it, one concept each: each node's state and the counts the rules read
-(``xrun.runner.job.nodes``), the start barrier (``xrun.runner.job.barrier``: a static job holds every node until all
-are ready or ``--join_timeout`` passes; ``--elastic`` starts each node as soon as it is ready), what counts as a
-failure, which one is the root cause and the exit code (``xrun.runner.job.verdict``), the stop that a failure, a
-signal or a lost node begins (``xrun.runner.job.stop``), what follows an attempt with ``--max_restarts``
-(``xrun.runner.job.restart``, by ``xrun.runner.job.attempts``'s rules) and nodes found bad before the start
-(``xrun.runner.job.faulty``: ``--precheck``, hot spares that take their places at once).
+``Job`` holds the rules, read top to bottom: what the agents say (a hello, ready, a rank's exit, done, an error, a
+dropped connection), what happens around them (a backend session that ends, a signal, a hang, time passing), the
+nodes found bad before a start (``--precheck``), the end of an attempt (the next one with ``--max_restarts``, or
+the verdict), and pod mode's late and returning nodes. It owns the collaborators that are concepts of their own and
+asks them: each node's state and the counts the rules read (``xrun.runner.job.nodes``), the start barrier
+(``xrun.runner.job.barrier``: a static job holds every node until all are ready or ``--join_timeout`` passes;
+``--elastic`` starts each node as soon as it is ready), the stop that a failure, a signal or a lost node begins
+(``xrun.runner.job.stop``), what counts as a failure, which one is the root cause and the exit code
+(``xrun.runner.job.verdict``), what follows an attempt (``xrun.runner.job.attempts``), the hot spares
+(``xrun.runner.job.spares``) and what a hello is answered (``xrun.runner.job.hello_policy``: the spec, a refusal,
+a stray).
 
-What a hello gets back is a ``HelloPolicy``'s answer (``xrun.runner.job.hellos``: the spec, a refusal, a stray).
-With ``JobConfig.verdict_to_nodes`` (pod mode) the verdict, once fixed, is also sent to every node still connected, and
-a node's hello may come late or, with ``--max_restarts``, after its agent was lost (``xrun.runner.job.rejoin``).
+Restarts (``--max_restarts``, issue 23): once every node of an attempt is over, the next attempt begins, waits for
+nodes still joining, or the job ends. A lost node (or one that failed its preflight) may have its place taken by a
+hot spare on standby; a failure within ``--join_timeout`` of the job's start, while nodes (or, short of spares,
+spares) are still joining, waits for them: they join the next attempt. The next attempt gets every node back, a
+fresh root cause, no stop, and a new start barrier.
+
+Nodes found bad before the start (``--precheck``'s result, ``NodesFaulty``, issue 24): while the barrier holds each
+is replaced at once by a hot spare on standby (not a restart: no rank has started; the barrier waits for the
+spare's preflight and ready); without enough spares, or once the ranks run, bad nodes are lost nodes. This is the
+one way a spare is used without ``--max_restarts`` (``--precheck --spares N``, issue 33): a node lost after the
+start then ends the job as without spares, and the end line says that ``--max_restarts`` would have let a spare
+take its place.
+
+Pod mode (``JobConfig.verdict_to_nodes``): the verdict, once fixed, is also sent to every node still connected,
+and a node's hello can come when the job no longer waits for it:
+
+* **late**: it never joined and the job is already stopping: it is admitted only to be told how the job ends (a
+  stop, or the verdict once fixed), so it exits with the job's code;
+* **back** (with ``--max_restarts``): a node other than node 0 whose agent is gone (its pod evicted and re-created
+  with the same index, its xrun killed and started again) proves the secret again. Its old connection must be gone
+  first (``Nodes``: a node has one connection; the pod server reopens the place only then), so at any moment one
+  live agent at most holds a node's place. While the attempt that lost it is still ending, or after its own part
+  of an attempt is over, it is admitted and *parked* (DONE and connected: pinged, never counted live, told the
+  next ``restart`` or the verdict like the others); once the next attempt's barrier is open it joins it as any node
+  does. One back with another plan digest is turned away, named (its place stays open for the right one until
+  ``--join_timeout``), where a node that joins the first attempt so is refused and ends the job with exit 2. The
+  next attempt waits for every lost node but node 0 (it hosts the channel), unless it was already awaited at the
+  barrier of the attempt just over and did not come (``Nodes.faulty(rejoin=True)``): that one ends the job, named.
 
 The job's exit code is decided once every node is over (``RootCause.fix``); ``Job.verdict`` then stays the same
 whatever arrives during the last linger.
@@ -24,15 +52,18 @@ whatever arrives during the last linger.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Callable, ClassVar
 
+from xrun import __version__
 from xrun.channel import DEAD_AFTER, PING_INTERVAL
-from xrun.runner.job.attempts import Attempts
+from xrun.runner.job.attempts import Attempts, Ending, restart_actions, seated_specs
 from xrun.runner.job.barrier import Barrier
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import (
     AGENT_EVENTS,
     Action,
+    Admit,
     AgentError,
     AgentEvent,
     ConnectionLost,
@@ -47,20 +78,18 @@ from xrun.runner.job.events import (
     RankExited,
     Ready,
     SendPing,
+    SendStop,
     SendVerdict,
     SessionEnded,
     ShowJoined,
     ShowLine,
     SignalReceived,
     Tick,
+    TurnAway,
     Verdict,
 )
-from xrun.runner.job.faulty import nodes_faulty, precheck_done
-from xrun.runner.job.hellos import HelloPolicy, SendSpecs, on_hello
-from xrun.runner.job.hellos import Refusal as Refusal  # re-exported: the hello policies (pod mode) name them here
-from xrun.runner.job.hellos import Stray as Stray
+from xrun.runner.job.hello_policy import HelloPolicy, Refusal, SendSpecs, Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
-from xrun.runner.job.restart import restarted
 from xrun.runner.job.spares import Spares
 from xrun.runner.job.stop import Stop
 from xrun.runner.job.verdict import (
@@ -68,9 +97,13 @@ from xrun.runner.job.verdict import (
     agent_failure,
     done_failure,
     hang_failure,
+    lost_failure,
+    precheck_failure,
     rank_failure,
+    refused_failure,
     session_failure,
 )
+from xrun.runner.network.precheck_decision import NodesBad, decide_with_spares, passed_line
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -85,7 +118,8 @@ class Job:
         picks = config.pick_master_port or config.master_port == 0
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
-        self.spares = Spares(config.spares, first_agent=len(config.hosts))  # --spares: agent ids after the world's
+        # --spares: agent ids after the world's
+        self.spares = Spares(config.spares, first_agent=len(config.hosts), restarts=config.restart.restarts)
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None)
         self.stop = Stop(config, self.nodes, self.cause)  # the first failure, a signal, a lost node: every node stops
@@ -103,12 +137,8 @@ class Job:
         self.now = now
         if not isinstance(event, AGENT_EVENTS) or self._from_world(event):
             self._HANDLERS[type(event)](self, event)
-        if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping) and not restarted(self):
-            self.all_over_at = now
-            verdict = self.cause.fix(self.nodes, now)
-            if self.config.verdict_to_nodes or self.config.restart.restarts:  # agents that wait for a restart
-                told = (*(n.agent for n in self.nodes if n.connected), *self.spares.release())
-                self._out.append(SendVerdict(told, verdict))
+        if self.all_over_at is None and self.nodes.all_over(stopping=self.stopping):
+            self._attempt_over()
         out, self._out = self._out, []
         return out
 
@@ -151,6 +181,52 @@ class Job:
         """The attempt is stopping: every node was told to stop (``xrun.runner.job.stop``)."""
         return self.stop.stopping
 
+    # -- a hello --------------------------------------------------------------------------------------------
+
+    def _hello(self, event: HelloReceived) -> None:
+        """An agent proved its key: a stray is turned away, a spare's hello goes to the spares, a node joins the
+        job (or, a second agent for it or one late for a job that is stopping, is turned away)."""
+        answer = self.policy.answer(event)
+        if isinstance(answer, Stray):
+            self.strays += 1
+            self._out.append(TurnAway(event.conn))
+            return
+        node = self.nodes.by_agent.get(event.node)
+        if node is None:  # a hot spare's agent (--spares), or a replaced node's: the spares answer
+            self._out += self.spares.hello(event, self.now, ending=self.cause.fixed is not None)
+            return
+        refused = answer.reason if isinstance(answer, Refusal) else None
+        if self.config.verdict_to_nodes and self._pod_hello(node, event, refused):
+            return
+        # --max_restarts: a node joining an attempt that is stopping (before the verdict) joins the job: it is told to
+        # stop right after its spec, says done, and waits for the next attempt with the others
+        joins_next = self.stopping and self.config.restart.restarts and self.cause.fixed is None \
+            and not self.config.verdict_to_nodes  # head mode: pod mode's are _pod_hello's
+        if node.state is not NodeState.WAITING or (self.stopping and not joins_next):
+            if node.state is NodeState.WAITING:  # its first agent, late: not a second one
+                self._say(f"turned away node {node.rank} ({node.host})'s agent from {event.peer}: it came after the "
+                          "job began stopping")
+            else:
+                self._say(f"ignored a second agent for node {node.rank} ({node.host}) from {event.peer}")
+            self._out.append(TurnAway(event.conn))
+            return
+        self._join(node, event, answer, joins_next=joins_next)
+
+    def _join(self, node: Node, event: HelloReceived, answer: Action | Refusal, *, joins_next: bool) -> None:
+        """``node``'s agent is admitted and sent the policy's answer (its spec, head mode), or the job ends with
+        the policy's refusal; ``joins_next``: the attempt is stopping, so it is told to stop at once."""
+        self.nodes.join(node, event.addr, self.now, name=event.host if self.config.numbered else None)
+        self._out.append(Admit(node.agent, event.conn))
+        if event.xrun_version != __version__:
+            self._say(f"{node.host} runs xrun {event.xrun_version}, this is {__version__}")
+        if isinstance(answer, Refusal):
+            self._fail(refused_failure(node.host, answer.reason))
+        else:
+            self._out.append(answer)
+        if joins_next:
+            reason = self.failure.reason if self.failure is not None else "the attempt is stopping"
+            self._out.append(SendStop((node.agent,), int(signal.SIGTERM), self.config.shutdown_timeout, reason))
+
     # -- what the agents say --------------------------------------------------------------------------------
 
     def _from_world(self, event: AgentEvent) -> bool:
@@ -190,6 +266,9 @@ class Job:
         self._fail(agent_failure(event, node.host))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
         node.exit_code = event.exit_code  # what its agent exits with (a refusal's 2): pdsh's echo of it is no news
+
+    def _heard(self, event: Heard) -> None:
+        """Any other word (started, pong): ``_from_world`` noted the time."""
 
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes.by_agent[event.node]
@@ -242,6 +321,146 @@ class Job:
         if alive or standing:
             self._out.append(SendPing((*alive, *standing)))
 
+    # -- nodes found bad before the start (--precheck, issue 24) ------------------------------------------------
+
+    def _precheck_done(self, event: PrecheckDone) -> None:
+        """--precheck is over (before any attempt: the first, or a restart's): the ranks start, hot spares that
+        passed take bad nodes' places, or the job ends, as ``precheck_decision.decide_with_spares`` says."""
+        if self.stopping or not self.barrier.prechecking:
+            return  # a node was lost or a signal came meanwhile: the job is ending already (or no check runs)
+        standing, attempt = self.spares.ready(), self.attempts.number
+        bad_spares, outcome = decide_with_spares(event.result, world=self.nodes.by_agent,
+                                                 spares=[s.agent for s in standing], attempt=attempt)
+        for bad in bad_spares:
+            spare = self.spares.standing.get(bad.rank)
+            if spare is not None:
+                self._out += self.spares.lose(spare, f"precheck: {bad.describe()}")
+        if outcome is None:
+            self._out += self.barrier.precheck_passed(passed_line(event.result, attempt=attempt), self.now)
+        elif isinstance(outcome, NodesBad):
+            self._fail(precheck_failure(outcome))
+        else:
+            self._say(outcome.line)
+            self._seat_spares_now([(self.nodes.by_agent[node], spare) for node, spare in outcome.pairs])
+            self.barrier.reopen(self.now)
+
+    def _nodes_faulty(self, event: NodesFaulty) -> None:
+        """These nodes are bad (the seam for any check before the start): replaced by spares on standby while the
+        barrier holds and there are enough, else lost."""
+        nodes = self.nodes
+        bad = [nodes[r] for r in dict.fromkeys(event.node_ranks) if 0 <= r < len(nodes) and not nodes[r].over]
+        standing = self.spares.ready()
+        if self.barrier.holding(stopping=self.stopping) and len(bad) <= len(standing):
+            self._seat_spares_now([(node, spare.agent) for node, spare in zip(bad, standing)])
+            return
+        for node in bad:
+            self._out += self.stop.mark_lost(node, event.reason)
+        if bad:
+            self._fail(lost_failure(", ".join(n.host for n in bad), event.reason))
+
+    def _seat_spares_now(self, pairs: list[tuple[Node, int]]) -> None:
+        """Before any rank of the attempt started: each spare (an agent id) runs its node from now on, and is sent
+        the node's spec (its preflight and ready follow; the barrier holds until then)."""
+        for node, spare in pairs:
+            replacement, actions = self.spares.seat(self.nodes, node, self.attempts.number, spare)
+            self.attempts.replaced += (replacement,)
+            self._out += actions
+        self._out += seated_specs(self.config, [node for node, _ in pairs])
+
+    # -- the end of an attempt: the next one, or the verdict ------------------------------------------------------
+
+    def _attempt_over(self) -> None:
+        """Every node of the attempt is over. With ``--max_restarts`` the next attempt may begin (hot spares in
+        lost nodes' places), or what follows wait for nodes and spares still joining; otherwise the job is over:
+        its verdict is fixed and, to agents that wait for it, sent.
+
+        ``--spares`` without ``--max_restarts`` (with ``--precheck``, issue 33): the attempt is recorded as with
+        restarts (the spares ``--precheck`` seated, for the summary), and a node lost ends the job however many
+        spares stand by: no restart, so no spare takes its place; the end line says so, and names the flag that
+        would have let one. The spares still standing are told the verdict (each exits 0)."""
+        restarts = self.config.restart.restarts
+        if restarts or self.config.spares:
+            faulty = self.nodes.faulty(rejoin=self.config.rejoins)
+            if restarts and faulty and self._waits_for_joining(short=len(faulty) > len(self.spares.ready())):
+                return  # decided once they joined (or stand by) or are lost, at the latest a tick
+            ending = self.attempts.over(self.cause, self.barrier.started_at, self.now,
+                                        lost=tuple(n.host for n in faulty), spares=len(self.spares.ready()))
+            if ending is Ending.RESTART:
+                self._begin_next_attempt(faulty)
+                return
+        self.all_over_at = self.now
+        verdict = self.cause.fix(self.nodes, self.now)
+        spares = self.spares.release()
+        if self.config.verdict_to_nodes or restarts:  # agents that wait for a restart
+            self._out.append(SendVerdict((*(n.agent for n in self.nodes if n.connected), *spares), verdict))
+        elif spares:  # the nodes' agents leave after their done; the spares wait for the word
+            self._out.append(SendVerdict(spares, verdict))
+
+    def _waits_for_joining(self, *, short: bool) -> bool:
+        """A failure to restart, within --join_timeout of the job's start, while nodes are still to join (they join
+        the next attempt) or, ``short`` of spares, spares are still to stand by: what follows waits for them."""
+        failure = self.cause.failure
+        if failure is None or failure.final or self.cause.interrupted_by is not None or self.config.verdict_to_nodes:
+            return False  # pod mode: its nodes that join late or come back are _pod_hello's
+        if self.now >= self.attempts.t0 + self.config.join_timeout:
+            return False
+        return any(n.state is NodeState.WAITING for n in self.nodes) or (short and self.spares.joining())
+
+    def _begin_next_attempt(self, faulty: list[Node]) -> None:
+        """Hot spares on standby take the ``faulty`` nodes' places; every node is told to prepare the next attempt
+        (a seated spare is sent its node's spec); a fresh root cause, no stop, and a new start barrier."""
+        attempt = self.attempts.begin_next(self.now)
+        self.attempts.replaced, seating = self.spares.seat_all(self.nodes, faulty, attempt)
+        self._out += seating
+        self._out += restart_actions(self.config, self.nodes, attempt, self.cause.failure, self.attempts.replaced)
+        self.cause.next_attempt()
+        self.stop.next_attempt()
+        self.barrier = Barrier(self.config, self.nodes, t0=self.now, attempt=attempt, spares=self.spares)  # --precheck
+
+    # -- pod mode: late nodes, and lost nodes that come back -------------------------------------------------
+
+    def _pod_hello(self, node: Node, event: HelloReceived, refused: str | None) -> bool:
+        """A hello the head-mode rules do not cover: a node back after its agent was lost, or one late for a job
+        that is stopping (``refused``: the hello policy's reason, if it refused it). False: not one of those."""
+        if self._comes_back(node):
+            if refused is not None:  # its place stays open for a node that runs this job, until --join_timeout
+                self._out += [ShowLine(f"{refused}: turned away"), TurnAway(event.conn)]
+                return True
+            if node.over or self.stopping:
+                self._park(node, event)
+                return True
+            return False  # the next attempt's barrier is open: it joins as any node does
+        if self.stopping and node.state is NodeState.WAITING:
+            self._tell_late_node_the_end(node, event)
+            return True
+        return False
+
+    def _comes_back(self, node: Node) -> bool:
+        """A node other than node 0 whose agent was lost in an earlier attempt, or in this one, says hello again."""
+        return self.config.rejoins and node.rank != 0 and not node.connected and (
+            node.over or (node.state is NodeState.WAITING and self.attempts.number > 0))
+
+    def _park(self, node: Node, event: HelloReceived) -> None:
+        """Admitted, DONE and connected until the next attempt's restart (or the verdict, once fixed)."""
+        self.nodes.join(node, event.addr, self.now, name=event.host if self.config.numbered else None)
+        node.state = NodeState.DONE  # parked: connected, pinged, never counted live
+        self._out.append(Admit(node.rank, event.conn))
+        fixed = self.cause.fixed
+        if fixed is not None:
+            self._out.append(SendVerdict((node.rank,), fixed))
+        else:
+            self._say(f"node {node.rank} ({node.host}) is back: it joins the next attempt")
+
+    def _tell_late_node_the_end(self, node: Node, event: HelloReceived) -> None:
+        """A node that joins a job already ending is told how it ends (it must exit with that code)."""
+        node.state, node.connected, node.last_seen = NodeState.JOINED, True, self.now
+        self._out.append(Admit(node.rank, event.conn))
+        if self.cause.fixed is not None:
+            self._out.append(SendVerdict((node.rank,), self.cause.fixed))
+            return
+        reason = self.failure.reason if self.failure is not None else "the job is stopping"
+        self._out.append(SendStop((node.rank,), int(signal.SIGTERM), self.config.shutdown_timeout, reason))
+
     # -- the steps the handlers share ---------------------------------------------------------------------
 
     def _fail(self, failure: Failure) -> None:
@@ -255,17 +474,17 @@ class Job:
 
 
 Job._HANDLERS = {
-    HelloReceived: on_hello,
+    HelloReceived: Job._hello,
     Ready: Job._ready,
     RankExited: Job._rank_exited,
     Done: Job._done,
     AgentError: Job._agent_error,
-    Heard: lambda job, event: None,  # handle() noted the time
+    Heard: Job._heard,
     ConnectionLost: Job._connection_lost,
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,
     Hung: Job._hung,
-    NodesFaulty: nodes_faulty,
+    NodesFaulty: Job._nodes_faulty,
     Tick: Job._tick,
-    PrecheckDone: precheck_done,
+    PrecheckDone: Job._precheck_done,
 }

@@ -112,8 +112,14 @@ class Nodes(list[Node]):
         self.by_agent[agent] = node
         self.by_host.setdefault(host, []).append(node)
 
-    def faulty(self) -> list[Node]:
-        """A scan, once per attempt: the nodes whose agent is lost or gone (a spare may take their places)."""
+    def faulty(self, *, rejoin: bool = False) -> list[Node]:
+        """A scan, once per attempt: the nodes the next attempt cannot have back as they are. Their agent is lost or
+        gone, or failed its preflight (a hot spare may take their places). With ``rejoin`` (pod mode with
+        ``--max_restarts``, where a lost node other than node 0 may come back) only the nodes whose agent is gone
+        and that the next attempt cannot wait for: node 0 (it hosts the channel), and a node already awaited at the
+        barrier of the attempt just over that did not come within ``--join_timeout``."""
+        if rejoin:
+            return [n for n in self if not n.connected and (n.rank == 0 or n.state is NodeState.WAITING)]
         return [n for n in self if n.state is NodeState.LOST or not n.connected]
 
     def join(self, node: Node, addr: str, now: float, *, name: str | None = None) -> None:

@@ -25,7 +25,7 @@ def _exit_code(reason: str, code: int) -> str:
 
 def headline(verdict: Verdict) -> str | None:
     """The verdict's first line: the signal that stopped the job, or its root cause; None for a job that succeeded.
-    Pod mode's node 0 sends it with the verdict, and every other node prints it (``wire.verdict_message``)."""
+    Pod mode's node 0 sends it with the verdict, and every other node prints it (``server.verdict_message``)."""
     failure, code = verdict.failure, verdict.exit_code
     if verdict.interrupted_by is not None:
         return f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})"

@@ -1,34 +1,44 @@
 """The runner's control server: the socket loop around the job state machine (``xrun.runner.job.machine``).
 
-One per run, single-threaded (``selectors``), on the address the nodes use. It listens, accepts through its ``Gate``
-(TLS, each hello's proof of its node's key, bounds on connections that have proven nothing: a stray, or one silent past
-``HELLO_TIMEOUT``, is closed without a byte sent back; xrun.runner.job.gate), reads frames, and turns what arrives into
-the machine's events: agents' messages (``xrun.runner.job.wire``), dropped connections, backend sessions that end
-(``session_ended``), signals and time passing. Its ``Dispatch`` (``xrun.runner.job.dispatch``) feeds them to the
-machine and carries out the actions that come back: sends, closed connections and status lines; at the end the
-machine's verdict is the report (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and
-exit-code decisions are all the machine's; the wire format lives in ``xrun.channel``, the status display in
-``xrun.launch.output.status``.
+One per run, single-threaded, on the address the nodes use. Three classes, each one thing:
+
+* ``SelectLoop`` (``xrun.runner.job.loop``): the selector, the timers, the signals recorded between turns;
+* ``Conn`` (``xrun.runner.job.connections``): one connection's TLS, frames and ``auth`` -> ``challenge``, found
+  again by serial, by node and in the order the unadmitted ones opened (``Connections``);
+* ``ControlServer``, here: it listens and accepts through its ``Gate`` (TLS, each hello's proof of its node's key,
+  bounds on connections that have proven nothing: a stray, or one silent past ``HELLO_TIMEOUT``, is closed without
+  a byte sent back; ``xrun.runner.job.gate``), turns what arrives into the machine's events (a proven hello, an
+  admitted agent's message, a dropped connection, a backend session that ends, a signal, time passing), feeds each
+  to the machine (``feed``) and carries out the actions that come back (``_carry_out``): sends, admitted and
+  closed connections, status lines (``xrun.launch.output.status``), ``--precheck``'s check
+  (``xrun.runner.network.precheck_channel``). At the end the machine's verdict is the report
+  (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
+  machine's; the wire format is ``xrun.channel``'s.
+
+The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
+``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` makes it ``Ready`` -> ``feed`` ->
+``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
+``Conn.send`` to every node.
+
+Beside the machine, each attempt's agents tell what concerns neither the barrier nor the verdict, read from their
+messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang doctor's
+messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to xrun
+asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first) and
+``--precheck``'s answers. A restart begins them anew.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
-Each connection reads its own frames and hands them here (``xrun.runner.job.connections``); the selector, the
-timers and the signals' recording are the loop's (``xrun.runner.job.loop``).
-
-Beside the machine, its ``Extras`` (``xrun.runner.job.extras``) read what concerns neither the barrier nor the
-verdict: every rank's figures, the hang doctor's messages, ``--precheck``'s answers.
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
 and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
 (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
-on) on the main thread;
-``own_signals=False`` lets the loop run on another thread.
+on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.server``) overrides a few seams: ``_make_job`` (its hello policy, the
-verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
-may reopen) and some of the dispatch's doers.
+verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``_agent_message`` (the
+nodes' console), ``drop`` (a node's place may reopen) and the barrier's status (``_show_*``: sent to every node).
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ import functools
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, message
@@ -45,30 +57,58 @@ from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
+from xrun.launch.result.outcome import HANG_EXIT
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.connections import ACCEPTS_PER_WAKEUP, Conn, Connections, listener
-from xrun.runner.job.dispatch import Dispatch
+from xrun.runner.job.connections import Closed, Conn, Connections, listener
+from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import (
+    Action,
     Admit,
+    AgentError,
     ConnectionLost,
+    Done,
+    Drop,
+    Event,
     Failure,
+    Heard,
     HelloReceived,
-    NodesFaulty,
+    Hung,
+    PrecheckDone,
+    RankExited,
+    Ready,
+    RunPrecheck,
+    SendAccept,
+    SendPing,
+    SendRestart,
+    SendSpec,
+    SendStart,
+    SendStop,
+    SendVerdict,
     SessionEnded,
+    ShowJoined,
+    ShowLine,
+    ShowStarted,
+    ShowWaiting,
     SignalReceived,
     Tick,
+    TurnAway,
+    Verdict,
 )
-from xrun.runner.job.extras import Extras
+from xrun.runner.job.figures import JobFigures
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.loop import SelectLoop
 from xrun.runner.job.machine import Job
-from xrun.runner.job.report import report_lines
-from xrun.runner.job.wire import agent_event, hello_event
+from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.report import headline, report_lines
+from xrun.runner.job.verdict import NODE_FAILURE_EXIT
+from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
+
+ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
 
 class Sessions(Protocol):
-    """What a backend started to carry the agents (ssh channels, one pdsh process)."""
+    """What a backend started to carry the agents (ssh channels, one pdsh process, an engine; none in pod mode)."""
 
     def register(self, loop: ControlServer) -> None:
         """Add readers (output relay, session exits) with ``loop.add_reader``."""
@@ -81,7 +121,8 @@ class Sessions(Protocol):
 
 
 class ControlServer:
-    """One run's loop and its connections: what arrives goes to the machine through ``dispatch``."""
+    """One run's loop and its connections: what arrives goes to the machine (``feed``), its actions are carried
+    out (``_carry_out``)."""
 
     def __init__(self, plan: Plan, gate: Gate, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
@@ -94,8 +135,10 @@ class ControlServer:
         self.conns, self.pending, self.node_conns = self.links.all, self.links.pending, self.links.by_node
         self.status = status if status is not None else make_status(len(plan.nodes))
         self.forwarded = frozenset(plan.request.options.forward_signals)  # passed on, not a stop
-        self.extras = Extras(self)  # the hang doctor, every rank's figures, --precheck's check
-        self.dispatch = Dispatch(self)  # events in, the machine's actions carried out
+        self.events: deque[Event] = deque()  # fed to the machine one at a time (``feed``)
+        self.feeding = False
+        self.doers = self._how_to_carry_out()
+        self._begin_attempt()
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -114,10 +157,19 @@ class ControlServer:
     def all_over_at(self) -> float | None:
         return self.job.all_over_at
 
-    # -- set-up ---------------------------------------------------------------------------------------------
+    # -- set-up, and what a backend's sessions call -----------------------------------------------------------
 
     def _make_job(self, plan: Plan, join_timeout: float) -> Job:
         return Job(JobConfig.from_plan(plan, join_timeout=join_timeout), now=time.monotonic())
+
+    def _begin_attempt(self) -> None:
+        """What an attempt's agents tell beside the machine, begun anew (--max_restarts: the attempt before's
+        dumps and figures are not this one's)."""
+        options = self.plan.request.options
+        self.doctor = HeadDoctor(self._host, hang_timeout=options.hang_timeout, hang_action=options.hang_action,
+                                 log_dir=options.log_dir)
+        self.figures = JobFigures()
+        self.precheck: ChannelPrecheck | None = None  # --precheck: the network check while it runs
 
     def listen(self, addrs: Iterable[str], *, port: int = 0) -> int:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
@@ -144,19 +196,18 @@ class ControlServer:
 
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
-        self.dispatch.feed(SessionEnded(host, code, detail))
-
-    def nodes_faulty(self, node_ranks: tuple[int, ...], reason: str) -> None:
-        """These nodes are bad (``--precheck``, issue 24): replaced by hot spares before the start, else lost."""
-        self.dispatch.feed(NodesFaulty(node_ranks, reason))
+        self.feed(SessionEnded(host, code, detail))
 
     def stop_echoed(self, host: str, code: int) -> bool:
         """A launcher's word that ``host``'s session exited with ``code`` only echoes the job's stop (pdsh)."""
         return self.job.stop.echoed(host, code)
 
-    def next_attempt(self) -> None:
-        """--max_restarts: what the doctor and the figures held was the attempt before's."""
-        self.extras = Extras(self)
+    def key_announced(self, node: int, key_hex: str) -> None:
+        """Node ``node``'s agent announced its one-time key on its own output stream (pdsh): the hellos that
+        waited for it are judged now."""
+        for conn, msg in self.gate.announced(node, key_hex):
+            if self.conns.get(conn.serial) is conn:
+                self._hello(conn, msg)
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -167,7 +218,7 @@ class ControlServer:
             with self.loop.owning(owned):
                 sessions.register(self)
                 while not self._finished(sessions):
-                    self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.extras.doctor.deadline()])
+                    self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.doctor.deadline()])
                     for signum in self.loop.take_signals():
                         self._on_signal_received(signum)
                     self._tick()
@@ -179,7 +230,10 @@ class ControlServer:
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
             say(line)
-        self.extras.sum_up(verdict)
+        if verdict.exit_code != 0:
+            for line in self.doctor.stop_stack_lines():
+                say(line)
+        self.figures.sum_up(verdict, log_dir=self.plan.request.options.log_dir)
         return verdict.exit_code
 
     def close(self) -> None:
@@ -193,67 +247,96 @@ class ControlServer:
 
     def _on_signal_received(self, signum: int) -> None:
         if signum == signal.SIGQUIT:
-            self.extras.want("SIGQUIT")
+            self._want_stacks("SIGQUIT")
             return
         if signum not in self.forwarded:
-            self.dispatch.feed(SignalReceived(signum))
+            self.feed(SignalReceived(signum))
             return
         nodes = sorted(self.node_conns)
         say(f"forwarding {signal_name(signum)} to the ranks of {len(nodes)} node(s)")
-        self.dispatch.send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
+        self.send_all(nodes, message(Kind.SIGNAL, signal=int(signum)))
 
     def _tick(self) -> None:
         now = time.monotonic()
         for conn in self.pending.expired(now):
             self.drop(conn)  # said nothing useful in time: a stray
-        self.dispatch.feed(Tick())
-        self.extras.tick(now)
+        self.feed(Tick())
+        self._doctor_steps(self.doctor.check(now, self._running()))
 
     def _finished(self, sessions: Sessions) -> bool:
         if self.job.all_over_at is None:
             return False
         return sessions.finished(self.job.lost_hosts()) or self.job.linger_over(time.monotonic())
 
-    # -- connections: what each one reads comes here (``ConnOwner``) ----------------------------------------
+    # -- connections: what each one reads becomes the machine's event -----------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):  # a burst is taken in few loop turns, yet reads are not starved
             taken = self.gate.accept(listener)
             if taken is None:
                 return
-            conn = self.links.open(taken[0], (taken[1], 0), now=time.monotonic(), owner=self)
-            self.add_reader(conn.sock, conn.read)
+            conn = self.links.open(taken[0], (taken[1], 0), now=time.monotonic())
+            self.add_reader(conn.sock, functools.partial(self.read_from, conn))
 
-    def key_announced(self, node: int, key_hex: str) -> None:
-        """Node ``node``'s agent announced its one-time key on its own output stream (pdsh): the hellos that
-        waited for it are judged now."""
-        for conn, msg in self.gate.announced(node, key_hex):
-            if self.conns.get(conn.serial) is conn:
-                self.on_hello(conn, msg)
+    def read_from(self, conn: Conn) -> None:
+        """``conn`` is readable: its hello, its node's messages, or the reason it is over, each handled in turn.
 
-    def on_message(self, node: int, msg: Message) -> None:
-        self.extras.message(node, msg)
-        self.dispatch.feed(agent_event(node, msg))
+        Whatever a peer sends costs its own connection only: every failure here, expected or not, closes this
+        connection and nothing else (issue 22); an unproven peer is dropped without a word back (a peer whose TLS
+        handshake fails gets OpenSSL's alert, which tells it nothing a TLS client does not learn by connecting)."""
+        try:
+            for item in conn.read():
+                if isinstance(item, Closed):
+                    self._closed(conn, item.reason)
+                elif conn.node is not None:
+                    self._agent_message(conn.node, item)
+                else:
+                    self._hello(conn, item)
+        except ChannelError as err:
+            self._closed(conn, f"protocol error: {err.reason}")
+        except Exception as err:  # noqa: BLE001 - one connection's trouble must never reach the loop
+            self._closed(conn, f"protocol error: {err.__class__.__name__}")
 
-    def on_hello(self, conn: Conn, msg: Message) -> None:
+    def _hello(self, conn: Conn, msg: Message) -> None:
         if self.gate.waits_for_key(conn, msg):
             return  # its node's key is still on its way (pdsh): judged when it comes, or dropped at the deadline
         event = self._hello_event(conn, msg) if conn.handshake.check_hello(msg) else None
         if event is None:
             self.drop(conn, failed=True)  # not a word back: a stray learns nothing
             return
-        self.dispatch.feed(event)
+        self.feed(event)
 
     def _hello_event(self, conn: Conn, msg: Message) -> HelloReceived | None:
         """The proven hello as the machine's event; None: a stray (here: a malformed hello)."""
         return hello_event(conn.serial, conn.peer, msg, len(self.plan.agent_hosts))
 
-    def on_closed(self, conn: Conn, reason: str) -> None:
+    def _agent_message(self, node: int, msg: Message) -> None:
+        """An admitted agent's message: what the figures, the hang doctor and --precheck read of it first (a
+        malformed field is a protocol error: ``ChannelError``), then the machine's event."""
+        kind, now = msg.get("type"), time.monotonic()
+        try:
+            if kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
+                self.figures.add(msg["figures"])
+            elif kind == Kind.STACKS.value:
+                self._doctor_steps(self.doctor.stacks(node, msg, now))
+            elif kind == Kind.WANT_STACKS.value:
+                self._want_stacks(f"{msg.get('reason') or 'a request'} at {self._host(node)}")
+            elif kind == Kind.QUIET.value:
+                self._doctor_steps(self.doctor.quiet(node, self._running(), now))
+            elif kind == Kind.SPOKE.value:
+                self.doctor.spoke(node)
+            elif kind in (Kind.PROBE_READY.value, Kind.PROBED.value) and self.precheck is not None:
+                self.precheck.message(node, msg, now)
+        except ValueError as err:
+            raise ChannelError(f"{kind}: {err}") from None
+        self.feed(agent_event(node, msg))
+
+    def _closed(self, conn: Conn, reason: str) -> None:
         # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
         # nothing to prove), failed to get in
         self.drop(conn, failed=reason.startswith("protocol error") or conn.challenged)
         if conn.node is not None:
-            self.dispatch.feed(ConnectionLost(conn.node, reason))
+            self.feed(ConnectionLost(conn.node, reason))
 
     def drop(self, conn: Conn, *, failed: bool = False) -> None:
         self.remove_reader(conn.sock)
@@ -261,6 +344,192 @@ class ControlServer:
         self.gate.dropped(conn, failed=failed)
         conn.close()
 
-    def admit(self, action: Admit) -> None:
+    # -- the machine: events in, actions carried out -----------------------------------------------------------
+
+    def feed(self, event: Event) -> None:
+        """Hand one event to the machine and carry out its actions. Not re-entered: an event raised while actions
+        are carried out (a send that fails loses its node) waits in the queue for the loop already feeding."""
+        self.events.append(event)
+        if self.feeding:
+            return
+        self.feeding = True
+        try:
+            while self.events:
+                for action in self.job.handle(self.events.popleft(), time.monotonic()):
+                    self._carry_out(action)
+        finally:
+            self.feeding = False
+
+    def _carry_out(self, action: Action) -> None:
+        self.doers[type(action)](action)
+
+    def _how_to_carry_out(self) -> dict[type, Callable[[Any], None]]:
+        """How each of the machine's actions is carried out."""
+        return {
+            Admit: self._admit,
+            TurnAway: lambda a: self._drop_if_open(self.conns.get(a.conn)),
+            Drop: lambda a: self._drop_if_open(self.node_conns.get(a.node)),
+            SendSpec: self._send_spec,
+            SendAccept: lambda a: self.send(a.node, message(Kind.ACCEPT)),
+            SendVerdict: lambda a: self.send_all(a.nodes, verdict_message(a.verdict)),
+            SendStart: lambda a: self.send_all(a.nodes, message(Kind.START, master_addr=a.master_addr,
+                                                                 master_port=a.master_port, restart_count=a.attempt)),
+            SendRestart: self._send_restart,
+            SendStop: self._send_stop,
+            SendPing: lambda a: self.send_all(a.nodes, message(Kind.PING)),
+            ShowLine: lambda a: self.status.line(a.text),
+            ShowJoined: self._show_joined,
+            ShowWaiting: self._show_waiting,
+            ShowStarted: self._show_started,
+            RunPrecheck: self._run_precheck,
+        }
+
+    def send_all(self, nodes: Iterable[int], msg: Message) -> None:
+        for node in nodes:
+            self.send(node, msg)
+
+    def send(self, node: int, msg: Message) -> None:
+        """To the admitted agent ``node``, if still connected; a send that fails closes its connection."""
+        conn = self.node_conns.get(node)
+        if conn is None:
+            return
+        try:
+            conn.send(msg)
+        except OSError as err:
+            self._closed(conn, f"send failed: {err.strerror or err}")
+
+    def _admit(self, action: Admit) -> None:
         self.links.admit(action.conn, action.node)
         self.gate.admitted(self.conns[action.conn], action.node)
+
+    def _drop_if_open(self, conn: Conn | None) -> None:
+        if conn is not None:
+            self.drop(conn)
+
+    def _send_spec(self, action: SendSpec) -> None:
+        """An agent's spec; a hot spare's (--spares) is the node's it stands by for or takes the place of (node 0's
+        for its standby preflight), with its own host."""
+        plan = self.plan
+        spec = plan.nodes[0 if action.standby else action.node if action.node_rank is None else action.node_rank]
+        host = plan.agent_hosts[action.node]
+        spec = spec if spec.host == host else replace(spec, host=host)
+        restarts = self.job.config.restart.max_restarts  # the agent waits for a restart after its done
+        self.send(action.node, message(Kind.SPEC, spec=spec.to_json(), pick_master_port=action.pick_master_port,
+                                       master_port=action.master_port, max_restarts=restarts, standby=action.standby))
+
+    def _send_stop(self, action: SendStop) -> None:
+        """After a failure (not a signal, not a hang) the agents take their ranks' stacks before they stop them."""
+        failure = self.job.failure
+        stacks = failure is not None and failure.exit_code != HANG_EXIT
+        self.send_all(action.nodes, message(Kind.STOP, signal=action.signal, deadline=action.deadline,
+                                            reason=action.reason, stacks=stacks))
+
+    def _send_restart(self, action: SendRestart) -> None:
+        """--max_restarts: the next attempt (what the doctor and the figures held was the attempt before's)."""
+        self._begin_attempt()
+        for node in action.nodes:
+            node0 = node == action.node0
+            self.send(node, message(Kind.RESTART, attempt=action.attempt, pick_master_port=node0 and
+                                    action.pick_master_port, master_port=action.master_port if node0 else 0))
+
+    def _run_precheck(self, action: RunPrecheck) -> None:
+        self.precheck = ChannelPrecheck(
+            action.nodes, action.hosts, toward=action.toward, now=time.monotonic(), send=self.send,
+            add_timer=self.add_timer, stopping=lambda: self.job.stopping,
+            done=lambda result: self.feed(PrecheckDone(result)))
+
+    def _show_joined(self, action: ShowJoined) -> None:
+        self.status.joined(action.host, action.ready, action.total)
+
+    def _show_waiting(self, action: ShowWaiting) -> None:
+        self.status.waiting(action.ready, list(action.missing), action.elapsed)
+
+    def _show_started(self, action: ShowStarted) -> None:
+        self.status.started(action.nodes, action.ranks, action.elapsed, action.master_addr, action.master_port)
+
+    # -- the hang doctor's steps ---------------------------------------------------------------------------------
+
+    def _want_stacks(self, reason: str) -> None:
+        """A job-wide stack dump of the running nodes (SIGQUIT, or an agent's ``want_stacks``)."""
+        self._doctor_steps(self.doctor.want(reason, self._running(), time.monotonic()))
+
+    def _doctor_steps(self, steps: Iterable[Step]) -> None:
+        for step in steps:
+            if isinstance(step, Send):
+                self.send_all(step.nodes, step.message)
+            elif isinstance(step, Show):
+                for line in step.lines:
+                    say(line)
+            elif isinstance(step, Hang):
+                self.feed(Hung(step.reason, restart=step.restart))
+
+    def _running(self) -> list[int]:
+        return [n.agent for n in self.job.nodes if n.state is NodeState.RUNNING and n.connected]
+
+    def _host(self, agent: int) -> str:
+        """An agent's host as the job names it: its node's (pod mode may rename it), else a hot spare's."""
+        node = self.job.nodes.by_agent.get(agent)
+        return node.host if node is not None else self.plan.agent_hosts[agent]
+
+
+# -- the wire as the machine sees it --------------------------------------------------------------------------
+#
+# A proven hello for a node rank of the world is a ``HelloReceived``; an admitted agent's ``ready``, ``rank_exited``,
+# ``done`` and ``error`` are their events, any other kind (``started``, ``pong``, a kind a newer agent added) is
+# ``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the connection it
+# came on. The verdict goes back as a message (pod mode, restarts).
+
+
+def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:
+    """A well-formed hello for one of ``nodes`` as the machine's event (key unchecked); None otherwise."""
+    rank = msg.get("node_rank")
+    if msg.get("type") != Kind.HELLO.value or not isinstance(rank, int) or not 0 <= rank < nodes:
+        return None
+    versions = msg.get("versions")
+    version = versions.get("xrun") if isinstance(versions, dict) else None
+    addr = str(msg.get("addr") or peer)
+    host = msg.get("host")
+    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version,
+                         host=host if isinstance(host, str) and host else None)
+
+
+def agent_event(node: int, msg: Message) -> Event:
+    """An admitted agent's message as the machine's event; a malformed field is a protocol error."""
+    kind = msg.get("type")
+    if kind == Kind.READY.value:
+        return Ready(node, master_port=_int(msg, "master_port"))
+    if kind == Kind.RANK_EXITED.value:
+        return RankExited(
+            node, rank=_int(msg, "rank"), local_rank=_int(msg, "local_rank"), code=_int(msg, "code"),
+            signal=_int(msg, "signal"), stopped=bool(msg.get("stopped")),
+            tail=_lines(msg, "tail"),
+        )
+    if kind == Kind.DONE.value:
+        return Done(node, exit_code=_int(msg, "exit_code") or 0)
+    if kind == Kind.ERROR.value:
+        return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
+    return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
+
+
+def verdict_message(verdict: Verdict) -> Message:
+    failure = verdict.failure
+    return message(
+        Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
+        stopped_after=verdict.stopped_after, host=failure.host if failure else None,
+        rank=failure.rank if failure else None, reason=failure.reason if failure else None,
+        line=headline(verdict),  # pod mode: what every node but node 0 prints
+    )
+
+
+def _lines(msg: Message, key: str) -> tuple[str, ...]:
+    value = msg.get(key) or []
+    if not isinstance(value, list):
+        raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not a list of lines")
+    return tuple(str(line) for line in value)
+
+
+def _int(msg: Message, key: str) -> int | None:
+    value = msg.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not an integer")

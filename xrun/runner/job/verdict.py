@@ -2,8 +2,9 @@
 root cause, and the job's exit code, decided in one place (``exit_code``) once every node is over.
 
 The first failure (a rank's own exit, an agent error, a lost node, a session that ended before its agent
-connected, or ``Hung``: every node silent for --hang_timeout with --hang_action stop, exit code ``HANG_EXIT``) is
-the root cause; a signal to xrun that stopped the job comes before any failure. Pure: no clock, no I/O.
+connected, nodes ``--precheck`` found bad, or ``Hung``: every node silent for --hang_timeout with --hang_action
+stop, exit code ``HANG_EXIT``) is the root cause; a signal to xrun that stopped the job comes before any failure.
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.runner.job.events import AgentError, Attempt, Done, Failure, Hung, RankExited, SessionEnded, Verdict
 from xrun.runner.job.nodes import Node, NodeState
+from xrun.runner.network.precheck_decision import NodesBad
 
 NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
 REFUSED_EXIT = 2  # a node the hello policy refused: the job was started inconsistently (a usage error)
@@ -117,3 +119,8 @@ def hang_failure(event: Hung) -> Failure:
 
 def refused_failure(host: str, reason: str) -> Failure:
     return Failure(host, reason, REFUSED_EXIT, final=True)
+
+
+def precheck_failure(bad: NodesBad) -> Failure:
+    """--precheck found nodes bad and no spare replaces them: final, a restart on the same nodes would meet them."""
+    return Failure(", ".join(bad.hosts), bad.reason, NODE_FAILURE_EXIT, final=True)

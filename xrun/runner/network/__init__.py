@@ -11,8 +11,10 @@ comes back, for both ways of asking:
   (``ssh_probes``) and prints;
 * ``--precheck``: ``precheck_channel`` drives the check over the job's connected agents on the control server's loop,
   and ``precheck_decision`` is the one decision about what a bad node means (the job ends, or hot spares take bad
-  nodes' places). What the job then does is its own rule (``xrun.runner.job.faulty``).
+  nodes' places). What the job then does is its own rule (``xrun.runner.job.machine``).
 
-The node side is ``xrun.launch.network``. Beside ``xrun.runner.job`` in the head's layers: the precheck is fed the
-job's events and gives the job its result, and the job's rule reads the decision (module by module, one way).
+The node side is ``xrun.launch.network``. Below ``xrun.runner.job`` in the head's layers, never importing it: the
+job's server starts the precheck with callables (send, a timer, whether the job stops, where the result goes), and
+the decision is network data (``NodesBad``, ``Replacing``) that the job's rule turns into its failure or seated
+spares.
 """

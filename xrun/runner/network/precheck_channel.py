@@ -11,8 +11,10 @@ The same rounds and verdicts as ``xrun check --network``: ``coordinate.Check``, 
 source node (``probe_requests``, as the ssh check sends it), answered ``probed``
 (``xrun.launch.network.precheck_answers``). Deadlines keep it bounded: a node that does not open its server in
 ``OPEN_TIMEOUT`` is unreachable, an unanswered probe fails after its budget (the ssh check's). When the check is
-over the result goes to the machine as ``PrecheckDone``, whose rule (``xrun.runner.job.faulty``) acts on
-``precheck_decision``'s decision.
+over its result goes back through ``done``: the control server feeds it to the job's machine, whose rule
+(``Job._precheck_done``, ``xrun.runner.job.machine``) acts on ``precheck_decision``'s decision. It knows nothing
+of the job's classes: what it needs of the server comes as callables, so the head's network folder sits below
+``xrun.runner.job`` and is imported by it, never the other way.
 """
 
 from __future__ import annotations
@@ -20,32 +22,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from xrun.channel import Kind, Message, message
 from xrun.launch.output.status import say
-from xrun.runner.job.events import PrecheckDone, RunPrecheck
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import PrecheckResult, node_rows
 from xrun.runner.network.node_verdicts import Probe
 from xrun.runner.network.probe_requests import command_for, probe_budget, probe_from
-
-if TYPE_CHECKING:
-    from xrun.runner.job.dispatch import Dispatch
-    from xrun.runner.job.machine import Job
-
-
-class Server(Protocol):
-    """What the check reads and calls of the control server (``xrun.runner.job.server.ControlServer``)."""
-
-    @property
-    def job(self) -> Job: ...
-
-    @property
-    def dispatch(self) -> Dispatch: ...
-
-    def add_timer(self, due: Callable[[], float | None], fire: Callable[[], None]) -> None: ...
-
 
 OPEN_TIMEOUT = 15.0  # a node's probe server and its route lookup: instant, unless the agent is stuck
 # Each check numbers its probes from its own block, so a late answer to an earlier check's probe (a standing spare's,
@@ -55,12 +39,19 @@ _checks = itertools.count()
 
 
 class ChannelPrecheck:
-    """One precheck over ``action.nodes``; positions 0..k-1 in the check stand for those node ranks."""
+    """One precheck over the agents ``nodes`` (on ``hosts``); positions 0..k-1 in the check stand for them.
 
-    def __init__(self, server: Server, action: RunPrecheck, *, now: float) -> None:
-        self.server = server
-        self.ranks = action.nodes
-        self.hosts = list(action.hosts) or [server.job.nodes[rank].host for rank in self.ranks]
+    What it needs of the control server comes as plain callables: ``send`` a message to a node's agent,
+    ``add_timer`` on the server's loop, ``stopping`` (the job began to stop: the check ends without a word) and
+    ``done`` (the result, once, for the job to decide on)."""
+
+    def __init__(self, nodes: Sequence[int], hosts: Sequence[str], *, toward: str, now: float,
+                 send: Callable[[int, Message], None],
+                 add_timer: Callable[[Callable[[], float | None], Callable[[], None]], None],
+                 stopping: Callable[[], bool], done: Callable[[PrecheckResult], None]) -> None:
+        self.ranks = tuple(nodes)
+        self.hosts = list(hosts)
+        self.send, self.stopping, self.done = send, stopping, done
         self.position = {rank: i for i, rank in enumerate(self.ranks)}
         self.t0 = now
         self.hellos: dict[int, dict[str, Any]] = {}
@@ -69,10 +60,10 @@ class ChannelPrecheck:
         self.answers: dict[int, Probe] = {}
         self.first_id = next(_checks) * ID_BLOCK  # ids of the batch: first_id + its index
         self.deadline: float | None = now + OPEN_TIMEOUT
-        self.over = False  # the result went to the machine: what still arrives is late
-        server.add_timer(lambda: self.deadline, lambda: self.tick(time.monotonic()))
+        self.over = False  # the result went to the job: what still arrives is late
+        add_timer(lambda: self.deadline, lambda: self.tick(time.monotonic()))
         for rank in self.ranks:
-            server.dispatch.send(rank, message(Kind.PROBE_OPEN, toward=action.toward))
+            send(rank, message(Kind.PROBE_OPEN, toward=toward))
 
     def message(self, node: int, msg: Message, now: float) -> None:
         where = self.position.get(node)
@@ -107,9 +98,10 @@ class ChannelPrecheck:
 
     def _abandoned(self) -> bool:
         """The job is stopping (a node lost, a signal): the check ends without a word; the machine has decided."""
-        if self.server.job.stopping:
+        if self.stopping():
             self.deadline = None
-        return self.server.job.stopping
+            return True
+        return False
 
     def _begin(self, now: float) -> None:
         down = {}
@@ -135,7 +127,7 @@ class ChannelPrecheck:
         load: dict[int, float] = {}  # a node runs its probes in turn: its budgets add up
         for i, request in enumerate(requests):
             command = command_for(request, self.hellos[request.src], self.hellos[request.dst])
-            self.server.dispatch.send(self.ranks[request.src], message(Kind.PROBE, id=self.first_id + i, **command))
+            self.send(self.ranks[request.src], message(Kind.PROBE, id=self.first_id + i, **command))
             load[request.src] = load.get(request.src, 0.0) + probe_budget(request)
         self.deadline = now + max(load.values())
 
@@ -147,5 +139,5 @@ class ChannelPrecheck:
         if result.bad:
             for line in result.table():
                 say(f"precheck: {line}")
-        self.server.dispatch.feed(PrecheckDone(result))
+        self.done(result)
 

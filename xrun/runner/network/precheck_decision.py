@@ -6,12 +6,13 @@ The check itself is ``xrun check --network``'s (the same rounds, the same verdic
 connected agents once every node is through the start barrier and before any rank starts, before every attempt of
 ``--max_restarts`` (``precheck_channel`` drives it; the barrier holds meanwhile: ``xrun.runner.job.barrier``).
 
-``decide`` is the one place that says what a bad node means for the job: it ends before any rank starts (exit 1),
-naming every bad node with its figures. With hot spares (``--spares``, issue 23) the spares on standby are checked
-beside the nodes, and ``decide_with_spares`` comes first: a bad spare is dropped, and bad nodes that spares which
-passed can replace are replaced (``Replacing``; the machine seats them and the barrier waits for them, with no
-second check) instead of ending the job. What the job then does with those nodes (seat the spares, or lose the
-nodes) is the job's own rule: ``xrun.runner.job.faulty``.
+``decide`` is the one place that says what a bad node means for the job: it ends before any rank starts
+(``NodesBad``, which the job makes its failure: exit 1), naming every bad node with its figures. With hot spares
+(``--spares``, issue 23) the spares on standby are checked beside the nodes, and ``decide_with_spares`` comes first:
+a bad spare is dropped, and bad nodes that spares which passed can replace are replaced (``Replacing``; the machine
+seats them and the barrier waits for them, with no second check) instead of ending the job. What the job then does
+(seat the spares, lose the nodes, or end with its failure) is the job's own rule: ``Job._precheck_done`` in
+``xrun.runner.job.machine``, which imports this module; nothing here imports the job.
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from xrun.runner.job.events import Failure
-from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.node_results import BadNode, PrecheckResult
+
+
+@dataclass(frozen=True)
+class NodesBad:
+    """Bad nodes no spare replaces: the job ends before any rank (of the attempt) starts, naming them. The job makes
+    this its failure (``Job._precheck_done``): node failure's exit code, final (the same nodes would fail again)."""
+
+    hosts: tuple[str, ...]
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -33,10 +41,10 @@ class Replacing:
 
 
 def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares: Sequence[int], attempt: int = 0
-                       ) -> tuple[tuple[BadNode, ...], Failure | Replacing | None]:
+                       ) -> tuple[tuple[BadNode, ...], NodesBad | Replacing | None]:
     """What the job does with spares checked beside its nodes (``world``: the nodes' agents; ``spares``: the spares'
     on standby, in the order they are used): the bad spares (to drop), and None (the ranks start), ``Replacing``
-    (each bad node gets a spare that passed), or ``decide``'s failure over the nodes alone (too few spares)."""
+    (each bad node gets a spare that passed), or ``decide``'s ``NodesBad`` over the nodes alone (too few spares)."""
     bad_spares = tuple(b for b in result.bad if b.rank not in world)
     bad_nodes = [b for b in result.bad if b.rank in world]
     if not bad_nodes:
@@ -53,17 +61,17 @@ def decide_with_spares(result: PrecheckResult, *, world: Collection[int], spares
     return bad_spares, Replacing(tuple(zip((b.rank for b in bad_nodes), passed)), line)
 
 
-def decide(result: PrecheckResult, *, attempt: int = 0) -> Failure | None:
-    """What the job does about the precheck before ``attempt``: None, the ranks start; a ``Failure``, the job ends
+def decide(result: PrecheckResult, *, attempt: int = 0) -> NodesBad | None:
+    """What the job does about the precheck before ``attempt``: None, the ranks start; ``NodesBad``, the job ends
     before any rank (of that attempt) starts, naming every bad node and its figures (final: a restart on the same
-    nodes would meet the same node). The spares work changes this one function (see the module doc)."""
+    nodes would meet the same node)."""
     bad = result.bad
     if not bad:
         return None
     named = "; ".join(node.describe() for node in bad)
     started = f"no rank of attempt {attempt} started" if attempt else "no rank started"
     reason = f"precheck: {len(bad)} of {len(result.rows)} node(s) bad, {started}: {named}"
-    return Failure(", ".join(node.row.host for node in bad), reason, NODE_FAILURE_EXIT, final=True)
+    return NodesBad(tuple(node.row.host for node in bad), reason)
 
 
 def passed_line(result: PrecheckResult, *, attempt: int = 0) -> str:

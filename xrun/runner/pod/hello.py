@@ -1,4 +1,4 @@
-"""Pod mode's hello policy (``xrun.runner.job.machine.HelloPolicy``): node 0 accepts, refuses or ignores each node.
+"""Pod mode's hello policy (``xrun.runner.job.hello_policy.HelloPolicy``): node 0 accepts, refuses or ignores each node.
 
 No spec is ever sent in pod mode: each node runs what its own command line says, so what node 0 checks is
 that it says the same thing. A hello is
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from xrun.runner.job.digest import PlanDigest, first_difference
 from xrun.runner.job.events import Action, HelloReceived, SendAccept
-from xrun.runner.job.machine import Refusal, Stray
+from xrun.runner.job.hello_policy import Refusal, Stray
 
 
 @dataclass(frozen=True)

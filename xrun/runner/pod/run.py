@@ -10,7 +10,7 @@ itself (issue 11).
 
 Every rule of the job is the job state machine's, on node 0 (``xrun.runner.job.machine``): the barrier, the join
 timeout, the first failure stopping every node, keepalives, a refused digest (exit 2), restarts and nodes that
-come back (``xrun.runner.job.rejoin``). This node's own half (the agent's machine, ``xrun.launch.session``) never
+come back (its pod-mode rules). This node's own half (the agent's machine, ``xrun.launch.session``) never
 runs anything the channel sends (there is no spec in pod mode): it runs this node's own spec, built here, and ends
 with the verdict's exit code. Node 0 prints the job's failure report (its server does); the other nodes one line
 naming the root cause, which node 0 sends with the verdict.

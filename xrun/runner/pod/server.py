@@ -7,15 +7,15 @@ from head mode (``xrun.runner.job.server.ControlServer``):
   no node knows node 0's certificate in advance), and a proven hello is then judged by the machine's policy
   (``xrun.runner.pod.hello.PodHello``: the plan digest);
 * the barrier's status goes to every connected node (``waiting``), whose console shows it; node 0's console
-  shows it through node 0's own agent, so the server itself shows only its one-off lines;
+  shows it through node 0's own agent, so the server itself shows only its one-off lines (``_show_*``);
 * the verdict goes to every node (``JobConfig.verdict_to_nodes``), and the server stays until every node has
   read it and closed its connection (or ``LINGER`` passed);
 * it runs off the main thread: node 0's own xrun owns the signals there (``own_signals=False``) and hands each
   shutdown signal it gets to this server (``post_signal``): node 0 is the job's head, so a signal to its xrun
   stops the job on every node, as one to the head does (never restarted);
 * with ``--max_restarts`` a node other than node 0 whose connection is closed may come back
-  (``xrun.runner.job.rejoin``): its place on the channel reopens (``NodeKeys.release``) once, and only once, its
-  old connection is gone;
+  (``xrun.runner.job.machine``'s pod-mode rules): its place on the channel reopens (``NodeKeys.release``) once,
+  and only once, its old connection is gone;
 * with ``--dedupe`` (the default) every node forwards its console writes (``output`` messages,
   xrun.launch.output.consoleroute) and the server relays them through one merger onto node 0's console
   (``xrun.runner.job.relay.NodeLines``), so a line every rank prints is shown there once across nodes (issue 17).
@@ -42,24 +42,12 @@ from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowW
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
-from xrun.runner.job.rejoin import rejoins
 from xrun.runner.job.relay import NodeLines, head_merger
-from xrun.runner.job.server import ControlServer
-from xrun.runner.job.wire import hello_event
+from xrun.runner.job.server import ControlServer, hello_event
 from xrun.runner.plan import Plan
 from xrun.runner.pod.hello import PodHello
 from xrun.runner.pod.plan import PodSetup
 from xrun.runner.pod.secret import pod_key
-
-
-class _LinesOnly(PlainStatus):
-    """Node 0's server console: one-off lines only; the barrier's status is its agent's to show."""
-
-    def waiting(self, ready: int, missing: list[str], elapsed: float) -> None:
-        pass
-
-    def started(self, nodes: int, ranks: int, elapsed: float, master_addr: str, master_port: Any) -> None:
-        pass
 
 
 class PodControlServer(ControlServer):
@@ -67,14 +55,10 @@ class PodControlServer(ControlServer):
         self.setup = setup
         keys = NodeKeys(len(plan.nodes), shared=pod_key(setup.token, run_id=plan.request.run_id))
         gate = Gate(keys, nodes=len(plan.nodes), prove_server=True)  # node 0 proves the secret first
-        super().__init__(plan, gate, join_timeout=join_timeout, status=_LinesOnly(setup.num_nodes))
-        doers = self.dispatch.doers
-        doers[ShowWaiting] = self._send_waiting
-        doers[ShowJoined] = lambda a: None
-        doers[ShowStarted] = lambda a: None
+        super().__init__(plan, gate, join_timeout=join_timeout, status=PlainStatus(setup.num_nodes))
         merger = head_merger(plan)
         self.lines = NodeLines(merger) if merger is not None else None
-        self.rejoin = rejoins(self.job.config)
+        self.rejoin = self.job.config.rejoins
         self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from node 0's main thread
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -122,17 +106,24 @@ class PodControlServer(ControlServer):
             return None
         return replace(event, digest=_digest(msg.get("digest")))
 
-    def on_message(self, node: int, msg: Message) -> None:
+    def _agent_message(self, node: int, msg: Message) -> None:
         if msg.get("type") != Kind.OUTPUT.value:
-            super().on_message(node, msg)
+            super()._agent_message(node, msg)
         elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
             fd, data = output_bytes(msg)
             self.lines.feed(self.plan.nodes[node].host, fd, data)
 
-    def _send_waiting(self, action: ShowWaiting) -> None:
+    def _show_waiting(self, action: ShowWaiting) -> None:
+        """The barrier's status goes to every node connected, whose agent shows it (node 0's included)."""
         waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),
                           elapsed=round(action.elapsed, 1))
-        self.dispatch.send_all(list(self.node_conns), waiting)
+        self.send_all(list(self.node_conns), waiting)
+
+    def _show_joined(self, action: ShowJoined) -> None:
+        pass  # node 0's agent shows the barrier's status on node 0's console
+
+    def _show_started(self, action: ShowStarted) -> None:
+        pass
 
 
 def _digest(data: Any) -> PlanDigest | None:

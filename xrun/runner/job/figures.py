@@ -1,0 +1,43 @@
+"""Every rank's figures at the head (``xrun.launch.result.summary``): each agent sends its ranks' with their
+``rank_exited``, and once the job is over the last attempt's are summed up as a node sums up its own ranks: one
+line on success, the table after a failure, and ``summary.json`` (with the restart history, when there were
+attempts). The control server (``xrun.runner.job.server``) keeps one ``JobFigures`` per attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from xrun.launch.output.status import say
+from xrun.launch.result.report import write_json
+from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.runner.job.events import Verdict
+
+
+class JobFigures:
+    """The figures of every rank of one attempt, as the agents sent them."""
+
+    def __init__(self) -> None:
+        self.ranks: list[RankFigures] = []
+
+    def add(self, data: Mapping[str, Any]) -> None:
+        """One rank's figures from its ``rank_exited``; malformed ones raise ValueError (a protocol error)."""
+        self.ranks.append(RankFigures.from_json(data))
+
+    def sum_up(self, verdict: Verdict, *, log_dir: str | None) -> None:
+        """After the verdict: one line on success, the table on failure, the JSON under ``log_dir``."""
+        if not self.ranks:
+            return
+        exit_code = verdict.exit_code
+        if exit_code == 0:
+            say(success_line(self.ranks))
+        else:
+            sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
+        if log_dir is not None:
+            data = summary_json(self.ranks, exit_code=exit_code)
+            if verdict.attempts:
+                data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
+            write_json(os.path.join(log_dir, "summary.json"), data)
