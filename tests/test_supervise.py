@@ -547,12 +547,13 @@ def test_a_link_in_place_of_a_log_file_is_never_followed(marker, tmp_path, capfd
     assert not victim.exists()
     assert result.exit_code == result.outcomes[0].returncode == 126  # the rank did not start: the run fails
     assert f"xrun: cannot start rank 0: {directory / 'stdout.log'}: a symbolic link or another file is in the " \
-        "way of this log file (xrun writes only files it creates)\n" in capfd.readouterr().err  # one line
+        "way of this log file (xrun writes only files it creates); remove it or choose another --log_dir\n" \
+        in capfd.readouterr().err  # one line
     assert os.path.islink(directory / "stdout.log")  # left as it was, for the user to look at
 
 
 def test_log_files_are_created_new_and_through_no_foreign_link(tmp_path):
-    from xrun.launch.output.streams import LogFileRefused, open_logs
+    from xrun.launch.output.logfiles import LogFileRefused, open_logs
 
     victim = tmp_path / "victim"
     victim.mkdir()

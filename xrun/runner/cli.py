@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = get_backend(plan.backend)
         if dry_run is not None:
             invocation = backend.render(plan)
-            validate(plan)
+            validate(plan, dry_run=True)
             print_plan(plan, invocation, dry_run)
             return 0
         validate(plan)

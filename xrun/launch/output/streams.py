@@ -22,8 +22,6 @@
 * Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
   read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
   logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
-* ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
-  with their time; created new, never through a symbolic link (issue 22 §6).
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr, control characters escaped (a stop's
   reason comes from the head or node 0: issue 22 §6).
 * Both go through the console's thread (xrun.launch.output.writer: ``console_lines``, ``console_write``), so a
@@ -39,9 +37,7 @@ through the same ``Console``.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -410,90 +406,3 @@ def flush_python_output() -> None:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Per-rank log files.
-
-
-class LogFileRefused(OSError):
-    """A log path xrun will not write through (issue 22 §6): a symbolic link is in its place or above it."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(errno.ELOOP, reason, path)
-        self.path = path
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
-
-
-# Open a log file as new, never through a symbolic link: O_EXCL refuses any name already there (a link too,
-# dangling or not), O_NOFOLLOW says the same for the last component on its own.
-_NEW_LOG = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
-    """Open ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, keeping earlier runs' files.
-
-    In a shared log directory another user may have put a symbolic link where a log file goes: the file is
-    created new (an earlier run's is renamed first) and never through a link, so a link in its place ends the
-    rank's start with ``LogFileRefused`` naming it, and a directory of the path that is another user's link
-    (not root's) is refused too, rather than writing where that user chose."""
-    directory = os.path.join(host_log_dir(log_dir, host), f"rank{rank}")
-    for part in (log_dir, os.path.dirname(directory), directory):  # before makedirs follows them
-        _refuse_foreign_link(part)
-    os.makedirs(directory, exist_ok=True)
-    fds: list[int] = []
-    try:
-        for name in ("stdout", "stderr"):
-            path = os.path.join(directory, f"{name}.log")
-            _rotate(path, name)
-            try:
-                fds.append(os.open(path, _NEW_LOG, 0o644))
-            except FileExistsError:  # a link (or a file) put there since the rename: not ours to write into
-                raise LogFileRefused(path, _IN_THE_WAY) from None
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds[0], fds[1]
-
-
-_IN_THE_WAY = "a symbolic link or another file is in the way of this log file (xrun writes only files it creates)"
-
-
-def _refuse_foreign_link(path: str) -> None:
-    """A directory of the log path that is a symbolic link owned by another user (not root): refused."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
-        raise LogFileRefused(path, f"a symbolic link of another user (uid {info.st_uid}); choose another --log_dir")
-
-
-def _rotate(path: str, name: str) -> None:
-    """Rename an existing ``stdout.log`` to ``stdout.<its mtime as YYYYmmdd-HHMMSS>.log``; a symbolic link in its
-    place is not an earlier run's file: ``LogFileRefused``."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(info.st_mode):
-        raise LogFileRefused(path, _IN_THE_WAY)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(info.st_mtime))
-    directory = os.path.dirname(path)
-    target = os.path.join(directory, f"{name}.{stamp}.log")
-    n = 1
-    while os.path.lexists(target):  # two runs in the same second
-        target = os.path.join(directory, f"{name}.{stamp}.{n}.log")
-        n += 1
-    os.rename(path, target)
-
-
-def host_log_dir(log_dir: str, host: str) -> str:
-    """``{log_dir}/{host}``, the one folder of a node's logs, ``failure.json`` and ``summary.json``: the host
-    name with path separators replaced, so that no host name can point outside ``log_dir``."""
-    name = host.replace(os.sep, "_")
-    return os.path.join(log_dir, name if name not in ("", ".", "..") else "_")

@@ -16,7 +16,8 @@ import subprocess
 import time
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, open_logs
+from xrun.launch.output.logfiles import open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 

@@ -39,11 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
-from xrun.errors import PortBusyError, PreloadError, PreloadHelperLost, XrunError
+from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.network.precheck_answers import ProbeAnswers
-from xrun.launch.network.socket_ifname import MissingInterface
 from xrun.launch.output.consoleroute import Route, routed
 from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.preflight import check_spec
@@ -262,24 +261,17 @@ class Driver:
         return None
 
     def _preflight(self, action: Preflight) -> Event | None:
-        """What must hold before this node says ready (xrun.launch.preflight), rank 0's port on node 0, and the
-        preload helper's imports (None: the answer comes once they are in)."""
+        """What must hold before this node says ready (xrun.launch.preflight: it enters the spec's working
+        directory first), rank 0's port on node 0, and the preload helper's imports (None: the answer comes once
+        they are in). A finding is the user's to fix: its exit code (2) travels."""
         spec = action.spec
-        if action.node_checks and spec.cwd:
-            try:
-                os.chdir(spec.cwd)  # where the spec's relative paths start
-            except OSError as err:
-                return PreflightFailed(f"cannot use the node spec: {err}", NODE_FAILURE_EXIT)
         try:
-            if action.node_checks:
-                check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts it ready
+            check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
             rule, port = action.port, None
             if rule is not None:
                 near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)
                 port = master_port(spec.host, rule.port, pick=rule.pick, near=near)
-        except (MissingInterface, PortBusyError) as err:  # bad input: the runner ends the job with its code
-            return PreflightFailed(str(err), err.exit_code, bad_input=True)
-        except XrunError as err:  # the runner names this host; a spare may take its place
+        except XrunError as err:  # the runner ends the job with its code, naming this host (a spare: it is lost)
             return PreflightFailed(str(err), err.exit_code)
         return self._once_preloaded(spec, PreflightPassed(port))
 
@@ -300,7 +292,7 @@ class Driver:
         died during the last attempt (``check_helper``: the job ends on this node)."""
         self._start_helper(spec)
         if self._helper_error is not None:
-            return PreflightFailed(str(self._helper_error), self._helper_error.exit_code, bad_input=True)
+            return PreflightFailed(str(self._helper_error), self._helper_error.exit_code)
         helper = self._helper
         if helper is None:
             return passed
@@ -326,7 +318,7 @@ class Driver:
             elif time.monotonic() >= deadline:
                 helper.wait_ready(0)  # raises: the helper took too long, and it is killed
         except PreloadError as err:
-            answer = PreflightFailed(str(err), err.exit_code, bad_input=True)
+            answer = PreflightFailed(str(err), err.exit_code)
         if answer is not None:
             self._importing = None
             self.feed(answer)

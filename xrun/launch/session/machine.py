@@ -208,7 +208,7 @@ class AgentMachine:
 
     def _on_accept(self, event: Accept) -> None:
         if self.pod is not None:
-            self._round(Preflight(self.pod.spec, self.pod.ready_port, node_checks=False))
+            self._round(Preflight(self.pod.spec, self.pod.ready_port))
 
     def _on_restart(self, event: Restart) -> None:
         if self.spec is None or (self.pod is None and self.phase is not Phase.BETWEEN):
@@ -333,7 +333,7 @@ class AgentMachine:
     def _on_preflight_failed(self, event: PreflightFailed) -> None:
         if self.phase is not Phase.PREFLIGHT:
             return
-        self._final(message(Kind.ERROR, message=event.reason, exit_code=event.exit_code if event.bad_input else None))
+        self._final(message(Kind.ERROR, message=event.reason, exit_code=event.exit_code))  # the job ends with it
         if self.pod is not None:
             self._to(Phase.BARRIER)  # node 0 ends the job; its verdict follows
             self._take_up_deferred()

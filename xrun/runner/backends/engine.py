@@ -32,7 +32,7 @@ from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
-from xrun.runner.backends.launcher_process import LauncherProcess
+from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
 from xrun.runner.backends.routes import control_address
 from xrun.runner.plan import Plan
 from xrun.shell import render
@@ -148,7 +148,7 @@ class EngineBackend:
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
-        return EngineSession(proc, program)
+        return EngineSession(proc, program, LaunchedHosts.of(plan))
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -7,7 +7,11 @@ Its stderr is read as it comes, because that is where a node that could not be r
 prints ``ssh: connect to host node1 port 22: Connection refused`` and then waits for the proxy that will never
 come, for as long as the start barrier lets it (issue 12). Such a line ends that node's session at once
 (``session_ended``), with the launcher's own words as the reason; a line written later cannot, since the job
-ignores session ends of connected nodes. Backends differ only in how the process and what it started are stopped
+ignores session ends of connected nodes. ssh names the host as it connected to it, which is not always the
+hostfile's spelling (``LaunchedHosts``: lowercased, the address it resolved, its config's HostName); Intel MPI's
+hydra keeps ssh's words to itself and names the proxy it could not run. A line naming a host that is none of the
+job's still ends the wait of every node not yet connected (issue 33 §3: hydra waited the whole ``--join_timeout``
+when ssh spelled the host otherwise). Backends differ only in how the process and what it started are stopped
 (``_stop``). An agent that announces its one-time key (pdsh: ``xrun.channel.announce``) does so on this stderr
 too: the line is taken out and handed to the server. pdsh's lines that only echo the job's own stop (``ssh exited
 with exit code 143``) are kept off the console (``xrun.runner.backends.echoes``).
@@ -18,11 +22,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from typing import IO, Any
 
 from xrun.channel.announce import AnnouncementFilter
 from xrun.runner.backends.echoes import EchoFilter
+from xrun.runner.backends.routes import address_of, first_address
 from xrun.runner.job.relay import StreamLines
+from xrun.runner.plan import Plan
+from xrun.runner.remote_options import SshSettings
 
 # What OpenSSH and pdsh print when a node cannot be reached, each naming the host (group 1).
 _UNREACHABLE = (
@@ -30,6 +38,8 @@ _UNREACHABLE = (
     re.compile(r"ssh: Could not resolve hostname ([^\s:]+): .+"),
     re.compile(r"(?:\S+@)?([^\s:@]+): Permission denied \(.+"),
     re.compile(r"pdsh@\S+: ([^\s:]+): (?:ssh exited with exit code \d+|connect: .+|gethostbyname\(\) failed.*)"),
+    # Intel MPI's hydra keeps ssh's own words to itself
+    re.compile(r"\[mpiexec@\S+\] Error: Unable to run bstrap_proxy on (\S+) \(pid \d+, exit code \d+\)"),
 )
 _LINE_LIMIT = 4096  # bytes kept of a line being matched: a rank's endless line must not grow memory
 
@@ -43,10 +53,45 @@ def unreachable_host(line: str) -> str | None:
     return None
 
 
+class LaunchedHosts:
+    """Which of the job's hosts a launcher's line names: the name as the hostfile spells it, else the same name
+    in another case (OpenSSH lowercases it), else the same address (ssh prints the address it connected to, or
+    its config's HostName). Resolved only here, on the way to a failure: each name once, each host's address
+    once. None: none of the job's."""
+
+    def __init__(self, hosts: Sequence[str], ssh: SshSettings) -> None:
+        self.hosts = tuple(hosts)
+        self.ssh = ssh
+        self._named: dict[str, str | None] = {host: host for host in self.hosts}
+        self._addresses: dict[str, str | None] | None = None
+
+    @classmethod
+    def of(cls, plan: Plan) -> LaunchedHosts:
+        return cls([node.host for node in plan.nodes], plan.request.remote.ssh)
+
+    def which(self, named: str) -> str | None:
+        if named not in self._named:
+            self._named[named] = self._find(named)
+        return self._named[named]
+
+    def _find(self, named: str) -> str | None:
+        folded = named.casefold()
+        for host in self.hosts:
+            if host.casefold() == folded:
+                return host
+        address = first_address(named)
+        if address is None:
+            return None
+        if self._addresses is None:
+            self._addresses = {host: address_of(host, self.ssh) for host in self.hosts}
+        return next((host for host, at in self._addresses.items() if at == address), None)
+
+
 class LauncherProcess:
-    def __init__(self, proc: subprocess.Popen[bytes], program: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], program: str, hosts: LaunchedHosts) -> None:
         self.proc = proc
         self.program = program
+        self.hosts = hosts
         self.pidfd: int | None = None
         self.partial = b""
         self.out: StreamLines | None = None  # its stdout and stderr on the job's console, from ``register`` on
@@ -103,8 +148,9 @@ class LauncherProcess:
         self.partial = rest[-_LINE_LIMIT:]
         for raw in lines:
             line = raw.decode("utf-8", "replace")
-            host = unreachable_host(line)
-            if host is not None:
+            named = unreachable_host(line)
+            if named is not None:
+                host = self.hosts.which(named)  # None: every node not yet connected
                 loop.session_ended(host, 255, f"{self.program}: {line.strip()}")
         return True
 

@@ -12,12 +12,12 @@ import time
 from typing import TYPE_CHECKING
 
 from xrun.launch.output.status import say
-from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
+from xrun.launch.result.outcome import HANG_EXIT, NodeResult
 from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.net import free_port
 from xrun.runner.job.attempts import Attempts, Ending
-from xrun.runner.job.events import Failure
-from xrun.runner.job.verdict import RootCause
+from xrun.runner.job.events import Failure, RankExited
+from xrun.runner.job.verdict import RootCause, rank_failure
 from xrun.runner.plan import Plan, PortChoice
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
     """The attempt's root cause as the head's rules read it (None: it succeeded, or a signal stopped it)."""
     root = result.root_cause
     if root is not None:
-        reason = f"rank {root.rank} (local {root.local_rank}) on {spec.host} {describe(root)}"
-        return Failure(spec.host, reason, exit_code_of(root), rank=root.rank, tail=root.stderr_tail)
+        ended = RankExited(0, root.rank, root.local_rank, root.returncode, root.signal, tail=root.stderr_tail)
+        return rank_failure(ended, spec.host)  # the head's words for it, an abort in teardown included
     if result.hang is not None:
         return Failure(spec.host, result.hang, HANG_EXIT, final=spec.options.hang_action is not HangAction.RESTART)
     if result.exit_code != 0 and result.interrupted_by is None:

@@ -22,7 +22,7 @@ from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.echoes import EchoFilter
-from xrun.runner.backends.launcher_process import LauncherProcess
+from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
 from xrun.runner.backends.routes import control_address
 from xrun.runner.plan import Plan
 from xrun.runner.remote_options import RemoteOptions, openssh_args
@@ -90,12 +90,12 @@ class PdshBackend:
                                     env=env, start_new_session=True)
         except OSError as err:
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return PdshSession(proc)
+        return PdshSession(proc, LaunchedHosts.of(plan))
 
 
 class PdshSession(LauncherProcess):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        super().__init__(proc, "pdsh")
+    def __init__(self, proc: subprocess.Popen[bytes], hosts: LaunchedHosts) -> None:
+        super().__init__(proc, "pdsh", hosts)
         self.echoes = EchoFilter()  # "ssh exited with exit code 143" for each node xrun stopped: not news
 
     def finished(self, lost: set[str]) -> bool:
