@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import ROOT
 from xrun import channel
 from xrun.channel import Kind, Message, message
+from xrun.channel.messages import lines_of
 from xrun.channel.handshake import ServerHandshake
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls_server import ServerIdentity
@@ -223,7 +224,9 @@ def test_the_preflight_waits_for_the_helper_answering_pings_and_every_attempt_fo
     assert said.index("pong") < said.index("ready"), said  # answered while the helper imported
     assert said.count("ready") == 2 and said.count("done") == 2
     helper = int(proc.stderr.split("the ranks are forked from the helper (pid ", 1)[1].split(")")[0])
-    got = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"rank"' in line]
+    # the ranks' lines come over the channel as line records: (ranks, text) each
+    records = [text for m in runner.heard if m["type"] == Kind.LINES.value for _, text in lines_of(m)[2]]
+    got = [json.loads(text) for text in records if text.startswith(b'{"rank"')]
     assert sorted((r["attempt"], r["rank"]) for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {r["mark_pid"] for r in got} == {helper} and len({r["mark_t"] for r in got}) == 1
     assert proc.stderr.count("preloaded preload_mark in") == 1
@@ -264,6 +267,6 @@ def test_a_helper_killed_during_an_attempt_fails_the_next_preflight_naming_it(tm
     assert proc.returncode == 1, proc.stderr
     assert runner.kinds()[-2:] == ["done", "error"]
     error = next(m for m in runner.heard if m["type"] == Kind.ERROR.value)
-    assert error["exit_code"] is None, error  # a node's failure, not bad input: the runner names the host
+    assert error["exit_code"] == 1, error  # a node's failure, not bad input (2): the runner names the host
     assert re.fullmatch(r"--preload: the helper \(pid \d+\) was killed by SIGKILL during the last attempt, so the "
                         r"next attempt's ranks cannot be forked on this node: .*", error["message"]), error
