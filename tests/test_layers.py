@@ -191,7 +191,7 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
 RANKS = {
     "xrun.launch": [
         {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
-         "xrun.launch.telemetry"},
+         "xrun.launch.telemetry", "xrun.launch.preload"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},

@@ -127,13 +127,24 @@ def test_a_rank_exit_is_not_a_node_fault_the_same_nodes_restart():
     assert not [a for a in actions if isinstance(a, SendSpec)] and len(job.spares.ready()) == 2
 
 
-def test_a_node_failing_its_preflight_at_a_restart_is_replaced():
+def test_a_node_whose_agent_fails_at_a_restart_is_replaced():
     steps = [*RUNNING, RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)]
     job, _ = play(steps, config=SPARES)
-    job, actions = play([Ready(0, 40001), AgentError(1, "b: script train.py is missing"), Ready(2),
+    job, actions = play([Ready(0, 40001), AgentError(1, "b: cannot use the node spec"), Ready(2),
                          Done(0, 143), Done(2, 143), ConnectionLost(1, "connection closed")], job)  # stopped: wait
     assert SendSpec(3, False, 0, node_rank=1) in actions
     assert job.nodes[1].host == "d"
+
+
+def test_a_preflight_refusal_at_a_restart_ends_the_job_with_2_and_no_spare_takes_its_place():
+    # issue 33 §2: what a node's preflight finds (its script gone, a link where a log file goes) is bad input
+    steps = [*RUNNING, RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)]
+    job, _ = play(steps, config=SPARES)
+    job, actions = play([Ready(0, 40001), AgentError(1, "SCRIPT 'train.py': no such file in /w", 2), Ready(2),
+                         Done(0, 143), Done(2, 143), ConnectionLost(1, "connection closed")], job)
+    assert not [a for a in actions if isinstance(a, SendSpec)] and job.nodes[1].host == "b"
+    assert job.all_over_at is not None and job.verdict().exit_code == 2
+    assert job.verdict().failure.reason == "agent on b: SCRIPT 'train.py': no such file in /w"
 
 
 def test_two_lost_nodes_one_spare_end_the_job_naming_both():

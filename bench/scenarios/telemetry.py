@@ -31,7 +31,7 @@ from bench.scenarios.launch import local_trial
 from xrun.launch.telemetry.client import ask
 
 NAME = "telemetry"
-TITLE = "14. Telemetry's cost: a torch job's start and step loop, with and without it, and torchrun"
+TITLE = "15. Telemetry's cost: a torch job's start and step loop, with and without it, and torchrun"
 START = ("xrun", "xrun:no_telemetry", "torchrun")
 STEPS = ("xrun", "xrun:sampled", "xrun:no_telemetry", "torchrun")
 FLAGS = {"xrun:no_telemetry": ("--no_telemetry",)}

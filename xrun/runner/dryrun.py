@@ -32,6 +32,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "spares": [{"host": host, "agent": agent, "command": commands.get(host)}
                    for agent, host in enumerate(plan.spares, start=len(plan.nodes))],
         "precheck": plan.request.remote.precheck,
+        "preload": list(plan.request.options.preload),
         "nodes": [
             {
                 "host": node.host,
@@ -117,6 +118,15 @@ def precheck_note(plan: Plan) -> list[str]:
     return [line]
 
 
+def preload_note(plan: Plan) -> list[str]:
+    """--preload (issue 32): what each node imports once, and that every attempt's ranks are forked from it."""
+    modules = plan.request.options.preload
+    if not modules:
+        return []
+    return [f"preload: each node's agent starts one helper that imports {','.join(modules)} before its ranks start "
+            "(a module it cannot import ends the job, exit 2); every rank of every attempt is forked from it"]
+
+
 def plan_text(plan: Plan, invocation: Invocation) -> str:
     from xrun.runner.pod.plan import dry_run_lines  # platform detection and the digest: for dry runs only
 
@@ -129,6 +139,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         *restart_note(plan),
         *spares_note(plan),
         *precheck_note(plan),
+        *preload_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]

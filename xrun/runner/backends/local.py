@@ -43,10 +43,11 @@ class LocalBackend:
         )
 
     def execute(self, plan: Plan) -> int:
-        if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
-            from xrun.runner.backends.local_restarts import run_attempts  # noqa: PLC0415 - only when asked for
+        from xrun.launch.agent import preloaded, run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
-            return run_attempts(plan)
-        from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
+        with preloaded(plan.nodes[0]) as helper:  # --preload: one helper for every attempt
+            if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
+                from xrun.runner.backends.local_restarts import run_attempts  # noqa: PLC0415 - only when asked for
 
-        return run_node(plan.nodes[0])
+                return run_attempts(plan, preload=helper)
+            return run_node(plan.nodes[0], preload=helper)

@@ -265,6 +265,7 @@ class Job:
         node = self.nodes.by_agent[event.node]
         self._fail(agent_failure(event, node.host))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
+        node.exit_code = event.exit_code  # what its agent exits with (a refusal's 2): pdsh's echo of it is no news
 
     def _heard(self, event: Heard) -> None:
         """Any other word (started, pong): ``_from_world`` noted the time."""
