@@ -28,6 +28,7 @@ from xrun.launch.command import agent_argv
 from xrun.launch.preload.find import check_findable
 from xrun.launch.procs import proctable
 from xrun.launch.spec import AgentOptions, NodeSpec, parse_module_list
+from xrun.launch.telemetry.endpoints import SITE_DIR, SOCKET_VARIABLE
 
 PROCS = os.path.join(ROOT, "tests", "procs")
 RANK = os.path.join(PROCS, "preload_rank.py")
@@ -242,7 +243,7 @@ def probed(*flags: str, program: tuple[str, ...], env: dict[str, str] | None = N
         rank = int(environ["RANK"])
         assert report["ppid"] == proc.pid  # the agent (xrun itself, on a local run) is the rank's parent
         assert report["session_leader"] and report["group_leader"]
-        assert report["proc_environ"] == sorted(f"{k}={v}" for k, v in environ.items())  # what ps e and psutil see
+        assert as_exec_gave(report["proc_environ"], rank) == environ  # what ps e and psutil see
         assert report["cmdline"] == report["orig_argv"] and report["c_env"]["PROBE_VAR"] == "é x"
         assert (environ["LOCAL_RANK"], environ["WORLD_SIZE"], environ["LOCAL_WORLD_SIZE"]) == (str(rank), "2", "2")
         own[rank] = {key: report.pop(key) for key in PER_PROCESS if key in report}
@@ -251,6 +252,17 @@ def probed(*flags: str, program: tuple[str, ...], env: dict[str, str] | None = N
         same[rank] = report
     assert sorted(same) == [0, 1], out
     return same, own
+
+
+def as_exec_gave(proc_environ: list[str], rank: int) -> dict[str, str]:
+    """A rank's environment on /proc, which is what its exec was given (a started rank's) or what it shows of its
+    own order (a forked rank's), less telemetry's variable and directory: those the rank's own start takes off its
+    environment (xrun.launch.telemetry.site), and only those."""
+    shown = dict(entry.split("=", 1) for entry in proc_environ)
+    assert os.path.basename(shown.pop(SOCKET_VARIABLE)) == f"rank{rank}.sock"
+    first, given, rest = shown.pop("PYTHONPATH").partition(os.pathsep)
+    assert first == SITE_DIR
+    return shown | ({"PYTHONPATH": rest} if given else {})
 
 
 def differ(own: dict) -> None:
