@@ -171,11 +171,13 @@ def test_a_no_python_program_that_starts_python_is_instrumented_alike(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_a_torch_rank_serves_one_socket_and_its_workers_see_nothing(tmp_path):
+@pytest.mark.parametrize("preload", [(), ("--preload=torch",)], ids=["started", "forked"])
+def test_a_torch_rank_serves_one_socket_and_its_workers_see_nothing(tmp_path, preload):
+    """Ranks forked from --preload torch's helper (issue 32) alike: each serves its socket and sees nothing of it."""
     pytest.importorskip("torch")
     script = tmp_path / "probe.py"
     script.write_text(WITH_TORCH)
-    on, off = run_both(tmp_path, "--num_gpus", "2", str(script))
+    on, off = run_both(tmp_path, "--num_gpus", "2", *preload, str(script))
     same_but_the_buffer(on, off)
     assert [p["where"] for p in on].count("dataloader worker") == 2 * 2 * 2  # 2 ranks, fork and spawn, 2 items
     for probe in on:
@@ -185,21 +187,28 @@ def test_a_torch_rank_serves_one_socket_and_its_workers_see_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_the_socket_directory_is_the_users_alone_and_nothing_listens_on_tcp(tmp_path):
+@pytest.mark.parametrize("preload", [(), ("--preload=torch",)], ids=["started", "forked"])
+def test_the_socket_directory_is_the_users_alone_and_nothing_listens_on_tcp(tmp_path, preload):
+    """Also for a rank forked from --preload torch's helper (issue 32): the rank serves its own socket, and the
+    helper (the agent's other child) serves nothing and runs no thread."""
     pytest.importorskip("torch")
     script = tmp_path / "probe.py"
     script.write_text(LISTENING)
     seen = {}
     for flag in ((), ("--no_telemetry",)):
         tmp = short_tmpdir()
-        result = run_xrun(*flag, "--num_gpus", "1", "--master_port", "0", str(script),
+        result = run_xrun(*flag, "--num_gpus", "1", "--master_port", "0", *preload, str(script),
                           env={"TMPDIR": str(tmp)}, timeout=180)
         assert result.returncode == 0, result.stderr
+        assert ("xrun[localhost]: preloaded torch in " in result.stderr) == bool(preload)
         seen[bool(flag)] = json.loads(result.stdout.split("LISTENING ", 1)[1].splitlines()[0])
     on, off = seen[False], seen[True]
     assert on["tcp"] == off["tcp"]  # torch's store only, alike with and without telemetry
     assert on["mode"] == stat.S_IFDIR | 0o700 and on["owner"] == os.getuid()
     assert on["unix"] == ["rank0.sock"] and off["unix"] is None
+    assert on["serving"] == 1 and off["serving"] == 0  # the rank itself listens on rank0.sock
+    helper = [{"threads": 1, "unix_listening": 0}] if preload else []
+    assert on["helpers"] == helper and off["helpers"] == helper
 
 
 LISTENING = r'''
@@ -207,15 +216,19 @@ import json, os, stat
 import torch.distributed as dist
 dist.init_process_group("gloo")
 
-def listening_tcp_ports():
+def sockets_of(pid):
     mine = set()
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:["):
             mine.add(target[8:-1])
+    return mine
+
+def listening_tcp_ports():
+    mine = sockets_of("self")
     count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
@@ -224,12 +237,39 @@ def listening_tcp_ports():
                 count += fields[3] == "0A" and fields[9] in mine  # LISTEN, one of this process's sockets
     return count
 
+def listening_unix(pid, under=None):
+    """pid's listening Unix sockets (flags __SO_ACCEPTCON), those bound under ``under`` only when given."""
+    mine = sockets_of(pid)
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in list(f)[1:]]
+    return sum(int(r[3], 16) & 0x10000 != 0 and r[6] in mine and (under is None or (len(r) > 7 and r[7].startswith(under)))
+               for r in rows)
+
+def helpers():
+    """The agent's children that run the preload helper (the one the rank was forked from, under --preload)."""
+    parent = os.getppid()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                helper = b"xrun.launch.preload.helper" in f.read()
+            if ppid == parent and helper:
+                found.append({"threads": len(os.listdir(f"/proc/{pid}/task")), "unix_listening": listening_unix(pid)})
+        except (OSError, ValueError):
+            continue
+    return found
+
 tmp = os.environ["TMPDIR"]
 dirs = [os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith("xrun-telemetry-")]
 info = os.stat(dirs[0]) if dirs else None
 print("LISTENING " + json.dumps({
     "tcp": listening_tcp_ports(), "mode": info.st_mode if info else None, "owner": info.st_uid if info else None,
-    "unix": sorted(os.listdir(dirs[0])) if dirs else None}), flush=True)
+    "unix": sorted(os.listdir(dirs[0])) if dirs else None, "serving": listening_unix("self", tmp),
+    "helpers": helpers()}), flush=True)
 dist.destroy_process_group()
 '''
 
@@ -266,15 +306,17 @@ def waiting_and_late(ranks: list[dict]) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_a_hang_stop_names_the_collective_and_the_rank_that_never_entered_it(tmp_path):
+@pytest.mark.parametrize("preload", [(), ("--preload=torch",)], ids=["started", "forked"])
+def test_a_hang_stop_names_the_collective_and_the_rank_that_never_entered_it(tmp_path, preload):
     """3 gloo ranks; rank 2 never enters the 6th all-reduce. --hang_action stop: the records (each rank's last
-    collective, where its main thread is) are in the failure report, failure.json and a file on the node."""
+    collective, where its main thread is) are in the failure report, failure.json and a file on the node; the
+    same for ranks forked from --preload torch's helper (issue 32)."""
     pytest.importorskip("torch")
     script = tmp_path / "job.py"
     script.write_text(SKIPS_ONE)
     logs = tmp_path / "logs"
     result = run_xrun("--num_gpus", "3", "--master_port", "0", "--hang_timeout", "8", "--hang_action", "stop",
-                      "--log_dir", str(logs), str(script), env={"TMPDIR": short_tmpdir()}, timeout=180)
+                      *preload, "--log_dir", str(logs), str(script), env={"TMPDIR": short_tmpdir()}, timeout=180)
     assert result.returncode == 124, result.stderr
     assert "WorkerServer" not in result.stderr
     [line] = [x for x in result.stderr.splitlines() if "collective records of" in x and "taken" not in x][-1:]

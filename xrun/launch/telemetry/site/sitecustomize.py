@@ -19,6 +19,11 @@ or destroyed; the first is held back by raising c10's log level around the const
 import), the others never happen: the server is never shut down nor freed (the process's end stops its thread,
 and xrun removes the socket's directory). Whatever goes wrong, the rank goes on as if nothing had been tried.
 
+A rank forked from the preload helper (``--preload``, xrun.launch.preload.become) has no start-up of its own: the
+helper's ran without these variables, so the helper never serves anything. The fork takes its rank's environment
+and calls ``take_back_environment`` and ``serve_once_distributed`` itself (this module, imported by its package
+name, runs nothing at import); torch being loaded already, its endpoint starts before the rank's program runs.
+
 Python 3.7 and newer read this file; it must not import xrun (the rank's interpreter may not have it).
 """
 
@@ -37,7 +42,7 @@ _TRIGGER = "torch.distributed"
 _C10_ERROR = 2  # c10's FLAGS_caffe2_log_level: 0 info, 1 warning, 2 error
 
 
-def _take_back_environment() -> str | None:
+def take_back_environment() -> str | None:
     """This directory off ``PYTHONPATH`` and ``sys.path``, the socket's variable off the environment; returns it."""
     socket_path = os.environ.pop(_SOCKET_VARIABLE, None)
     value = os.environ.get("PYTHONPATH")
@@ -139,16 +144,30 @@ def _stale(socket_path: str) -> bool:
     return False
 
 
-def _install() -> None:
-    socket_path = _take_back_environment()
-    if socket_path:
-        owner = os.getpid()
+def serve_once_distributed(socket_path: str) -> None:
+    """Serve this process's collective records on ``socket_path`` once ``torch.distributed`` is imported: at once
+    where it is already (a rank forked from the preload helper, which imported torch for it), else when the
+    script imports it."""
+    owner = os.getpid()
 
-        def on_loaded(_module: object) -> None:
-            if os.getpid() == owner:  # a forked child (a DataLoader worker) shares its rank's endpoint
-                _start_endpoint(socket_path)
+    def on_loaded(_module: object) -> None:
+        if os.getpid() == owner:  # a forked child (a DataLoader worker) shares its rank's endpoint
+            _start_endpoint(socket_path)
 
+    loaded = sys.modules.get(_TRIGGER)
+    if loaded is None:
         sys.meta_path.insert(0, _AfterImport(on_loaded))
+        return
+    try:
+        on_loaded(loaded)
+    except Exception:  # noqa: S110 - telemetry must never change what the script sees
+        pass
+
+
+def _install() -> None:
+    socket_path = take_back_environment()
+    if socket_path:
+        serve_once_distributed(socket_path)
 
 
 def _chain_to_the_users_own() -> None:
@@ -158,5 +177,6 @@ def _chain_to_the_users_own() -> None:
     __import__("sitecustomize")  # none: its ImportError names "sitecustomize", which site passes over
 
 
-_install()
-_chain_to_the_users_own()
+if __name__ == "sitecustomize":  # site's import; the preload helper imports it by its package name instead
+    _install()
+    _chain_to_the_users_own()
