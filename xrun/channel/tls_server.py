@@ -7,23 +7,15 @@ memory file (Linux's ``memfd``), else through a private temp file (``O_EXCL``, 0
 read. Clients pin ``fingerprint`` (head mode: it may travel on argv, it is public) or bind their proof to it
 (pod mode): see ``xrun.channel.tls``.
 
-For a selector-driven server: ``wrap_server`` gives a non-blocking ``SSLSocket`` whose handshake advances with
-``handshake_step`` each time the socket is ready (``Step.READ``/``Step.WRITE`` says for what); after it, read
-until ``SSLWantReadError`` on each wake-up, because TLS may hold decrypted bytes (``pending()``) that the
-selector cannot see. A handshake counts against the connection's hello deadline like any pending byte.
+The control server drives each connection's handshake itself, non-blocking (``xrun.runner.job.connections``).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import os
-import socket
 import ssl
 from dataclasses import dataclass, field
-
-from xrun.channel.framing import ChannelError
-from xrun.channel.tls import reason
 
 CERT_DAYS = 365  # nothing checks the dates (clients pin); a run may last weeks
 
@@ -128,27 +120,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-class Step(enum.Enum):
-    DONE = "done"
-    READ = "read"  # wait until the socket is readable, then step again
-    WRITE = "write"  # wait until it is writable
-
-
-def wrap_server(ctx: ssl.SSLContext, sock: socket.socket) -> ssl.SSLSocket:
-    """An accepted (non-blocking) connection as a TLS server socket whose handshake is still to do."""
-    return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-
-
-def handshake_step(tls: ssl.SSLSocket) -> Step:
-    """Advance a non-blocking handshake as far as the bytes at hand allow; a failure is a ChannelError."""
-    try:
-        tls.do_handshake()
-    except ssl.SSLWantReadError:
-        return Step.READ
-    except ssl.SSLWantWriteError:
-        return Step.WRITE
-    except (OSError, ValueError) as err:
-        raise ChannelError(f"TLS handshake failed: {reason(err)}") from None
-    return Step.DONE
