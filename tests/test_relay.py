@@ -113,7 +113,7 @@ def test_read_label():
 
 
 def test_pod_mode_node_lines_merge_every_nodes_writes_on_node_0():
-    """Node 0's server (xrun.runner.pod.server) gets each node's console writes as messages, split anywhere."""
+    """Node 0's server (xrun.runner.pod.node0_server) gets each node's console writes as messages, split anywhere."""
     from xrun.launch.output.dedupe import LineMerger
     from xrun.runner.job.relay import NodeLines
 

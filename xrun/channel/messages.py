@@ -1,6 +1,6 @@
 """The control channel's message kinds: what the runner and each node agent say to each other.
 
-The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
+The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.node0_server``) both
 import this package; neither defines a message of its own.
 
 Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
@@ -37,7 +37,7 @@ mode: the agent first checks the server certificate's fingerprint against the on
 Until the hello's proof checks out, the server reads with ``FrameReader.stranger()`` (64 KiB frames, strict text)
 and checks field shapes (``xrun.channel.fields``); a connection that fails any check is closed without a word.
 
-Pod mode (``xrun.runner.pod.run``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
+Pod mode (``xrun.runner.pod.runtime``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
 both sides prove the key derived from the shared secret (the server first, in the challenge) and ``digest`` is the
 node's plan digest; no spec is ever sent, and every node exits with the code its ``verdict`` carries.
 """

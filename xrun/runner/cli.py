@@ -28,7 +28,7 @@ from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
-from xrun.runner.pod_options import add_pod_flags, pod_request
+from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.restart_options import add_restart_flags, restart_policy
 from xrun.runner.validate import validate

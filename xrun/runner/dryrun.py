@@ -13,7 +13,7 @@ from xrun.shell import render
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
     """The documented, stable dry-run schema (keep these names)."""
-    from xrun.runner.pod.plan import dry_run_json  # platform detection and the digest: for dry runs only
+    from xrun.runner.pod.placement import dry_run_json  # platform detection and the digest: for dry runs only
 
     commands = {command.host: list(command.argv) for command in invocation.commands}
     return {
@@ -109,7 +109,7 @@ def precheck_note(plan: Plan) -> list[str]:
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
-    from xrun.runner.pod.plan import dry_run_lines  # platform detection and the digest: for dry runs only
+    from xrun.runner.pod.placement import dry_run_lines  # platform detection and the digest: for dry runs only
 
     nodes = len(plan.nodes)
     lines = [

@@ -25,7 +25,7 @@ from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, check_rank_
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection
-from xrun.runner.pod_options import PodRequest
+from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy
 from xrun.values import MAX_RANKS

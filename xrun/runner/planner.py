@@ -1,7 +1,7 @@
 """The planner: the parsed request in, the plan out. ``plan_job`` is the whole path, in the order it reads:
 
 1. ``find_hosts``: where the nodes come from, each source asked once, the first that answers wins: pod flags or
-   a platform's variables (``xrun.runner.pod.plan.place``, loaded only when one is present; it detects the
+   a platform's variables (``xrun.runner.pod.placement.place``, loaded only when one is present; it detects the
    platform, PBS or LSF), else ``-H HOSTFILE``, else the Slurm allocation around this xrun, else this machine.
    The answer (``Hosts``) carries the request in planner terms and the Slurm allocation it used, so that the
    backend choice does not ask again;

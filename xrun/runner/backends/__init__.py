@@ -64,7 +64,7 @@ _REGISTRY: dict[str, str] = {
     "mpich": "xrun.runner.backends.mpich:MpichBackend",
     "mvapich": "xrun.runner.backends.mvapich:MvapichBackend",
     "openmpi": "xrun.runner.backends.openmpi:OpenMpiBackend",
-    "no_ssh": "xrun.runner.backends.no_ssh:NoSshBackend",
+    "no_ssh": "xrun.runner.backends.pod_mode:NoSshBackend",
     "pdsh": "xrun.runner.backends.pdsh:PdshBackend",
     "slurm": "xrun.runner.backends.slurm:SlurmBackend",
     "ssh": "xrun.runner.backends.ssh:SshBackend",

@@ -1,5 +1,5 @@
 """``NodeIO``: the reads that finding the nodes may need (a platform's files, ``-H``'s hostfile, this machine's
-slots), passed in as functions so that placement (``xrun.runner.pod.plan.place``) stays pure. The planner
+slots), passed in as functions so that placement (``xrun.runner.pod.placement.place``) stays pure. The planner
 (``xrun.runner.planner``) builds the real ones once per run and uses the same ones where no pod flag or platform
 applies, so each source is read one way.
 """

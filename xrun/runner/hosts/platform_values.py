@@ -1,6 +1,6 @@
 """Reading the values a platform or batch system puts in a node's environment: strict, bounded, one line each.
 
-Shared by ``xrun.runner.hosts.platforms`` (pod platforms) and ``xrun.runner.hosts.batch_alloc`` (PBS, LSF). Numbers are
+Shared by ``xrun.runner.pod.platforms`` (pod platforms) and ``xrun.runner.hosts.batch_alloc`` (PBS, LSF). Numbers are
 ASCII digits only (``str.isdigit`` also accepts ``'٣'`` and ``'²'``, which ``int`` then reads or rejects
 inconsistently) and bounded, so that a wrong variable cannot make xrun build a world of 10**12 ranks.
 """

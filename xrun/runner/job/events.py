@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from xrun.runner.job.digest import PlanDigest
     from xrun.runner.network.node_results import PrecheckResult
+    from xrun.runner.pod.digest import PlanDigest
 
 # -- events ---------------------------------------------------------------------------------------------------
 

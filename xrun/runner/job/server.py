@@ -36,7 +36,7 @@ and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--for
 (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
 on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
-Pod mode's flavour (``xrun.runner.pod.server``) overrides a few seams: ``_make_job`` (its hello policy, the
+Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``_agent_message`` (the
 nodes' console), ``drop`` (a node's place may reopen) and the barrier's status (``_show_*``: sent to every node).
 """

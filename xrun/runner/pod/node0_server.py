@@ -37,7 +37,6 @@ from xrun.channel import ChannelError, Kind, Message, message, output_bytes
 from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
-from xrun.runner.job.digest import PlanDigest, PlanDigestError
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
@@ -45,8 +44,9 @@ from xrun.runner.job.machine import Job
 from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.job.server import ControlServer, hello_event
 from xrun.runner.plan import Plan
+from xrun.runner.pod.digest import PlanDigest, PlanDigestError
 from xrun.runner.pod.hello import PodHello
-from xrun.runner.pod.plan import PodSetup
+from xrun.runner.pod.placement import PodSetup
 from xrun.runner.pod.secret import pod_key
 
 

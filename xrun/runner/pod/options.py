@@ -19,7 +19,7 @@ from xrun.errors import UsageError
 from xrun.values import port_arg
 
 if TYPE_CHECKING:
-    from xrun.runner.hosts.platforms import Detection
+    from xrun.runner.pod.platforms import Detection
 
 # Flags whose parsed value always exists (a default), so that "the user typed it" must be recorded to let it
 # win over a detected platform's value.

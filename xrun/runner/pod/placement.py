@@ -12,7 +12,7 @@ outcomes:
   (the master address must then come from the platform or ``--master_addr``), else this machine. Flags win
   over detected values. The request is rewritten in today's terms: ``no_ssh`` with this node's rank, the
   master, and a run id every node computes alike (``xrun-MASTER-PORT``) unless ``--run_id`` is given.
-  The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.run``);
+  The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.runtime``);
 * ``pod_setup(plan, token=...)`` then gives the pod-mode runtime what it needs (``PodSetup``): this node's
   rank, the world, the master, node 0's control endpoint (``--control_port``, default master port + 1), the
   token and the plan digest.
@@ -30,12 +30,12 @@ from xrun.launch.rankplan import World
 from xrun.runner.hosts.batch_alloc import ReadFile
 from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
-from xrun.runner.hosts.platforms import Detection, detect
 from xrun.runner.hosts.selection import Pool
-from xrun.runner.job.digest import PlanDigest, plan_digest
 from xrun.runner.plan import JobRequest, Plan, PortChoice
+from xrun.runner.pod.digest import PlanDigest, plan_digest
+from xrun.runner.pod.options import PlatformChoice
+from xrun.runner.pod.platforms import Detection, detect
 from xrun.runner.pod.secret import load_token
-from xrun.runner.pod_options import PlatformChoice
 
 
 @dataclass(frozen=True)
