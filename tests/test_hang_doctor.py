@@ -25,7 +25,7 @@ from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun.channel import Kind, message
 from xrun.errors import XrunError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import agent_argv
 from xrun.launch.doctor.node_doctor import QuietWatch, Silence
 from xrun.launch.doctor.stackdump import (

@@ -40,9 +40,9 @@ from xrun.runner.job.events import (
     Verdict,
 )
 from xrun.runner.job.hello_policy import Refusal, SendSpecs
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.report import report_lines
 from xrun.runner.restart_options import RestartPolicy
 
 HOSTS = ("a", "b", "c")

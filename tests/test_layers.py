@@ -176,7 +176,7 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
         "import sys\n"
         "from xrun.runner.backends import backend_traits, known_backends\n"
         "traits = {name: backend_traits(name) for name in known_backends()}\n"
-        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.server')\n"
+        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.control_server')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
@@ -201,7 +201,7 @@ RANKS = {
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.cli", "xrun.launch.command", "xrun.launch.engine_env",
+        {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.command", "xrun.launch.engine_env",
          "xrun.launch.preflight"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],

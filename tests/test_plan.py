@@ -3,7 +3,7 @@ import shlex
 import pytest
 
 from xrun.errors import UsageError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.spec import AgentOptions, PythonMode

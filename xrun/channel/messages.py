@@ -1,7 +1,7 @@
 """The control channel's message kinds: what the runner and each node agent say to each other.
 
-The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.node0_server``) both
-import this package; neither defines a message of its own.
+The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.control_server``,
+``xrun.runner.pod.node0_server``) both import this package; neither defines a message of its own.
 
 Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
 (``xrun.channel.handshake``):

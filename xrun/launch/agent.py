@@ -4,7 +4,7 @@ Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding,
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
 (xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
-(xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+(xrun.launch.result.failure_report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
+from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import conclude
 from xrun.launch.spec import NodeSpec
 
 

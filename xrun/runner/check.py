@@ -32,8 +32,8 @@ from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknow
 from xrun.errors import UsageError, XrunError
 from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
+from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.runner.ssh_connections import Connected, close_all, connect_all

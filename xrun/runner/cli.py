@@ -12,7 +12,7 @@ from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch.cli import (
+from xrun.launch.agent_cli import (
     add_agent_flags,
     add_elastic_flags,
     add_rank_command_flags,

@@ -23,8 +23,8 @@ from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, check_rank_list
 from xrun.runner.backends import backend_traits
-from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection
+from xrun.runner.hosts.this_machine import LOCAL_ADDR
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy

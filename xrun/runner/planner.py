@@ -31,11 +31,11 @@ from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends
 from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST, local_pool
 from xrun.runner.hosts.nodeio import NODE_FILE_LIMIT, NodeIO
 from xrun.runner.hosts.selection import Pool, Selection, select
 from xrun.runner.hosts.slurm_alloc import Allocation, discover_allocation, in_allocation
 from xrun.runner.hosts.smallfile import read_small_file
+from xrun.runner.hosts.this_machine import LOCAL_ADDR, LOCALHOST, local_pool
 from xrun.runner.plan import JobRequest, Plan, PortChoice, make_plan
 from xrun.runner.pod.place import place_job
 

@@ -17,8 +17,9 @@ the members of their sessions that are still alive (a leaked DataLoader worker, 
 stopped the same way and reported as leftovers, so the agent never hangs on them. The result is a
 ``NodeResult`` (xrun.launch.result.outcome), the same type the elastic adapter returns.
 
-``RankGroup`` wires the parts beside it: the loop (xrun.launch.ranks.loop), starting a rank (xrun.launch.ranks.spawn),
-the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in (xrun.launch.ranks.plugins).
+``RankGroup`` wires the parts beside it: the loop (xrun.launch.ranks.group_loop), starting a rank
+(xrun.launch.ranks.spawn), the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in
+(xrun.launch.ranks.plugins).
 
 Safety nets: the agent is a child subreaper (orphaned grandchildren are reaped here, not left as zombies),
 and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL, or,
@@ -40,7 +41,7 @@ from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
 from xrun.launch.procs.watchdog import Watchdog
-from xrun.launch.ranks.loop import HOLD_POLL_S, GroupLoop
+from xrun.launch.ranks.group_loop import HOLD_POLL_S, GroupLoop
 from xrun.launch.ranks.plugins import Plugins
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState, Reaper

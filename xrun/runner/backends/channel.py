@@ -19,7 +19,7 @@ from xrun.errors import UsageError
 from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ON_STDIN, connect_argv, connect_target
 
 if TYPE_CHECKING:
-    from xrun.runner.job.server import Sessions
+    from xrun.runner.job.control_server import Sessions
     from xrun.runner.plan import Plan
 
 TOKEN_BYTES = 32
@@ -68,9 +68,9 @@ def run_over_channel(
     run's token, which the backend hands it privately (ssh stdin, an engine's environment)."""
     import secrets  # noqa: PLC0415 - only a real run needs a token (a dry run prints placeholders)
 
+    from xrun.runner.job.control_server import ControlServer  # noqa: PLC0415
     from xrun.runner.job.gate import Gate  # noqa: PLC0415 - the server loads only for a real run
     from xrun.runner.job.keys import NodeKeys  # noqa: PLC0415
-    from xrun.runner.job.server import ControlServer  # noqa: PLC0415
 
     token = secrets.token_hex(TOKEN_BYTES)
     nodes = len(plan.agent_hosts)  # every agent's, the hot spares' included (--spares)

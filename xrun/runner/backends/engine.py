@@ -9,7 +9,7 @@ PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank_from=OMPI_COMM_WORLD_RA
   ``-genvlist XRUN_TOKEN``, ``--export=ALL``): its value is in no argv on any machine, and the agent removes
   it from its environment before any rank starts;
 * ranks, argv, env (``--export``, ``.xrun_env``, the travelling prefixes) and cwd reach each agent over the
-  control channel (``xrun.runner.job.server``), byte-exact, as with ssh and pdsh; so do filters, per-rank logs,
+  control channel (``xrun.runner.job.control_server``), byte-exact, as with ssh and pdsh; so do filters, per-rank logs,
   core binding and supervision, which are the agent's;
 * teardown: the first failure stops every node over the channel; the engine's own abort (``mpirun`` on a
   non-zero exit, ``srun --kill-on-bad-exit=1``) is the second line; Ctrl-C reaches xrun only (the engine runs
