@@ -26,7 +26,9 @@ def run_client(cluster, tmp_path, python, job, backend="ssh"):
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=1, nodes=cluster.nodes[:2])
     env = {**os.environ, **EXPORTS, "CLIENT_OUT": str(tmp_path / "out"), "PYTHONPATH": ROOT}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    exports = [f"--export={name}" for name in (*EXPORTS, "CLIENT_OUT")]
+    # CI builds DeepSpeed's op once into a cache of its own (.ci/run): the remote ranks must use that one too
+    shared_cache = ["TORCH_EXTENSIONS_DIR"] if "TORCH_EXTENSIONS_DIR" in os.environ else []
+    exports = [f"--export={name}" for name in (*EXPORTS, "CLIENT_OUT", *shared_cache)]
     argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--ssh_config",
             str(cluster.ssh_config), "--python", python, "--master_port", "0", *exports, os.path.join(JOBS, job)]
     result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
