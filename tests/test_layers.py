@@ -268,7 +268,7 @@ def test_the_channel_imports_neither_layer():
 
 
 def test_shared_modules_import_no_layer():
-    # errors, values, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
+    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
     shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES and m != "xrun.__main__"]
     assert "xrun.errors" in shared
     layers = tuple(LAYER_PACKAGES) + tuple(p + "." for p in LAYER_PACKAGES)

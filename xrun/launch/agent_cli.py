@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
+from xrun.hostlist import address_problem
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
@@ -35,19 +36,9 @@ from xrun.launch.spec import (
     parse_signal_list,
     signal_list,
 )
-from xrun.values import (
-    MAX_HOSTS,
-    MAX_RESTARTS,
-    MAX_SHUTDOWN_TIMEOUT,
-    address_problem,
-    int_arg,
-    one_line,
-    parse_int,
-    port_arg,
-    seconds_arg,
-    shown,
-    tolerant_streams,
-)
+from xrun.printable import one_line, shown
+from xrun.std_streams import tolerant_streams
+from xrun.strict_numbers import MAX_HOSTS, MAX_RESTARTS, MAX_SHUTDOWN_TIMEOUT, int_arg, parse_int, port_arg, seconds_arg
 
 
 class _Parser(argparse.ArgumentParser):

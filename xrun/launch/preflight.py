@@ -21,7 +21,7 @@ from xrun.fdlimit import agent_open_files, check_open_files
 from xrun.launch.network.interfaces import interface_names
 from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.spec import NodeSpec, PythonMode
-from xrun.values import shown
+from xrun.printable import shown
 
 _PATH_MAX = 4096  # Linux
 _LOG_FILE_ROOM = 300  # what the logs add below the directory: /<host, at most 253>/rank<N>/stderr.log

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.errors import UsageError, WorldInfoError
+from xrun.hostlist import host_name_problem
 from xrun.launch.spec import PythonMode, RankSpec
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, host_name_problem, shown
+from xrun.printable import shown
+from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST
 
 World = Mapping[str, tuple[int, ...]]
 

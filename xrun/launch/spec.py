@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.values import MAX_RANKS, shown
+from xrun.printable import shown
+from xrun.strict_numbers import MAX_RANKS
 
 SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500

@@ -12,6 +12,7 @@ from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
+from xrun.hostlist import address_problem
 from xrun.launch.agent_cli import (
     add_agent_flags,
     add_elastic_flags,
@@ -22,6 +23,7 @@ from xrun.launch.agent_cli import (
 )
 from xrun.launch.procs.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.printable import one_line
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
@@ -32,7 +34,8 @@ from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.restart_options import add_restart_flags, restart_policy
 from xrun.runner.validate import validate
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
+from xrun.std_streams import tolerant_streams
+from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
 DRY_RUN_FORMATS = ("text", "json")
 

@@ -28,7 +28,7 @@ from xrun.runner.hosts.this_machine import LOCAL_ADDR
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy
-from xrun.values import MAX_RANKS
+from xrun.strict_numbers import MAX_RANKS
 
 
 class PortChoice(Enum):

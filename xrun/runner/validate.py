@@ -18,9 +18,9 @@ from xrun.errors import UsageError
 from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
 from xrun.launch.preflight import check_node
 from xrun.net import master_port
+from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits
 from xrun.runner.plan import Plan, PortChoice
-from xrun.values import shown
 
 
 def validate(plan: Plan) -> None:

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from xrun.values import one_line
+from xrun.printable import one_line
 
 
 def say(text: str) -> None:

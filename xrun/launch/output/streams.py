@@ -47,7 +47,7 @@ from typing import IO
 from xrun.launch.output.dedupe import LineMerger, is_flood
 from xrun.launch.output.writer import console_write, writer
 from xrun.launch.procs.posix import write_all
-from xrun.values import one_line
+from xrun.printable import one_line
 
 CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
 PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)

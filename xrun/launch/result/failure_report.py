@@ -27,7 +27,7 @@ from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
-from xrun.values import each_line, one_line
+from xrun.printable import each_line, one_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 

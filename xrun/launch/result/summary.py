@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.outcome import RankOutcome, describe_status
-from xrun.values import one_line
+from xrun.printable import one_line
 
 
 @dataclass(frozen=True)

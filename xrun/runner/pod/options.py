@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.values import port_arg
+from xrun.strict_numbers import port_arg
 
 if TYPE_CHECKING:
     from xrun.runner.pod.platforms import Detection
