@@ -4,7 +4,7 @@ Pod mode: every node starts xrun itself (Kubernetes, PAI, Volcano, by hand) and 
 ``--no_ssh --node_rank K`` is its by-hand spelling, and a detected pod platform implies it. ``--hosts`` is not
 pod-only: it names the hosts in host-list syntax wherever ``-H HOSTFILE`` would.
 
-This module holds the typed request and its flags; ``xrun.runner.pod.place`` is the planner's entry.
+This module holds the typed request and its flags; ``xrun.runner.pod.placement.place_job`` is the planner's entry.
 """
 
 from __future__ import annotations
