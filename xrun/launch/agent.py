@@ -59,6 +59,7 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
 def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple[int, NodeResult]:
     """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
+        # Lazy: torch's agent adapter is the heaviest module of the node layer (python -X importtime), --elastic only.
         from xrun.launch.elastic.run import run_elastic
 
         result = run_elastic(spec, hooks=hooks)

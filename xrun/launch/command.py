@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -63,8 +64,6 @@ class AgentCommand:
     elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
-        from xrun.launch.elastic.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
-
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
         return NodeSpec(

@@ -1,6 +1,6 @@
 """The rank plan: from the world (DeepSpeed's world info) and the user's program to every rank's argv and env
 contract. One pure function, ``node_ranks``, shared by the runner's plan and dry-run and the agent's stand-alone CLI;
-a connect-mode agent is sent its ranks (``xrun.launch.spec``) and never loads this module.
+a connect-mode agent is sent its ranks (``xrun.launch.spec``) and plans none.
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ from typing import Any
 from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
+from xrun.runner.pod.placement import dry_run_json, dry_run_lines
 from xrun.shell import render
 
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
     """The documented, stable dry-run schema (keep these names)."""
-    from xrun.runner.pod.placement import dry_run_json  # platform detection and the digest: for dry runs only
-
     commands = {command.host: list(command.argv) for command in invocation.commands}
     return {
         "world_size": plan.world_size,
@@ -109,8 +108,6 @@ def precheck_note(plan: Plan) -> list[str]:
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
-    from xrun.runner.pod.placement import dry_run_lines  # platform detection and the digest: for dry runs only
-
     nodes = len(plan.nodes)
     lines = [
         f"xrun dry run: {nodes} node{'s' * (nodes != 1)}, {plan.world_size} rank{'s' * (plan.world_size != 1)}, "

@@ -37,6 +37,7 @@ through the same ``Console``.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import sys
@@ -100,10 +101,8 @@ def grow_pipe(fd: int) -> None:
     """Give a rank pipe ``PIPE_BYTES`` of kernel buffer, so the rank keeps writing while the agent settles; where
     the system refuses (``/proc/sys/fs/pipe-max-size``, not Linux), the default buffer does."""
     try:
-        import fcntl  # noqa: PLC0415 - a builtin module; imported where it is used
-
         fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, OSError):
+    except OSError:
         pass
 
 

@@ -48,9 +48,10 @@ from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
+from xrun.launch.result.stacks import DumpTarget
 
 if TYPE_CHECKING:
-    from xrun.launch.result.stacks import DumpTarget, RankStack
+    from xrun.launch.result.stacks import RankStack
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,5 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
 
 
 def dump_targets(running: Sequence[RankState]) -> list[DumpTarget]:
-    """What py-spy is pointed at (the stacks' types load only when stacks are taken: issue 25 §4)."""
-    from xrun.launch.result.stacks import DumpTarget  # noqa: PLC0415
-
+    """What py-spy is pointed at."""
     return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in running]

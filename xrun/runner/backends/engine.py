@@ -21,6 +21,8 @@ Subclasses override data (program names, rank variables) and one pure ``engine_a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
@@ -158,9 +160,6 @@ _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
-    import ctypes  # noqa: PLC0415 - only a real run loads libc
-    import ctypes.util  # noqa: PLC0415
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         prctl = libc.prctl

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 
+from xrun.launch.agent import run_node
 from xrun.launch.command import agent_argv
+from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.local_restarts import run_attempts
 from xrun.runner.plan import Plan
 
 
@@ -17,7 +20,6 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
     bindings = plan_bindings(node, os.environ)
     if bindings is None:
         return {}
-    from xrun.launch.ranks.binding import format_cpus  # noqa: PLC0415 - only when binding (issue 25 §4)
 
     near = gpu_nodes(node, os.environ) or (None,) * len(bindings)
     return {
@@ -44,9 +46,7 @@ class LocalBackend:
 
     def execute(self, plan: Plan) -> int:
         if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
-            from xrun.runner.backends.local_restarts import run_attempts  # noqa: PLC0415 - only when asked for
 
             return run_attempts(plan)
-        from xrun.launch.agent import run_node  # noqa: PLC0415 - supervision code loads only for a real run
 
         return run_node(plan.nodes[0])

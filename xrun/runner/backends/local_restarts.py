@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from xrun.launch.agent import run_node_result
 from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
 from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
@@ -35,8 +36,6 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
 
 def run_attempts(plan: Plan) -> int:
     """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code."""
-    from xrun.launch.agent import run_node_result  # noqa: PLC0415 - supervision code loads only for a real run
-
     node, policy = plan.nodes[0], plan.request.restart
     attempts = Attempts(policy, t0=time.monotonic())
     spec = node

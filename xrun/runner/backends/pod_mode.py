@@ -46,6 +46,7 @@ class NoSshBackend:
 
     def execute(self, plan: Plan) -> int:
         this_node(plan)
-        from xrun.runner.pod.runtime import run_pod  # noqa: PLC0415 - the channel loads only for a real run
+        # Lazy: node 0's server loads only for a real run (a dry run, and reading the traits, load none of it).
+        from xrun.runner.pod.runtime import run_pod
 
         return run_pod(plan)

@@ -8,6 +8,7 @@ control channel (``xrun.runner.job.control_server``). Connection settings: ``xru
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xrun.launch.output.dedupe import LineMerger
@@ -82,8 +83,6 @@ class SshSessions:
               ) -> SshSessions:
         """Run every agent's command on its connection (in parallel) and hand each its token; the hot spares that
         could not be reached are reported as sessions that ended (the job drops them, one line each)."""
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
-
         sessions = cls(connected, ssh_commands(plan, endpoints), endpoints, head_merger(plan))
         sessions.unreachable = list(unreachable)
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:

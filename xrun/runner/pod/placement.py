@@ -19,6 +19,7 @@ given and no platform variable is present. The platform is detected here, once. 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -289,8 +290,7 @@ def dry_run_json(plan: Plan) -> dict[str, Any]:
     detected = plan.request.pod.detected
     pod = None
     if plan.request.remote.no_ssh and plan.request.remote.node_rank is not None:
-        import os  # noqa: PLC0415 - the token is read (and checked) as the real run reads it, never shown
-
+        # the token is read (and checked) as the real run reads it, never shown
         setup = pod_setup(plan, token=load_token(os.environ, plan.request.pod.token_file))
         pod = {"node_rank": setup.node_rank, "num_nodes": setup.num_nodes, "control_addr": setup.control_addr,
                "control_port": setup.control_port, "digest": setup.digest.sha256,
