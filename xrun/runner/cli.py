@@ -26,7 +26,6 @@ from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.printable import one_line
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
-from xrun.runner.check import main as check_main
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.plan import JobRequest, PortChoice
@@ -131,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tolerant_streams()
     raise_open_files_limit()  # before any socket or pipe: a large job must not die of the login's 1,024
     if args and args[0] == "check":
+        # Lazy: xrun check's modules (the network check's, ~1.5 MiB of RSS) stay out of every run's head, and out
+        # of what each rank's process inherits at fork (tests/test_summary.py measures its peak RSS).
+        from xrun.runner.check import main as check_main
+
         return check_main(args[1:])
     try:
         request, dry_run = parse_request(args)

@@ -9,7 +9,6 @@ from xrun.launch.command import agent_argv
 from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
-from xrun.runner.backends.local_restarts import run_attempts
 from xrun.runner.plan import Plan
 
 
@@ -46,7 +45,9 @@ class LocalBackend:
 
     def execute(self, plan: Plan) -> int:
         if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
+            # Lazy: the restart loop loads the job's rules and the network check's verdicts (31 modules, ~2 MiB of
+            # RSS that each rank's process would inherit at fork: tests/test_summary.py measures it).
+            from xrun.runner.backends.local_restarts import run_attempts
 
             return run_attempts(plan)
-
         return run_node(plan.nodes[0])
