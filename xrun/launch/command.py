@@ -79,7 +79,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         launch.python, *AGENT_MODULE,
         f"--world_info={encode_world_info(command.world)}",
         f"--node_rank={command.node_rank}",
-        f"--master_addr={rdzv.master_addr}",
+        f"--master_addr={rdzv.known_master_addr}",
         f"--master_port={rdzv.master_port}",
         f"--run_id={rdzv.run_id}",
     ]

@@ -103,11 +103,22 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the ranks meet: rank 0's address and port, and the run id (torch's rendezvous contract)."""
+    """Where the ranks meet: rank 0's address and port, and the run id (torch's rendezvous contract).
 
-    master_addr: str
+    ``master_addr`` is None in the plan of a channel backend: node 0's address as its agent sees it is decided once,
+    at the start barrier (``xrun.runner.job.barrier``), and each agent sets it in its ranks' env then
+    (``xrun.launch.spec.with_rendezvous``)."""
+
+    master_addr: str | None
     master_port: int
     run_id: str = "xrun"
+
+    @property
+    def known_master_addr(self) -> str:
+        """The address where the plan knows it (a local run, ``--elastic``, pod mode, ``--master_addr``)."""
+        if self.master_addr is None:
+            raise ValueError("the master address is decided at the start barrier, not in the plan")
+        return self.master_addr
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,7 +179,7 @@ def rank_env(
     rank, node = str(shape.first_ranks[node_rank] + local_rank), _number(node_rank)
     rank = node if rank == node else rank  # one rank per node: one string for both
     size, local, nodes = _number(shape.world_size), _number(len(slots)), _number(len(hosts))
-    return {
+    env = {
         "RANK": rank,
         "LOCAL_RANK": _number(local_rank),
         "WORLD_SIZE": size,
@@ -182,13 +193,17 @@ def rank_env(
         "ROLE_NAME": "default",
         "ROLE_RANK": rank,
         "ROLE_WORLD_SIZE": size,
-        "MASTER_ADDR": rdzv.master_addr,
+    }
+    if rdzv.master_addr is not None:  # else the start barrier decides it (with_rendezvous)
+        env["MASTER_ADDR"] = rdzv.master_addr
+    env.update({
         "MASTER_PORT": _number(rdzv.master_port),
         "CUDA_VISIBLE_DEVICES": _devices(slots),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": _number(max_restarts),
-    }
+    })
+    return env
 
 
 def node_ranks(

@@ -169,7 +169,7 @@ def resolve_elastic(options: ElasticOptions | None, world: World, rendezvous: Re
     if options is None:
         return None
     check_elastic(options, len(world))
-    host = rendezvous.master_addr
+    host = rendezvous.known_master_addr
     endpoint = f"[{host}]:{rendezvous.master_port}" if ":" in host else f"{host}:{rendezvous.master_port}"
     return resolve(options, hosts=len(world), endpoint=endpoint, run_id=rendezvous.run_id)
 

@@ -56,12 +56,12 @@ def run_attempts(plan: Plan) -> int:
             return code
         attempt = attempts.begin_next(time.monotonic())
         say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
-        spec = with_rendezvous(node, plan.rendezvous.master_addr, _port(plan), attempt)
+        spec = with_rendezvous(node, plan.rendezvous.known_master_addr, _port(plan), attempt)
 
 
 def _port(plan: Plan) -> int:
     """Rank 0's port for the next attempt: a fresh free one, unless the user gave one."""
     if plan.request.master_port_choice is PortChoice.GIVEN and plan.rendezvous.master_port:
         return plan.rendezvous.master_port
-    return free_port(plan.rendezvous.master_addr)
+    return free_port(plan.rendezvous.known_master_addr)
 

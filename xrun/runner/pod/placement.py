@@ -279,8 +279,8 @@ def pod_setup(plan: Plan, *, token: str | None) -> PodSetup:
         raise UsageError("--node_rank", f"{rank} is outside 0..{count - 1} for a {count}-node world")
     master = plan.rendezvous
     return PodSetup(
-        node_rank=rank, num_nodes=len(plan.nodes), world=plan.world, master_addr=master.master_addr,
-        master_port=master.master_port, control_addr=master.master_addr, control_port=control_port(plan.request),
+        node_rank=rank, num_nodes=len(plan.nodes), world=plan.world, master_addr=master.known_master_addr,
+        master_port=master.master_port, control_addr=master.known_master_addr, control_port=control_port(plan.request),
         digest=plan_digest(plan), token=token,
     )
 

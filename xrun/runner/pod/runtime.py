@@ -71,7 +71,7 @@ def pod_node(plan: Plan, setup: PodSetup, node0: Node0) -> PodNode:
     static_node0 = setup.node_rank == 0 and plan.nodes[0].elastic is None
     return PodNode(
         node_rank=setup.node_rank, num_nodes=setup.num_nodes, world_size=plan.world_size, spec=spec,
-        master_addr=plan.rendezvous.master_addr, master_port=plan.rendezvous.master_port,
+        master_addr=plan.rendezvous.known_master_addr, master_port=plan.rendezvous.master_port,
         ready_port=PortRule(plan.node0_picks_port, setup.master_port) if static_node0 else None,
         restarts=bool(plan.request.restart.restarts),
         verdict_wait=plan.request.options.shutdown_timeout + STOP_GRACE + LINGER + 5.0,
