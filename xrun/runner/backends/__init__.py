@@ -41,7 +41,7 @@ class Traits:
     """What the planner and the CLI need to know about a backend before choosing or planning with it."""
 
     # The agents connect back over the control channel (``backends.channel``): node 0's address and, for
-    # --master_port 0, a free port are agreed at the start barrier, so the plan holds a placeholder master.
+    # --master_port 0, a free port are agreed at the start barrier, so the plan leaves the master address open.
     uses_channel: bool = False
     # An engine (mpirun, hydra, srun) starts the agents: --launcher_args are its extra arguments.
     engine: bool = False
