@@ -45,8 +45,13 @@ class Launcher:
 # The floor: bash, `&`, `wait`.
 
 
-def floor_argv(job: LocalJob) -> list[str]:
+def floor_argv(job: LocalJob, *, own_sessions: bool = False) -> list[str]:
+    """``own_sessions``: each rank in a session of its own (``setsid``), as xrun's ranks are. Where the kernel
+    schedules by session (autogroup, on by default on desktop kernels and these machines), the ranks of one session
+    share one slice of the CPU against everything else running, so on a busy machine the plain floor is slower."""
     py, script = shlex.quote(sys.executable), shlex.quote(job.script)
+    if own_sessions:
+        py = f"setsid {py}"  # bash without job control: no process group leader, so setsid execs in place
     args = " ".join(shlex.quote(a) for a in job.args)
     body = (
         f"rc=0; pids=; for i in $(seq 0 {job.nproc - 1}); do "

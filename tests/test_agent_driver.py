@@ -7,7 +7,9 @@ reaches the ranks, an engine's exit code.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,10 +22,11 @@ from tests.conftest import ROOT
 from xrun import channel
 from xrun.channel import Kind, Message, message
 from xrun.channel.handshake import ServerHandshake
+from xrun.channel.messages import lines_of
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls_server import ServerIdentity
 from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.spec import PythonMode
+from xrun.launch.spec import AgentOptions, PythonMode
 from xrun.runner.plan import JobRequest, make_plan
 
 TOKEN = "d" * 64
@@ -181,3 +184,89 @@ def test_a_runner_that_vanishes_at_the_barrier_is_one_line(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0] == f"xrun.launch[{socket.gethostname()}]: connection closed by the peer", lines
+
+
+# -- --preload: the helper is the agent's for its whole life (issue 32) -----------------------------------------
+
+RANK = os.path.join(ROOT, "tests", "procs", "preload_rank.py")
+
+
+def preload_spec(tmp_path, modules: tuple[str, ...], *args: str) -> dict:
+    request = JobRequest(script=RANK, args=args, cwd=str(tmp_path), launch=LaunchOptions(python=sys.executable),
+                         options=AgentOptions(preload=modules))
+    return make_plan(request, {"localhost": (0, 1)}, "ssh").nodes[0].to_json()
+
+
+def test_the_preflight_waits_for_the_helper_answering_pings_and_every_attempt_forks_from_it(tmp_path):
+    """The spec starts the helper; a ping during its (slow) import is answered; ready once it is in; both attempts'
+    ranks are forked from it (the same pid and import time in preload_mark)."""
+    spec = preload_spec(tmp_path, ("preload_mark",))
+    seen: dict[str, int] = {}
+
+    def reply(msg: Message) -> list[Message]:
+        kind = msg["type"]
+        seen[kind] = seen.get(kind, 0) + 1
+        if kind == Kind.HELLO.value:
+            return [message(Kind.SPEC, spec=spec, max_restarts=1, pick_master_port=False, master_port=0),
+                    message(Kind.PING)]
+        if kind == Kind.READY.value:
+            return [message(Kind.START, master_addr="127.0.0.1", master_port=29500, restart_count=seen[kind] - 1)]
+        if kind == Kind.DONE.value and seen[kind] == 1:
+            return [message(Kind.RESTART, attempt=1)]
+        if kind == Kind.DONE.value:
+            return [message(Kind.VERDICT, exit_code=0)]
+        return []
+
+    runner = Runner(reply)
+    proc = agent(runner, env={"PRELOAD_MARK_SLEEP": "1.5"})
+    assert proc.returncode == 0, proc.stderr
+    said = [str(m["type"]) for m in runner.heard if m["type"] != "auth"]
+    assert said.index("pong") < said.index("ready"), said  # answered while the helper imported
+    assert said.count("ready") == 2 and said.count("done") == 2
+    helper = int(proc.stderr.split("the ranks are forked from the helper (pid ", 1)[1].split(")")[0])
+    # the ranks' lines come over the channel as line records: (ranks, text) each
+    records = [text for m in runner.heard if m["type"] == Kind.LINES.value for _, text in lines_of(m)[2]]
+    got = [json.loads(text) for text in records if text.startswith(b'{"rank"')]
+    assert sorted((r["attempt"], r["rank"]) for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {r["mark_pid"] for r in got} == {helper} and len({r["mark_t"] for r in got}) == 1
+    assert proc.stderr.count("preloaded preload_mark in") == 1
+
+
+def test_a_module_the_helper_cannot_import_fails_the_preflight_as_bad_input(tmp_path):
+    spec = preload_spec(tmp_path, ("preload_raises",))
+
+    def reply(msg: Message) -> list[Message]:
+        return [message(Kind.SPEC, spec=spec)] if msg["type"] == Kind.HELLO.value else []
+
+    runner = Runner(reply)
+    proc = agent(runner)
+    assert proc.returncode == 2, proc.stderr
+    error = next(m for m in runner.heard if m["type"] == Kind.ERROR.value)
+    assert error["exit_code"] == 2 and error["message"].startswith(
+        "--preload: cannot import 'preload_raises' (RuntimeError: refusing to load here)"), error
+    assert "ready" not in runner.kinds()
+
+
+def test_a_helper_killed_during_an_attempt_fails_the_next_preflight_naming_it(tmp_path):
+    spec = preload_spec(tmp_path, ("preload_mark",), "kill_helper=1")
+    seen: dict[str, int] = {}
+
+    def reply(msg: Message) -> list[Message]:
+        kind = msg["type"]
+        seen[kind] = seen.get(kind, 0) + 1
+        if kind == Kind.HELLO.value:
+            return [message(Kind.SPEC, spec=spec, max_restarts=1, pick_master_port=False, master_port=0)]
+        if kind == Kind.READY.value:
+            return [message(Kind.START, master_addr="127.0.0.1", master_port=29500)]
+        if kind == Kind.DONE.value:
+            return [message(Kind.RESTART, attempt=1)]  # as if another node had failed
+        return []
+
+    runner = Runner(reply)
+    proc = agent(runner)
+    assert proc.returncode == 1, proc.stderr
+    assert runner.kinds()[-2:] == ["done", "error"]
+    error = next(m for m in runner.heard if m["type"] == Kind.ERROR.value)
+    assert error["exit_code"] == 1, error  # a node's failure, not bad input (2): the runner names the host
+    assert re.fullmatch(r"--preload: the helper \(pid \d+\) was killed by SIGKILL during the last attempt, so the "
+                        r"next attempt's ranks cannot be forked on this node: .*", error["message"]), error

@@ -212,10 +212,16 @@ def test_a_console_reader_that_went_away_keeps_the_ranks_exit_code(tmp_path):
 
 
 def test_a_summary_that_cannot_be_written_keeps_the_ranks_exit_code(tmp_path):
-    # the log disk full, or something else where the file goes: a traceback and exit 1, even for a job that ran
-    (tmp_path / "fail.py").write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
-    for name in ("failure.json", "summary.json"):
-        (tmp_path / "logs" / "localhost" / name).mkdir(parents=True)  # os.replace cannot put a file there
+    # the log disk full, or something else where the file goes: a traceback and exit 1, even for a job that ran.
+    # What is there before the start the preflight refuses; here a rank puts it there while the job runs.
+    (tmp_path / "fail.py").write_text("import os, sys, time\nnames = ('failure.json', 'summary.json')\n"
+                                      "if os.environ['RANK'] == '0':\n"
+                                      "    for name in names:\n"
+                                      "        os.mkdir(os.path.join('logs', 'localhost', name))\n"
+                                      "    sys.exit(0)\n"
+                                      "while not os.path.isdir(os.path.join('logs', 'localhost', names[1])):\n"
+                                      "    time.sleep(0.01)\n"
+                                      "sys.exit(3)\n")
     result = run_xrun("--num_gpus", "2", "--log_dir", "logs", "fail.py", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
@@ -229,7 +235,7 @@ def test_a_log_file_that_takes_no_more_is_said_once(capfd):
 
     full = os.open("/dev/full", os.O_WRONLY)
     console = Console(prefix=True, quiet=True, host="h")
-    stream = RankStream(-1, 1, b"[h:3] ", log=full, rank=3)
+    stream = RankStream(-1, 1, log=full, rank=3)
     console.consume(stream, b"one\n")
     console.consume(stream, b"two\n")
     assert writer().drain()
@@ -328,19 +334,22 @@ FAKE_UNREACHABLE = "#!/bin/sh\necho 'ssh: connect to host {host} port 22: Connec
 
 
 @pytest.mark.parametrize("launcher, program", [("mpich", "mpiexec.hydra"), ("pdsh", "pdsh")])
-def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program):
-    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes.
+@pytest.mark.parametrize("spelled, said", [("n2", "n2"), ("N2", "n2"), ("127.2", "127.0.0.2")],
+                         ids=["as-written", "lowercased", "resolved"])
+def test_launcher_that_cannot_reach_a_node_ends_the_barrier_at_once(tmp_path, launcher, program, spelled, said):
+    # Like hydra: it says the node is unreachable, then waits for a proxy that never comes. ssh names the host as
+    # it connected to it, not as the hostfile spells it (issue 33 §3: xrun waited the whole --join_timeout)
     fake = tmp_path / "bin" / program
     fake.parent.mkdir()
-    fake.write_text(FAKE_UNREACHABLE.format(host="n2"))
+    fake.write_text(FAKE_UNREACHABLE.format(host=said))
     fake.chmod(0o755)
-    hosts = hostfile(tmp_path, "n1 slots=1\nn2 slots=1\n")
+    hosts = hostfile(tmp_path, f"n1 slots=1\n{spelled} slots=1\n")
     result = run_xrun("--launcher", launcher, "-H", hosts, "--control_addr", "127.0.0.1", "--join_timeout", "600",
                       "t.py", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=TIME_BOUND)
     assert result.returncode == 255, result.stderr
     assert "Traceback" not in result.stderr
-    assert ("the session to n2 exited with code 255 before its agent connected "
-            f"({program}: ssh: connect to host n2 port 22: Connection refused)") in result.stderr
+    assert (f"the session to {spelled} exited with code 255 before its agent connected "
+            f"({program}: ssh: connect to host {said} port 22: Connection refused)") in result.stderr
 
 
 def test_launcher_lines_that_name_an_unreachable_host():
@@ -350,19 +359,54 @@ def test_launcher_lines_that_name_an_unreachable_host():
     assert unreachable_host("ssh: Could not resolve hostname nodex: Name or service not known\r") == "nodex"
     assert unreachable_host("root@node2: Permission denied (publickey,password).") == "node2"
     assert unreachable_host("pdsh@head: node3: ssh exited with exit code 255") == "node3"
+    intel = "[mpiexec@head] Error: Unable to run bstrap_proxy on Node4 (pid 24740, exit code 65280)"
+    assert unreachable_host(intel) == "Node4"  # Intel MPI's hydra keeps ssh's words to itself
     assert unreachable_host("[node1:0] ssh: connect to host") is None
     assert unreachable_host("loss 0.25") is None
 
 
-def test_remote_only_check_is_one_line_naming_the_host(tmp_path):
+def test_the_host_a_launcher_names_is_found_in_the_jobs_spelling():
+    from xrun.runner.backends.launcher_process import LaunchedHosts
+    from xrun.runner.remote_options import SshSettings
+
+    hosts = LaunchedHosts(["n1", "HeadNode", "127.2"], SshSettings())
+    assert hosts.which("n1") == "n1"
+    assert hosts.which("headnode") == "HeadNode"  # OpenSSH lowercases the name
+    assert hosts.which("127.0.0.2") == "127.2"  # ssh prints the address it connected to
+    assert hosts.which("no-such-node.invalid") is None  # none of the job's: every node not yet connected
+    assert hosts.which("127.0.0.3") is None
+
+
+# What only a node can tell, checked by its agent there: (set-up on tmp_path, xrun's arguments, the job's line).
+AGENT_PREFLIGHT = {
+    "missing-script": (lambda t: None, ["nope.py"], "xrun: job failed: agent on localhost: SCRIPT 'nope.py': no such "
+                                                    "file in {tmp}"),
+    # issue 33 §2: rank 0 failed with 126 and its failure table, then the job with it
+    "stdout.log-link": (lambda t: _planted(t / "logs/localhost/rank0/stdout.log", "link"),
+                        ["--log_dir", "logs", "hello.py"],
+                        "xrun: job failed: --log_dir 'logs/localhost/rank0/stdout.log': is a symbolic link where "
+                        "this rank's log file goes"),
+    # the agent died of its BindingError after the barrier: "lost node localhost", exit 1
+    "binding": (lambda t: None, ["--bind_cores_to_rank", "--bind_core_list", "999", "hello.py"],
+                "xrun: job failed: agent on localhost: core binding: --bind_core_list '999': CPUs 999 are outside"),
+    # an env file's value past exec's one-string limit travelled to the node: its ranks died of E2BIG (126)
+    "env-file-value": (lambda t: (t / ".xrun_env").write_text("BIG=" + "x" * 200_000 + "\n"), ["hello.py"],
+                       "xrun: job failed: agent on localhost: environment variable 'BIG': is 200,004 bytes"),
+}
+
+
+@pytest.mark.parametrize("setup, args, line", list(AGENT_PREFLIGHT.values()), ids=list(AGENT_PREFLIGHT))
+def test_remote_only_check_is_one_line_naming_the_host_and_exit_2(tmp_path, setup, args, line):
     # The agent checks what only its node can tell; hydra on localhost stands in for a remote node.
     if shutil.which("mpiexec.hydra") is None:
         pytest.skip("mpiexec.hydra not installed")
-    result = run_xrun("--launcher", "mpich", "--num_gpus", "1", "nope.py", cwd=str(tmp_path), timeout=TIME_BOUND)
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.startswith(f"xrun: job failed: agent on localhost: SCRIPT 'nope.py': no such file in {tmp_path}")
-    assert result.stderr.count("\n") == 1, result.stderr
+    (tmp_path / "hello.py").write_text("print('rank ran')\n")
+    setup(tmp_path)
+    result = run_xrun("--launcher", "mpich", "--num_gpus", "1", *args, cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "rank ran" not in result.stdout
+    assert result.stderr.startswith(line.format(tmp=tmp_path)), result.stderr
+    assert result.stderr.count("\n") == 1 and "(exit code 2)" in result.stderr, result.stderr
 
 
 def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypatch):
@@ -412,6 +456,123 @@ def test_a_program_whose_interpreter_is_missing_is_named(tmp_path, dry_run):
     result = run_xrun(*dry_run, "--no_python", "./tool", cwd=str(tmp_path), timeout=TIME_BOUND)
     assert_one_line_error(result, "--no_python program './tool': its #! interpreter '/nonexistent/python' is not "
                                   "an executable file")
+
+
+def _planted(path, kind):
+    """Put ``kind`` where xrun will write: a link to a file that must never appear, a directory, or a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "link":
+        path.symlink_to(path.parent.parent.parent / "must-not-appear")
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        path.write_text("")
+
+
+def _program(path, text):
+    path.write_bytes(text)
+    path.chmod(0o755)
+
+
+# Issue 33 §2: what the preflight knows, said before any rank starts (one line, exit 2), where each used to be rank
+# 0's failure (exit 126 or 127 and a seven-line failure table). (set-up on tmp_path, xrun's arguments, the line.)
+BEFORE_THE_START = {
+    "stdout.log-link": (lambda t: _planted(t / "logs/localhost/rank0/stdout.log", "link"),
+                        ["--log_dir", "logs", "hello.py"],
+                        "--log_dir 'logs/localhost/rank0/stdout.log': is a symbolic link where this rank's log file "
+                        "goes (xrun writes only files it creates); remove it or choose another --log_dir"),
+    "stderr.log-dangling-link": (lambda t: _planted(t / "logs/localhost/rank1/stderr.log", "link"),
+                                 ["--log_dir", "logs", "--nproc_per_node", "2", "hello.py"],
+                                 "--log_dir 'logs/localhost/rank1/stderr.log': is a symbolic link where"),
+    "stdout.log-directory": (lambda t: _planted(t / "logs/localhost/rank0/stdout.log", "dir"),
+                             ["--log_dir", "logs", "hello.py"],
+                             "--log_dir 'logs/localhost/rank0/stdout.log': is a directory where this rank's log file"),
+    "rank-folder-a-file": (lambda t: _planted(t / "logs/localhost/rank0", "file"), ["--log_dir", "logs", "hello.py"],
+                           "--log_dir 'logs/localhost/rank0': is not a directory, and this rank's log files go in it"),
+    "node-folder-a-file": (lambda t: _planted(t / "logs/localhost", "file"), ["--log_dir", "logs", "hello.py"],
+                           "--log_dir 'logs/localhost': is not a directory, and this node's log folders go in it"),
+    "summary.json-directory": (lambda t: _planted(t / "logs/localhost/summary.json", "dir"),
+                               ["--log_dir", "logs", "hello.py"],
+                               "--log_dir 'logs/localhost/summary.json': is a directory where xrun writes this node's "
+                               "report"),
+    "windows-line-ends": (lambda t: _program(t / "run.sh", b"#!/bin/sh\r\necho hi\r\n"), ["--no_python", "./run.sh"],
+                          "--no_python program './run.sh': has Windows line ends: its #! line names '/bin/sh\\r'; "
+                          "convert it (dos2unix, or sed -i 's/\\r$//')"),
+    "no-#!-line": (lambda t: _program(t / "run.sh", b"echo hi\n"), ["--no_python", "./run.sh"],
+                   "--no_python program './run.sh': is neither a binary nor a script with a #! line, so exec cannot "
+                   "run it; begin it with one (#!/bin/sh)"),
+    "python-a-script-of-a-missing-interpreter": (
+        lambda t: _program(t / "python3", b"#!/opt/nowhere/python3\n"), ["--python", "./python3", "hello.py"],
+        "--python './python3': its #! interpreter '/opt/nowhere/python3' is not an executable file"),
+}
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+@pytest.mark.parametrize("setup, args, line", list(BEFORE_THE_START.values()), ids=list(BEFORE_THE_START))
+def test_what_the_preflight_knows_is_one_line_before_any_rank(tmp_path, setup, args, line, dry_run):
+    (tmp_path / "hello.py").write_text("print('rank ran')\n")
+    setup(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    result = run_xrun(*dry_run, *args, cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert_one_line_error(result, line)
+    assert result.stdout == "" and sorted(tmp_path.rglob("*")) == before  # no rank started, nothing made
+
+
+def test_the_preflight_says_which_log_path_is_not_writable(tmp_path, monkeypatch):
+    # root writes anything: os.access answers as for another user here
+    from xrun.launch.output import logfiles
+
+    (tmp_path / "logs" / "h" / "rank0").mkdir(parents=True)
+    (tmp_path / "logs" / "h" / "rank0" / "stdout.log").write_text("an earlier run's\n")  # renamed at the start
+    real_access = os.access
+    ours = str(tmp_path / "logs" / "h" / "rank0")
+    monkeypatch.setattr(logfiles.os, "access", lambda path, mode, **kw: path != ours and real_access(path, mode))
+    with pytest.raises(logfiles.LogFileRefused, match="rank0: is not writable by this user, and the ranks' log files "
+                                                      "go in it; choose another --log_dir"):
+        logfiles.check_logs(str(tmp_path / "logs"), "h", [0])
+    logfiles.check_logs(str(tmp_path / "logs"), "h", [1])  # rank1's folder is to be made in h, which is writable
+
+
+def test_the_agents_preflight_enters_the_spec_working_directory_or_names_it(tmp_path, monkeypatch):
+    from xrun.launch.preflight import PreflightError, check_spec
+    from xrun.launch.spec import NodeSpec, RankSpec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "t.py").write_text("")
+    rank = RankSpec(rank=0, local_rank=0, env={}, argv=(sys.executable, "-u", "t.py"))
+    check_spec(NodeSpec(host="h", node_rank=0, ranks=(rank,), cwd=str(tmp_path / "work")))
+    assert os.getcwd() == str(tmp_path / "work")
+    gone = str(tmp_path / "gone")
+    with pytest.raises(PreflightError) as err:
+        check_spec(NodeSpec(host="h", node_rank=0, ranks=(rank,), cwd=gone))
+    assert str(err.value) == (f"working directory '{gone}': no such file or directory on this node; xrun runs the "
+                              "ranks in the directory it was started in: make it on every node, or start xrun in one "
+                              "that every node has")
+    assert err.value.exit_code == 2
+
+
+def test_the_agents_preflight_refuses_what_exec_cannot_take_and_elastic_without_torch(tmp_path, monkeypatch):
+    from xrun.launch import preflight
+    from xrun.launch.preflight import PreflightError, check_ranks
+    from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
+
+    rank = RankSpec(rank=0, local_rank=0, env={}, argv=(sys.executable, "-u", "t.py"))
+    check_ranks(NodeSpec(host="h", node_rank=0, ranks=(rank,), env={"FINE": "x" * 131_000}))
+    # an env file's value of 200 KB travelled to the node; its ranks died of E2BIG (code 126)
+    with pytest.raises(PreflightError, match=r"^environment variable 'BIG': is 200,004 bytes, over the 131,071 that "
+                                             r"exec takes in one string; pass it in a file instead$"):
+        check_ranks(NodeSpec(host="h", node_rank=0, ranks=(rank,), env={"BIG": "x" * 200_000}))
+    many = {f"V{i}": "x" * 100_000 for i in range(os.sysconf("SC_ARG_MAX") // 100_000 + 1)}
+    with pytest.raises(PreflightError, match=r"^the ranks' command line and environment '\d+ strings': [\d,]+ bytes "
+                                             r"are over exec's limit of [\d,]+ \(ARG_MAX"):
+        check_ranks(NodeSpec(host="h", node_rank=0, ranks=(rank,), env=many))
+    elastic = NodeSpec(host="h", node_rank=0, ranks=(rank,), elastic=ElasticOptions(min_nodes=1, max_nodes=1))
+    check_ranks(elastic)  # torch is installed here
+    monkeypatch.setattr(preflight, "find_spec", lambda name: None)
+    with pytest.raises(PreflightError, match="cannot import torch here, and torch's elastic agent runs the ranks; "
+                                             "install torch on every node"):
+        check_ranks(elastic)
 
 
 def test_an_unreadable_hostfile_says_so(tmp_path, monkeypatch):

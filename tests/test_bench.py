@@ -222,11 +222,22 @@ def test_floor_argv_passes_arguments_through_bash(tmp_path):
         assert json.loads((tmp_path / rank).read_text()) == ["2", "1", list(WEIRD)]
 
 
-def test_floor_argv_exit_code_is_a_failing_ranks(tmp_path):
+@pytest.mark.parametrize("own_sessions", [False, True])
+def test_floor_argv_exit_code_is_a_failing_ranks(tmp_path, own_sessions):
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nsys.exit(7 if os.environ['RANK'] == '1' else 0)\n")
-    argv = floor_argv(LocalJob(nproc=3, script=str(script), args=(), master_port=1))
+    argv = floor_argv(LocalJob(nproc=3, script=str(script), args=(), master_port=1), own_sessions=own_sessions)
     assert subprocess.run(argv).returncode == 7
+
+
+def test_the_floors_ranks_can_each_have_a_session_of_their_own(tmp_path):
+    script = tmp_path / "where.py"
+    # one write per rank (python -u writes print's words one by one, and the two ranks share the pipe)
+    script.write_text("import os, sys\nsys.stdout.write(f'{os.getsid(0) == os.getpid()} {os.getppid() != 1}\\n')\n")
+    for own_sessions, leader in ((False, "False"), (True, "True")):
+        argv = floor_argv(LocalJob(nproc=2, script=str(script), args=(), master_port=1), own_sessions=own_sessions)
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split("\n")
+        assert sorted(out[:2]) == [f"{leader} True"] * 2  # setsid ran python in place: bash waits for the rank
 
 
 def test_launcher_argv_shapes():
@@ -245,6 +256,16 @@ def test_launcher_argv_shapes():
     ]
     assert LAUNCHERS["deepspeed"].argv(job)[:5] == ["deepspeed", "--num_gpus", "4", "--master_port", "1234"]
     assert shlex.join(LAUNCHERS["xrun"].argv(job)).startswith("xrun --num_gpus 4")
+
+
+def test_the_preload_scenarios_variants_differ_only_by_their_flags():
+    from bench.scenarios import preload
+
+    job = LocalJob(nproc=4, script="/s.py", args=("k=v",), master_port=1234)
+    plain, forked = preload.launcher_argv("xrun", job, restarts=1), preload.launcher_argv("xrun:preload", job, restarts=1)
+    assert forked == [*plain[:-2], "--preload", "torch", *plain[-2:]] and "--max_restarts" in plain
+    assert "--preload" not in preload.launcher_argv("xrun", job)
+    assert preload.launcher_argv("torchrun", job, restarts=1)[:3] == ["torchrun", "--max-restarts", "1"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

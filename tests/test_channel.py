@@ -65,19 +65,45 @@ def test_blocking_recv_keeps_messages_that_arrive_together():
             channel.recv(b, reader, timeout=1)
 
 
-@given(st.binary(max_size=512), st.sampled_from([1, 2]))
-def test_an_output_message_carries_any_bytes_unchanged(data, fd):
-    """Pod mode's console lines (xrun.launch.output.consoleroute): whatever a rank wrote reaches node 0 byte for byte."""
-    frame = encode(channel.output_message(fd, data))
-    (msg,) = FrameReader().feed(frame)
-    assert channel.output_bytes(msg) == (fd, data)
+_records = st.lists(st.tuples(st.lists(st.integers(0, fields.MAX_RANK), max_size=8), st.binary(max_size=256)),
+                    min_size=1, max_size=8)
 
 
-@pytest.mark.parametrize("msg", [{"type": "output", "fd": 3, "text": "x"}, {"type": "output", "fd": True, "text": ""},
-                                 {"type": "output", "fd": 1, "text": 7}, {"type": "output"}])
-def test_a_malformed_output_message_is_a_protocol_error(msg):
-    with pytest.raises(ChannelError, match="output"):
-        channel.output_bytes(msg)
+@given(_records, st.sampled_from([1, 2]), st.text(max_size=20).filter(str.isprintable))
+def test_a_lines_message_carries_any_bytes_unchanged(records, fd, host):
+    """A node's console (xrun.launch.output.consoleroute): whatever a rank wrote reaches the head byte for byte, with
+    its rank set."""
+    got = []
+    for msg in channel.lines_messages(fd, host, records):
+        (decoded,) = FrameReader().feed(encode(msg))
+        got.append(channel.lines_of(decoded))
+    assert [(f, h) for f, h, _ in got] == [(fd, host)] * len(got)
+    assert [record for _, _, part in got for record in part] == [(list(ranks), text) for ranks, text in records]
+
+
+def test_a_big_console_write_is_split_into_messages_well_inside_a_frame():
+    records = [((0,), b"x" * (1 << 20) + b"\n")] * 9 + [((1,), b"y\n")] * (fields.LINE_RECORDS + 1)
+    msgs = list(channel.lines_messages(1, "h", records))
+    assert len(msgs) >= 4
+    assert all(len(m["lines"]) <= fields.LINE_RECORDS and len(encode(m)) < channel.MAX_FRAME for m in msgs)
+    assert [r for m in msgs for r in channel.lines_of(m)[2]] == [(list(ranks), text) for ranks, text in records]
+
+
+def _lines(**fields_):
+    return {"type": "lines", "fd": 1, "host": "h", "lines": [[[0], "x\n"]], **fields_}
+
+
+@pytest.mark.parametrize("msg", [
+    _lines(fd=3), _lines(fd=True), _lines(fd=0), {"type": "lines", "host": "h", "lines": []}, _lines(host=7),
+    _lines(host="h\x1b[2J"), _lines(host="h" * 256), _lines(lines="x\n"), _lines(lines=[["x\n"]]),
+    _lines(lines=[[0, "x\n"]]), _lines(lines=[[[-1], "x"]]), _lines(lines=[[[True], "x"]]),
+    _lines(lines=[[[fields.MAX_RANK + 1], "x"]]), _lines(lines=[[list(range(fields.RECORD_RANKS + 1)), "x"]]),
+    _lines(lines=[[[0], 7]]), _lines(lines=[[[0], "x" * (fields.RECORD_TEXT + 1)]]),
+    _lines(lines=[[[0], "\ud800"]]), _lines(lines=[[[0], "x"]] * (fields.LINE_RECORDS + 1)),
+])
+def test_a_malformed_lines_message_is_a_protocol_error(msg):
+    with pytest.raises(ChannelError, match="lines"):
+        channel.lines_of(msg)
 
 
 # ---------------------------------------------------------------------------------------------------------------

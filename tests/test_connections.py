@@ -229,3 +229,33 @@ def test_a_malformed_message_closes_its_connection_as_a_protocol_error_and_its_n
                                          "master_port is '29500', not an integer)")
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(("records", "shown"), [
+    ([[[0], "from rank 0\n"], [[], "xrun[a]: a notice\n"]], [(1, b"[a:0] from rank 0\nxrun[a]: a notice\n")]),
+    ([[[0, 1], "x\n", "extra"]], None),  # a record of the wrong shape
+    ([[[1 << 20], "x\n"]], None),  # a rank past any world
+])
+def test_an_admitted_nodes_console_records_reach_the_console_or_close_its_connection(pair, records, shown):
+    """A node's ``lines`` are checked record by record before the head renders any (issue 30 §3): a bad one is a
+    protocol error that costs its own connection, and nothing of it reaches the console."""
+    here, there = pair
+    plan = make_plan(JobRequest(script="train.py", cwd="/tmp"), {"a": (0,), "b": (0,)}, "ssh")
+    gate = Gate(NodeKeys.shared_secret(2, "t0ken"), nodes=2, prove_server=False, identity=IDENTITY)
+    server = ControlServer(plan, gate, join_timeout=30.0, status=PlainStatus(2))
+    written: list[tuple[int, bytes]] = []
+    server.console._out = lambda fd, data: written.append((fd, data))
+    try:
+        conn = server.links.open(here, ("10.0.0.9", 0), now=0.0)
+        client = Client(there, conn)
+        client.send(proven_hello(client.challenged(0)), message(Kind.LINES, fd=1, host="a", lines=records))
+        server.read_from(conn)
+        assert client.recv()["type"] == Kind.SPEC.value
+        server.console.close()  # two nodes: held for the other node's twins until now
+        if shown is not None:
+            assert written == shown and server.conns
+        else:
+            assert written == [] and conn.sock.fileno() == -1 and server.job.state(0) is NodeState.LOST
+            assert "protocol error: 'lines': a record: expected" in server.failure.reason
+    finally:
+        server.close()

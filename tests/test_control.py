@@ -9,6 +9,7 @@ import threading
 import time
 
 from tests.conftest import ROOT
+from tests.headserver import console_of
 from xrun import channel
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
@@ -74,6 +75,7 @@ def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=
     plan = make_plan(request, world, "ssh")
     gate = Gate(NodeKeys.shared_secret(3, "t0ken"), nodes=3, prove_server=False)
     server = ControlServer(plan, gate, join_timeout=join_timeout, status=PlainStatus(3))
+    shown = console_of(server)
     port = server.listen(["127.0.0.1"])
     if before:
         before(port)
@@ -88,7 +90,7 @@ def run_job(tmp_path, env, *, skip=(), join_timeout=30.0, master_port=0, before=
     else:
         code = server.run(sessions)
     sessions.terminate()
-    out = b"".join(sessions.output.get(h, b"") for h in world).decode()
+    out = b"".join([*shown, *(sessions.output.get(h, b"") for h in world)]).decode()
     return code, out, server, time.monotonic() - started
 
 

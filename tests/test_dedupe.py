@@ -16,19 +16,21 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from tests.headserver import endpoint_of, head_server
-from xrun.launch.output.dedupe import WINDOW_S, LineMerger, compact, expand, label
+from tests.labels import expand
+from xrun.launch.output.dedupe import WINDOW_S, LineMerger, compact
+from xrun.launch.output.render import label
 from xrun.launch.output.streams import split_lines
 from xrun.launch.output.writer import writer
 
 
 class Out:
-    """What the merger wrote, as (fd, line) pairs."""
+    """What the merger wrote, as (fd, line) pairs, each line with its label."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[int, bytes]] = []
 
-    def __call__(self, fd: int, data: bytes) -> None:
-        self.writes.extend((fd, line) for line in data.splitlines(keepends=True))
+    def __call__(self, fd: int, merged) -> None:
+        self.writes.extend((fd, label(hosts, ranks) + text) for hosts, ranks, text in merged)
 
 
 def play(events, *, window=1.0, max_held=1000, flush_at=None, expected=None, late_window=1.0):
@@ -185,10 +187,9 @@ def test_no_line_waits_more_than_the_late_window_and_one_window(events):
     waits: list[float] = []
     pending: dict[int, list[float]] = {}  # rank -> when its lines came, oldest first (a rank's order is kept)
 
-    def emit(fd, data):
-        for line in data.splitlines(keepends=True):
-            match = re.match(rb"\[h:([0-9,-]+)\] ", line)
-            waits.extend(clock[0] - pending[rank].pop(0) for rank in expand(match.group(1).decode()))
+    def emit(fd, merged):
+        for _, ranks, _ in merged:
+            waits.extend(clock[0] - pending[rank].pop(0) for rank in ranks)
 
     merger = LineMerger(emit, window=0.1, expected=4, late_window=0.3)
 
@@ -298,8 +299,8 @@ def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
     try:
         console = Console(prefix=True, quiet=False, merge_as="h")
         console._ok[w] = True
-        quiet = RankStream(-1, w, b"[h:0] ", rank=0)
-        flood = RankStream(-1, w, b"[h:1] ", rank=1)
+        quiet = RankStream(-1, w, rank=0)
+        flood = RankStream(-1, w, rank=1)
         console.consume(quiet, b"held warning\n")
         assert console.wait() is not None  # held for its twins
         console.consume(flood, b"".join(b"line %d\n" % i for i in range(FLOOD_LINES + 1)))
@@ -319,8 +320,9 @@ def test_held_bytes_are_bounded(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The head's merge in the control server's loop: agents of 3 "nodes" on this machine, their output relayed as
-# the ssh backend relays it (xrun.runner.backends.ssh.SshSessions: LineRelay + the job's merger + a timer).
+# The head's merge in the control server's loop: agents of 3 "nodes" on this machine, their lines over the control
+# channel into the server's console, their own stdout relayed as the ssh backend relays an exec channel's
+# (xrun.runner.backends.ssh.SshSessions: StreamLines onto the same console).
 
 SHARED_AND_OWN = """
 import os
@@ -330,12 +332,11 @@ print("own", os.environ["RANK"], flush=True)
 
 
 class RelayedSessions:
-    def __init__(self, plan, endpoint, merger):
+    def __init__(self, plan, endpoint):
         from xrun.runner.backends.channel import agent_connect_argv
-        from xrun.runner.job.relay import NodeLines
 
-        self.lines = NodeLines(merger)
         self.procs = {}
+        self.streams = {}
         for node in plan.nodes:
             argv = agent_connect_argv(sys.executable, endpoint, str(node.node_rank), token_on_stdin=True)
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
@@ -345,16 +346,18 @@ class RelayedSessions:
             self.procs[node.host] = proc
 
     def register(self, loop):
+        from xrun.runner.job.relay import StreamLines
+
         for host, proc in self.procs.items():
+            self.streams[host] = StreamLines(loop.console, ("agent", host), 1)
             loop.add_reader(proc.stdout, lambda h=host, p=proc: self._read(loop, h, p))
-        self.lines.register(loop)
 
     def _read(self, loop, host, proc):
         data = os.read(proc.stdout.fileno(), 65536)
         if data:
-            self.lines.feed(host, 1, data)
+            self.streams[host].feed(data)
         else:
-            self.lines.end(host)
+            self.streams[host].flush()
             loop.remove_reader(proc.stdout)
 
     def finished(self, lost):
@@ -365,10 +368,10 @@ class RelayedSessions:
             if proc.poll() is None:
                 proc.terminate()
             proc.wait()
-        self.lines.close()
 
 
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
+    from xrun.launch.output.render import JobConsole
     from xrun.launch.output.status import PlainStatus
     from xrun.launch.procs.posix import write_all
     from xrun.launch.rankplan import LaunchOptions
@@ -381,8 +384,9 @@ def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
     plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
     server = head_server(plan, join_timeout=30.0, status=PlainStatus(3))
     port = server.listen(["127.0.0.1"])
-    merger = LineMerger(write_all, window=1.0)  # generous: agents start ~0.1-0.5 s apart on a loaded machine
-    assert server.run(RelayedSessions(plan, endpoint_of(server, port), merger)) == 0
+    # generous: agents start ~0.1-0.5 s apart on a loaded machine
+    server.console = JobConsole(write_all, merge=True, window=1.0)
+    assert server.run(RelayedSessions(plan, endpoint_of(server, port))) == 0
     out = [line for line in capfd.readouterr().out.splitlines() if not line.startswith("xrun")]
     assert out.count("[ranks 0-3] the same on every node") == 1, out
     assert sorted(line for line in out if " own " in line) == ["[a:0] own 0", "[a:1] own 1", "[b:2] own 2",

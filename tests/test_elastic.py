@@ -353,6 +353,42 @@ def test_every_rendezvous_backend_starts_at_once(tmp_path, backend):
     assert elapsed < 45, elapsed  # ~7 s idle; the bound is for 2 loaded cores, and still under --join_timeout
 
 
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("script", ["ok.py", "fail.py"])
+def test_the_end_is_noticed_at_once_whatever_the_monitor_interval(tmp_path, script):
+    # issue 33 §3: torch's agent slept --monitor_interval between looks: the job's end was noticed 1,000 s late
+    pytest.importorskip("torch")
+    (tmp_path / "ok.py").write_text("print('done', flush=True)\n")
+    (tmp_path / "fail.py").write_text("import sys\nsys.exit(5)\n")
+    started = time.monotonic()
+    result = run_xrun("--elastic", "--num_gpus", "2", "--master_port", "0", "--max_restarts", "1",
+                      "--monitor_interval", "1e3", script, cwd=str(tmp_path), timeout=120,
+                      env={"TORCH_CPP_LOG_LEVEL": "ERROR"})
+    elapsed = time.monotonic() - started
+    assert result.returncode == (0 if script == "ok.py" else 5), result.stderr[-3000:]
+    if script == "fail.py":  # the failure, the restart and the second failure: each seen at once
+        assert "restarting the worker group (restart 1 of 1)" in result.stderr, result.stderr[-3000:]
+    assert elapsed < 60, elapsed  # ~3 s idle (~6 s with the restart); 1,000 s before
+
+
+def test_monitor_sleep_ends_when_a_worker_exits_and_only_then():
+    import threading
+
+    from xrun.launch.elastic.torch_agent import _WakeableTime
+
+    wake = threading.Event()
+    clock = _WakeableTime(wake)
+    assert clock.monotonic() > 0  # the rest of the time module, as torch's agent uses it
+    started = time.monotonic()
+    clock.sleep(0.05)
+    assert time.monotonic() - started >= 0.05  # nothing exited: the whole interval
+    threading.Timer(0.05, wake.set).start()
+    started = time.monotonic()
+    clock.sleep(100)
+    assert time.monotonic() - started < 5 and not wake.is_set()  # cut short, and ready for the next exit
+
+
 def test_dry_run_shows_the_elastic_agent_command():
     result = run_xrun("--elastic", "--nnodes", "1:2", "--max_restarts", "2", "--master_port", "29555", "--run_id", "j",
                       "--dry-run", "x.py")

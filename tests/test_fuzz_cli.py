@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
+from xrun.errors import UsageError
+from xrun.launch.spec import parse_module_list
 from xrun.runner.cli import build_parser, main
 
 pytestmark = pytest.mark.fuzz
@@ -113,7 +115,7 @@ STRING_FLAGS = {  # flag -> what it needs beside it to be read at all
     "--hang_action": ["--hang_timeout", "5"], "--platform": [], "--run_id": [], "--master_addr": [],
     "--control_addr": ["-H", TWO_WORKERS], "--launcher_args": ["-H", TWO_WORKERS, "--launcher", "openmpi"],
     "--nnodes": ["--elastic"], "--rdzv_conf": ["--elastic"], "--rdzv_endpoint": ["--elastic"],
-    "--rdzv_backend": ["--elastic"],
+    "--rdzv_backend": ["--elastic"], "--preload": [],
 }
 STRING_VALUE = st.one_of(
     st.sampled_from(["0-99999999999", "\u00b2", "\u0663", "--", "", " ", "a\nb", "0,0", "1-0", "0-", "-1", "x" * 5000,
@@ -128,6 +130,34 @@ STRING_VALUE = st.one_of(
 @given(flag=st.sampled_from(sorted(STRING_FLAGS)), value=STRING_VALUE)
 def test_string_flags(flag, value):
     assert_contract(*run_main("--dry-run", *STRING_FLAGS[flag], f"{flag}={value}", "t.py"))
+
+
+# --preload's module lists (issue 32): names import takes, found here or not, among paths, spaces and noise.
+MODULE_NAME = st.one_of(
+    st.sampled_from(["json", "os.path", "xml.etree", "no_such_mod_xyz", "json.nope", "_x", "\u00e9t\u00e9", "\u0663",
+                     "1a", "a-b", "", ".", "a..b", "a.", ".a", "a/b", "C:\\x", "x.py", "x.so", "x.pyc", "class",
+                     "\x00", "a b", "\ufb01", "\udcff", "x" * 300]),
+    st.text(alphabet="abz_.,/\\ 1\u00e9\u0663-", max_size=10),
+    st.text(max_size=6),
+)
+
+
+@FAST
+@given(names=st.lists(MODULE_NAME, max_size=4))
+def test_preload_module_lists(names):
+    """A list either reads as its names, each a dotted identifier, in order with repeats dropped, and reads back the
+    same; or is refused in one line naming --preload. Through the dry run, which looks each name up: exit 0, or 2
+    in one line."""
+    text = ",".join(names)
+    try:
+        modules = parse_module_list("--preload", text)
+    except UsageError as refused:
+        assert str(refused).startswith("--preload: ") and "\n" not in str(refused)
+    else:
+        assert modules == tuple(dict.fromkeys(text.split(",")))
+        assert all(part.isidentifier() for name in modules for part in name.split("."))
+        assert parse_module_list("--preload", ",".join(modules)) == modules
+    assert_contract(*run_main("--dry-run", f"--preload={text}", "t.py"))
 
 
 ENV_LINE = st.one_of(

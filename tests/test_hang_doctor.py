@@ -131,6 +131,20 @@ def test_parse_dump_puts_the_main_thread_first_and_the_outermost_frame_first():
             parse_dump(garbage)
 
 
+def test_a_forked_ranks_stack_leaves_out_the_preload_helpers_frames_below_its_program():
+    helper = os.path.join(ROOT, "xrun", "launch", "preload")
+    below = [{"name": "_execute", "filename": f"{helper}/become.py", "line": 290},
+             {"name": "become", "filename": f"{helper}/become.py", "line": 100},
+             {"name": "main", "filename": f"{helper}/helper.py", "line": 70},
+             {"name": "<module>", "filename": "<string>", "line": 1}]
+    program = [{"name": "step", "filename": "/train.py", "line": 88}, {"name": "<module>", "filename": "/train.py",
+                                                                       "line": 9}]
+    forked = json.dumps([{"thread_name": "MainThread", "frames": program + below}])
+    assert parse_dump(forked)[0].frames == (Frame("<module>", "/train.py", 9), Frame("step", "/train.py", 88))
+    user = json.dumps([{"thread_name": "MainThread", "frames": [*program, below[-1]]}])  # python -c: kept whole
+    assert len(parse_dump(user)[0].frames) == 3
+
+
 @pytest.mark.parametrize(
     ("stderr", "says"),
     [
@@ -408,10 +422,12 @@ def wait_for_lines(stream, count, *, contains, timeout):
 
 @needs_pyspy
 @pytest.mark.slow
-def test_sigquit_on_a_healthy_job_prints_every_stack_and_the_job_completes(tmp_path):
+@pytest.mark.parametrize("preload", [(), ("--preload=json",)], ids=["started", "forked"])
+def test_sigquit_on_a_healthy_job_prints_every_stack_and_the_job_completes(tmp_path, preload):
+    """Ranks forked from --preload's helper (issue 32) give the same stacks, the helper's frames left out."""
     steady = "import os, time\ndef step():\n    time.sleep(0.1)\nprint('up', os.environ['RANK'], flush=True)\nfor i in range(25):\n" \
              "    step()\n"
-    proc, _ = start_xrun(tmp_path, "--num_gpus", "3", "--log_dir", str(tmp_path / "logs"), script=steady)
+    proc, _ = start_xrun(tmp_path, "--num_gpus", "3", "--log_dir", str(tmp_path / "logs"), *preload, script=steady)
     wait_for_lines(proc.stdout, 3, contains="up", timeout=30)
     proc.send_signal(signal.SIGQUIT)
     out, err = proc.communicate(timeout=60)
@@ -422,6 +438,7 @@ def test_sigquit_on_a_healthy_job_prints_every_stack_and_the_job_completes(tmp_p
     path = head_line.split("full dumps in ", 1)[1]
     assert path.startswith(str(tmp_path / "logs")) and "rank 2 (localhost, local 2, pid" in open(path).read()
     assert "3 ranks ok in" in err
+    assert ("xrun[localhost]: preloaded json in " in err) == bool(preload)
 
 
 GLOO = """
@@ -445,10 +462,12 @@ dist.all_reduce(tensor)
 @needs_pyspy
 @pytest.mark.slow
 @pytest.mark.torch
-def test_hang_timeout_names_the_sleeping_rank_within_20_s(tmp_path):
-    """The issue's test: 4 gloo ranks, rank 2 sleeps 60 s before the all-reduce."""
+@pytest.mark.parametrize("preload", [(), ("--preload=torch",)], ids=["started", "forked"])
+def test_hang_timeout_names_the_sleeping_rank_within_20_s(tmp_path, preload):
+    """The issue's test: 4 gloo ranks, rank 2 sleeps 60 s before the all-reduce; and the same ranks forked from
+    --preload torch's helper (issue 32): the same lines, the helper's frames below job.py left out."""
     pytest.importorskip("torch")
-    proc, marker = start_xrun(tmp_path, "--num_gpus", "4", "--master_port", "0", "--hang_timeout", "5",
+    proc, marker = start_xrun(tmp_path, "--num_gpus", "4", "--master_port", "0", "--hang_timeout", "5", *preload,
                               script=GLOO)
     started = time.monotonic()
     try:
@@ -459,6 +478,7 @@ def test_hang_timeout_names_the_sleeping_rank_within_20_s(tmp_path):
         assert others.startswith("xrun[localhost]:   ranks 0-1, 3: job.py:15 <module> > ")
         assert others.endswith("distributed_c10d.all_reduce")
         assert proc.poll() is None  # dump: the job goes on
+        assert ("xrun[localhost]: preloaded torch in " in err) == bool(preload)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)

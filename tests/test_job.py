@@ -24,12 +24,15 @@ from xrun.runner.job.events import (
     Failure,
     Heard,
     HelloReceived,
+    PrecheckDone,
     RankExited,
     Ready,
+    Replacement,
     SendPing,
     SendSpec,
     SendStart,
     SendStop,
+    SendVerdict,
     SessionEnded,
     ShowLine,
     ShowStarted,
@@ -43,6 +46,9 @@ from xrun.runner.job.hello_policy import Refusal, SendSpecs
 from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
+from xrun.runner.network.node_results import NodeRow, PrecheckResult
+from xrun.runner.network.node_verdicts import Figures, NodeVerdict
+from xrun.runner.network.node_verdicts import Verdict as Health
 from xrun.runner.restart_options import RestartPolicy
 
 HOSTS = ("a", "b", "c")
@@ -51,6 +57,8 @@ SHORT_JOIN = replace(STATIC, join_timeout=8.0)  # within the keepalive's DEAD_AF
 ELASTIC = replace(STATIC, master_port=29500, elastic=ElasticRule(min_nodes=2, master_addr="a"))
 RESTARTS = replace(STATIC, restart=RestartPolicy(max_restarts=1, min_attempt_s=0.0))
 POD_LATE = replace(STATIC, verdict_to_nodes=True)  # pod mode: the verdict (or the stop) goes to every node
+# --precheck --spares 1 without --max_restarts (issue 33): the spare d (agent 3) only replaces a node found bad
+PRECHECK_SPARE = replace(STATIC, precheck=True, restart=RestartPolicy(spares=1), spares=("d",))
 KEY = (SendSpec, SendStart, SendStop, Drop, TurnAway, ShowLine)
 TERM, KILL = int(signal.SIGTERM), int(signal.SIGKILL)
 
@@ -64,6 +72,22 @@ JOINED = [hello(0), hello(1), hello(2)]
 STARTED = [*JOINED, Ready(0, 29501), Ready(1), Ready(2)]
 ALL_DONE = [Done(0), Done(1), Done(2)]
 STOPPED = [Done(0, 143), Done(1, 7), Done(2, 143)]  # after rank 2 on b exited with 7
+
+
+# --precheck's verdicts on a node, and a result over the agents (the world's a, b, c, then the spares d, e)
+OK = NodeVerdict(Health.OK, Figures(0.05, 900.0))
+SLOW = NodeVerdict(Health.SLOW, Figures(0.06, 0.5), "throughput 0.5 MB/s < 0.5 x median 900.0")
+GONE = NodeVerdict(Health.UNREACHABLE, None, "refuses connections: connection to 10.0.0.3:4000 refused")
+
+
+def checked(*verdicts):
+    hosts = ("a", "b", "c", "d", "e")
+    rows = tuple(NodeRow(hosts[i], "eth0", f"10.0.0.{i + 1}", v) for i, v in enumerate(verdicts))
+    return PrecheckResult(tuple(range(len(verdicts))), rows, 1.5)
+
+
+SPARE_UP = [*JOINED, hello(3), Ready(3), Ready(0, 29501), Ready(1), Ready(2)]  # PRECHECK_SPARE: the check runs
+SPARE_STARTED = [*SPARE_UP, PrecheckDone(checked(OK, OK, OK, OK))]
 
 
 def play(steps, job=None, config=STATIC, policy=None):
@@ -174,6 +198,25 @@ CASES = [
      [SendSpec(2, False), stop((2,), "rank 2 (local 0) on b exited with code 7")], None),
     ("pod mode: a node late for a stopping job is admitted to be told the stop", POD_LATE,
      [hello(0), hello(1), SignalReceived(TERM)], [hello(2)], [stop((2,), "the job is stopping")], None),
+    # -- --precheck --spares without --max_restarts (issue 33): a spare replaces only a node found bad before the start
+    ("--precheck --spares, no restarts: the spare stands by for the check", PRECHECK_SPARE, JOINED,
+     [hello(3), Ready(3)],
+     [SendSpec(3, False, standby=True),
+      ShowLine("spare d is standing by (hot: it takes the place of a node --precheck finds bad before the start)")],
+     None),
+    ("--precheck --spares, no restarts: a bad node's place goes to the spare before any rank starts", PRECHECK_SPARE,
+     SPARE_UP, [PrecheckDone(checked(OK, SLOW, OK, OK)), Ready(3), Done(0), Done(3), Done(2)],
+     [ShowLine("precheck: 1 node(s) bad: b slow: throughput 0.5 MB/s < 0.5 x median 900.0 (best pair 0.060 ms, "
+               "0.5 MB/s); hot spares take their places (checked in 1.5 s)"),
+      Drop(1),
+      ShowLine("node 1 (b) is lost: the hot spare d takes its place (node rank 1, same slots); b is not used again"),
+      SendSpec(3, False, 0, node_rank=1), SendStart((0, 3, 2), "10.0.0.1", 29501)], 0),
+    ("--precheck --spares, no restarts: a node lost after the start ends the job, the spare standing", PRECHECK_SPARE,
+     SPARE_STARTED, [ConnectionLost(2, "connection closed"), Done(0, 143), Done(1, 143)],
+     [stop((0, 1), "lost node c: its agent's connection dropped (connection closed)")], 1),
+    ("--precheck --spares, no restarts: a rank's failure ends the job, the spare unused", PRECHECK_SPARE,
+     SPARE_STARTED, [RankExited(1, 2, 0, code=7), *STOPPED],
+     [stop((0, 1, 2), "rank 2 (local 0) on b exited with code 7")], 7),
     # -- elastic ------------------------------------------------------------------------------------------------
     ("elastic: each node starts when ready", ELASTIC, JOINED, [1.5, Ready(1), 2.0, Ready(0)],
      [SendStart((1,), "a", 29500),
@@ -206,6 +249,42 @@ def test_event_sequences(config, before, steps, expected, exit_code):
         assert job.all_over_at is None
     else:
         assert job.all_over_at is not None and job.verdict().exit_code == exit_code
+
+
+def test_without_restarts_a_spare_seated_by_the_precheck_is_in_the_record_and_the_standing_spare_told_the_end():
+    """--precheck --spares 2, no --max_restarts (issue 33): the first check seats d in b's place; the job's one
+    attempt carries it (summary.json, as with restarts); e, still standing at the end, is told the verdict."""
+    config = replace(PRECHECK_SPARE, restart=RestartPolicy(spares=2), spares=("d", "e"))
+    job, _ = play([*JOINED, hello(3), hello(4), Ready(3), Ready(4), Ready(0, 29501), Ready(1), Ready(2),
+                   PrecheckDone(checked(OK, SLOW, OK, OK, OK)), Ready(3)], config=config)
+    assert job.attempts.number == 0 and not job.config.restart.restarts
+    job, actions = play([5.0, Done(0), Done(3), Done(2)], job)
+    verdict = job.verdict()
+    assert verdict.exit_code == 0 and verdict.restart_lines == () and report_lines(verdict) == []
+    assert [a.replaced for a in verdict.attempts] == [(Replacement(1, "b", "d", 0),)]
+    assert verdict.attempts[0].to_json()["replaced"] == [
+        {"node_rank": 1, "lost_host": "b", "spare_host": "d", "attempt": 0}]
+    assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((4,), verdict)]  # e only: no restart
+
+
+def test_without_restarts_a_node_lost_after_the_start_ends_the_job_and_the_end_line_names_the_flag():
+    job, actions = play([*SPARE_STARTED, ConnectionLost(2, "connection closed"), Done(0, 143), Done(1, 143)],
+                        config=PRECHECK_SPARE)
+    verdict = job.verdict()
+    assert verdict.exit_code == 1 and job.nodes[2].host == "c"  # d stood by: no restart, so no seat
+    assert report_lines(verdict) == [
+        "job failed: lost node c: its agent's connection dropped (connection closed) (exit code 1); every node "
+        "stopped 0.00 s later",
+        "1 node(s) lost (c) and 1 spare(s) on standby: without --max_restarts a spare takes only the place of a node "
+        "--precheck finds bad before the start; give --max_restarts N to let one take a lost node's place at a restart"]
+    assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((3,), verdict)]  # d exits 0
+    assert [a.replaced for a in verdict.attempts] == [()]
+
+
+def test_without_restarts_more_lost_nodes_than_spares_say_only_that():
+    job, _ = play([*SPARE_STARTED, ConnectionLost(1, "connection closed"), ConnectionLost(2, "connection closed"),
+                   Done(0, 143)], config=PRECHECK_SPARE)
+    assert job.verdict().restart_lines == ("2 node(s) lost (b, c) and 1 spare(s) on standby to take their places",)
 
 
 def test_barrier_start_is_shown_with_the_master_and_time_to_join():

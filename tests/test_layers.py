@@ -195,7 +195,8 @@ POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.ru
                 "xrun.runner.pod.digest", "xrun.runner.pod.secret")
 RANKS = {
     "xrun.launch": [
-        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network"},
+        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
+         "xrun.launch.preload"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},

@@ -40,8 +40,8 @@ def _console_with_pipe(monkeypatch):
     r, w = os.pipe()
     os.set_blocking(r, False)
     out_r, out_w = os.pipe()
-    console = Console(prefix=True, quiet=False)
-    stream = RankStream(r, out_w, b"[h:0] ")
+    console = Console(prefix=True, quiet=False, host="h")
+    stream = RankStream(r, out_w, rank=0)
     console._ok[out_w] = True  # the test's own console fd
     return console, stream, w, out_r, sleeps
 

@@ -8,7 +8,7 @@ import pytest
 
 from xrun.runner.backends.echoes import EchoFilter, exit_line
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.events import Done, HelloReceived, RankExited, Ready, SignalReceived
+from xrun.runner.job.events import AgentError, Done, HelloReceived, RankExited, Ready, SignalReceived
 from xrun.runner.job.machine import Job
 
 CONFIG = JobConfig(hosts=("a", "b", "c"), join_timeout=30.0, shutdown_timeout=10.0, world_size=3)
@@ -41,6 +41,13 @@ def test_after_a_failure_the_stop_codes_and_the_reported_code_are_echoes_but_nev
     assert job.stop.echoed("b", 1)  # the failing node's own code: its agent reported it on the channel
     assert not job.stop.echoed("c", 1)  # c reported nothing yet: a code of its own is news
     assert not job.stop.echoed("a", 255) and not job.stop.echoed("b", 255)  # ssh's own failure, always shown
+
+
+def test_the_code_of_a_nodes_refusal_before_the_start_is_an_echo():
+    # issue 33 §2: b's preflight refused (an error with exit code 2): "ssh exited with exit code 2" only repeats it
+    job = job_after(AgentError(1, "--log_dir 'logs/b/rank1/stdout.log': is a symbolic link", 2))
+    assert job.stop.echoed("b", 2)
+    assert not job.stop.echoed("c", 2) and not job.stop.echoed("b", 255)
 
 
 @pytest.mark.parametrize("code", [130, 137, 143])

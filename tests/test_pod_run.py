@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
-from xrun.launch.output.dedupe import expand
+from tests.labels import expand
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +59,10 @@ class Pod:
         self.env.pop("XRUN_TOKEN", None) if "XRUN_TOKEN" not in (env or {}) else None
         self.procs = {}
 
-    def start(self, node, *, script="train.py", env=None, control_port=None, wrap=(), where=None, **popen):
+    def start(self, node, *, script="train.py", env=None, control_port=None, wrap=(), where=None, options=(),
+              **popen):
         where = ["-H", str(self.tmp / "hosts")] if where is None else where
-        argv = [*wrap, sys.executable, "-m", "xrun", *where, "--pod", "--node_rank", str(node),
+        argv = [*wrap, sys.executable, "-m", "xrun", *where, *options, "--pod", "--node_rank", str(node),
                 "--master_port", str(self.ports[0]), "--control_port", str(control_port or self.ports[1]),
                 "--join_timeout", str(self.join_timeout), script]
         self.procs[node] = subprocess.Popen(argv, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
@@ -190,6 +191,28 @@ def test_a_node_with_another_script_is_refused_by_name(tmp_path):
     for node in (0, 2):
         assert "node 2 (127.0.0.3) runs another job: 127.0.0.3 runs" in out[node][2]
         assert "127.0.0.3 runs other.py; node 0 runs train.py" in out[node][2]
+
+
+def test_a_planted_link_in_a_shared_log_dir_ends_the_job_with_2_on_every_node_before_any_rank(tmp_path):
+    # issue 33 §2: node 1's preflight (once it joined node 0) finds the link where its rank's stdout.log goes; the
+    # job ends with 2 everywhere, at once, naming the path, and no rank anywhere started
+    logs = tmp_path / "logs"
+    (logs / "127.0.0.2" / "rank1").mkdir(parents=True)
+    (logs / "127.0.0.2" / "rank1" / "stdout.log").symlink_to(tmp_path / "elsewhere")
+    pod = Pod(tmp_path, join_timeout=60)
+    for node in (0, 2):
+        pod.start(node, options=("--log_dir", str(logs)))
+    time.sleep(2.0)  # both joined: a node that comes after the job ended finds no node 0 to tell it why
+    started = time.monotonic()
+    pod.start(1, options=("--log_dir", str(logs)))
+    out = pod.finish()
+    assert time.monotonic() - started < 20  # not the --join_timeout
+    assert [code for code, _, _ in out.values()] == [2, 2, 2], out
+    refused = f"--log_dir '{logs}/127.0.0.2/rank1/stdout.log': is a symbolic link where this rank's log file goes"
+    for code, stdout, stderr in out.values():
+        assert "token" not in stdout and "Traceback" not in stderr, stderr  # no rank printed its line
+        assert refused in stderr, stderr
+    assert not (tmp_path / "elsewhere").exists() and not (logs / "127.0.0.1" / "rank0").exists()
 
 
 def test_a_node_with_the_wrong_token_says_so(tmp_path):

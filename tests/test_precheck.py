@@ -9,21 +9,18 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_job import HOSTS, SHORT_JOIN, STARTED, STATIC, play
+from tests.test_job import GONE, HOSTS, OK, SHORT_JOIN, SLOW, STARTED, STATIC, play
 from xrun.channel import Kind, message
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.runner.job.events import Done, PrecheckDone, RunPrecheck, SendStart, SendStop, ShowLine, Tick
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
-from xrun.runner.network.node_verdicts import Figures, NodeVerdict, Verdict
+from xrun.runner.network.node_verdicts import Verdict
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.network.precheck_decision import decide, passed_line
 from xrun.runner.network.probe_requests import probe_budget
 
 PRECHECK = replace(STATIC, precheck=True)
-OK = NodeVerdict(Verdict.OK, Figures(0.05, 900.0))
-SLOW = NodeVerdict(Verdict.SLOW, Figures(0.06, 0.5), "throughput 0.5 MB/s < 0.5 x median 900.0")
-GONE = NodeVerdict(Verdict.UNREACHABLE, None, "refuses connections: connection to 10.0.0.3:4000 refused")
 
 
 def result(*verdicts, elapsed=1.5):

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from xrun.launch.output.streams import Console, RankStream, prefix_lines
+from xrun.launch.output.render import labelled
+from xrun.launch.output.streams import Console, RankStream
 from xrun.launch.output.writer import writer
 
 STATES = (b"\r0/3", b"\r1/3", b"\r2/3", b"\r3/3")
@@ -50,7 +51,7 @@ def pipe():
 
 
 def console_on(pipe: Pipe, **options) -> Console:
-    console = Console(prefix=True, quiet=False, **options)
+    console = Console(prefix=True, quiet=False, host="h", **options)
     console._ok[pipe.w] = True  # the pipe stands for fd 1
     return console
 
@@ -64,7 +65,7 @@ def settled(console: Console) -> None:
 
 def test_the_current_state_is_shown_once_settled_and_the_bytes_stay_the_same(pipe):
     console = console_on(pipe)
-    bar = RankStream(-1, pipe.w, b"[h:0] ", rank=0)
+    bar = RankStream(-1, pipe.w, rank=0)
     for state in STATES:
         console.consume(bar, state)
     assert pipe.read() == b"[h:0] \r[h:0] 0/3\r[h:0] 1/3\r[h:0] 2/3\r"  # 3/3 waits for the settle
@@ -79,13 +80,13 @@ def test_the_current_state_is_shown_once_settled_and_the_bytes_stay_the_same(pip
     console.consume(bar, b"\n")
     assert pipe.read() == b"\n"  # written already: only its line end
     whole = b"".join(STATES) + b" |###|\n"
-    assert b"[h:0] \r[h:0] 0/3\r[h:0] 1/3\r[h:0] 2/3\r[h:0] 3/3 |###|\n" == prefix_lines(b"[h:0] ", b"", whole)[0]
+    assert b"[h:0] \r[h:0] 0/3\r[h:0] 1/3\r[h:0] 2/3\r[h:0] 3/3 |###|\n" == labelled(b"[h:0] ", whole)
 
 
 def test_a_line_ending_state_is_shown_without_its_final_cr(pipe):
     # print(state, end="\r"): the final \r may be the first half of a \r\n, so it still waits
     console = console_on(pipe)
-    bar = RankStream(-1, pipe.w, b"[h:0] ", rank=0)
+    bar = RankStream(-1, pipe.w, rank=0)
     console.consume(bar, b"1/3\r")
     console.consume(bar, b"2/3\r")
     settled(console)
@@ -96,8 +97,8 @@ def test_a_line_ending_state_is_shown_without_its_final_cr(pipe):
 
 def test_another_write_ends_the_shown_state_which_comes_back_after_it(pipe):
     console = console_on(pipe)
-    bar = RankStream(-1, pipe.w, b"[h:0] ", rank=0)
-    other = RankStream(-1, pipe.w, b"[h:1] ", rank=1)
+    bar = RankStream(-1, pipe.w, rank=0)
+    other = RankStream(-1, pipe.w, rank=1)
     console.consume(bar, b"\r3/3")
     settled(console)
     assert pipe.read() == b"[h:0] \r[h:0] 3/3"
@@ -111,7 +112,7 @@ def test_another_write_ends_the_shown_state_which_comes_back_after_it(pipe):
 
 def test_plain_partial_lines_still_wait_for_their_newline(pipe):
     console = console_on(pipe)
-    plain = RankStream(-1, pipe.w, b"[h:0] ", rank=0)
+    plain = RankStream(-1, pipe.w, rank=0)
     console.consume(plain, b"loading...")
     console.settle()
     assert console.wait() is None
@@ -121,7 +122,7 @@ def test_plain_partial_lines_still_wait_for_their_newline(pipe):
 
 def test_with_dedupe_the_state_waits_for_the_held_lines(pipe):
     console = console_on(pipe, merge_as="h")
-    bar = RankStream(-1, pipe.w, b"[h:0] ", rank=0)
+    bar = RankStream(-1, pipe.w, rank=0)
     console.consume(bar, b"\r1/3\r2/3")
     console.settle()
     console.show_progress()

@@ -18,10 +18,11 @@ from xrun.launch.session.main import AgentArgs, build_parser, parse_args, split_
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
+from xrun.runner.backends.launcher_process import LaunchedHosts
 from xrun.runner.backends.pdsh import PdshSession, pdsh_argv, ssh_args_append
 from xrun.runner.backends.ssh import ssh_commands
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.remote_options import RemoteOptions
+from xrun.runner.remote_options import RemoteOptions, SshSettings
 from xrun.shell import render
 
 PY = "/opt/py/bin/python3"
@@ -254,7 +255,7 @@ def _fake_pdsh(*hosts):
 
 
 def test_pdsh_is_finished_once_it_waits_only_for_lost_nodes():
-    session = PdshSession(_fake_pdsh("node2", "node3"))
+    session = PdshSession(_fake_pdsh("node2", "node3"), LaunchedHosts(["node2", "node3"], SshSettings()))
     try:
         assert not session.finished(set())  # every node's session is open: the job is not over for pdsh
         assert not session.finished({"node3"})  # node2's ssh still carries its last lines

@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import ROOT
+from tests.headserver import console_of
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
 from xrun.launch.output.status import PlainStatus
@@ -66,6 +67,10 @@ RULES = [
     ("a final failure (a usage error) is final", RestartPolicy(2), [attempt(0, replace(CRASH, final=True))], False,
      0, Ending.FINAL),
     ("a lost node without a spare", RestartPolicy(2), [attempt(0, CRASH)], False, 1, Ending.NODE_LOST),
+    ("--spares without --max_restarts: a lost node ends the job, no spare takes its place",
+     RestartPolicy(0, spares=1), [attempt(0, CRASH)], False, 1, Ending.NODE_LOST),
+    ("--spares without --max_restarts: a rank's failure is final", RestartPolicy(0, spares=1), [attempt(0, CRASH)],
+     False, 0, Ending.FINAL),
     ("the restarts used up", RestartPolicy(2, 0.0), [attempt(0, CRASH), attempt(1, CRASH), attempt(2, CRASH)],
      False, 0, Ending.EXHAUSTED),
     ("the same failure twice, both short: no progress", RestartPolicy(5), [attempt(0, CRASH), attempt(1, CRASH)],
@@ -269,12 +274,14 @@ def _alive(pid):
 # -- the head's control server with real agents (no ssh) ---------------------------------------------------------
 
 def serve(plan):
-    """The control server on loopback and the plan's agents as local processes (tests.test_control's way)."""
+    """The control server on loopback and the plan's agents as local processes (tests.test_control's way); the
+    head's console kept in a list."""
     nodes = len(plan.nodes)
     gate = Gate(NodeKeys.shared_secret(nodes, "t0ken"), nodes=nodes, prove_server=False)
     server = ControlServer(plan, gate, join_timeout=30.0, status=PlainStatus(nodes))
+    shown = console_of(server)
     port = server.listen(["127.0.0.1"])
-    return server, LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken", gate.fingerprint))
+    return server, LocalSessions(plan, Endpoint("127.0.0.1", port, "t0ken", gate.fingerprint)), shown
 
 
 def run_restarting_job(tmp_path, env, *, max_restarts=2, min_attempt_s=60.0):
@@ -284,10 +291,10 @@ def run_restarting_job(tmp_path, env, *, max_restarts=2, min_attempt_s=60.0):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable, local_rank_arg=False),
                          env=env, cwd=str(tmp_path), restart=RestartPolicy(max_restarts, min_attempt_s))
     plan = make_plan(request, world, "ssh")
-    server, sessions = serve(plan)
+    server, sessions, shown = serve(plan)
     code = server.run(sessions, own_signals=False)
     sessions.terminate()
-    out = b"".join(sessions.output.get(h, b"") for h in world).decode()
+    out = b"".join([*shown, *(sessions.output.get(h, b"") for h in world)]).decode()
     return code, out, server, sessions
 
 
@@ -315,7 +322,7 @@ def test_head_summary_json_has_the_history(tmp_path):
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
                          cwd=str(tmp_path), restart=RestartPolicy(2, 60.0))
     plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0, 1)}, "ssh")
-    server, sessions = serve(plan)
+    server, sessions, _ = serve(plan)
     assert server.run(sessions, own_signals=False) == 0
     sessions.terminate()
     summary = json.loads((logs / "summary.json").read_text())

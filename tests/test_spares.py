@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from tests.test_job import JOINED, STATIC, hello, play, replay, targets
-from tests.test_precheck import GONE, OK, SLOW
+from tests.test_job import GONE, JOINED, OK, SLOW, STATIC, checked, hello, play, replay, targets
 from xrun.channel import DEAD_AFTER
 from xrun.errors import UsageError
 from xrun.runner.job.events import (
@@ -48,7 +47,6 @@ from xrun.runner.job.events import (
 from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.network.node_results import NodeRow, PrecheckResult
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 
@@ -129,13 +127,24 @@ def test_a_rank_exit_is_not_a_node_fault_the_same_nodes_restart():
     assert not [a for a in actions if isinstance(a, SendSpec)] and len(job.spares.ready()) == 2
 
 
-def test_a_node_failing_its_preflight_at_a_restart_is_replaced():
+def test_a_node_whose_agent_fails_at_a_restart_is_replaced():
     steps = [*RUNNING, RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)]
     job, _ = play(steps, config=SPARES)
-    job, actions = play([Ready(0, 40001), AgentError(1, "b: script train.py is missing"), Ready(2),
+    job, actions = play([Ready(0, 40001), AgentError(1, "b: cannot use the node spec"), Ready(2),
                          Done(0, 143), Done(2, 143), ConnectionLost(1, "connection closed")], job)  # stopped: wait
     assert SendSpec(3, False, 0, node_rank=1) in actions
     assert job.nodes[1].host == "d"
+
+
+def test_a_preflight_refusal_at_a_restart_ends_the_job_with_2_and_no_spare_takes_its_place():
+    # issue 33 §2: what a node's preflight finds (its script gone, a link where a log file goes) is bad input
+    steps = [*RUNNING, RankExited(1, rank=1, local_rank=0, code=7), Done(0, 143), Done(1, 7), Done(2, 143)]
+    job, _ = play(steps, config=SPARES)
+    job, actions = play([Ready(0, 40001), AgentError(1, "SCRIPT 'train.py': no such file in /w", 2), Ready(2),
+                         Done(0, 143), Done(2, 143), ConnectionLost(1, "connection closed")], job)
+    assert not [a for a in actions if isinstance(a, SendSpec)] and job.nodes[1].host == "b"
+    assert job.all_over_at is not None and job.verdict().exit_code == 2
+    assert job.verdict().failure.reason == "agent on b: SCRIPT 'train.py': no such file in /w"
 
 
 def test_two_lost_nodes_one_spare_end_the_job_naming_both():
@@ -219,16 +228,18 @@ def test_spares_the_plan_refuses(spares, backend, message):
     assert str(err.value).startswith(message)
 
 
-def xrun(tmp_path, *args):
+def xrun(tmp_path, *args, launcher=("--launcher", "ssh")):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a slots=2\nb slots=2\nc slots=2\n")
-    return subprocess.run([sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", *args, "t.py"],
+    return subprocess.run([sys.executable, "-m", "xrun", "-H", str(hostfile), *launcher, *args, "t.py"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
 @pytest.mark.parametrize("args, message", [
     (["--spares", "3", "--max_restarts", "2"], "--spares: 3 leaves no world left of the 3 selected host(s)"),
-    (["--spares", "1"], "--spares: a spare takes a lost node's place at a restart: give --max_restarts N too"),
+    (["--spares", "1"], "--spares: a spare takes the place of a node --precheck finds bad before the start, or of a "
+     "lost node at a restart: give --precheck, --max_restarts N, or both"),
+    (["--spares", "1", "--precheck", "--launcher", "openmpi"], "--spares: the openmpi backend cannot"),
     (["--spares", "1", "--max_restarts", "2", "--elastic"], "--spares: does not apply with --elastic"),
     (["--spares", "-1", "--max_restarts", "2"], "--spares: must be >= 0, not -1"),
     (["--spares", "99999999", "--max_restarts", "2"], "argument --spares"),
@@ -239,6 +250,19 @@ def test_bad_spares_one_line_exit_2_dry_run_included(tmp_path, args, message):
         result = xrun(tmp_path, *dry, *args)
         assert result.returncode == 2 and result.stdout == ""
         assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args", [["--precheck", "--no_ssh", "--node_rank", "0"],
+                                  ["--max_restarts", "1", "--pod", "--node_rank", "1"]])
+def test_spares_in_pod_mode_are_refused_in_one_line_saying_why(tmp_path, args):
+    """Pod mode: every node starts itself, so no host stands by; a lost node comes back instead (--max_restarts)."""
+    for dry in ([], ["--dry-run"]):
+        result = xrun(tmp_path, *dry, "--spares", "1", *args, launcher=())
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        assert result.stderr == ("xrun: --spares: does not apply in pod mode (--pod, --no_ssh, a pod platform): every "
+                                 "node starts its own xrun, so none stands by outside the world; with --max_restarts "
+                                 "a lost node other than node 0 comes back instead (its pod re-created with the same "
+                                 "index)\n")
 
 
 def test_the_dry_run_shows_the_world_the_spares_and_the_policy(tmp_path):
@@ -257,6 +281,24 @@ def test_the_dry_run_shows_the_world_the_spares_and_the_policy(tmp_path):
     assert data["restarts"]["spares"] == 1
 
 
+def test_the_dry_run_of_precheck_spares_without_restarts_says_what_a_spare_is_for(tmp_path):
+    """--precheck --spares 1, no --max_restarts (issue 33): planned, and the dry run says a spare replaces only a node
+    the check finds bad, and that a node lost after the start ends the job."""
+    result = xrun(tmp_path, "--dry-run", "--spares", "1", "--precheck")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert not [line for line in out if line.startswith("restarts:")]
+    assert "spares: c (hot: its agent starts with the job and waits; it takes the place of a node --precheck finds " \
+        "bad before any rank starts; a node lost after the start ends the job (no restart without --max_restarts))" \
+        in out
+    assert "precheck: once every agent is up, the network check (as xrun check --network) across the 2 nodes and " \
+        "the spares before any rank starts; a slow or unreachable node is replaced by a spare that passed (not a " \
+        "restart), or, short of spares, ends the job (exit 1)" in out
+    data = json.loads(xrun(tmp_path, "--dry-run=json", "--spares", "1", "--precheck").stdout)
+    assert data["restarts"] == {"max_restarts": 0, "min_attempt_s": 60.0, "spares": 1} and data["precheck"] is True
+    assert [n["host"] for n in data["nodes"]] == ["a", "b"] and [s["host"] for s in data["spares"]] == ["c"]
+
+
 # -- any sequence -------------------------------------------------------------------------------------------------
 
 AGENT = st.integers(0, 4)
@@ -269,15 +311,19 @@ EVENTS = st.one_of(
     st.builds(ConnectionLost, AGENT, st.just("connection closed")),
     st.builds(SessionEnded, st.none() | st.sampled_from(["a", "c", "d", "e"]), st.none()),
     st.builds(NodesFaulty, st.lists(st.integers(0, 3), max_size=3).map(tuple), st.just("bad link")),
+    st.sampled_from([PrecheckDone(checked(OK, OK, OK, OK, OK)), PrecheckDone(checked(OK, SLOW, OK, GONE, OK)),
+                     PrecheckDone(checked(SLOW, GONE, OK, OK))]),
     st.just(Tick()),
     st.floats(0.0, 12.0),
 )
+# --precheck --spares 2 without --max_restarts (issue 33): the same property
+PRECHECK_ONLY = replace(SPARES, restart=RestartPolicy(spares=2), precheck=True)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(EVENTS, max_size=50))
-def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(steps):
-    job, verdict = Job(SPARES, now=0.0), None
+@given(st.sampled_from([SPARES, replace(SPARES, precheck=True), PRECHECK_ONLY]), st.lists(EVENTS, max_size=50))
+def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(config, steps):
+    job, verdict = Job(config, now=0.0), None
     for taken in replay(job, [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]):
         for action, connected in taken:
             if isinstance(action, (SendSpec, SendStart, SendStop, SendPing, SendRestart, SendVerdict)):
@@ -291,12 +337,6 @@ def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_e
 
 
 # -- --precheck with hot spares (issue 24 x 23): the spares are checked beside the nodes ----------------------------
-
-def checked(*verdicts):
-    hosts = ("a", "b", "c", "d", "e")
-    rows = tuple(NodeRow(hosts[i], "eth0", f"10.0.0.{i + 1}", v) for i, v in enumerate(verdicts))
-    return PrecheckResult(tuple(range(len(verdicts))), rows, 1.5)
-
 
 PRECHECKED = replace(SPARES, precheck=True)
 CHECKING = [*STANDBY, Ready(0, 29501), Ready(1), Ready(2)]

@@ -18,8 +18,9 @@ from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
+from xrun.launch.output.render import labelled
 from xrun.launch.output.status import PlainStatus
-from xrun.launch.output.streams import prefix_lines
+from xrun.launch.output.streams import cut_lines
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.ranks import processes as ranks_module
 from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
@@ -34,7 +35,15 @@ from xrun.launch.ranks.devices import (
 )
 from xrun.launch.ranks.processes import gpu_nodes, omp_threads, rank_environment
 from xrun.launch.result.errorfile import RankError, parse_error, read_error_file
-from xrun.launch.result.hints import LOCAL_RANK_FIX, failure_hint
+from xrun.launch.result.hints import (
+    ABORT_EXIT,
+    IN_TEARDOWN,
+    LOCAL_RANK_FIX,
+    TEARDOWN_FIX,
+    TERMINATE_LINE,
+    aborted_in_teardown,
+    failure_hint,
+)
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.routes import peer_address
@@ -180,12 +189,12 @@ def test_elastic_record_exception_is_the_root_cause(tmp_path):
     ],
 )
 def test_failure_hint_names_the_fix(line):
-    assert failure_hint(["Traceback:", line]) == LOCAL_RANK_FIX
+    assert failure_hint(2, ["Traceback:", line]) == LOCAL_RANK_FIX
     assert "rerun with --no_local_rank" in LOCAL_RANK_FIX
 
 
 def test_failure_hint_ignores_other_errors():
-    assert failure_hint(["error: unrecognized arguments: --lr=3", "ValueError: --local_rank is 9"]) is None
+    assert failure_hint(2, ["error: unrecognized arguments: --lr=3", "ValueError: --local_rank is 9"]) is None
 
 
 def test_script_rejecting_local_rank_ends_the_report_with_the_fix(tmp_path):
@@ -207,6 +216,55 @@ def test_head_report_of_a_multi_node_job_ends_with_the_fix():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Issue 33 §5: a rank that aborts in teardown after its last line (torch 2.13's gloo, now and then) is named so.
+
+TEARDOWN_ABORT = os.path.join(ROOT, "tests", "procs", "gloo_teardown_abort.py")  # the signature, every time (its doc says how)
+BAR = "100%|##########| 2/2 [00:00<00:00, 48.60it/s]"  # a progress bar's last redraw, without an end of its own
+
+
+@pytest.mark.parametrize(
+    "code, tail, teardown",
+    [
+        (ABORT_EXIT, ["{'train_loss': 1.38}", TERMINATE_LINE], True),
+        (ABORT_EXIT, [f"{BAR}{TERMINATE_LINE}", ""], True),  # the bar's line and the terminate line as one
+        (1, ["done", TERMINATE_LINE], False),  # not SIGABRT: something else ended it
+        (ABORT_EXIT, ["Traceback (most recent call last):", "RuntimeError: x", TERMINATE_LINE], False),  # mid-run
+        (ABORT_EXIT, [TERMINATE_LINE, "free(): invalid pointer"], False),  # something after it: not that abort
+        (ABORT_EXIT, ["done"], False),  # an abort() of another kind
+        (ABORT_EXIT, [], False),
+    ],
+)
+def test_aborted_in_teardown_is_a_sigabrt_whose_tail_ends_with_the_terminate_line(code, tail, teardown):
+    assert aborted_in_teardown(code, tail) is teardown
+    assert failure_hint(code, tail) == (TEARDOWN_FIX if teardown else None)
+    assert "destroy_process_group()" in TEARDOWN_FIX
+
+
+def test_a_rank_that_aborts_after_its_last_line_is_named_so_with_the_fix():
+    result = run_xrun("--num_gpus", "2", "--no_local_rank", TEARDOWN_ABORT)
+    assert result.returncode == ABORT_EXIT, result.stderr
+    assert "[localhost:0] rank 0 done" in result.stdout.splitlines()
+    assert "rank 0 failed first: signal SIGABRT (6) after " in result.stderr
+    headline = next(line for line in result.stderr.splitlines() if "failed first" in line)
+    assert headline.endswith(f", {IN_TEARDOWN} (exit code 134)"), headline
+    assert result.stderr.rstrip().splitlines()[-1] == f"xrun: node localhost: {TEARDOWN_FIX}"
+
+
+def test_the_heads_report_names_an_abort_in_teardown_with_the_fix(capfd):
+    request = JobRequest(script=TEARDOWN_ABORT, master_port=0, launch=LaunchOptions(python=sys.executable,
+                         local_rank_arg=False), cwd=ROOT)  # fmt: skip
+    plan = make_plan(request, {"a": (0,), "b": (0,)}, "ssh")
+    server = head_server(plan, join_timeout=30, status=PlainStatus(2))
+    sessions = LocalSessions(plan, endpoint_of(server, server.listen(["127.0.0.1"])))
+    code = server.run(sessions)
+    sessions.terminate()
+    err = capfd.readouterr().err
+    assert code == ABORT_EXIT, (err, sessions.output)
+    assert f"job failed: rank 0 (local 0) on a was killed by SIGABRT {IN_TEARDOWN}" in err
+    assert f"xrun: {TEARDOWN_FIX}" in err.splitlines()  # after the tail, before the table
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Item 4: progress bars stay live on the console.
 
 
@@ -222,7 +280,8 @@ def test_head_report_of_a_multi_node_job_ends_with_the_fix():
     ],
 )
 def test_carriage_return_ends_a_console_line(pending, chunk, out, rest):
-    assert prefix_lines(b"[p] ", pending, chunk) == (out, rest)
+    done, left = cut_lines(pending, chunk)  # the node cuts its ranks' lines; the head labels them
+    assert (labelled(b"[p] ", done), left) == (out, rest)
 
 
 BAR = (

@@ -19,7 +19,8 @@ import uuid
 import pytest
 
 from tests.cluster.harness import processes_with_marker
-from xrun.launch.output.streams import prefix_lines
+from xrun.launch.output.render import labelled
+from xrun.launch.output.streams import cut_lines
 from xrun.launch.procs import proctable
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
@@ -96,7 +97,8 @@ def hx(data: bytes) -> str:
 class Agent:
     """A real agent process (tests/procs/run_group.py) running ranks given as step lists."""
 
-    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (), **options) -> None:
+    def __init__(self, tmp_path, marker: str, ranks: list[list[str]], wrapper: tuple[str, ...] = (),
+                 preload: dict | None = None, **options) -> None:
         options.setdefault("host", "h")
         self.result_path = tmp_path / "result.json"
         self.out_path = tmp_path / "agent.out"
@@ -104,6 +106,7 @@ class Agent:
         spec = {
             "options": options,
             "result": str(self.result_path),
+            "preload": preload,
             "procs": [
                 {"rank": i, "argv": list(steps_argv(*steps)), "env": {**os.environ, "XRUN_TEST_MARK": marker}}
                 for i, steps in enumerate(ranks)
@@ -158,8 +161,9 @@ def ready_pids(directory: str, role: str) -> list[int]:
         (b"", b"", b"", b""),
     ],
 )
-def test_prefix_lines_frames_complete_lines_only(pending, chunk, out, rest):
-    assert prefix_lines(b"[p] ", pending, chunk) == (out, rest)
+def test_lines_are_cut_and_labelled_complete_lines_only(pending, chunk, out, rest):
+    done, left = cut_lines(pending, chunk)  # the node cuts its ranks' lines; the head labels them
+    assert (labelled(b"[p] ", done), left) == (out, rest)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,14 +379,18 @@ def test_agent_under_nohup_keeps_ignoring_sighup(tmp_path, marker, ready):
     assert agent.wait() == 128 + signal.SIGTERM
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
-    ranks = [
+def kill_9_ranks(ready: str) -> list[list[str]]:
+    """Three ranks and a grandchild (4 ready files) that only the watchdog's TERM and KILL stop."""
+    return [
         ["ready", ready, "sleep", "120"],
         ["ignore-term", "-", "ready", ready, "sleep", "120"],  # needs the watchdog's SIGKILL
         ["fork", "ignore", "ready", ready, "then", "-", "ready", ready, "sleep", "120"],  # and a grandchild
     ]
-    agent = Agent(tmp_path, marker, ranks, shutdown_timeout=1)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_agent_leaves_no_rank_behind(tmp_path, marker, ready):
+    agent = Agent(tmp_path, marker, kill_9_ranks(ready), shutdown_timeout=1)
     wait_for(lambda: n_ready(ready, 4), "ranks and the grandchild to start")
     assert len(marked(marker)) == 4
     agent.proc.kill()
@@ -539,12 +547,13 @@ def test_a_link_in_place_of_a_log_file_is_never_followed(marker, tmp_path, capfd
     assert not victim.exists()
     assert result.exit_code == result.outcomes[0].returncode == 126  # the rank did not start: the run fails
     assert f"xrun: cannot start rank 0: {directory / 'stdout.log'}: a symbolic link or another file is in the " \
-        "way of this log file (xrun writes only files it creates)\n" in capfd.readouterr().err  # one line
+        "way of this log file (xrun writes only files it creates); remove it or choose another --log_dir\n" \
+        in capfd.readouterr().err  # one line
     assert os.path.islink(directory / "stdout.log")  # left as it was, for the user to look at
 
 
 def test_log_files_are_created_new_and_through_no_foreign_link(tmp_path):
-    from xrun.launch.output.streams import LogFileRefused, open_logs
+    from xrun.launch.output.logfiles import LogFileRefused, open_logs
 
     victim = tmp_path / "victim"
     victim.mkdir()

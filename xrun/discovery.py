@@ -216,7 +216,7 @@ def import_mpi(abi: str | None, environ: MutableMapping[str, str]) -> Any:
     if abi is not None and not environ.get("MPI4PY_MPIABI"):
         environ["MPI4PY_MPIABI"] = abi  # read by mpi4py when mpi4py.MPI is imported
     try:
-        import mpi4py  # noqa: F401, PLC0415
+        import mpi4py  # noqa: F401 - optional: only where it is installed and asked for; its absence is one line
     except ImportError:
         raise DiscoverError(
             "mpi4py is not installed; `pip install mpi4py` (or 'xrun[mpi]') in the environment the ranks use"

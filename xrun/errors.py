@@ -114,3 +114,19 @@ class PortBusyError(XrunError):
         held = f" by {holder}" if holder else ""
         super().__init__(f"--master_port: port {port} is already in use on {host}{held}; "
                          "leave --master_port out to use a free port, or pick another")
+
+
+class PreloadHelperLost(XrunError):
+    """The preload helper died during an attempt: the next attempt's ranks cannot be forked on its node. Not the
+    user's input: the job ends as a node's failure does."""
+
+    exit_code = 1
+
+
+class PreloadError(XrunError):
+    """--preload that cannot work on this node: a module that cannot be imported, or that leaves the helper unfit
+    to fork ranks (CUDA initialised, a thread running), or a helper that could not start or died while importing."""
+
+    def __init__(self, message: str, *, module: str | None = None) -> None:
+        self.module = module
+        super().__init__(message)

@@ -1,9 +1,10 @@
 """The scenario registry: name (and number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
 
 ``SCENARIOS`` are issue 7's suite, numbered 1-9 (``all``, ``local`` = 1-6). ``OPT_IN`` ones (10: ``stacks``,
-issue 14; 11: ``network_check``, issue 24; 12: ``restarts``, 13: ``spares``, issue 23) run when named. ``SCALE``
-are issue 15's: the node agent's start and the 10,000-agent control plane, run by name or as the group ``scale``; they
-compare xrun with what bounds it (an interpreter start, the protocol's own targets), not with the other launchers.
+issue 14; 11: ``network_check``, issue 24; 12: ``restarts``, 13: ``spares``, issue 23; 14: ``preload``, issue 32)
+run when named. ``SCALE`` are issue 15's: the node agent's start and the 10,000-agent control plane, run by name or
+as the group ``scale``; they compare xrun with what bounds it (an interpreter start, the protocol's own targets),
+not with the other launchers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bench.scenarios import (
     logging_throughput,
     memory,
     network_check,
+    preload,
     restarts,
     signal_teardown,
     spares,
@@ -44,7 +46,7 @@ SCENARIOS: dict[str, ModuleType] = {
 }
 SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start, control_plane)}
 # Run by name or number only (``python -m bench stacks``): "all" stays scenarios 1-9 (tests/test_bench.py pins it).
-OPT_IN: dict[str, ModuleType] = {m.NAME: m for m in (stacks, network_check, restarts, spares)}
+OPT_IN: dict[str, ModuleType] = {m.NAME: m for m in (stacks, network_check, restarts, spares, preload)}
 NUMBERS = {str(i): name for i, name in enumerate([*SCENARIOS, *OPT_IN], start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
 

@@ -5,6 +5,10 @@ what DeepSpeed saw."""
 import argparse
 import json
 import os
+import sys
+
+PRELOADED = "torch" in sys.modules  # forked from xrun --preload torch's helper, which imported it (issue 32)
+# ruff: noqa: E402 - the imports below come after that look
 
 import deepspeed
 import torch
@@ -30,5 +34,5 @@ weights = engine.module.weight.detach()
 print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid(),
                   "ddp": engine.dp_world_size == 2, "local_rank_arg": args.local_rank,
                   "local_rank_env": int(os.environ["LOCAL_RANK"]), "steps": engine.global_steps,
-                  "checksum": round(float(weights.sum()), 6)}), flush=True)
+                  "checksum": round(float(weights.sum()), 6), "preloaded": PRELOADED}), flush=True)
 os._exit(0)  # as the other jobs: the work is reported, torch 2.13's gloo teardown may abort

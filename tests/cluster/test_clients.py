@@ -22,7 +22,8 @@ JOBS = os.path.join(ROOT, "tests", "clients")
 EXPORTS = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CLIENT_DEVICES": "1", "CLIENT_NODES": "2"}
 
 
-def run_client(cluster, tmp_path, python, job, backend="ssh"):
+def run_client(cluster, tmp_path, python, job, *flags, backend="ssh", said=None):
+    tmp_path.mkdir(exist_ok=True)
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=1, nodes=cluster.nodes[:2])
     env = {**os.environ, **EXPORTS, "CLIENT_OUT": str(tmp_path / "out"), "PYTHONPATH": ROOT}
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -30,9 +31,11 @@ def run_client(cluster, tmp_path, python, job, backend="ssh"):
     shared_cache = ["TORCH_EXTENSIONS_DIR"] if "TORCH_EXTENSIONS_DIR" in os.environ else []
     exports = [f"--export={name}" for name in (*EXPORTS, "CLIENT_OUT", *shared_cache)]
     argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--ssh_config",
-            str(cluster.ssh_config), "--python", python, "--master_port", "0", *exports, os.path.join(JOBS, job)]
+            str(cluster.ssh_config), "--python", python, "--master_port", "0", *exports, *flags, os.path.join(JOBS, job)]
     result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     assert result.returncode == 0, result.stderr[-4000:]
+    if said is not None:
+        said.append(result.stderr)
     reports = [(line.split("]", 1)[0].lstrip("["), json.loads(line.split("] ", 1)[1]))
                for line in result.stdout.splitlines() if '] {"rank"' in line]
     assert sorted(r["rank"] for _, r in reports) == [0, 1], result.stdout  # one report per xrun rank, no more
@@ -65,3 +68,17 @@ def test_deepspeed_across_two_hosts(cluster, tmp_path, python):
     # one rank per host: local rank 0 on both, given as --local_rank and in LOCAL_RANK
     assert all(r["local_rank_arg"] == r["local_rank_env"] == 0 and r["steps"] == 2 for r in reports)
     assert reports[0]["checksum"] == reports[1]["checksum"]  # DeepSpeed's gradient all-reduce crossed the hosts
+
+
+def test_preload_torch_on_two_hosts_over_pdsh_forks_every_rank_with_the_same_result(cluster, tmp_path, python):
+    """--preload torch (issue 32) on a 2-node job over pdsh: each node's agent starts its own helper, says its
+    import time, and forks its rank from it; the job trains to the same weights as with started ranks."""
+    pytest.importorskip("accelerate", reason="pip install -e '.[clients]'")
+    said: list[str] = []
+    started = run_client(cluster, tmp_path / "started", python, "accelerate_job.py", backend="pdsh")
+    forked = run_client(cluster, tmp_path / "forked", python, "accelerate_job.py", "--preload", "torch",
+                        backend="pdsh", said=said)
+    assert [r["preloaded"] for r in started + forked] == [False, False, True, True]
+    assert [r["checksum"] for r in forked] == [r["checksum"] for r in started]
+    for node in cluster.nodes[:2]:
+        assert f"xrun[{node.name}]: preloaded torch in " in said[0], said[0][-3000:]

@@ -13,7 +13,7 @@ import pytest
 from tests.cluster.test_multinode import job  # noqa: F401 - the fixture: xrun against the cluster
 from tests.cluster.test_pod import PORT as POD_PORT
 from tests.cluster.test_pod import PodJob, codes
-from xrun.launch.output.dedupe import expand
+from tests.labels import expand
 
 pytestmark = pytest.mark.cluster
 
@@ -40,10 +40,10 @@ def _shown(text: str, lines: list[str]) -> list[int]:
 
 
 @pytest.mark.parametrize("backend", ["ssh", "pdsh"])
-def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, backend):  # noqa: F811
+def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, backend, python):  # noqa: F811
     script = job.tmp / "shared.py"
     script.write_text(SHARED_SCRIPT)
-    code, out, err = job.run(backend, script_path=script)
+    code, out, err = job.run(backend, "--python", python, script_path=script)  # this tree's agent on the nodes
     assert code == 0, err
     assert_shown_once_across_nodes(out, err)
     job.assert_clean()
@@ -63,7 +63,7 @@ def assert_shown_once_across_nodes(out: str, err: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["ssh", "pdsh"])
-def test_the_default_port_busy_on_node_0_still_runs(job, backend):  # noqa: F811
+def test_the_default_port_busy_on_node_0_still_runs(job, backend, python):  # noqa: F811
     node0 = job.cluster.nodes[0]
     holder = job.cluster.popen_on(node0, [sys.executable, "-c", HOLD_PORT], stdout=-1, text=True)
     try:
@@ -71,7 +71,7 @@ def test_the_default_port_busy_on_node_0_still_runs(job, backend):  # noqa: F811
         script = job.tmp / "shared.py"
         script.write_text(SHARED_SCRIPT)
         started = time.monotonic()
-        code, out, err = job.run(backend, script_path=script)
+        code, out, err = job.run(backend, "--python", python, script_path=script)  # this tree's agent
         assert code == 0, err
         ports = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "] port " in line}
         assert len(ports) == 1 and ports != {"29500"}, out  # one port for every rank, not the busy default

@@ -394,12 +394,12 @@ def test_openmpi_subnet_is_the_cluster_one():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine):
-    # the engine's stdout carries every node's lines: the head reads each line's node from its label and merges
+def test_a_line_every_rank_prints_is_shown_once_across_nodes(job, engine, python):
+    # every node's lines come over the control channel as line records; the head labels and merges them
     need_engine(engine)
     script = job.tmp / "shared.py"
     script.write_text(SHARED_SCRIPT)
-    code, out, err = job.run(engine, script=script)
+    code, out, err = job.run(engine, "--python", python, script=script)  # this tree's agent on the nodes
     assert code == 0, out + err
     assert_shown_once_across_nodes(out, err)
     job.assert_clean()
@@ -436,4 +436,35 @@ def test_a_rank_crash_restarts_in_place_over_the_engines_agents(job, engine):
             seen[(attempt, int(rank))] = agent
     assert {rank for attempt, rank in seen if attempt == "1"} == set(range(6)), out
     assert all(seen[("1", rank)] == agent for (attempt, rank), agent in seen.items() if attempt == "0"), seen
+    job.assert_clean()
+
+
+ENGINE_WORDS = {"mpich": "ssh: connect to host {} port 22: Connection refused",
+                "openmpi": "ssh: connect to host {} port 22: Connection refused",
+                "impi": "] Error: Unable to run bstrap_proxy on {} (pid "}
+
+
+@pytest.mark.parametrize("spelling", ["node2", "NODE2", "10.77.12"])
+@pytest.mark.parametrize("engine", ["mpich", "impi", "openmpi"])
+def test_a_host_whose_sshd_refuses_ends_the_start_at_once_in_the_engines_words(job, engine, spelling):
+    # issue 33 §3: xrun -H hosts --launcher mpich, ssh to a host refused: hydra printed "ssh: connect to host ...
+    # Connection refused" and xrun waited the whole --join_timeout when ssh spelled the host otherwise than the
+    # hostfile (lowercased, or the address it resolved); pdsh and ssh end the wait at once, and so must every engine
+    need_engine(engine)
+    assert SUBNET.startswith("10.77.0.")  # "10.77.12" is node2's address, 10.77.0.12, as inet_aton reads it
+    os.kill(job.cluster.sshd_pid("node2"), signal.SIGKILL)  # the node is up; only its sshd is gone
+    job.hostfile.write_text(f"node1 slots=1\n{spelling} slots=1\nnode3 slots=1\n")
+    started = time.monotonic()
+    code, out, err = job.run(engine, "--join_timeout", "120", timeout=150)
+    elapsed = time.monotonic() - started
+    assert code == 255 and elapsed < 30, (elapsed, err)  # ssh's code, at once: not the --join_timeout's 1
+    assert records(out) == {}, out  # no rank started
+    # ssh names the host as it connected to it (lowercased, the address); Intel MPI's hydra keeps ssh's words to
+    # itself and names the host as the hostfile does
+    said = spelling if engine == "impi" else ("10.77.0.12" if spelling == "10.77.12" else "node2")
+    words = ENGINE_WORDS[engine].format(said)
+    last = err.splitlines()[-1]
+    assert last.startswith(f"xrun: job failed: the session to {spelling} exited with code 255 before its agent "
+                           f"connected ("), err
+    assert words in last, err
     job.assert_clean()

@@ -338,6 +338,28 @@ def test_cut_node_ends_the_job_and_its_ranks(job, backend):
     job.assert_clean(timeout=20)  # the cut node's agent notices the silence too and stops its ranks
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_planted_link_in_a_shared_log_dir_is_one_line_exit_2_and_no_rank_starts(job, backend, python):
+    # issue 33 §2: the nodes share --log_dir; a link sits where node2's rank 3 writes its stdout.log. It was rank 3
+    # failing with 126 and a failure table; node2's preflight refuses it before the barrier, the job ends with 2
+    logs = job.tmp / "logs"
+    link = logs / "node2" / "rank3" / "stdout.log"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(job.tmp / "must-not-appear")
+    code, out, err = job.run(backend, "--python", python, "--log_dir", str(logs), env={"SLEEP": "30"})
+    assert code == 2, err
+    assert records(out) == {} and not (job.tmp / "must-not-appear").exists()  # no rank started anywhere
+    refused = (f"xrun: job failed: --log_dir '{link}': is a symbolic link where this rank's log file goes (xrun writes "
+               "only files it creates); remove it or choose another --log_dir (exit code 2); every node stopped ")
+    assert [line for line in err.splitlines() if line.startswith(refused)] == [err.splitlines()[-1]], err
+    # The head's own race, not the refusal's: an agent that connects after node2's refusal began the stop is turned
+    # away without a word, and says so (pdsh: its exit too). Nothing else may be said.
+    late = ("xrun: turned away node ", "xrun.launch[node", "pdsh@")
+    assert all(line.startswith(late) for line in err.splitlines()[:-1]), err
+    assert list(logs.glob("node*/rank*/*.log")) == [link]
+    job.assert_clean()
+
+
 def test_unreachable_host_named_and_nothing_started(job):
     job.cluster.kill_node("node3")
     code, out, err = job.run("ssh", env={"SLEEP": "30"})

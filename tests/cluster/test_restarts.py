@@ -2,7 +2,9 @@
 
 Real torch gloo ranks that checkpoint every step to a file (the nodes share the filesystem) and resume from it
 (tests/cluster/jobs.py's TRAIN): a rank crash restarts every node over the same agents and the job finishes from the
-checkpoint; a node killed with no spare ends the job naming it; nothing is left on any node. The remote interpreter
+checkpoint; a node killed with no spare ends the job naming it; nothing is left on any node. Under ``--preload``
+(issue 32) a restart forks every node's ranks from the helper that imported torch once, and a helper killed on one
+node ends the job at the restart, naming it. The remote interpreter
 is a wrapper that puts this tree first on PYTHONPATH (over ssh nothing else would: the ``python`` fixture).
 """
 
@@ -21,7 +23,8 @@ from tests.cluster.jobs import MARK, TRAIN, started
 from tests.conftest import ROOT
 
 
-def start(cluster, tmp_path, python, backend, *args, env=None, nodes=None):
+def start(cluster, tmp_path, python, backend, *args, env=None, nodes=None, program=()):
+    """``xrun`` over ``backend`` running TRAIN, or ``program`` (a script and its arguments)."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=1, nodes=nodes)
@@ -33,7 +36,7 @@ def start(cluster, tmp_path, python, backend, *args, env=None, nodes=None):
             "--ssh_config", str(cluster.ssh_config), *exports, "--shutdown_timeout", "5",
             # not the default 29500: a killed node leaves rank 0's store connections lingering on node1, and
             # tests/cluster/test_multinode.py's `xrun check` then finds 29500 taken there
-            "--master_port", "0", *args, str(script)]
+            "--master_port", "0", *args, *(program or [str(script)])]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, mark
 
@@ -90,4 +93,39 @@ def test_a_killed_node_without_a_spare_ends_the_job_naming_it(cluster, tmp_path,
     assert proc.returncode == 1, err
     assert "lost node node3" in err
     assert "stopped restarting after 0 restart(s): 1 node(s) lost (node3)\n" in err
+    assert_nothing_left(cluster, mark)
+
+
+# -- --preload (issue 32): each node's helper lives across the attempts -----------------------------------------
+
+
+def test_under_preload_a_restart_forks_every_node_from_the_helper_that_imported_torch_once(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "2", "--preload", "torch",
+                       env={"CRASH_RANK": "1"})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert sorted(tuple(words[:3]) for words in lines_of(out, "RESUME"))[3:] == [("1", "0", "3"), ("1", "1", "3"),
+                                                                               ("1", "2", "3")], out
+    for node in ("node1", "node2", "node3"):  # one import per node, for both attempts
+        assert len(re.findall(rf"xrun\[{node}\]: preloaded torch in [\d.]+ s; the ranks are forked", err)) == 1, err
+    assert "the job ran 2 attempts (1 restart(s))" in err
+    assert_nothing_left(cluster, mark)
+
+
+def test_a_preload_helper_killed_on_one_node_ends_the_job_at_the_restart_naming_it(cluster, tmp_path, python):
+    """Rank 1 (node2) kills its node's helper and fails: the restart cannot fork node2's ranks, so its preflight
+    fails in one line and the job ends there (no spare), nothing left on any node, no second attempt."""
+    rank = os.path.join(ROOT, "tests", "procs", "preload_rank.py")
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--max_restarts", "2", "--preload", "preload_mark",
+                       program=[rank, "kill_helper=1", "fail=1", f"dir={tmp_path}"])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    pid = re.search(r"xrun\[node2\]: the preload helper \(pid (\d+)\) was killed by SIGKILL; the running ranks go on",
+                    err)
+    assert pid, err
+    assert (f"xrun: job failed: agent on node2: --preload: the helper (pid {pid.group(1)}) was killed by SIGKILL "
+            "during the last attempt, so the next attempt's ranks cannot be forked on this node: the job ends here") \
+        in err
+    assert "xrun: stopped restarting after 1 restart(s): 1 node(s) lost (node2)\n" in err
+    assert sorted(name for name in os.listdir(tmp_path) if name.startswith("up-")) == ["up-0-0", "up-1-0", "up-2-0"]
     assert_nothing_left(cluster, mark)

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.cluster.jobs import python_wrapper, started
-from tests.cluster.test_network import MARKED_SCRIPT, heal_ingress, refuse_inbound, run_job, slow_ingress
+from tests.cluster.test_network import MARKED_SCRIPT, agents_left, heal_ingress, refuse_inbound, run_job, slow_ingress
 from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
 from tests.conftest import ROOT
 
@@ -100,6 +100,49 @@ def test_precheck_replaces_a_node_it_finds_bad_by_the_spare_before_any_rank(clus
     assert "precheck: 1 node(s) bad: node2 unreachable" in done.stderr
     assert "node 1 (node2) is lost: the hot spare node3 takes its place" in done.stderr
     assert "restarting" not in done.stderr  # replaced before the start: not a restart
+
+
+# -- --precheck --spares without --max_restarts (issue 33): the spare replaces only a node the check finds bad --------
+
+def test_without_restarts_the_precheck_seats_the_spare_in_a_slow_nodes_place_before_any_rank(cluster, tmp_path, python):
+    logs = tmp_path / "logs"
+    slow_ingress(cluster, "node2")  # before the job: the first check finds it (3 checked: node1, node2, spare node3)
+    try:
+        done, _ = run_job(cluster, tmp_path, python, "--precheck", "--spares", "1", "--log_dir", str(logs),
+                          script_text=MARKED_SCRIPT)
+    finally:
+        heal_ingress(cluster, "node2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-node1", "started-node3"]  # never node2
+    err = done.stderr
+    assert "spare node3 is standing by (hot: it takes the place of a node --precheck finds bad before the start)" in err
+    (why,) = [line for line in err.splitlines() if "precheck: 1 node(s) bad: node2 slow: throughput" in line]
+    assert "hot spares take their places (checked in " in why, why
+    assert "node 1 (node2) is lost: the hot spare node3 takes its place (node rank 1, same slots)" in err
+    assert "restart" not in err, err  # no restart: none was asked for, none happened
+    (attempt,) = json.loads((logs / "summary.json").read_text())["attempts"]
+    assert attempt["replaced"] == [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]
+    assert attempt["root_cause"] is None
+    deadline = time.monotonic() + 10
+    while agents_left(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents_left(cluster) == []
+
+
+def test_without_restarts_a_node_lost_after_the_start_ends_the_job_and_the_spare_exits(cluster, tmp_path, python):
+    proc, mark = start(cluster, tmp_path, python, "ssh", "--precheck", "--spares", "1", env={"STEP_S": "2"})
+    started(proc, 2)
+    cluster.kill_node("node2")  # node rank 1, after the start: no restart, so the standing spare cannot help
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1, err
+    assert re.search(r"precheck passed: 3 node\(s\) ok in", err), err
+    assert "xrun: job failed: lost node node2: " in err
+    assert "xrun: 1 node(s) lost (node2) and 1 spare(s) on standby: without --max_restarts a spare takes only the " \
+           "place of a node --precheck finds bad before the start; give --max_restarts N to let one take a lost " \
+           "node's place at a restart" in err
+    assert "hot spare node3 takes its place" not in err and "spare node3 is lost" not in err
+    assert_nothing_left(cluster, mark)
+    assert_idle(cluster, "node3")  # told the verdict, the spare's agent exited
 
 
 # Attempt 0's ranks wait for the test's word (a file), then rank 0 fails; attempt 1's end at once. Each rank leaves

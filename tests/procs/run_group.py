@@ -1,6 +1,8 @@
 """Test driver: run one RankGroup as a real agent process would, ``run_group.py SPEC.json``.
 
-SPEC: {"options": {SuperviseOptions fields}, "procs": [{RankProcess fields}], "result": PATH}
+SPEC: {"options": {SuperviseOptions fields}, "procs": [{RankProcess fields}], "result": PATH,
+       "preload": {"modules": [...], "path0": DIR} (optional: the ranks, python without options, are forked from a
+       preload helper)}
 Writes failure_json(result) plus the agent's peak RSS ("max_rss_kib") to PATH, prints the failure report to
 stderr when something failed, and exits with the node's exit code.
 """
@@ -11,6 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from xrun.launch.preload.client import PreloadHelper  # noqa: E402
 from xrun.launch.ranks.processes import RankProcess  # noqa: E402
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions  # noqa: E402
 from xrun.launch.result.failure_report import failure_json, format_failure_report  # noqa: E402
@@ -39,7 +42,17 @@ def main() -> int:
         )
         for p in spec["procs"]
     ]
-    result = RankGroup(procs, SuperviseOptions(**spec["options"])).run()
+    helper = None
+    if spec.get("preload"):
+        helper = PreloadHelper.start(spec["preload"]["modules"], python=sys.executable, options=(),
+                                     env=dict(os.environ), cwd=os.getcwd(), path0=spec["preload"]["path0"])
+        helper.wait_ready()
+        print(f"helper {helper.pid}", file=sys.stderr, flush=True)
+    try:
+        result = RankGroup(procs, SuperviseOptions(**spec["options"]), preload=helper).run()
+    finally:
+        if helper is not None:
+            helper.close()
     data = failure_json(result)
     data["max_rss_kib"] = peak_rss_kib()
     tmp = spec["result"] + ".tmp"

@@ -27,7 +27,7 @@ from xrun.channel.framing import (
     recv,
     send,
 )
-from xrun.channel.messages import STOP_STACKS, Kind, message, output_bytes, output_message
+from xrun.channel.messages import STOP_STACKS, Kind, lines_messages, lines_of, message
 from xrun.channel.sockets import (
     DEAD_AFTER,
     HELLO_TIMEOUT,
@@ -58,9 +58,9 @@ __all__ = [
     "Message",
     "decode_body",
     "encode",
+    "lines_messages",
+    "lines_of",
     "message",
-    "output_bytes",
-    "output_message",
     "recv",
     "send",
     "tune_socket",

@@ -1,4 +1,5 @@
-"""The shapes of the messages a peer sends before it has proven itself: auth, challenge, hello.
+"""The shapes of the messages a peer sends before it has proven itself (auth, challenge, hello), and of the one
+an admitted node sends in bulk: its console's line records (``lines``).
 
 A stranger's message is checked field by field (type, length, range) before any of its values is used, so
 the checks that follow (a proof comparison, a node-rank lookup, a line on the console) see only sane values:
@@ -29,6 +30,7 @@ class FieldKind(enum.Enum):
     TEXT = "printable text of at most `limit` characters"
     INT = "an integer from 0 to `limit`"
     OBJECT = "a JSON object of at most `limit` entries"
+    LIST = "a JSON list of at most `limit` entries"
 
 
 class Field(NamedTuple):
@@ -48,6 +50,9 @@ class Field(NamedTuple):
         if self.kind is FieldKind.OBJECT:
             ok = isinstance(value, dict) and len(value) <= self.limit
             return None if ok else f"expected an object of at most {self.limit} entries"
+        if self.kind is FieldKind.LIST:
+            ok = isinstance(value, list) and len(value) <= self.limit
+            return None if ok else f"expected a list of at most {self.limit} entries"
         ok = isinstance(value, str) and len(value) <= self.limit and _printable(value)
         return None if ok else f"expected printable text of at most {self.limit} characters"
 
@@ -94,3 +99,33 @@ HELLO_FIELDS: Mapping[str, Field] = {
     "versions": Field(FieldKind.OBJECT, 16),
     "digest": Field(FieldKind.OBJECT, 8, required=False),  # pod mode: the plan digest
 }
+
+# A node's console (``lines``, xrun.channel.messages): records of a rank set and its text. A node merges only its own
+# ranks' lines, and reads its ranks' pipes a megabyte at a time: a record far past these bounds is no node's.
+LINE_RECORDS = 1 << 16  # records in one message (the sender splits at it)
+LINES_TEXT = 4 << 20  # characters of text in one message, that many records together (the sender splits at it)
+RECORD_TEXT = 8 << 20  # characters of one record's text (a node's record is at most two of its reads)
+RECORD_RANKS = 1 << 10  # ranks one record names: a node's own, at most MAX_SLOTS_PER_HOST (xrun.strict_numbers)
+MAX_RANK = 1 << 17  # MAX_RANKS (xrun.strict_numbers)
+
+LINES_FIELDS: Mapping[str, Field] = {
+    "fd": Field(FieldKind.INT, 2),  # 1 or 2 (lines_of checks which)
+    "host": Field(FieldKind.TEXT, 255),  # the label's host; it reaches the console
+    "lines": Field(FieldKind.LIST, LINE_RECORDS),
+}
+
+
+def record_problem(record: Any) -> str | None:
+    """Why one ``[ranks, text]`` record does not fit, or None: a list of at most ``RECORD_RANKS`` integers from 0 to
+    ``MAX_RANK``, and text of at most ``RECORD_TEXT`` characters."""
+    if not isinstance(record, list) or len(record) != 2:
+        return "expected [ranks, text]"
+    ranks, text = record
+    if not isinstance(ranks, list) or len(ranks) > RECORD_RANKS:
+        return f"expected a list of at most {RECORD_RANKS} ranks"
+    for rank in ranks:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= MAX_RANK:
+            return f"expected ranks from 0 to {MAX_RANK}"
+    if not isinstance(text, str) or len(text) > RECORD_TEXT:
+        return f"expected text of at most {RECORD_TEXT} characters"
+    return None

@@ -26,8 +26,8 @@ Agent -> runner                                   Runner -> agent
   stacks(id, stacks, problem)   answers dump        signal(signal)        --forward_signals: to every rank
     (id "stop": taken before a stop, sent before done)
   quiet(silent_for) / spoke   --hang_timeout        dump(id, reason)      take every live rank's stack
-  output(fd, text)   pod mode: its console's lines,  stop(..., stacks)     stacks: take them before stopping
-                     shown on node 0's console
+  lines(fd, host, lines)   its console's line       stop(..., stacks)     stacks: take them before stopping
+      records while its ranks run, [[ranks, text], ...]: only the head (pod mode: node 0) renders and shows them
   probe_ready(address, port, interface, ...)        probe_open(toward)    --precheck, at the barrier: open the
                                                                           node's probe server (issue 24)
   probed(id, ok, latency_ms, throughput_mbs, error) probe(id, probe, mode, seconds, timeout)   probe a peer
@@ -36,6 +36,8 @@ Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel
 mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).
 Until the hello's proof checks out, the server reads with ``FrameReader.stranger()`` (64 KiB frames, strict text)
 and checks field shapes (``xrun.channel.fields``); a connection that fails any check is closed without a word.
+After it, an admitted node's ``lines`` are still checked record by record (``lines_of``: shapes and sizes,
+``xrun.channel.fields.LINES_FIELDS``): a bad record is a protocol error that costs its own connection only.
 
 Pod mode (``xrun.runner.pod.runtime``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
 both sides prove the key derived from the shared secret (the server first, in the challenge) and ``digest`` is the
@@ -45,8 +47,10 @@ node's plan digest; no spec is ever sent, and every node exits with the code its
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from xrun.channel.fields import LINE_RECORDS, LINES_FIELDS, LINES_TEXT, fields_error, record_problem
 from xrun.channel.framing import ChannelError, Message
 
 
@@ -75,7 +79,7 @@ class Kind(str, enum.Enum):
     WANT_STACKS = "want_stacks"  # SIGQUIT reached an agent (pod mode: any node's xrun): dump the whole job
     QUIET = "quiet"  # --hang_timeout: none of this node's ranks has written output for that long
     SPOKE = "spoke"  # the first output after quiet
-    OUTPUT = "output"  # pod mode: what a node's console wrote (fd 1 or 2), for node 0's merged console
+    LINES = "lines"  # a node's console: its ranks' line records and its own lines, for the head's console
     RESTART = "restart"  # --max_restarts: every node is done with an attempt; prepare the next and say ready
     PROBE_OPEN = "probe_open"  # --precheck (issue 24): open this node's probe server, say where it listens
     PROBE_READY = "probe_ready"  # the answer: address, port and interface toward the master
@@ -90,14 +94,37 @@ def message(kind: Kind, **fields: Any) -> Message:
     return {"type": kind.value, **fields}
 
 
-def output_message(fd: int, data: bytes) -> Message:
-    """A console write as a message; its bytes survive the trip whatever they are (see ``output_bytes``)."""
-    return message(Kind.OUTPUT, fd=fd, text=data.decode("utf-8", "surrogateescape"))
+def lines_messages(fd: int, host: str, records: Sequence[tuple[Sequence[int], bytes]]) -> Iterator[Message]:
+    """A node's console write (records of a rank set and its text) as ``lines`` messages, each well inside a frame
+    (``LINE_RECORDS`` records, ``LINES_TEXT`` characters); their bytes survive the trip whatever they are (see
+    ``lines_of``)."""
+    batch: list[list[Any]] = []
+    size = 0
+    for ranks, text in records:
+        if batch and (len(batch) >= LINE_RECORDS or size + len(text) > LINES_TEXT):
+            yield message(Kind.LINES, fd=fd, host=host, lines=batch)
+            batch, size = [], 0
+        batch.append([list(ranks), text.decode("utf-8", "surrogateescape")])
+        size += len(text)
+    if batch:
+        yield message(Kind.LINES, fd=fd, host=host, lines=batch)
 
 
-def output_bytes(msg: Message) -> tuple[int, bytes]:
-    """An output message's console fd and its bytes, as the node wrote them."""
-    fd, text = msg.get("fd"), msg.get("text")
-    if fd not in (1, 2) or isinstance(fd, bool) or not isinstance(text, str):
-        raise ChannelError(f"output: fd {fd!r} and text of type {type(text).__name__} (want 1 or 2, and a string)")
-    return fd, text.encode("utf-8", "surrogateescape")
+def lines_of(msg: Message) -> tuple[int, str, list[tuple[list[int], bytes]]]:
+    """A ``lines`` message's console fd, host and records, with each text's bytes as the node read them; a field or
+    record of the wrong shape or size raises ``ChannelError``."""
+    problem = fields_error(msg, LINES_FIELDS)
+    if problem is not None:
+        raise problem
+    if msg["fd"] not in (1, 2):
+        raise ChannelError(f"'lines': 'fd' is {msg['fd']}, not 1 or 2")
+    records: list[tuple[list[int], bytes]] = []
+    for record in msg["lines"]:
+        why = record_problem(record)
+        if why is not None:
+            raise ChannelError(f"'lines': a record: {why}")
+        try:
+            records.append((record[0], record[1].encode("utf-8", "surrogateescape")))
+        except UnicodeEncodeError:
+            raise ChannelError("'lines': a record: text that is no bytes a node read") from None
+    return msg["fd"], msg["host"], records

@@ -5,17 +5,28 @@ Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding,
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
 (xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
 (xrun.launch.result.failure_report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+
+With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
+ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
+(``helper_ready``: at most ``PRELOAD_TIMEOUT``, its import time said in one line), forks every attempt's ranks from
+it and stops it when the agent ends. ``preloaded`` is that life for an agent without a control channel (the local
+run, the stand-alone agent); the connected agent's driver (xrun.launch.session.driver) starts it at its preflight.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Protocol
 
+from xrun.errors import PreloadHelperLost
 from xrun.launch.doctor.node_doctor import NodeDoctor
+from xrun.launch.output.streams import notice
+from xrun.launch.preload.client import PreloadHelper
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
-from xrun.launch.ranks.processes import rank_processes
+from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.result.failure_report import conclude
@@ -51,12 +62,14 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
     )
 
 
-def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> int:
-    """Run this node's ranks to the end; print the failure report; return the node's exit code."""
-    return run_node_result(spec, hooks=hooks)[0]
+def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None, preload: PreloadHelper | None = None) -> int:
+    """Run this node's ranks to the end (forked from ``preload``, if given); print the failure report; return the
+    node's exit code."""
+    return run_node_result(spec, hooks=hooks, preload=preload)[0]
 
 
-def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple[int, NodeResult]:
+def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
+                    preload: PreloadHelper | None = None) -> tuple[int, NodeResult]:
     """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
         # Lazy: torch's agent adapter is the heaviest module of the node layer (python -X importtime), --elastic only.
@@ -64,7 +77,7 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple
 
         result = run_elastic(spec, hooks=hooks)
     else:
-        result = _run_group(spec, hooks)
+        result = _run_group(spec, hooks, preload)
     # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
     wait_for_gpu_release(result)
     code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
@@ -73,7 +86,7 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None) -> tuple
     return code, result
 
 
-def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
+def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
     doctor = NodeDoctor(spec.host, spec.options)
     try:
@@ -82,6 +95,7 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
                 rank_processes(spec, os.environ, error_files),
                 supervise_options(spec),
                 on_rank_exit=hooks.on_rank_exit if hooks else None,
+                preload=preload,
             )
             doctor.attach(group)
             if hooks:
@@ -90,3 +104,58 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None) -> NodeResult:
     finally:
         doctor.close()
         error_files.close()
+
+
+# -- the preload helper's life (docs/preload.md) ------------------------------------------------------------------
+
+PRELOAD_TIMEOUT = 600.0  # s for the helper's imports: torch and its kin on a cold shared filesystem, with room
+
+
+def start_preload(spec: NodeSpec, base_env: Mapping[str, str]) -> PreloadHelper | None:
+    """Start the helper that imports ``spec``'s ``--preload`` modules for its ranks (None without it, or without
+    ranks); it imports while the caller goes on. ``PreloadError`` (exit code 2) when it cannot start."""
+    if not spec.options.preload or not spec.ranks or spec.elastic is not None:
+        return None
+    return PreloadHelper.start_for(spec.options.preload, spec.ranks[0].argv, env=shared_environment(spec, base_env),
+                                   cwd=spec.cwd or os.getcwd())
+
+
+def helper_ready(helper: PreloadHelper, host: str, timeout: float = PRELOAD_TIMEOUT) -> None:
+    """Wait for the helper's imports (``PreloadError``: the line that says what went wrong), then ``announce``."""
+    helper.wait_ready(timeout)
+    announce(helper, host)
+
+
+def announce(helper: PreloadHelper, host: str) -> None:
+    """Say how long the ready helper's imports took and, when ``ps`` cannot show a forked rank's own command line,
+    why."""
+    ready = helper.ready
+    assert ready is not None
+    notice(host, f"preloaded {','.join(helper.modules)} in {ready.seconds:.2f} s; the ranks are forked from the "
+                 f"helper (pid {helper.pid})")
+    if ready.titles is not None:
+        notice(host, f"ps shows the preload helper's command line for every forked rank, not the rank's own: "
+                     f"{ready.titles}")
+
+
+def check_helper(helper: PreloadHelper) -> None:
+    """Before an attempt after the first: a helper that died since (killed, the OOM killer) ends the job on this
+    node, in one line (``PreloadHelperLost``): the attempt's ranks cannot be forked (docs/preload.md)."""
+    how = helper.gone()
+    if how is not None:
+        raise PreloadHelperLost(f"--preload: the helper (pid {helper.pid}) {how} during the last attempt, so the "
+                                "next attempt's ranks cannot be forked on this node: the job ends here (if the OOM "
+                                "killer took it, preload fewer modules or give the node more memory)")
+
+
+@contextmanager
+def preloaded(spec: NodeSpec) -> Iterator[PreloadHelper | None]:
+    """The helper for an agent's whole life, ready (None without ``--preload``), stopped when it ends."""
+    helper = start_preload(spec, os.environ)
+    try:
+        if helper is not None:
+            helper_ready(helper, spec.host)
+        yield helper
+    finally:
+        if helper is not None:
+            helper.close()

@@ -10,14 +10,16 @@ so the runner's dry-run and the agent agree. The flag groups are shared with the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.hostlist import address_problem
-from xrun.launch.agent import run_node
+from xrun.launch.agent import preloaded, run_node
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
@@ -34,6 +36,7 @@ from xrun.launch.spec import (
     ElasticOptions,
     HangAction,
     PythonMode,
+    parse_module_list,
     parse_rank_list,
     parse_signal_list,
     signal_list,
@@ -109,6 +112,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="the interface for GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of every rank: auto (default: on a job "
         "of several nodes, each node's interface on the route to the master address), NAME (every node; also "
         "btl_tcp_if_include / -iface for mpirun and hydra), none (set nothing). A value you set is kept")
+    add("--preload", metavar="MODULE[,MODULE...]",
+        help=f"import these modules once per node in a helper process and fork every rank from it, so a start and "
+        f"a restart skip their import (default: ${PRELOAD_VARIABLE}); a python program only, not with --elastic")
 
 
 def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) -> None:
@@ -230,6 +236,39 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
     )
 
 
+PRELOAD_VARIABLE = "XRUN_PRELOAD"  # --preload for every job that does not give the flag (empty: none)
+
+
+def preload_option(ns: argparse.Namespace, script: str, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The modules to preload (docs/preload.md): ``--preload``'s, else ``$XRUN_PRELOAD``'s; none without either.
+    Where ranks cannot be forked, the flag is refused (exit 2), and the variable, set for every job, is left unused
+    with one line saying why: the job runs as usual."""
+    given = ns.preload is not None
+    text = ns.preload if given else environ.get(PRELOAD_VARIABLE, "")
+    if not given and not text:
+        return ()
+    source = "--preload" if given else PRELOAD_VARIABLE
+    modules = parse_module_list(source, text)
+    why = _not_forkable(ns, script)
+    if why is None:
+        return modules
+    if given:
+        raise UsageError("--preload", f"does not apply {why}; leave --preload out")
+    print(f"xrun: {PRELOAD_VARIABLE}={text} is not used for this job: it does not apply {why}", file=sys.stderr)
+    return ()
+
+
+def _not_forkable(ns: argparse.Namespace, script: str) -> str | None:
+    """Why the ranks of this command line cannot be forked from a preload helper (None: they can)."""
+    if getattr(ns, "elastic", False):
+        return "with --elastic (torch's elastic agent starts the ranks)"
+    if ns.no_python:
+        return "with --no_python (the program runs without python)"
+    if not ns.module and script.endswith((".pyc", ".pyo")):
+        return "to compiled bytecode (a .pyc script: the helper runs source as python would)"
+    return None
+
+
 def _check_rendezvous(addr: str, port: int) -> None:
     """What every rank gets as MASTER_ADDR/MASTER_PORT: the ranks would only fail later, each on its own, in
     torch's rendezvous (port 0 or 99999, an address with a space). xrun itself checks its own flags the same."""
@@ -252,7 +291,7 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
         node_rank=ns.node_rank,
         rendezvous=Rendezvous(ns.master_addr, ns.master_port, ns.run_id),
         launch=launch_options(ns),
-        options=agent_options(ns),
+        options=replace(agent_options(ns), preload=preload_option(ns, split.program, os.environ)),
         script=split.program,
         args=split.program_args,
         elastic=elastic_options(ns),
@@ -265,10 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)
-
         spec = command.node_spec()
         check_spec(spec)
-        return run_node(spec)
+        with preloaded(spec) as helper:
+            return run_node(spec, preload=helper)
     except XrunError as err:
         print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code

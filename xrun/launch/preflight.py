@@ -1,29 +1,41 @@
-"""What must hold on a node before its ranks start: the interpreter, the program, the log directory, and room
-for the ranks' open files under the hard limit (``xrun.fdlimit``).
+"""What must hold on a node before its ranks start: the interpreter, the program, the working directory, the log
+directory and each rank's log files, the binding, the size of each rank's exec, and room for the ranks' open files
+under the hard limit (``xrun.fdlimit``).
 
 One check, two callers, so that a dry run that passes means the run starts (issue 12): the runner runs it
 for a plan whose ranks all run on this machine (``xrun.runner.validate``, before ``--dry-run`` prints and before
-a real run executes), and every agent runs it on its own node after it gets its spec (``xrun.launch.session``
-reports a failure to the runner as one line naming the host). Nothing here starts or imports the user's code:
-a module is found the way ``python -m`` would find it, without importing its packages.
+a real run executes), and every agent runs it on its own node after it gets its spec, pod mode's once it joined
+node 0 (``xrun.launch.session``). A finding is bad input, never a rank's failure (issue 33 §2): one line, exit
+code 2, no rank started; the agent's machine sends it with its exit code, which ends the job with 2 on every node,
+naming the host. Nothing here starts or imports the user's code: a module is found the way ``python -m``
+would find it, without importing its packages.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
+from importlib.util import find_spec
 
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
 from xrun.launch.network.interfaces import interface_names
 from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
+from xrun.launch.output.logfiles import LogFileRefused, check_logs
+from xrun.launch.ranks.processes import plan_bindings
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.printable import shown
 
 _PATH_MAX = 4096  # Linux
+_MAX_ARG_STRLEN = 32 * 4096  # Linux: one argv or environment string with its NUL (include/uapi/linux/binfmts.h)
+_POINTER = 8  # execve copies a pointer per string too
+_BINPRM_BUF_SIZE = 256  # Linux: what exec reads of a file to tell its format (include/linux/binfmts.h)
+_BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 _LOG_FILE_ROOM = 300  # what the logs add below the directory: /<host, at most 253>/rank<N>/stderr.log
 
 
@@ -41,6 +53,7 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
     """Raise ``PreflightError`` for the first thing that would stop this node's ranks from starting."""
     if mode is not PythonMode.NONE:
         _check_executable("--python", python)
+        _check_exec_format("--python", python)
     if mode is PythonMode.SCRIPT:
         _check_script(script)
     elif mode is PythonMode.MODULE:
@@ -48,13 +61,16 @@ def check_node(python: str, mode: PythonMode, script: str, log_dir: str | None) 
             _check_module(script)
     else:
         _check_executable("--no_python program", script)
-        _check_interpreter(script)
+        _check_exec_format("--no_python program", script)
     if log_dir is not None:
         check_log_dir(log_dir)
 
 
 def check_spec(spec: NodeSpec) -> None:
-    """The agent's side: the same checks, read back from the ranks' argv (``rankplan.rank_argv`` wrote them)."""
+    """The agent's side: the spec's working directory entered (the script and module are found from there), the
+    same checks read back from the ranks' argv (``rankplan.rank_argv`` wrote them), then ``check_ranks``."""
+    if spec.cwd:
+        _enter(spec.cwd)
     if not spec.ranks:
         return
     check_open_files(f"the node agent on {spec.host}", agent_open_files(len(spec.ranks)))
@@ -67,6 +83,50 @@ def check_spec(spec: NodeSpec) -> None:
         check_node(argv[0], mode, argv[3] if module else argv[2], spec.options.log_dir)
     else:
         check_node(argv[0], PythonMode.NONE, argv[0], spec.options.log_dir)
+    check_ranks(spec)
+
+
+def check_ranks(spec: NodeSpec) -> None:
+    """What only the node's spec tells: each rank's log files, the ranks' binding, torch for ``--elastic``, and
+    each rank's exec size."""
+    if spec.options.log_dir is not None:
+        try:
+            check_logs(spec.options.log_dir, spec.host, (rank.rank for rank in spec.ranks))
+        except LogFileRefused as err:
+            raise PreflightError("--log_dir", err.path, err.reason) from None
+    env = {**os.environ, **spec.env}
+    plan_bindings(spec, {**env, **spec.ranks[0].env})  # a BindingError: the binding the ranks would get fails
+    if spec.elastic is not None and find_spec("torch") is None:
+        raise PreflightError("--elastic", sys.executable, "cannot import torch here, and torch's elastic agent runs "
+                                                          "the ranks; install torch on every node")
+    for rank in spec.ranks:
+        _check_exec_size(rank.argv, {**env, **rank.env})
+
+
+def _enter(cwd: str) -> None:
+    try:
+        os.chdir(cwd)
+    except OSError as err:
+        raise PreflightError("working directory", cwd, f"{(err.strerror or str(err)).lower()} on this node; xrun "
+                             "runs the ranks in the directory it was started in: make it on every node, or start "
+                             "xrun in one that every node has") from None
+
+
+def _check_exec_size(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """What ``execve`` refuses with E2BIG: one string of argv or the environment past ``MAX_ARG_STRLEN``, or all
+    of them (with their pointers) past ``ARG_MAX`` (only when they alone are over it: the ranks get a few more)."""
+    named = [("argument", text, text) for text in argv] + [
+        ("environment variable", key, f"{key}={value}") for key, value in env.items()]
+    sizes = [len(os.fsencode(text)) + 1 for _, _, text in named]
+    for (what, name, _), size in zip(named, sizes):
+        if size > _MAX_ARG_STRLEN:
+            raise PreflightError(what, name, f"is {size - 1:,} bytes, over the {_MAX_ARG_STRLEN - 1:,} that exec "
+                                             "takes in one string; pass it in a file instead")
+    total, limit = sum(sizes) + _POINTER * len(sizes), os.sysconf("SC_ARG_MAX")
+    if total > limit:
+        raise PreflightError("the ranks' command line and environment", f"{len(sizes)} strings",
+                             f"{total:,} bytes are over exec's limit of {limit:,} (ARG_MAX: a quarter of ulimit -s); "
+                             "export fewer or smaller variables")
 
 
 def _check_executable(what: str, program: str) -> None:
@@ -74,19 +134,36 @@ def _check_executable(what: str, program: str) -> None:
         raise PreflightError(what, program, "is not an executable file (or not on PATH)")
 
 
-def _check_interpreter(program: str) -> None:
-    """A ``#!`` line naming an interpreter that is not there: exec fails with ENOENT, and every rank reported
-    the program itself as missing (code 127)."""
-    path = shutil.which(program)
+def _check_exec_format(what: str, program: str) -> None:
+    """What exec says of a file it found and may execute, as the kernel reads its first bytes: a ``#!`` line
+    naming an interpreter that is not there fails with ENOENT (every rank reported the program itself as missing,
+    code 127; a script saved with Windows line ends names ``/bin/sh\\r``), a file that is neither a script nor a
+    binary with ENOEXEC (code 126)."""
     try:
-        with open(path or program, "rb") as handle:
-            first = handle.readline(256)
+        with open(shutil.which(program) or program, "rb") as handle:
+            head = handle.read(_BINPRM_BUF_SIZE)
     except OSError:
         return  # not readable: exec says so itself (a setuid binary may be executable and unreadable)
-    words = first[2:].split() if first.startswith(b"#!") else []
-    if words and shutil.which(os.fsdecode(words[0])) is None:
-        raise PreflightError("--no_python program", program,
-                             f"its #! interpreter {os.fsdecode(words[0])!r} is not an executable file")
+    if head.startswith(b"#!"):
+        # the kernel's parse: blanks, then the name up to a blank or the line end; a \r is part of the name
+        words = re.split(rb"[ \t]+", head[2:].split(b"\n", 1)[0].lstrip(b" \t"), maxsplit=1)
+        interpreter = os.fsdecode(words[0])
+        if interpreter.endswith("\r"):
+            raise PreflightError(what, program, f"has Windows line ends: its #! line names {interpreter!r}; "
+                                                "convert it (dos2unix, or sed -i 's/\\r$//')")
+        if not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):  # not looked up on PATH
+            raise PreflightError(what, program, f"its #! interpreter {interpreter!r} is not an executable file")
+    elif not head.startswith(b"\x7fELF") and not _other_formats():
+        raise PreflightError(what, program, "is neither a binary nor a script with a #! line, so exec cannot run "
+                                            "it; begin it with one (#!/bin/sh)")
+
+
+def _other_formats() -> bool:
+    """binfmt_misc handlers are registered (qemu, wine, java...): a file of another format may run after all."""
+    try:
+        return bool(set(os.listdir(_BINFMT_MISC)) - {"register", "status"})
+    except OSError:
+        return False
 
 
 def _check_script(script: str) -> None:

@@ -66,8 +66,10 @@ class AgentOptions:
     hang_action: HangAction = HangAction.DUMP
     failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
+    preload: tuple[str, ...] = ()  # --preload: modules one helper imports; the ranks are forked from it (issue 32)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "preload", tuple(self.preload))  # a JSON list when the options come from the spec
         object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
         if self.console_ranks is not None:  # a JSON list when the options come from the node spec
             object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
@@ -206,7 +208,7 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
          if options.hang_timeout is not None else {}) | (
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
-    )
+    ) | ({"preload": list(options.preload)} if options.preload else {})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:
@@ -222,6 +224,26 @@ def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:
             raise UsageError(flag, f"{text!r}: {name} cannot be forwarded (it is uncatchable, or xrun's own)")
         if signum not in found:
             found.append(signum)
+    return tuple(found)
+
+
+def parse_module_list(flag: str, text: str) -> tuple[str, ...]:
+    """``torch,transformers`` -> the module names, in order (a repeat dropped). Each is a dotted name as ``import``
+    takes it: an empty list, a space, or a path or file name is a UsageError that says what to write instead."""
+    if not text:
+        raise UsageError(flag, "names no module; e.g. torch or torch,transformers")
+    if any(c.isspace() for c in text):
+        raise UsageError(flag, f"{shown(text)}: no spaces; separate the modules with commas only, e.g. torch,numpy")
+    found: list[str] = []
+    for name in text.split(","):
+        said = f"{shown(text)}: {shown(name)}" if "," in text else shown(name)
+        if "/" in name or "\\" in name or name.endswith((".py", ".pyc", ".so")):
+            raise UsageError(flag, f"{said} is a path or a file name, not a module name; give the name import takes "
+                                   "(e.g. mypkg.models) and put its directory on PYTHONPATH")
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(flag, f"{said} is not a module name; e.g. torch or torch,numpy")
+        if name not in found:
+            found.append(name)
     return tuple(found)
 
 

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv
@@ -20,6 +21,7 @@ from xrun.launch.agent_cli import (
     agent_options,
     elastic_options,
     launch_options,
+    preload_option,
 )
 from xrun.launch.procs.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
@@ -114,7 +116,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         master_port_choice=PortChoice.FREE if not ns.master_port else PortChoice.GIVEN,
         launcher=ns.launcher,
         launch=launch_options(ns, python=ns.python),
-        options=agent_options(ns),
+        options=replace(agent_options(ns), preload=preload_option(ns, split.program, os.environ)),
         run_id=ns.run_id or f"xrun-{os.urandom(4).hex()}",  # an id, not a secret: skip importing secrets
         remote=remote_options(ns),
         cwd=working_directory(),
@@ -141,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = get_backend(plan.backend)
         if dry_run is not None:
             invocation = backend.render(plan)
-            validate(plan)
+            validate(plan, dry_run=True)
             print_plan(plan, invocation, dry_run)
             return 0
         validate(plan)

@@ -32,6 +32,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
         "spares": [{"host": host, "agent": agent, "command": commands.get(host)}
                    for agent, host in enumerate(plan.spares, start=len(plan.nodes))],
         "precheck": plan.request.remote.precheck,
+        "preload": list(plan.request.options.preload),
         "nodes": [
             {
                 "host": node.host,
@@ -103,22 +104,40 @@ def restart_note(plan: Plan) -> list[str]:
     if plan.request.remote.no_ssh:  # pod mode: node 0 waits at the next barrier for a lost node that comes back
         lines.append(f"restarts: a lost node other than node 0 may come back (the same command) within "
                      f"--join_timeout {plan.request.remote.join_timeout:g} s; node 0's loss ends the job")
-    if plan.spares:
-        lines.append(f"spares: {', '.join(plan.spares)} (hot: its agent starts with the job and waits; a lost node's "
-                     f"place goes to it at a restart)")
     return lines
+
+
+def spares_note(plan: Plan) -> list[str]:
+    """--spares (issue 23): what the hot spares are for, which --max_restarts and --precheck decide (issue 33)."""
+    if not plan.spares:
+        return []
+    what = "a lost node's place goes to it at a restart" if plan.request.restart.restarts else \
+        ("it takes the place of a node --precheck finds bad before any rank starts; a node lost after the start ends "
+         "the job (no restart without --max_restarts)")
+    return [f"spares: {', '.join(plan.spares)} (hot: its agent starts with the job and waits; {what})"]
 
 
 def precheck_note(plan: Plan) -> list[str]:
     """--precheck (issue 24): the network check that runs before any rank starts, of every attempt."""
     if not plan.request.remote.precheck:
         return []
+    bad = "is replaced by a spare that passed (not a restart), or, short of spares, ends the job (exit 1)" \
+        if plan.spares else "ends the job (exit 1)"
     line = (f"precheck: once every agent is up, the network check (as xrun check --network) across the "
-            f"{len(plan.nodes)} nodes before any rank starts; a slow or unreachable node ends the job (exit 1)")
+            f"{len(plan.nodes)} nodes{' and the spares' if plan.spares else ''} before any rank starts; a slow or "
+            f"unreachable node {bad}")
     if plan.request.restart.restarts:  # --max_restarts: each restart's barrier checks again
-        line += "; again before every restart" + (", with the spares (a bad node replaced by one that passed)"
-                                                   if plan.spares else "")
+        line += "; again before every restart"
     return [line]
+
+
+def preload_note(plan: Plan) -> list[str]:
+    """--preload (issue 32): what each node imports once, and that every attempt's ranks are forked from it."""
+    modules = plan.request.options.preload
+    if not modules:
+        return []
+    return [f"preload: each node's agent starts one helper that imports {','.join(modules)} before its ranks start "
+            "(a module it cannot import ends the job, exit 2); every rank of every attempt is forked from it"]
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
@@ -129,7 +148,9 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         f"master {plan.shown_master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         *port_note(plan),
         *restart_note(plan),
+        *spares_note(plan),
         *precheck_note(plan),
+        *preload_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]

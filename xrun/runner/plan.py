@@ -122,6 +122,10 @@ def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str
     traits = backend_traits(backend)
     if traits.local:
         raise UsageError("--spares", "a local run is one node: there is no node to lose and no host to stand by")
+    if traits.nodes_start_themselves:
+        raise UsageError("--spares", "does not apply in pod mode (--pod, --no_ssh, a pod platform): every node starts "
+                         "its own xrun, so none stands by outside the world; with --max_restarts a lost node other "
+                         "than node 0 comes back instead (its pod re-created with the same index)")
     if not traits.spares:
         raise UsageError("--spares", f"the {backend} backend cannot start an agent on a spare when a node is lost; "
                          "use --launcher ssh or --launcher pdsh")

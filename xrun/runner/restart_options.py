@@ -5,8 +5,10 @@ static job xrun itself stops every rank on every node after a failure and starts
 times, over the same agents and channel. ``--min_attempt_s`` is the no-progress rule's bound: two attempts in a
 row that fail the same way (same rank, same exit code), each sooner than that after its ranks started, stop the
 restarts (``xrun.runner.job.attempts``). ``--spares N``: the last N selected hosts stand by outside the world
-as hot spares, each ready to take a lost node's place at a restart (``xrun.runner.job.spares``); a replacement is a
-restart, so it needs ``--max_restarts``. The pure rules live there; this module holds the typed request.
+as hot spares (``xrun.runner.job.spares``), each ready to take the place of a node ``--precheck`` finds bad before
+the ranks start (no restart: issue 33) or of a lost node at a restart (``--max_restarts``); without either flag a
+spare could never be used, so ``--spares`` needs one of them. The pure rules live there; this module holds the
+typed request.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def add_restart_flags(parser: argparse.ArgumentParser) -> None:
         f"exit code), each within this many seconds of its start (default {DEFAULT_MIN_ATTEMPT_S:g}; 0: never)")
     parser.add_argument(
         *spellings("--spares"), type=int_arg(high=MAX_HOSTS), metavar="N",
-        help="with --max_restarts: the last N selected hosts stand by as hot spares outside the world; a lost "
-        "node's place goes to one at the next attempt (same node rank, same slots); ssh and pdsh (default 0)")
+        help="with --precheck or --max_restarts: the last N selected hosts stand by as hot spares outside the "
+        "world; one takes the place of a node --precheck finds bad before any rank starts, or of a lost node at "
+        "the next attempt (same node rank, same slots); ssh and pdsh (default 0)")
 
 
 def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
@@ -52,8 +55,9 @@ def restart_policy(ns: argparse.Namespace) -> RestartPolicy:
         raise UsageError("--spares", f"must be >= 0, not {ns.spares}")
     if ns.spares and ns.elastic:
         raise UsageError("--spares", "does not apply with --elastic (torch's rendezvous decides which nodes take part)")
-    if ns.spares and not ns.max_restarts:
-        raise UsageError("--spares", "a spare takes a lost node's place at a restart: give --max_restarts N too")
+    if ns.spares and not ns.max_restarts and not ns.precheck:
+        raise UsageError("--spares", "a spare takes the place of a node --precheck finds bad before the start, or of "
+                         "a lost node at a restart: give --precheck, --max_restarts N, or both")
     if ns.elastic:
         if ns.min_attempt_s is not None:
             raise UsageError("--min_attempt_s", "does not apply with --elastic (torch's agent restarts the workers)")

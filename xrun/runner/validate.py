@@ -1,33 +1,42 @@
 """``validate(plan)``: what the run would refuse on this machine, checked before ``--dry-run`` prints and before a
 real run executes (one function for both, so a dry run that passes means the run starts; issue 12).
 
-On this machine: the nodes whose agent runs here (a local run; a ``--no_ssh``/pod node's own share) get the
-node preflight (``xrun.launch.preflight``: interpreter, program, log directory), a ``--control_addr`` must be an
-address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue 17),
-``--precheck`` needs a static job of several nodes with a head, and the job's open files must fit under this
-machine's hard limit (``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a
-remote node can tell (its script, its interpreter) is checked by its agent there and reported as one line naming
-the host.
+On this machine: the node of a local run gets the node preflight (``xrun.launch.preflight``: interpreter, program,
+log files, binding; ``--preload``'s modules found by the ranks' interpreter); a ``--no_ssh``/pod node's program, log
+directory and preloaded modules are checked by its dry run, while its real run checks all of it once it joined node
+0 (a finding then ends the job on every node, not on this one while the others wait for it); a ``--control_addr``
+must be an address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue
+17), ``--precheck`` needs a static job of several nodes with a head, and the job's open files must fit under this
+machine's hard limit (``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a remote
+node can tell (its script, its interpreter) is checked by its agent there and reported as one line naming the host.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 from xrun.errors import UsageError
 from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
-from xrun.launch.preflight import check_node
+from xrun.launch.preflight import check_node, check_ranks
+from xrun.launch.preload.argv import parse_python_argv, path0
+from xrun.launch.preload.find import check_findable
 from xrun.net import master_port
 from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits
 from xrun.runner.plan import Plan, PortChoice
 
 
-def validate(plan: Plan) -> None:
+def validate(plan: Plan, *, dry_run: bool = False) -> None:
     traits = backend_traits(plan.backend)
     request = plan.request
-    if traits.local or traits.nodes_start_themselves:
+    if traits.local or (traits.nodes_start_themselves and dry_run):  # a pod's real run: once it joined node 0
         check_node(request.launch.python, request.launch.mode, request.script, request.options.log_dir)
+        if request.options.preload:  # found without importing; the run's helper then imports them (issue 32)
+            command = parse_python_argv(plan.nodes[0].ranks[0].argv)
+            check_findable(command.python, request.options.preload, path0(command, request.cwd or os.getcwd()))
+    if traits.local:
+        check_ranks(plan.nodes[0])
     if traits.local and request.master_port_choice is PortChoice.GIVEN:
         # An explicit --master_port taken here: one line naming its holder, not rank 0's EADDRINUSE traceback.
         master_port(plan.nodes[0].host, plan.rendezvous.master_port, pick=False)

@@ -1,13 +1,16 @@
 """One rank of the GPU suite: its first CUDA step (a matmul checked against the CPU), then one line
 ``XRUN_GPU {json}`` with what it saw: the rank variables, its visibility list, torch's device count, its device's
-name and UUID, its CPU affinity and memory nodes, and when the first CUDA step finished (``time.time()``)."""
+name and UUID, its CPU affinity and memory nodes, when the first CUDA step finished (``time.time()``), and whether it
+was forked from ``--preload torch``'s helper."""
 
 import json
 import os
 import shutil
+import sys
 import time
 
-import torch
+PRELOADED = "torch" in sys.modules  # forked from xrun --preload torch's helper (tests/gpu/test_preload.py)
+import torch  # noqa: E402 - after that look
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
 torch.cuda.set_device(local)
@@ -42,4 +45,6 @@ print("XRUN_GPU " + json.dumps({
     "mems_allowed": status("Mems_allowed_list"),
     "omp_threads": os.environ.get("OMP_NUM_THREADS"),
     "numactl": shutil.which("numactl"),
+    "preloaded": PRELOADED,
+    "bad_fork": torch.cuda._is_in_bad_fork(),
 }), flush=True)

@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from xrun.launch import preload
+
 # re-exported (``as``): these lived here before the agent's start path needed them without the rest
 from xrun.launch.doctor.pyspy import EXITED as EXITED
 from xrun.launch.doctor.pyspy import FAILURE_BUDGET as FAILURE_BUDGET
@@ -34,6 +36,8 @@ from xrun.launch.doctor.pyspy import pyspy_path as pyspy_path
 from xrun.launch.doctor.pyspy import stack_problem as stack_problem
 from xrun.launch.procs.proctable import read_proc
 from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
+
+_PRELOAD = os.path.dirname(os.path.abspath(preload.__file__))
 
 
 def explain(stderr: str) -> str:
@@ -90,19 +94,32 @@ def has_exited(pid: int) -> bool:
 
 
 def parse_dump(text: str) -> tuple[ThreadStack, ...]:
-    """``py-spy dump --json``: a list of threads, frames innermost first; the main thread comes out first."""
+    """``py-spy dump --json``: a list of threads, frames innermost first; the main thread comes out first, the
+    preload helper's frames below a forked rank's program left out (``_the_ranks_own``)."""
     try:
         data = json.loads(text)
         threads = [
             (t.get("thread_name") == "MainThread",
              ThreadStack(str(t.get("thread_name") or t.get("thread_id")),
-                         tuple(Frame(str(f["name"]), str(f["filename"]), int(f["line"]))
-                               for f in reversed(t["frames"]))))
+                         _the_ranks_own(tuple(Frame(str(f["name"]), str(f["filename"]), int(f["line"]))
+                                              for f in reversed(t["frames"])))))
             for t in data
         ]
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise ValueError(err.__class__.__name__) from None
     return tuple(stack for _, stack in sorted(threads, key=lambda pair: not pair[0]))
+
+
+def _the_ranks_own(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """A rank forked from the preload helper (xrun.launch.preload) runs its program from the helper's own frames:
+    its boot line (``<string>``) and the package's. Dropped, the stack reads as a started rank's does, and merges
+    with one."""
+    if not frames or frames[0].filename != "<string>":
+        return frames
+    ours = [i for i, frame in enumerate(frames) if os.path.dirname(frame.filename) == _PRELOAD]
+    if not ours or ours[0] != 1 or ours != list(range(1, ours[-1] + 1)):
+        return frames
+    return frames[ours[-1] + 1 :]
 
 
 class StackDumps:

@@ -44,7 +44,8 @@ from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
 from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice, open_logs, rank_prefix
+from xrun.launch.output.logfiles import open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.devices import VISIBILITY, detect_devices
@@ -185,11 +186,12 @@ class OutputRelay:
         self._sel = selectors.DefaultSelector()
         merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
         self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
-                                merge_as=host if merge else None,
+                                merge_as=host if merge else None, host=host,
                                 ranks_shown=local_ranks if options.console_ranks is None else None)
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
+        self.worker_exited = threading.Event()  # wakes torch's monitor loop (torch_agent.monitor_woken)
         self._exit_watches: list[_ExitWatch] = []
         for local_rank in range(local_ranks):
             for console, name in ((1, "out"), (2, "err")):
@@ -213,6 +215,7 @@ class OutputRelay:
                     fd = os.pidfd_open(pid)
                 except (AttributeError, OSError):  # gone already (or no pidfd): it exited before now
                     self.exit_times.setdefault(local_rank, time.time())
+                    self.worker_exited.set()
                     continue
                 watch = _ExitWatch(local_rank, fd)
                 self._exit_watches.append(watch)
@@ -232,7 +235,6 @@ class OutputRelay:
                 logs = open_logs(self.options.log_dir, self.host, rank) if self.options.log_dir else None
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
-                    stream.prefix = rank_prefix(self.host, rank)
                     stream.rank = rank
                     stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
                     stream.log = logs[console - 1] if logs else None
@@ -280,6 +282,7 @@ class OutputRelay:
             return  # a stale event: the main thread forgot this attempt's watches between select() and the lock
         self.exit_times.setdefault(watch.local_rank, time.time())
         self._unwatch(watch)
+        self.worker_exited.set()
 
     def _unwatch(self, watch: _ExitWatch) -> None:
         self._sel.unregister(watch.fd)
@@ -460,7 +463,8 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
 def _agent_result(t: Mapping[str, Any], agent: Any, node: _NodeRun, bridge: elastic_agent.StopBridge) -> NodeResult:
     host = node.spec.host
     try:
-        run_result = agent.run()
+        with elastic_agent.monitor_woken(t, node.relay.worker_exited):
+            run_result = agent.run()
     except t["SignalException"] as err:
         interrupted = bridge.requested if bridge.requested not in (None, signal.SIGKILL) else int(err.sigval)
         # torch passes the signal it got on to the workers

@@ -8,7 +8,11 @@
 * ``raise_signal``: the signal handler that turns SIGTERM/SIGINT/SIGHUP into torch's ``SignalException``, so
   torch stops the workers against its own shutdown deadline;
 * ``StopBridge``: what the control channel holds instead of a RankGroup (``add_reader``/``request_stop``) while
-  torch's loop, not ours, runs the node.
+  torch's loop, not ours, runs the node;
+* ``monitor_woken``: torch's monitor loop sleeps ``--monitor_interval`` between looks at the workers; a worker's
+  exit (seen by xrun through its pidfd) ends that sleep, so the job's end is noticed at once whatever the
+  interval (``--monitor_interval 1e3`` noticed it 1,000 s late: issue 33 §3), while a healthy group is still
+  looked at (and asked for new nodes) only as often as the flag says.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import os
 import selectors
 import signal
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from xrun.errors import XrunError
@@ -157,6 +163,36 @@ def agent_class(t: Mapping[str, Any], node: Any) -> type:
                     store_util.synchronize = original
 
     return XrunElasticAgent
+
+
+class _WakeableTime:
+    """The ``time`` module as torch's agent module sees it, but for ``sleep`` (its monitor loop's, the only one
+    there): that ends early once ``wake`` is set, which it then clears."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+
+    def sleep(self, seconds: float) -> None:
+        if self._wake.wait(seconds):  # a lock's wait: a signal's handler still runs, and its exception ends it
+            self._wake.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@contextmanager
+def monitor_woken(t: Mapping[str, Any], wake: threading.Event) -> Iterator[None]:
+    """While torch's agent runs, a worker's exit (``wake`` set) cuts short the monitor loop's sleep. A torch whose
+    agent module has no ``time`` of its own is left as it is (its loop then sleeps the whole interval)."""
+    api = t["api"]
+    if getattr(api, "time", None) is not time:
+        yield
+        return
+    api.time = _WakeableTime(wake)
+    try:
+        yield
+    finally:
+        api.time = time
 
 
 def raise_signal(exc_type: type, forward: Callable[[int], object] | None = None) -> Callable[[int, Any], None]:

@@ -1,14 +1,16 @@
 """Console de-duplication (issue 17): identical lines from several ranks within a short window, shown once.
 
-Pure: lines and times in, bytes out through ``emit``; no clock, no I/O. The node's ``Console``
-(xrun.launch.output.streams) feeds it its ranks' complete lines; the head's relay (xrun.runner.job.relay) feeds it the
-agents' lines, already labelled, so identical lines from every node collapse there too.
+Pure: lines and times in, merged lines out through ``emit`` as data (each line's text with the hosts and ranks
+that said it; xrun.launch.output.render labels them); no clock, no I/O. The node's ``Console``
+(xrun.launch.output.streams) feeds it its ranks' complete lines; the head's console
+(xrun.launch.output.render.JobConsole) feeds it every node's line records, so identical lines from every node
+collapse there too.
 
 The rules, each one a test in tests/test_dedupe.py:
 
 * A line waits for its twins ``window`` seconds (0.2 s by default) after its group opened, then is written with
-  the compact set of ranks that said it: ``[host:0-7] text`` on one host, ``[ranks 0-5,8] text`` across hosts.
-  A line nobody repeats is written as it would have been, ``[host:3] text``, that much later.
+  the ranks that said it (rendered ``[host:0-7] text`` on one host, ``[ranks 0-5,8] text`` across hosts). A line
+  nobody repeats is written as it would have been, ``[host:3] text``, that much later.
 * A source's lines are never reordered: groups are written in queue order, and a line joins a group only where
   that keeps every source's lines in order: a group after the last one its source is in, or an earlier one
   that is still the last group of each of its sources and within its own window, which then moves to the end
@@ -41,6 +43,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 
+MergedLine = tuple[list[str], list[int], bytes]  # who said it (hosts, ranks) and the line, with its line end
+
 WINDOW_S = 0.2  # how long a line waits for its twins (8 ranks starting on 2 cores print ~0.15 s apart)
 LATE_WINDOW_S = 0.8  # how long a line several ranks said waits for the rest (see the rules)
 RECALL_S = 5.0  # how long a line shown for only some of the ranks is remembered, to know its stragglers
@@ -72,7 +76,7 @@ class _Group:
 class LineMerger:
     """Hold complete lines for ``window`` seconds and write identical ones once, with their rank set."""
 
-    def __init__(self, emit: Callable[[int, bytes], object], *, window: float = WINDOW_S,
+    def __init__(self, emit: Callable[[int, list[MergedLine]], object], *, window: float = WINDOW_S,
                  max_held: int = MAX_HELD, expected: int | None = None, late_window: float = LATE_WINDOW_S) -> None:
         self._emit = emit
         self._window = window
@@ -87,7 +91,6 @@ class LineMerger:
         self._open: dict[tuple[int, bytes], _Group] = {}  # (fd, text) -> its latest open group
         self._last: dict[Hashable, int] = {}  # source -> seq of the last group it is in
         self._seq = 0
-        self._labels: dict[tuple[str, int], bytes] = {}  # one rank's label, made once
         self._bytes = 0  # text held
 
     def add(self, source: Hashable, fd: int, text: bytes, host: str, ranks: Iterable[int], now: float, *,
@@ -178,21 +181,14 @@ class LineMerger:
         if count:
             self._write(count)
 
-    def write_through(self, fd: int, data: bytes) -> None:
-        """Write ``data`` as it is, right after everything held (a flood: merging is for warnings and start-up
-        noise, and a flood through the merger would cost Python work per line)."""
-        self.flush_all()
-        self._emit(fd, data)
-
     def flush_all(self) -> None:
         """Write everything held (the end of a run, or before output that must not overtake it)."""
         if self._queue:
             self._write(len(self._queue))
 
     def _write(self, count: int) -> None:
-        """Write the oldest ``count`` groups, one write per run of groups on the same fd."""
-        fd: int | None = None
-        parts: list[bytes] = []
+        """Write the oldest ``count`` groups, one ``emit`` per run of groups on the same fd."""
+        runs: list[tuple[int, list[MergedLine]]] = []
         for _ in range(count):
             seq, group = self._queue.popleft()
             if seq != group.seq:
@@ -202,37 +198,16 @@ class LineMerger:
                 del self._open[(group.fd, group.text)]
             if group.mergeable and self._expected is not None:
                 self._remember(group)
-            if group.fd != fd and parts:
-                self._emit(group.fd if fd is None else fd, b"".join(parts))
-                parts = []
-            fd = group.fd
-            if len(group.ranks) == 1:  # the common case, a line nobody repeated: its label is cached
-                key = (group.hosts[0], group.ranks[0])
-                mark = self._labels.get(key)
-                if mark is None:
-                    mark = self._labels[key] = label(group.hosts, group.ranks)
-                parts.append(mark)
-            else:
-                parts.append(label(group.hosts, group.ranks))
-            parts.append(group.text)
-        if parts and fd is not None:
-            self._emit(fd, b"".join(parts))
+            if not runs or runs[-1][0] != group.fd:
+                runs.append((group.fd, []))
+            runs[-1][1].append((group.hosts, group.ranks, group.text))
+        for fd, run in runs:
+            self._emit(fd, run)
 
 
 def is_flood(chunk: bytes) -> bool:
     """More than ``FLOOD_LINES`` lines in one read (counted in its first bytes only: a cheap test)."""
     return chunk.count(b"\n", 0, FLOOD_LINES * 256) > FLOOD_LINES
-
-
-def label(hosts: list[str], ranks: list[int]) -> bytes:
-    """``[host:0-3,5] `` for one host, ``[ranks 0-7] `` across hosts; nothing for a line of no rank (the head
-    relays an agent's own notices through the merger too, to keep their place)."""
-    if not ranks:
-        return b""
-    text = compact(ranks)
-    if len(hosts) == 1:
-        return f"[{hosts[0]}:{text}] ".encode("utf-8", "surrogateescape")
-    return f"[ranks {text}] ".encode()
 
 
 def compact(ranks: Iterable[int]) -> str:
@@ -250,17 +225,3 @@ def compact(ranks: Iterable[int]) -> str:
     if start is not None:
         parts.append(str(start) if start == prev else f"{start}-{prev}")
     return ",".join(parts)
-
-
-def expand(text: str) -> list[int] | None:
-    """The inverse of ``compact`` (``0-3,5`` -> [0, 1, 2, 3, 5]); None when ``text`` is not such a list."""
-    ranks: list[int] = []
-    for part in text.split(","):
-        low, sep, high = part.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
-            return None
-        first, last = int(low), int(high) if sep else int(low)
-        if last < first or last - first > 1 << 17:
-            return None
-        ranks.extend(range(first, last + 1))
-    return ranks

@@ -1,52 +1,52 @@
-"""Rank output on a node: where a rank's lines get their ``[host:rank] `` prefix and reach the console and logs.
+"""Rank output on a node: its ranks' lines as line records for the console, raw in the logs.
 
 * ``RankStream``: one of a rank's output pipes (or FIFOs): its fd, the console fd it is echoed to (1 or 2),
-  its prefix, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
+  its rank, whether it is echoed (``--console_ranks``), the unfinished last line, its raw log file and, for
   stderr, the tail the failure report shows.
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
-  has; ``consume`` logs it raw, keeps its tail and echoes complete lines prefixed (whole lines without the
-  prefix with ``--no_prefix``, nothing with ``--quiet``). A console whose reader went away (``| head``) stops
-  echoing, never logging. Made with ``merge_as=host`` (de-duplication, the default when a node echoes several
-  ranks), it hands complete lines (``split_lines``) to a ``LineMerger`` (xrun.launch.output.dedupe) instead, which
-  writes identical lines of several ranks once, within its window; the event loop sleeps at most until
-  ``wait()`` and calls ``flush_due()``; ``flush_held()`` before the agent speaks and at the end. Logs and
-  tails are taken before any merging: always raw, always each rank's own.
-* ``prefix_lines``: the hot path, one ``bytes.replace`` per chunk whatever its number of lines; on the console
-  ``\r`` ends a line too (a progress bar stays live, prefixed), while the log files keep the raw bytes.
+  has; ``consume`` logs it raw, keeps its tail and echoes its complete lines as *line records* (``Lines``,
+  xrun.launch.output.render: each rank set and its text; no label is rendered on a node), ``--no_prefix``'s
+  lines as records of no rank (still whole lines), nothing with ``--quiet``. A console whose reader went away
+  (``| head``) stops echoing, never logging. Made with ``merge_as=host`` (de-duplication, the default when a node
+  echoes several ranks), it hands complete lines (``split_lines``) to a ``LineMerger``
+  (xrun.launch.output.dedupe) instead, which gives identical lines of several ranks once, with their rank set,
+  within its window; the event loop sleeps at most until ``wait()`` and calls ``flush_due()``; ``flush_held()``
+  before the agent speaks and at the end. Logs and tails are taken before any merging: always raw, always each
+  rank's own.
+* ``cut_lines``: the hot path, a chunk's complete lines cut from its unfinished rest with two ``rfind``s whatever
+  its number of lines; on the console ``\r`` ends a line too (a progress bar stays live), while the log files
+  keep the raw bytes.
 * A progress bar's current state: tqdm writes ``\r`` *before* each state, so the last state has no line end
-  until the next update. ``show_progress`` writes it, prefixed, once a settle found nothing more of it (issue
-  25); its line end then writes only the rest, and any other console write first ends it with ``\r``.
+  until the next update. ``show_progress`` sends it, as a record of its rank, once a settle found nothing more of
+  it (issue 25); its line end then sends only the rest, and any other console write first ends it with ``\r``.
 * Throughput (issue 15): rank pipes get a 1 MiB buffer (``grow_pipe``), reads take up to 1 MiB, and after a
   read that found only a trickle the reader ``settle``s for 1 ms, so a rank printing line by line is read,
   logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
-* ``open_logs``: ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, an earlier run's files renamed
-  with their time; created new, never through a symbolic link (issue 22 §6).
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr, control characters escaped (a stop's
   reason comes from the head or node 0: issue 22 §6).
-* Both write through ``console_write`` (xrun.launch.output.writer): a thread writes, so a console that does not
-  read never blocks the event loop (issue 25 §3); in pod mode node 0's console shows them too
-  (xrun.launch.output.consoleroute).
+* Both go through the console's thread (xrun.launch.output.writer: ``console_lines``, ``console_write``), so a
+  console that does not read never blocks the event loop (issue 25 §3); it sends them to the head over the
+  control channel, or renders and writes them here (xrun.launch.output.consoleroute).
 * ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
   (xrun.launch.doctor.node_doctor), so the output path never reads the clock for it.
 
 The static supervisor (xrun.launch.ranks.supervise) reads its ranks' pipes from its event loop; the elastic relay
-(xrun.launch.elastic.run) reads its FIFOs from a thread, with a new prefix and log files per attempt. Both go
+(xrun.launch.elastic.run) reads its FIFOs from a thread, with new ranks and log files per attempt. Both go
 through the same ``Console``.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import stat
 import sys
 import time
 from collections.abc import Callable
 from typing import IO
 
-from xrun.launch.output.dedupe import LineMerger, is_flood
-from xrun.launch.output.writer import console_write, writer
+from xrun.launch.output.dedupe import LineMerger, MergedLine, is_flood
+from xrun.launch.output.render import Lines, Record, first_line_end
+from xrun.launch.output.writer import console_lines, console_write, writer
 from xrun.launch.procs.posix import write_all
 from xrun.printable import one_line
 
@@ -67,34 +67,16 @@ _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather th
 # path (issue 15).
 
 
-def prefix_lines(prefix: bytes, pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
-    """Split ``pending + chunk`` into prefixed complete lines and the unfinished rest.
-
-    Bytes in, bytes out (non-UTF-8 output passes unchanged), and one ``replace`` over the whole chunk rather
-    than a Python loop per line: this is the hot path of a rank that prints a lot.
-    """
+def cut_lines(pending: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """``pending + chunk`` as its complete lines (``\n``, ``\r\n`` or, as on the console, ``\r`` ends one) and the
+    unfinished rest; a final ``\r`` waits for the next byte in case it starts a ``\r\n``. Bytes in, bytes out
+    (non-UTF-8 output passes unchanged), and no Python work per line."""
     data = pending + chunk if pending else chunk
-    if b"\r" in data:  # a memchr: chunks without a progress bar stay on the one-replace path below
-        return _prefix_cr_lines(prefix, data)
-    end = data.rfind(b"\n") + 1
-    if end == 0:
-        return b"", data
-    body = data[: end - 1].replace(b"\n", b"\n" + prefix)
-    return b"".join((prefix, body, b"\n")), data[end:]
-
-
-def _prefix_cr_lines(prefix: bytes, data: bytes) -> tuple[bytes, bytes]:
-    """``prefix_lines`` where ``\r`` also ends a line: a progress bar (tqdm) stays live on the console, every
-    update prefixed (issue 13). ``\r\n`` is one boundary, and a final ``\r`` waits for the next byte in case it
-    is the first half of one."""
     stop = len(data) - 1 if data.endswith(b"\r") else len(data)
-    end = max(data.rfind(b"\n", 0, stop), data.rfind(b"\r", 0, stop)) + 1
-    if end == 0:
-        return b"", data
-    body = data[:end].replace(b"\n", b"\n" + prefix).replace(b"\r", b"\r" + prefix)
-    if b"\r\n" in data:
-        body = body.replace(b"\r" + prefix + b"\n", b"\r\n")
-    return prefix + body[: -len(prefix)] if prefix else body, data[end:]
+    end = data.rfind(b"\n", 0, stop) + 1
+    if b"\r" in data:  # a memchr: chunks without a progress bar skip the second search
+        end = max(end, data.rfind(b"\r", 0, stop) + 1)
+    return data[:end], data[end:]
 
 
 def grow_pipe(fd: int) -> None:
@@ -107,33 +89,20 @@ def grow_pipe(fd: int) -> None:
 
 
 def split_lines(pending: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
-    """``pending + chunk`` as complete lines with their ends (``\n``, ``\r\n`` or, as on the console, ``\r``) and
-    the unfinished rest; a final ``\r`` waits for the next byte in case it starts a ``\r\n``."""
-    data = pending + chunk if pending else chunk
-    stop = len(data) - 1 if data.endswith(b"\r") else len(data)
-    end = data.rfind(b"\n", 0, stop) + 1
-    if b"\r" in data:  # a memchr: chunks without a progress bar skip the second search
-        end = max(end, data.rfind(b"\r", 0, stop) + 1)
-    if end == 0:
-        return [], data
-    return data[:end].splitlines(keepends=True), data[end:]
-
-
-def rank_prefix(host: str, rank: int) -> bytes:
-    """``[host:rank] `` as bytes (a host name that is not valid UTF-8 passes through unchanged)."""
-    return f"[{host}:{rank}] ".encode("utf-8", "surrogateescape")
+    """``cut_lines``, the complete lines one by one (with their ends)."""
+    done, rest = cut_lines(pending, chunk)
+    return done.splitlines(keepends=True), rest
 
 
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "echo", "prefix", "rank", "pending", "bar", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "rank", "pending", "bar", "log", "tail", "total", "_file")
 
     def __init__(
         self,
         fd: int,
         console: int,
-        prefix: bytes = b"",
         *,
         log: int | None = None,
         keep_tail: bool = False,
@@ -143,9 +112,8 @@ class RankStream:
         self.fd: int | None = fd
         self.console = console  # 1 or 2
         self.echo = True  # False: a rank --console_ranks leaves out (still logged, its tail still kept)
-        self.prefix = prefix
-        self.rank = rank  # the global rank behind ``prefix``: its lines' source in de-duplication
-        self.pending = b""  # the unfinished last line, held until its newline (prefixed output only)
+        self.rank = rank  # the global rank: its lines' label, and their source in de-duplication
+        self.pending = b""  # the unfinished last line, held until its line end
         self.bar = False  # it wrote a \r: an unfinished line of it is a progress bar's state, shown early
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
         self.tail: bytes | None = b"" if keep_tail else None
@@ -199,10 +167,10 @@ class Console:
         self._quiet = quiet
         # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.output.dedupe).
         # Only with prefixes: a line shown once must say which ranks said it.
-        self._host = merge_as or ""
+        self._host = host or merge_as or ""  # the labels' host (rendered where the lines are shown)
         # ranks_shown: how many ranks this console echoes (None: unknown); a line all of them said goes out at once
         merging = merge_as is not None and prefix and not quiet
-        self._merger = LineMerger(self.emit, expected=ranks_shown) if merging else None
+        self._merger = LineMerger(self._merged, expected=ranks_shown) if merging else None
         self._on_close = on_close  # told a stream's fd before it is closed (to unregister it from a selector)
         self._ok = {1: True, 2: True}
         self.heard = False  # some rank wrote something since the hang doctor last looked
@@ -257,9 +225,9 @@ class Console:
         if stream.fd is None or not self._ok[stream.console] or end <= (shown or 0):
             return
         if shown is None:
-            self.emit(stream.console, self._prefix_of(stream) + stream.pending[:end])
+            self.emit(stream.console, [(self._ranks_of(stream), stream.pending[:end])])
         else:
-            self._write(stream.console, stream.pending[shown:end])
+            self._write(stream.console, [((), stream.pending[shown:end])])  # the rest of the state shown
         self._shown = (stream, end)
 
     def _note_pending(self, stream: RankStream, chunk: bytes) -> None:
@@ -301,23 +269,26 @@ class Console:
             self._note_pending(stream, chunk)
 
     def _echo(self, stream: RankStream, chunk: bytes) -> None:
-        """Complete lines prefixed, one write per chunk."""
-        prefix = self._prefix_of(stream)
-        out, stream.pending = prefix_lines(prefix, stream.pending, chunk)
+        """Complete lines as one record of the stream's rank, one write per chunk."""
+        out, stream.pending = cut_lines(stream.pending, chunk)
         if len(stream.pending) > _MAX_PENDING:
-            out += prefix + stream.pending + b"\n"
+            out += stream.pending + b"\n"
             stream.pending = b""
         if out:
-            self._emit_own(stream, prefix, out)
+            self._emit_own(stream, out)
 
-    def _emit_own(self, stream: RankStream, prefix: bytes, out: bytes) -> None:
-        """``out`` starts with ``stream``'s prefixed unfinished line: what of it ``show_progress`` wrote is not
-        written again."""
+    def _emit_own(self, stream: RankStream, out: bytes) -> None:
+        """``out`` starts with ``stream``'s unfinished line: what of it ``show_progress`` wrote is not written
+        again (the rest of that line goes as a record of no rank: its label is on the console already)."""
+        records: list[Record] = []
         if self._shown is not None and self._shown[0] is stream:
-            out = out[len(prefix) + self._shown[1]:]
+            end = first_line_end(out)
+            records.append(((), out[self._shown[1]:end]))
+            out = out[end:]
             self._shown = None
         if out:
-            self.emit(stream.console, out)
+            records.append((self._ranks_of(stream), out))
+        self.emit(stream.console, records)
 
     def _merge(self, stream: RankStream, chunk: bytes) -> None:
         """The de-duplicating path: complete lines go to the merger, which writes them within its window."""
@@ -380,14 +351,13 @@ class Console:
                              (stream.rank,), time.monotonic())
             stream.pending = b""
         elif stream.pending:
-            prefix = self._prefix_of(stream)
-            self._emit_own(stream, prefix, prefix + stream.pending + b"\n")
+            self._emit_own(stream, stream.pending + b"\n")
             stream.pending = b""
 
-    def _prefix_of(self, stream: RankStream) -> bytes:
-        # --no_prefix drops the prefix, not the line buffering: two ranks' writes never share a console line
+    def _ranks_of(self, stream: RankStream) -> tuple[int, ...]:
+        # --no_prefix drops the label, not the line buffering: two ranks' writes never share a console line
         # (print() under python -u writes 'out', ' ', '0' and '\n' separately)
-        return stream.prefix if self._prefix else b""
+        return (stream.rank,) if self._prefix and stream.rank is not None else ()
 
     def close(self, stream: RankStream) -> None:
         """The stream ended: stop watching it, close it, finish its last line."""
@@ -398,9 +368,13 @@ class Console:
         stream.close_fd()
         self.end_line(stream)
 
-    def emit(self, fd: int, data: bytes) -> None:
+    def emit(self, fd: int, records: list[Record]) -> None:
         self._end_shown()
-        self._write(fd, data)
+        self._write(fd, records)
+
+    def _merged(self, fd: int, merged: list[MergedLine]) -> None:
+        """The merger's lines, as records: the rank set that said each (the host is this node's)."""
+        self.emit(fd, [(ranks, text) for _, ranks, text in merged])
 
     def _end_shown(self) -> None:
         """Another write is coming: end the progress state on the terminal with \r, as its next update would
@@ -409,12 +383,12 @@ class Console:
             return
         stream = self._shown[0]
         self._shown = None
-        self._write(stream.console, b"\r")
+        self._write(stream.console, [((), b"\r")])
         if self._bar is None and stream.pending:
             self._bar, self._bar_due = stream, False
 
-    def _write(self, fd: int, data: bytes) -> None:
-        if self._ok[fd] and not console_write(fd, data):
+    def _write(self, fd: int, records: list[Record]) -> None:
+        if self._ok[fd] and not console_lines(fd, Lines(self._host, records)):
             self._ok[fd] = False  # our reader went away (`| head`): keep logging, stop echoing
 
 
@@ -431,90 +405,3 @@ def flush_python_output() -> None:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Per-rank log files.
-
-
-class LogFileRefused(OSError):
-    """A log path xrun will not write through (issue 22 §6): a symbolic link is in its place or above it."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(errno.ELOOP, reason, path)
-        self.path = path
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
-
-
-# Open a log file as new, never through a symbolic link: O_EXCL refuses any name already there (a link too,
-# dangling or not), O_NOFOLLOW says the same for the last component on its own.
-_NEW_LOG = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
-    """Open ``{log_dir}/{host}/rank{N}/stdout.log`` and ``stderr.log``, keeping earlier runs' files.
-
-    In a shared log directory another user may have put a symbolic link where a log file goes: the file is
-    created new (an earlier run's is renamed first) and never through a link, so a link in its place ends the
-    rank's start with ``LogFileRefused`` naming it, and a directory of the path that is another user's link
-    (not root's) is refused too, rather than writing where that user chose."""
-    directory = os.path.join(host_log_dir(log_dir, host), f"rank{rank}")
-    for part in (log_dir, os.path.dirname(directory), directory):  # before makedirs follows them
-        _refuse_foreign_link(part)
-    os.makedirs(directory, exist_ok=True)
-    fds: list[int] = []
-    try:
-        for name in ("stdout", "stderr"):
-            path = os.path.join(directory, f"{name}.log")
-            _rotate(path, name)
-            try:
-                fds.append(os.open(path, _NEW_LOG, 0o644))
-            except FileExistsError:  # a link (or a file) put there since the rename: not ours to write into
-                raise LogFileRefused(path, _IN_THE_WAY) from None
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds[0], fds[1]
-
-
-_IN_THE_WAY = "a symbolic link or another file is in the way of this log file (xrun writes only files it creates)"
-
-
-def _refuse_foreign_link(path: str) -> None:
-    """A directory of the log path that is a symbolic link owned by another user (not root): refused."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISLNK(info.st_mode) and info.st_uid not in (0, os.geteuid()):
-        raise LogFileRefused(path, f"a symbolic link of another user (uid {info.st_uid}); choose another --log_dir")
-
-
-def _rotate(path: str, name: str) -> None:
-    """Rename an existing ``stdout.log`` to ``stdout.<its mtime as YYYYmmdd-HHMMSS>.log``; a symbolic link in its
-    place is not an earlier run's file: ``LogFileRefused``."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(info.st_mode):
-        raise LogFileRefused(path, _IN_THE_WAY)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(info.st_mtime))
-    directory = os.path.dirname(path)
-    target = os.path.join(directory, f"{name}.{stamp}.log")
-    n = 1
-    while os.path.lexists(target):  # two runs in the same second
-        target = os.path.join(directory, f"{name}.{stamp}.{n}.log")
-        n += 1
-    os.rename(path, target)
-
-
-def host_log_dir(log_dir: str, host: str) -> str:
-    """``{log_dir}/{host}``, the one folder of a node's logs, ``failure.json`` and ``summary.json``: the host
-    name with path separators replaced, so that no host name can point outside ``log_dir``."""
-    name = host.replace(os.sep, "_")
-    return os.path.join(log_dir, name if name not in ("", ".", "..") else "_")

@@ -1,10 +1,11 @@
 """The console written from a thread, through a bounded buffer: supervision never waits on output (issue 25 §3).
 
-A write to a console that does not read (a stalled terminal or ssh channel, a pipe whose reader stopped, node 0
-in pod mode behind on every node's lines) blocks. Done from the event loop, that write would stop supervision:
-a rank's exit would not be seen and the job not stopped. So the loop only queues (``put``), and one daemon thread
-writes, in order, fd 1 and fd 2 alike (a terminal shows both: their order is kept), and in pod mode forwards to
-node 0 (``Route``), whose channel may block as well.
+A write to a console that does not read (a stalled terminal or ssh channel, a pipe whose reader stopped, a head
+or pod mode's node 0 behind on every node's lines) blocks. Done from the event loop, that write would stop
+supervision: a rank's exit would not be seen and the job not stopped. So the loop only queues (``put``), and one
+daemon thread writes, in order, fd 1 and fd 2 alike (a terminal shows both: their order is kept): a node's line
+records go over the control channel to the head (``Route``), whose channel may block as well, or are rendered
+here (xrun.launch.output.render) and written.
 
 The policy, stated in docs/logs.md:
 * while the job runs, a console that cannot keep up holds the ranks back, as a slow terminal does: once the
@@ -29,23 +30,24 @@ from collections import deque
 from collections.abc import Callable
 
 from xrun.launch.output.consoleroute import Route, current, deliver
+from xrun.launch.output.render import Lines, render_lines
 from xrun.launch.procs.posix import on_leave
 
 BUFFER_BYTES = 4 << 20  # what the console may lag behind the ranks before they are held back
 STALL_S = 1.0  # a console that took nothing for this long while it had work is stalled
 PIECE = 64 << 10  # a local write at a time: progress is seen per piece, even on a slow terminal
-_Item = tuple[int, bytes, "Route | None"]
+_Item = tuple[int, "bytes | Lines", "Route | None", int]  # fd, what to write, its route, its size in bytes
 
 
-def count_lines(data: bytes) -> int:
-    return max(1, data.count(b"\n"))
+def count_lines(data: bytes | Lines) -> int:
+    return max(1, data.count(b"\n")) if isinstance(data, bytes) else data.line_count()
 
 
 class ConsoleWriter:
     """One per process, as fd 1 and 2 are (``writer()``); thread-safe."""
 
     def __init__(self, *, limit: int = BUFFER_BYTES, stall_s: float = STALL_S,
-                 deliver_item: Callable[[int, bytes, Route | None], bool] = deliver) -> None:
+                 deliver_item: Callable[[int, bytes | Lines, Route | None], bool] = deliver) -> None:
         self._limit = limit
         self._stall_s = stall_s
         self._deliver = deliver_item
@@ -65,16 +67,18 @@ class ConsoleWriter:
         """The console lags ``BUFFER_BYTES`` behind: the rank group stops reading its ranks for now."""
         return self._bytes >= self._limit
 
-    def put(self, fd: int, data: bytes, route: Route | None = None) -> bool:
-        """Queue a console write; never blocks. False: the reader of ``fd`` is gone (stop echoing)."""
+    def put(self, fd: int, data: bytes | Lines, route: Route | None = None) -> bool:
+        """Queue a console write (text, or a node's line records); never blocks. False: the reader of ``fd`` is
+        gone (stop echoing)."""
         with self._cond:
             if self._gone.get(fd) and route is None:
                 return False
             if self._bytes >= self._limit and (self.dropping or self._stalled()):
                 self.dropped += count_lines(data)
                 return True
-            self._queue.append((fd, data, route))
-            self._bytes += len(data)
+            size = len(data) if isinstance(data, bytes) else data.size()
+            self._queue.append((fd, data, route, size))
+            self._bytes += size
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="xrun-console", daemon=True)
                 self._thread.start()
@@ -108,12 +112,12 @@ class ConsoleWriter:
     def _give_up(self) -> None:
         """Drop everything queued but the write in progress (it may still finish) and say how many lines."""
         in_flight = self._queue.popleft() if self._busy is not None else None
-        self.dropped += sum(count_lines(data) for _, data, _ in self._queue)
+        self.dropped += sum(count_lines(data) for _, data, _, _ in self._queue)
         self._queue.clear()
         self._bytes = 0
         if in_flight is not None:
             self._queue.append(in_flight)
-            self._bytes = len(in_flight[1])
+            self._bytes = in_flight[3]
         if self._busy != 2 and _can_take(2):  # fd 2 may be another stream than the stalled one
             _write_now(2, self._dropped_line())
 
@@ -128,22 +132,27 @@ class ConsoleWriter:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                fd, data, route = self._queue[0]
+                fd, data, route, size = self._queue[0]
                 self._busy, self._progress = fd, time.monotonic()
             ok = self._deliver_in_pieces(fd, data, route)
             with self._cond:
                 if self._queue and self._queue[0][1] is data:  # not dropped by a drain meanwhile
                     self._queue.popleft()
-                    self._bytes -= len(data)
+                    self._bytes -= size
                 self._busy = None
                 self._gone[fd] = self._gone.get(fd, False) or not ok
                 if self.dropped and not self._queue:  # the console takes writes again: say what it missed
-                    self._queue.append((2, self._dropped_line(), route))
-                    self._bytes += len(self._queue[0][1])
+                    line = self._dropped_line()
+                    self._queue.append((2, line, route, len(line)))
+                    self._bytes += len(line)
                 self._cond.notify_all()
 
-    def _deliver_in_pieces(self, fd: int, data: bytes, route: Route | None) -> bool:
-        if route is not None or len(data) <= PIECE:  # a forward goes whole: node 0 reads it as one message
+    def _deliver_in_pieces(self, fd: int, data: bytes | Lines, route: Route | None) -> bool:
+        if route is not None:  # a forward goes whole: the head reads it as one message
+            return self._deliver(fd, data, route)
+        if not isinstance(data, bytes):
+            data = render_lines(data)  # here, off the loop that supervises the ranks
+        if len(data) <= PIECE:
             return self._deliver(fd, data, route)
         for start in range(0, len(data), PIECE):
             if not self._deliver(fd, data[start:start + PIECE], None):
@@ -182,6 +191,12 @@ def writer() -> ConsoleWriter:
 
 
 def console_write(fd: int, data: bytes) -> bool:
-    """Queue ``data`` for the node's console fd (1 or 2), wherever the route takes it (never blocks); False: nobody
-    reads it any more."""
+    """Queue ``data``, text of no rank (an agent's own line), for the node's console fd (1 or 2), wherever the route
+    takes it (never blocks); False: nobody reads it any more."""
     return _WRITER.put(fd, data, current())
+
+
+def console_lines(fd: int, lines: Lines) -> bool:
+    """Queue a node's line records for its console fd (1 or 2), wherever the route takes them (never blocks);
+    False: nobody reads them any more."""
+    return _WRITER.put(fd, lines, current())

@@ -25,6 +25,7 @@ class ProcInfo:
     """One row of the /proc table: a live process and the groups it belongs to."""
 
     pid: int
+    ppid: int
     pgrp: int
     sid: int
     state: str
@@ -58,7 +59,7 @@ def _parse_stat(pid: int, data: bytes) -> ProcInfo | None:
     fields = data[data.rfind(b")") + 2 :].split(b" ", 4)
     if len(fields) < 5:
         return None
-    return ProcInfo(pid, int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace"))
+    return ProcInfo(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace"))
 
 
 def session_members(sids: Collection[int]) -> list[ProcInfo]:
@@ -76,7 +77,7 @@ def session_members(sids: Collection[int]) -> list[ProcInfo]:
                 fields = data[data.rfind(b")") + 2 :].split(b" ", 4)  # state ppid pgrp session rest
                 sid = int(fields[3])
                 if sid in sids:
-                    found.append(ProcInfo(int(name), int(fields[2]), sid, fields[0].decode()))
+                    found.append(ProcInfo(int(name), int(fields[1]), int(fields[2]), sid, fields[0].decode()))
     finally:
         os.close(proc_fd)
     return found

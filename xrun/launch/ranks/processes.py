@@ -44,17 +44,20 @@ class RankProcess:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cpus: frozenset[int] | None = None  # the exact CPU affinity the child starts with
+    memory_node: int | None = None  # a forked rank's memory bound here (numactl's --membind, without numactl)
     cwd: str | None = None
     error_file: str | None = None  # its TORCHELASTIC_ERROR_FILE, read if it fails
 
 
 @dataclass(frozen=True)
 class BoundRank:
-    """A rank after binding: the argv may gain a numactl prefix, or the cpus travel as an affinity mask."""
+    """A rank after binding: the argv may gain a numactl prefix, or the cpus travel as an affinity mask (with the
+    memory node, for a rank forked from the preload helper, which binds both itself)."""
 
     argv: tuple[str, ...]
     cpus: frozenset[int] | None
     extra_env: Mapping[str, str]
+    memory_node: int | None = None
 
 
 def rank_environment(
@@ -99,6 +102,16 @@ def _inherited_visibility(env: Mapping[str, str], variable: str) -> str | None:
     return env.get(variable)
 
 
+def shared_environment(spec: NodeSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """What every local rank's environment has in common (``rank_environment``'s, without the binding): the
+    environment of the preload helper (xrun.launch.preload), which imports for all of them."""
+    node_devices = detect_devices()
+    envs = with_network(spec, [rank_environment(base, spec, rank, node_devices) for rank in spec.ranks])
+    if not envs:
+        return dict(base)
+    return {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs[1:])}
+
+
 def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
     """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
     if not spec.options.bind_cores:
@@ -133,7 +146,9 @@ def omp_threads(env: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str
 
 
 def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
-    """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound)."""
+    """Apply --bind_cores_to_rank: numactl when installed, else an inherited affinity mask (memory not bound). A rank
+    forked from the preload helper (--preload) is a python without a command of its own to prefix: it sets its
+    affinity and its memory policy itself, as numactl would (xrun.launch.preload.kernel)."""
     bindings = plan_bindings(spec, env)
     if bindings is None:
         threads = omp_threads(env, len(spec.ranks), len(os.sched_getaffinity(0)))
@@ -150,6 +165,9 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
     note = binding.binding_note(bindings, pool)
     if note:
         print(f"xrun: {spec.host}: {note}", file=sys.stderr)
+    if spec.options.preload:
+        return tuple(BoundRank(argv=r.argv, cpus=frozenset(b.cpus), extra_env=binding.binding_env(b, env),
+                               memory_node=b.numa_node) for r, b in zip(spec.ranks, bindings))
     numactl = binding.find_numactl()
     if numactl is None:
         print(
@@ -186,6 +204,7 @@ def rank_processes(
                 argv=b.argv,
                 env={**env, **b.extra_env, **extra},
                 cpus=b.cpus,
+                memory_node=b.memory_node,
                 cwd=spec.cwd,
                 error_file=error_file,
             )

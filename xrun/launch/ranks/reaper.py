@@ -5,7 +5,8 @@ of xrun.launch.ranks.supervise decides, and reports what it finds:
 
 * ``watch`` / ``collect`` / ``finish``: a pidfd per rank main process (readable once it exits; Linux >= 5.3,
   else SIGCHLD alone tells), ``wait4`` for its status and the kernel's accounting (CPU time, peak RSS), then
-  its last output read and its ``RankOutcome``;
+  its last output read and its ``RankOutcome``; a rank forked from the preload helper runs its program only once
+  it is watched, and ``watch_helper`` says at once when that helper is gone (xrun.launch.preload.client);
 * ``signal_running`` / ``kill_sessions``: signal the ranks' process groups, or every group alive in their
   sessions; ``kill_now`` is the emergency path when the supervisor leaves by an exception;
 * ``reap_orphans``: as child subreaper the agent inherits what the ranks' sessions orphan;
@@ -25,9 +26,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream
+from xrun.launch.output.streams import Console, RankStream, notice
 from xrun.launch.output.writer import console_write
 from xrun.launch.procs import proctable
 from xrun.launch.procs.proctable import ProcInfo
@@ -40,6 +41,8 @@ from xrun.launch.result.outcome import RankOutcome
 if TYPE_CHECKING:
     import resource
 
+    from xrun.launch.preload.client import ForkedRank, PreloadHelper
+
 _EMERGENCY_WAIT = 2.0  # kill_now: how long to wait for SIGKILLed ranks before leaving anyway
 
 
@@ -47,14 +50,16 @@ class RankState:
     """One rank's process: started, exited, reaped, and what became of it."""
 
     __slots__ = (
-        "spec", "pid", "popen", "pidfd", "started", "returncode", "signal", "signalled", "reaped",
+        "spec", "pid", "popen", "pipes", "held", "pidfd", "started", "returncode", "signal", "signalled", "reaped",
         "streams", "outcome", "start_error", "rusage",
     )  # fmt: skip
 
     def __init__(self, spec: RankProcess) -> None:
         self.spec = spec
         self.pid = 0
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.popen: subprocess.Popen[bytes] | None = None  # a rank started by Popen
+        self.pipes: tuple[IO[bytes], IO[bytes]] | None = None  # the read ends of its stdout and stderr
+        self.held: ForkedRank | None = None  # a rank forked from the preload helper, not yet let run
         self.pidfd: int | None = None
         self.started = 0.0  # monotonic
         self.returncode: int | None = None
@@ -137,7 +142,22 @@ class Reaper:
             self.have_pidfd = False  # Linux < 5.3 (or seccomp): SIGCHLD alone tells us
         else:
             self._sel.register(rank.pidfd, selectors.EVENT_READ, on_exit)  # type: ignore[union-attr]
+        if rank.held is not None:  # forked: it runs its program only now that it is watched
+            rank.held.release()
+            rank.held = None
 
+    def watch_helper(self, helper: PreloadHelper) -> None:
+        """Say at once when the preload helper the ranks are forked from is gone: its socket turns readable. The
+        running ranks do not need it; a rank not yet forked cannot start (its start error says why)."""
+
+        def lost() -> None:
+            self._unregister(helper.fileno())
+            how = helper.lost()
+            self.reap_orphans()  # its zombie, now reaped, held up the orphans behind it
+            notice(self._host, f"the preload helper (pid {helper.pid}) {how}; the running ranks go on, but no rank "
+                               "can be forked from it again")
+
+        self._sel.register(helper.fileno(), selectors.EVENT_READ, lost)  # type: ignore[union-attr]
     def collect(self) -> list[RankState]:
         """Reap every rank main process that has exited; return them in the order found.
 
@@ -226,6 +246,7 @@ class Reaper:
 
     def kill_now(self) -> None:
         """SIGKILL everything and reap the main processes, for a short while at most (leaving by an exception)."""
+        self.let_go()
         sids = self.sids()
         self.signal_running(signal.SIGKILL)
         proctable.signal_sessions(sids, signal.SIGKILL)
@@ -307,8 +328,16 @@ class Reaper:
 
     # -- the end --------------------------------------------------------------------------------------------
 
+    def let_go(self) -> None:
+        """Forked ranks not yet let run leave before running anything."""
+        for rank in self._ranks:
+            if rank.held is not None:
+                rank.held.abandon()
+                rank.held = None
+
     def close(self) -> None:
-        """Close every pidfd (the caller closes the selector)."""
+        """Close every pidfd (the caller closes the selector); forked ranks still held go."""
+        self.let_go()
         for rank in self._ranks:
             if rank.pidfd is not None:
                 os.close(rank.pidfd)

@@ -1,5 +1,7 @@
 """Starting one rank of a RankGroup (``xrun.launch.ranks.supervise``): its logs, its process in its own session
-(bound to its cores when it has some), and its stdout and stderr pipes on the group's loop.
+(bound to its cores when it has some), and its stdout and stderr pipes on the group's loop. The process is started
+(``subprocess.Popen``), or forked from the preload helper (xrun.launch.preload.client) when the group has one: then
+it waits, held, until the group lets it run (``RankState.held``).
 
 A rank that cannot start is not an exception: it ends at once with the shell's code and the reason as its output.
 """
@@ -12,31 +14,48 @@ import os
 import selectors
 import subprocess
 import time
+from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, open_logs, rank_prefix
+from xrun.launch.output.logfiles import open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 
+if TYPE_CHECKING:
+    from xrun.launch.preload.client import ForkedRank, PreloadHelper
+
 
 def spawn_rank(
-    rank: RankState, affinity: frozenset[int] | None, *, host: str, log_dir: str | None
+    rank: RankState,
+    affinity: frozenset[int] | None,
+    *,
+    host: str,
+    log_dir: str | None,
+    preload: PreloadHelper | None = None,
 ) -> tuple[int, int] | None:
-    """Start ``rank`` (its ``popen``, ``pid`` and ``started`` set) and return its log fds (None: no --log_dir).
-    One that cannot start keeps ``popen`` None, with ``start_error`` and ``returncode`` saying why."""
+    """Start ``rank`` (its ``pid``, ``pipes`` and ``started`` set; ``popen``, or ``held`` when forked from
+    ``preload``) and return its log fds (None: no --log_dir). One that cannot start keeps ``pid`` 0, with
+    ``start_error`` and ``returncode`` saying why."""
     logs: tuple[int, int] | None = None
     try:
         if log_dir is not None:
             logs = open_logs(log_dir, host, rank.spec.rank)
-        popen = _spawn(rank.spec, affinity)
-    except (OSError, ValueError) as err:  # ValueError: a NUL byte in argv or env
+        if preload is None:
+            rank.popen = _spawn(rank.spec, affinity)
+            rank.pid = rank.popen.pid
+            assert rank.popen.stdout is not None and rank.popen.stderr is not None
+            rank.pipes = (rank.popen.stdout, rank.popen.stderr)
+        else:
+            rank.held, rank.pipes = _fork(rank.spec, preload)
+            rank.pid = rank.held.pid
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in argv or env; a command the helper cannot fork
         for fd in logs or ():
             os.close(fd)
-        rank.start_error = f"xrun: cannot start rank {rank.spec.rank}: {err}"
+        how = "fork" if preload is not None else "start"
+        rank.start_error = f"xrun: cannot {how} rank {rank.spec.rank}: {err}"
         # The shell's conventions: 127 "command not found", 126 "found but cannot run".
         rank.returncode = 127 if getattr(err, "errno", None) == errno.ENOENT else 126
         return None
-    rank.popen = popen
-    rank.pid = popen.pid
     rank.started = time.monotonic()
     return logs
 
@@ -47,19 +66,16 @@ def watch_output(
     rank: RankState,
     logs: tuple[int, int] | None,
     *,
-    host: str,
     console_ranks: frozenset[int] | None,
 ) -> None:
     """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
-    popen = rank.popen
-    assert popen is not None and popen.stdout is not None and popen.stderr is not None
-    prefix = rank_prefix(host, rank.spec.rank)
-    for pipe, fd_no in ((popen.stdout, 1), (popen.stderr, 2)):
+    assert rank.pipes is not None
+    for pipe, fd_no in zip(rank.pipes, (1, 2)):
         fd = pipe.fileno()
         os.set_blocking(fd, False)
         grow_pipe(fd)
         log = logs[fd_no - 1] if logs else None
-        stream = RankStream(fd, fd_no, prefix, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
+        stream = RankStream(fd, fd_no, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
         stream.echo = console_ranks is None or rank.spec.rank in console_ranks
         rank.streams.append(stream)
         sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))
@@ -93,3 +109,20 @@ def _spawn(spec: RankProcess, affinity: frozenset[int] | None) -> subprocess.Pop
     finally:
         if spec.cpus is not None and affinity is not None:
             os.sched_setaffinity(0, affinity)
+
+
+def _fork(spec: RankProcess, preload: PreloadHelper) -> tuple[ForkedRank, tuple[IO[bytes], IO[bytes]]]:
+    """Fork one rank from the preload helper, its stdout and stderr on new pipes (read as Popen's are: unbuffered)."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        forked = preload.fork(spec.argv, spec.env, cwd=spec.cwd or os.getcwd(), cpus=spec.cpus,
+                              memory_node=spec.memory_node, stdout=out_write, stderr=err_write)
+    except BaseException:
+        os.close(out_read)
+        os.close(err_read)
+        raise
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    return forked, (open(out_read, "rb", buffering=0), open(err_read, "rb", buffering=0))  # noqa: SIM115 - the streams own them

@@ -21,6 +21,12 @@ stopped the same way and reported as leftovers, so the agent never hangs on them
 (xrun.launch.ranks.spawn), the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in
 (xrun.launch.ranks.plugins).
 
+With a preload helper (``preload=``, xrun.launch.preload, docs/preload.md) every rank is forked from it instead of
+started: the helper forks twice, so the rank's parent is this process (the child subreaper), and the rank waits
+until its pidfd and the watchdog watch it. From then on it is supervised exactly like a started rank. The helper's
+death is noticed at once (its socket turns readable) and said in one line; the running ranks do not need it and
+go on, and a rank not yet forked cannot start (its start error says why).
+
 Safety nets: the agent is a child subreaper (orphaned grandchildren are reaped here, not left as zombies),
 and a forked watchdog (xrun.launch.procs.watchdog) stops every rank session if the agent itself gets SIGKILL, or,
 for an agent connected to a head, when this loop stops coming round (it beats on the watchdog's pipe as a timer).
@@ -51,6 +57,7 @@ from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_r
 from xrun.launch.result.stacks import DumpTarget
 
 if TYPE_CHECKING:
+    from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
 
 
@@ -81,6 +88,7 @@ class RankGroup:
         options: SuperviseOptions,
         *,
         on_rank_exit: Callable[[RankOutcome], None] | None = None,
+        preload: PreloadHelper | None = None,
     ) -> None:
         ranks = [p.rank for p in procs]
         if len(set(ranks)) != len(ranks):
@@ -90,6 +98,7 @@ class RankGroup:
         self._options = options
         self._ranks = [RankState(p) for p in procs]
         self._on_rank_exit = on_rank_exit
+        self._preload = preload  # fork every rank from it (xrun.launch.preload); the caller owns its life
         self._loop = GroupLoop()
         self._ran = False
         self._console = _console(procs, options, on_close=self._loop.unregister)
@@ -190,6 +199,8 @@ class RankGroup:
         assert self._loop.sel is not None
         self._loop.sel.register(owned.wake_fd, selectors.EVENT_READ, owned.drain)
         self._loop.register_readers()
+        if self._preload is not None:
+            self._reaper.watch_helper(self._preload)
         affinity = current_affinity()
         for rank in self._ranks:
             while self._loop.signals:  # a Ctrl-C while starting: do not start the rest
@@ -209,14 +220,14 @@ class RankGroup:
             self._finish(rank, stopped=True)  # stopping already: do not start more work to kill it
             return
         options = self._options
-        logs = spawn_rank(rank, affinity, host=options.host, log_dir=options.log_dir)
-        if rank.popen is None:  # it could not start: its start_error and returncode say why
+        logs = spawn_rank(rank, affinity, host=options.host, log_dir=options.log_dir, preload=self._preload)
+        if not rank.pid:  # it could not start: its start_error and returncode say why
             self._finish(rank, stopped=False)
             return
         if self._watchdog is not None:
             self._watchdog.watch(rank.pid)
         assert self._loop.sel is not None
-        watch_output(self._loop.sel, self._console, rank, logs, host=options.host, console_ranks=options.console_ranks)
+        watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks)
         self._reaper.watch(rank, self._collect_exits)
 
     # -- the loop -------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 that are still alive, and the rank descendants that left those sessions.
 
 Every member of a rank's session descends from the rank, and as their child subreaper the agent inherits any whose
-parent is gone: so while the agent has no child but the watchdog, nothing of the ranks can be left, and the scan of
+parent is gone: so while the agent has no child but the watchdog and the caller's own (the preload helper,
+xrun.launch.preload), nothing of the ranks can be left, and the scan of
 every process's ``/proc`` entry (about 1 ms here, tens of ms on a node running thousands of processes) is skipped.
 A daemon (a double fork and ``setsid``) leaves its rank's session but not the job: it is one of the agent's children
 that belongs to no rank's session and not to the agent's own (where its py-spy dumps run), and that was not the
@@ -36,7 +37,7 @@ class Survivors:
         """The live members of the sessions ``sids`` and the live daemons that left them (``running``: the ranks'
         main processes not yet reaped, children of ours that are no leftovers)."""
         kids = proctable.children() if self._subreaper else None  # None: no list, or orphans went to init
-        if kids is not None and kids <= {self._watchdog}:
+        if kids is not None and kids - self._foreign <= {self._watchdog}:
             return []
         members = proctable.live_members(sids)
         return members + self._daemons(kids or set(), sids, {p.pid for p in members} | set(running))

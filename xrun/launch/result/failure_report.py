@@ -1,7 +1,8 @@
 """A node's result as a failure report: a few lines for a human on stderr, the same data as JSON for tools.
 
 The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
-consequences, so the line to read at 3 a.m. is the first one. The exception the root cause recorded with torch's
+consequences, so the line to read at 3 a.m. is the first one; it says so when the root cause aborted in its
+teardown after its last line (xrun.launch.result.hints). The exception the root cause recorded with torch's
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
 failure with a known fix (xrun.launch.result.hints) ends the report with it.
 Every rank's figures (xrun.launch.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
@@ -20,12 +21,13 @@ import sys
 import tempfile
 from typing import Any
 
-from xrun.launch.output.streams import host_log_dir, notice
+from xrun.launch.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
+from xrun.launch.output.streams import notice
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
-from xrun.launch.result.hints import failure_hint
-from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
+from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
+from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.printable import each_line, one_line
@@ -41,11 +43,11 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
         writer().drain()  # the node's queued lines and notices first (the console is written from a thread)
         sys.stderr.write(each_line(format_failure_report(result)) + "\n")  # tails, stacks: escaped (issue 22)
         if log_dir is not None:
-            write_failure_json(os.path.join(host_log_dir(log_dir, result.host), "failure.json"), result)
+            write_failure_json(os.path.join(host_log_dir(log_dir, result.host), FAILURE_JSON), result)
     elif announce and result.exit_code == 0 and figures:
         notice(result.host, success_line(figures))
     if log_dir is not None:
-        write_json(os.path.join(host_log_dir(log_dir, result.host), "summary.json"),
+        write_json(os.path.join(host_log_dir(log_dir, result.host), SUMMARY_JSON),
                    summary_json(figures, exit_code=result.exit_code))
     return result.exit_code
 
@@ -71,7 +73,7 @@ def format_failure_report(result: NodeResult) -> str:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
         lines.extend(_tail_lines(root))
-    hint = next((h for o in ordered if o.failed for h in (failure_hint(o.stderr_tail),) if h), None)
+    hint = next((h for o in ordered if o.failed for h in (failure_hint(exit_code_of(o), o.stderr_tail),) if h), None)
     if hint:
         lines.append(f"xrun: node {result.host}: {hint}")
     return "\n".join(lines)
@@ -133,7 +135,8 @@ def _headline(result: NodeResult) -> str:
         return f"stopped as hung: {result.hang}"
     root = result.root_cause
     if root is not None:
-        return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s"
+        teardown = f", {IN_TEARDOWN}" if aborted_in_teardown(exit_code_of(root), root.stderr_tail) else ""
+        return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s{teardown}"
     if result.interrupted_by is not None:
         return f"stopped by {signal_name(result.interrupted_by)}"
     failed = sum(1 for o in result.outcomes if o.failed)

@@ -11,9 +11,9 @@ failure is retried until ``--join_timeout``, with a line now and then.
 ``Connection`` is an open link's two directions. One reader thread turns each message into the machine's event
 (``xrun.launch.session.events.message_event``) and posts it; silence longer than the keepalive's bound
 (``DEAD_AFTER``), or a broken or closed link, is ``LinkLost``. Sends go out at once from whichever thread calls,
-except while pod mode's console thread is in a forward to node 0 (``forward_output``): then they wait in order and
-that thread sends them after its own, so the loop that supervises the ranks never waits on a slow node 0
-(issue 25 §3). ``send_final`` waits (up to ``DEAD_AFTER``) for its message to go out: a node's last word.
+except while the console's thread is in a forward of the node's line records (``forward_lines``): then they wait
+in order and that thread sends them after its own, so the loop that supervises the ranks never waits on a slow
+head or node 0 (issue 25 §3). ``send_final`` waits (up to ``DEAD_AFTER``) for its message to go out: a node's last word.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from xrun import __version__
-from xrun.channel import DEAD_AFTER, HELLO_TIMEOUT, ChannelError, Kind, Message, message, output_message, tune_socket
+from xrun.channel import DEAD_AFTER, HELLO_TIMEOUT, ChannelError, Kind, Message, lines_messages, message, tune_socket
 from xrun.channel.link import Credentials, Link, open_link
+from xrun.launch.output.render import Lines
 from xrun.launch.output.status import say
 from xrun.launch.session.events import Event, LinkLost, message_event
 from xrun.launch.spec import SPEC_VERSION
@@ -183,14 +184,16 @@ class Connection:
         self._send_waiting(wait=DEAD_AFTER)  # the node's last word: worth waiting for a forward in flight
         return self._connected and not self._outbox
 
-    def forward_output(self, fd: int, data: bytes) -> bool:
-        """Pod mode: hand a console write to node 0 (xrun.launch.output.consoleroute). False: the channel is gone.
-        Called by the console's thread (xrun.launch.output.writer), never by the loop: it may block."""
+    def forward_lines(self, fd: int, lines: Lines) -> bool:
+        """Hand a console write, the node's line records, to the head or node 0 (xrun.launch.output.consoleroute).
+        False: the channel is gone. Called by the console's thread (xrun.launch.output.writer), never by the loop:
+        it may block."""
         if not self._connected:
             return False
         try:
             with self._send_lock:
-                self._link.send(output_message(fd, data))
+                for msg in lines_messages(fd, lines.host, lines.records):
+                    self._link.send(msg)
         except OSError:
             self._connected = False
         self._send_waiting()  # what the loop handed over meanwhile

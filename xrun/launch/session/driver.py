@@ -16,7 +16,7 @@ answering pings as it stops beating for its watchdog: the runner gives the node 
 
 The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
 ``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks, ``want_stacks``, ``quiet``,
-``spoke``, pod mode's console lines) goes out as it comes, past the machine; their end is the machine's event.
+``spoke``, the console's line records) goes out as it comes, past the machine; their end is the machine's event.
 
 Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
 ``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
@@ -39,11 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
-from xrun.errors import PortBusyError, XrunError
-from xrun.launch.agent import run_node
+from xrun.errors import PreloadError, PreloadHelperLost, XrunError
+from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.network.precheck_answers import ProbeAnswers
-from xrun.launch.network.socket_ifname import MissingInterface
 from xrun.launch.output.consoleroute import Route, routed
 from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.preflight import check_spec
@@ -82,8 +81,10 @@ from xrun.net import master_port
 from xrun.printable import one_line
 
 if TYPE_CHECKING:
+    from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
     from xrun.launch.session.pod import PodNode
+    from xrun.launch.spec import NodeSpec
 
 HELLO_AGAIN_EVERY = 2.0  # pod mode: after node 0 turned this node away (each try is a line on node 0's console)
 ANY_ADDRESS = "0.0.0.0"  # noqa: S104 - pod mode's node 0: rank 0's store listens on every address
@@ -109,8 +110,9 @@ class Inbox:
         except OSError:  # full: it is readable already
             pass
 
-    def wait(self, timeout: float | None) -> None:
-        select.select([self.wake_fd], [], [], timeout)
+    def wait(self, timeout: float | None, also: tuple[int, ...] = ()) -> None:
+        """Until an event is posted, one of ``also`` is readable, or ``timeout`` passed."""
+        select.select([self.wake_fd, *also], [], [], timeout)
 
     def next(self) -> Event | None:
         """The next event, if any (the pipe drained first: a post after this read wakes the reader again)."""
@@ -148,12 +150,17 @@ class Driver:
         self._join_again = False
         self._group: Any = None  # a RankGroup, or the elastic StopBridge, while the ranks run
         self._doctor: NodeDoctor | None = None
+        self._helper: PreloadHelper | None = None  # --preload: started at the first preflight, for every attempt
+        self._importing: tuple[PreflightPassed, float] | None = None  # the preflight's answer once the helper is ready
+        self._helper_error: PreloadError | None = None  # the helper could not start
 
     # -- the main loop ----------------------------------------------------------------------------------------
 
     def run(self) -> int:
         """The agent's life from the hello to its exit code."""
         try:
+            if self.machine.pod is not None:  # pod mode knows its ranks at once: the import overlaps the join
+                self._start_helper(self.machine.pod.spec)
             self._open()
             while self.machine.exit_code is None:
                 if self._attempt is not None:
@@ -170,6 +177,8 @@ class Driver:
         finally:
             self._close()
             self._inbox.close()
+            if self._helper is not None:
+                self._helper.close()
 
     def _open(self) -> None:
         link = self._join()
@@ -187,7 +196,11 @@ class Driver:
         """Wait for events (or the machine's time) and feed them, up to an attempt the machine asks for: what comes
         after waits for the rank group's loop."""
         due = self.machine.wake_at
-        self._inbox.wait(None if due is None else max(0.0, due - time.monotonic()))
+        if self._importing is not None:
+            due = self._importing[1] if due is None else min(due, self._importing[1])
+        helper = (self._helper.fileno(),) if self._importing is not None and self._helper is not None else ()
+        self._inbox.wait(None if due is None else max(0.0, due - time.monotonic()), helper)
+        self._hear_helper()
         while self._attempt is None and not self._join_again and self.machine.exit_code is None:
             event = self._inbox.next()
             if event is None:
@@ -247,26 +260,68 @@ class Driver:
             self._say(action.line)
         return None
 
-    def _preflight(self, action: Preflight) -> Event:
-        """What must hold before this node says ready (xrun.launch.preflight), and rank 0's port on node 0."""
+    def _preflight(self, action: Preflight) -> Event | None:
+        """What must hold before this node says ready (xrun.launch.preflight: it enters the spec's working
+        directory first), rank 0's port on node 0, and the preload helper's imports (None: the answer comes once
+        they are in). A finding is the user's to fix: its exit code (2) travels."""
         spec = action.spec
-        if action.node_checks and spec.cwd:
-            try:
-                os.chdir(spec.cwd)  # where the spec's relative paths start
-            except OSError as err:
-                return PreflightFailed(f"cannot use the node spec: {err}", NODE_FAILURE_EXIT)
         try:
-            if action.node_checks:
-                check_spec(spec)  # the script, interpreter and log dir here, before the barrier counts it ready
+            check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
             rule, port = action.port, None
             if rule is not None:
                 near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)
                 port = master_port(spec.host, rule.port, pick=rule.pick, near=near)
-        except (MissingInterface, PortBusyError) as err:  # bad input: the runner ends the job with its code
-            return PreflightFailed(str(err), err.exit_code, bad_input=True)
-        except XrunError as err:  # the runner names this host; a spare may take its place
+        except XrunError as err:  # the runner ends the job with its code, naming this host (a spare: it is lost)
             return PreflightFailed(str(err), err.exit_code)
-        return PreflightPassed(port)
+        return self._once_preloaded(spec, PreflightPassed(port))
+
+    # -- the preload helper (--preload, docs/preload.md): the agent's for its whole life ---------------------------
+
+    def _start_helper(self, spec: NodeSpec) -> None:
+        """Start the helper once, for ``spec``'s ranks (their interpreter, shared environment and directory): it
+        imports while the agent goes on. A helper that cannot start is found out by ``_once_preloaded``."""
+        if self._helper is None and spec.options.preload:
+            try:
+                self._helper = start_preload(spec, os.environ)
+            except PreloadError as err:
+                self._helper_error = err
+
+    def _once_preloaded(self, spec: NodeSpec, passed: PreflightPassed) -> Event | None:
+        """The preflight's answer: ``passed`` once the helper is ready (None: the main loop waits for it, pinged
+        meanwhile, at most ``PRELOAD_TIMEOUT``); failed when it cannot be (bad input: the module, exit code 2) or
+        died during the last attempt (``check_helper``: the job ends on this node)."""
+        self._start_helper(spec)
+        if self._helper_error is not None:
+            return PreflightFailed(str(self._helper_error), self._helper_error.exit_code)
+        helper = self._helper
+        if helper is None:
+            return passed
+        if helper.ready is None:
+            self._importing = (passed, time.monotonic() + PRELOAD_TIMEOUT)
+            return None
+        try:
+            check_helper(helper)
+        except PreloadHelperLost as err:  # not the user's input: the runner names the host, a spare may step in
+            return PreflightFailed(str(err), err.exit_code)
+        return passed
+
+    def _hear_helper(self) -> None:
+        """While the preflight waits for the helper: feed its answer once the helper is ready, or failed."""
+        if self._importing is None or self._helper is None:
+            return
+        (passed, deadline), helper = self._importing, self._helper
+        answer: Event | None = None
+        try:
+            if helper.poll_ready() is not None:
+                announce(helper, self.machine.spec.host if self.machine.spec else socket.gethostname())
+                answer = passed
+            elif time.monotonic() >= deadline:
+                helper.wait_ready(0)  # raises: the helper took too long, and it is killed
+        except PreloadError as err:
+            answer = PreflightFailed(str(err), err.exit_code)
+        if answer is not None:
+            self._importing = None
+            self.feed(answer)
 
     def _stop_ranks(self, action: StopRanks) -> None:
         if self._group is None:
@@ -292,17 +347,18 @@ class Driver:
         them (xrun.launch.procs.watchdog)."""
         try:
             with routed(self._route()), watched_for_freezes(DEAD_AFTER):
-                run_node(attempt.spec, hooks=self)
+                run_node(attempt.spec, hooks=self, preload=self._helper)
         finally:
             self._group = self._doctor = None
 
     def _route(self) -> Route | None:
-        """Pod mode with ``--dedupe``: this node's console goes to node 0 too, which shows every node's lines
-        merged; node 0 shows its own only there (xrun.launch.output.consoleroute)."""
+        """Where this node's console goes while its ranks run: to the head, which alone renders and shows every
+        node's lines; in pod mode with ``--dedupe`` across nodes to node 0 too, which shows every node's lines
+        merged, and node 0 shows its own only there (xrun.launch.output.consoleroute)."""
         pod, connection = self.machine.pod, self._connection
-        if pod is None or not pod.forward_console or connection is None:
+        if connection is None or (pod is not None and not pod.forward_console):
             return None
-        return Route(connection.forward_output, keep_local=pod.node_rank != 0)
+        return Route(connection.forward_lines, keep_local=pod is not None and pod.node_rank != 0)
 
     def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
         """The rank group's loop takes over the inbox (woken once for what already waits)."""

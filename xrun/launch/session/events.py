@@ -141,12 +141,11 @@ class PreflightPassed(NamedTuple):
 
 
 class PreflightFailed(NamedTuple):
-    """The node cannot start its ranks as asked. ``bad_input``: the user must fix the command line (a given
-    ``--master_port`` taken, a ``--network_interface`` missing), and the runner ends the job with ``exit_code``."""
+    """The node cannot start its ranks as asked (xrun.launch.preflight's finding, a given ``--master_port`` taken):
+    bad input, which the runner ends the job with, ``exit_code`` (2) on every node (issue 33 §2)."""
 
     reason: str
     exit_code: int
-    bad_input: bool = False
 
 
 class AttemptEnded(NamedTuple):
@@ -182,13 +181,12 @@ class Send(NamedTuple):
 
 
 class Preflight(NamedTuple):
-    """Before ready: ``node_checks`` enters the spec's working directory and checks the interpreter, program, log
-    directory and open files (xrun.launch.preflight); ``port`` settles rank 0's port. Answered at once by
-    ``PreflightPassed`` or ``PreflightFailed``."""
+    """Before ready: enter the spec's working directory and check what must hold before its ranks start
+    (xrun.launch.preflight); ``port`` settles rank 0's port. Answered at once by ``PreflightPassed`` or
+    ``PreflightFailed``."""
 
     spec: NodeSpec
     port: PortRule | None
-    node_checks: bool = True
 
 
 class RunAttempt(NamedTuple):

@@ -18,8 +18,9 @@ node 0's xrun plays the runner's part)::
     LEAVING    a final word (done, error) is going out: once it did or not, the exit (``engine_exit_code``)
 
 Pings are answered in every phase; ``--precheck``'s probes while a node or spare waits at the barrier. While the
-preflight runs or the ranks run, what is not theirs waits (``_deferred``) and is taken up after, in order: an
-early verdict is not lost, a stale stop stays stale.
+preflight runs (it may wait minutes for ``--preload``'s imports: the driver answers it once they are in) or the
+ranks run, what is not theirs waits (``_deferred``) and is taken up after, in order: an early verdict is not lost, a
+stale stop stays stale. Losing the runner ends a preflight at once.
 
 Pod mode adds its console (the barrier's status, the started line, the verdict's line on every node but node 0),
 this xrun's own shutdown signals (``_shutdown``), and a join that node 0 turned away without a word (``JoinAgain``,
@@ -100,9 +101,11 @@ class Phase(enum.Enum):
 
 
 # The driver's answers to the machine's own actions and the clock: never kept for later (each handler knows whether
-# it is still its time). What the running ranks act on. Anything else waits while the preflight or the ranks run.
+# it is still its time). What the running ranks act on; what a preflight that waits (for the preload helper's
+# imports, which may take minutes) acts on. Anything else waits while the preflight or the ranks run.
 _ANSWERS = (PreflightPassed, PreflightFailed, AttemptEnded, Delivered, Tick)
 _RUNNING_OWN = (Stop, Signal, Dump, Ping, LinkLost, Shutdown)
+_PREFLIGHT_OWN = (Ping, LinkLost)
 
 
 def engine_exit_code(code: int, *, delivered: bool) -> int:
@@ -175,8 +178,9 @@ class AgentMachine:
                 return
         if self.phase is Phase.LEAVING and not isinstance(event, Delivered):
             return  # the end is decided; only whether the final word went out is still news
-        if not isinstance(event, _ANSWERS) and (self.phase is Phase.PREFLIGHT or (
-                self.phase is Phase.RUNNING and not isinstance(event, _RUNNING_OWN))):
+        if not isinstance(event, _ANSWERS) and (
+                (self.phase is Phase.PREFLIGHT and not isinstance(event, _PREFLIGHT_OWN))
+                or (self.phase is Phase.RUNNING and not isinstance(event, _RUNNING_OWN))):
             self._deferred.append(event)
             return
         _HANDLERS[type(event)](self, event)
@@ -204,7 +208,7 @@ class AgentMachine:
 
     def _on_accept(self, event: Accept) -> None:
         if self.pod is not None:
-            self._round(Preflight(self.pod.spec, self.pod.ready_port, node_checks=False))
+            self._round(Preflight(self.pod.spec, self.pod.ready_port))
 
     def _on_restart(self, event: Restart) -> None:
         if self.spec is None or (self.pod is None and self.phase is not Phase.BETWEEN):
@@ -329,7 +333,7 @@ class AgentMachine:
     def _on_preflight_failed(self, event: PreflightFailed) -> None:
         if self.phase is not Phase.PREFLIGHT:
             return
-        self._final(message(Kind.ERROR, message=event.reason, exit_code=event.exit_code if event.bad_input else None))
+        self._final(message(Kind.ERROR, message=event.reason, exit_code=event.exit_code))  # the job ends with it
         if self.pod is not None:
             self._to(Phase.BARRIER)  # node 0 ends the job; its verdict follows
             self._take_up_deferred()

@@ -34,9 +34,8 @@ from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
-from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
+from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
 from xrun.runner.backends.routes import control_address
-from xrun.runner.job.relay import head_merger
 from xrun.runner.plan import Plan
 from xrun.shell import render
 
@@ -142,17 +141,16 @@ class EngineBackend:
         endpoint = one_endpoint(plan, endpoints)
         argv = self.engine_argv(plan, endpoint)
         env = self.engine_env(endpoint.token)
-        merger = head_merger(plan)  # every node's lines come through the engine's stdout: merged here when on
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
             # wait in the queue and start agents with no runner to talk to).
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_for(merger), stderr=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, start_new_session=True,
                                     preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
-        return EngineSession(proc, program, merger)
+        return EngineSession(proc, program, LaunchedHosts.of(plan))
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from xrun.launch.agent import run_node
+from xrun.launch.agent import preloaded, run_node
 from xrun.launch.command import agent_argv
 from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
@@ -44,10 +44,11 @@ class LocalBackend:
         )
 
     def execute(self, plan: Plan) -> int:
-        if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
-            # Lazy: the restart loop loads the job's rules and the network check's verdicts (31 modules, ~2 MiB of
-            # RSS that each rank's process would inherit at fork: tests/test_summary.py measures it).
-            from xrun.runner.backends.local_restarts import run_attempts
+        with preloaded(plan.nodes[0]) as helper:  # --preload: one helper for every attempt
+            if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
+                # Lazy: the restart loop loads the job's rules and the network check's verdicts (31 modules, ~2 MiB
+                # of RSS that each rank's process would inherit at fork: tests/test_summary.py measures it).
+                from xrun.runner.backends.local_restarts import run_attempts
 
-            return run_attempts(plan)
-        return run_node(plan.nodes[0])
+                return run_attempts(plan, preload=helper)
+            return run_node(plan.nodes[0], preload=helper)

@@ -9,24 +9,28 @@ Ctrl-C during an attempt stops its ranks and ends the loop (130); between attemp
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from xrun.launch.agent import run_node_result
+from xrun.launch.agent import check_helper, run_node_result
 from xrun.launch.output.status import say
-from xrun.launch.result.outcome import HANG_EXIT, NodeResult, describe, exit_code_of
+from xrun.launch.result.outcome import HANG_EXIT, NodeResult
 from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.net import free_port
 from xrun.runner.job.attempts import Attempts, Ending
-from xrun.runner.job.events import Failure
-from xrun.runner.job.verdict import RootCause
+from xrun.runner.job.events import Failure, RankExited
+from xrun.runner.job.verdict import RootCause, rank_failure
 from xrun.runner.plan import Plan, PortChoice
+
+if TYPE_CHECKING:
+    from xrun.launch.preload.client import PreloadHelper
 
 
 def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
     """The attempt's root cause as the head's rules read it (None: it succeeded, or a signal stopped it)."""
     root = result.root_cause
     if root is not None:
-        reason = f"rank {root.rank} (local {root.local_rank}) on {spec.host} {describe(root)}"
-        return Failure(spec.host, reason, exit_code_of(root), rank=root.rank, tail=root.stderr_tail)
+        ended = RankExited(0, root.rank, root.local_rank, root.returncode, root.signal, tail=root.stderr_tail)
+        return rank_failure(ended, spec.host)  # the head's words for it, an abort in teardown included
     if result.hang is not None:
         return Failure(spec.host, result.hang, HANG_EXIT, final=spec.options.hang_action is not HangAction.RESTART)
     if result.exit_code != 0 and result.interrupted_by is None:
@@ -34,14 +38,15 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
     return None
 
 
-def run_attempts(plan: Plan) -> int:
-    """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code."""
+def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
+    """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code. With
+    ``preload`` every attempt's ranks are forked from it; one that died meanwhile ends the job (``check_helper``)."""
     node, policy = plan.nodes[0], plan.request.restart
     attempts = Attempts(policy, t0=time.monotonic())
     spec = node
     while True:
         began = time.monotonic()
-        code, result = run_node_result(spec)
+        code, result = run_node_result(spec, preload=preload)
         cause = RootCause(elastic=False)
         if result.interrupted_by is not None:
             cause.interrupted(result.interrupted_by)
@@ -54,6 +59,8 @@ def run_attempts(plan: Plan) -> int:
             for line in cause.restart_lines:
                 say(line)
             return code
+        if preload is not None:
+            check_helper(preload)
         attempt = attempts.begin_next(time.monotonic())
         say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
         spec = with_rendezvous(node, plan.rendezvous.known_master_addr, _port(plan), attempt)

@@ -1,13 +1,13 @@
 """``--launcher pdsh``: ``pdsh -S -R ssh -f FANOUT -N -w HOSTS 'PYTHON -u -m xrun.launch --connect=...
 --fingerprint=... --node_rank=%n --token=announce'``.
 
-pdsh replaces ``%n`` with each host's index in the ``-w`` list, which is given in world order (pdsh keeps the order it
-is given; it does not sort). ``-S`` makes pdsh exit with the largest remote exit code, ``-N`` drops its ``host: ``
-prefix (the agent prefixes ``[host:rank]`` itself). pdsh has no stdin for remote commands, and every user of a node can
-read its command line, so nothing secret is on it: each agent makes a one-time key, announces it on its stderr, which
-reaches the head over pdsh's ssh session (xrun.channel.announce), and proves it on the channel; the head admits node K
-only with the key node K's own agent announced, once. ``--ssh_port``, ``--ssh_config`` and ``--ssh_accept_new_hosts``
-reach OpenSSH through ``PDSH_SSH_ARGS_APPEND``.
+pdsh replaces ``%n`` with each host's index in the ``-w`` list, which is given in world order (pdsh keeps the order
+it is given; it does not sort). ``-S`` makes pdsh exit with the largest remote exit code, ``-N`` drops its ``host: ``
+prefix (the ranks' lines come over the control channel; the head labels them). pdsh has no stdin for remote commands,
+and every user of a node can read its command line, so nothing secret is on it: each agent makes a one-time key,
+announces it on its stderr, which reaches the head over pdsh's ssh session (xrun.channel.announce), and proves it on
+the channel; the head admits node K only with the key node K's own agent announced, once. ``--ssh_port``,
+``--ssh_config`` and ``--ssh_accept_new_hosts`` reach OpenSSH through ``PDSH_SSH_ARGS_APPEND``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ import subprocess
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.launch.output.dedupe import LineMerger
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.echoes import EchoFilter
-from xrun.runner.backends.launcher_process import LauncherProcess, stdout_for
+from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
 from xrun.runner.backends.routes import control_address
-from xrun.runner.job.relay import head_merger
 from xrun.runner.plan import Plan
 from xrun.runner.remote_options import RemoteOptions, openssh_args
 from xrun.shell import render
@@ -85,20 +83,19 @@ class PdshBackend:
     def _start(self, pdsh: str, plan: Plan, endpoints: Endpoints) -> PdshSession:
         argv = (pdsh,) + pdsh_argv(plan, one_endpoint(plan, endpoints))[1:]
         env = dict(os.environ, PDSH_SSH_ARGS_APPEND=ssh_args_append(plan.request.remote))
-        merger = head_merger(plan)  # every node's lines come through pdsh's stdout: merged here when on
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
             # stderr through the control loop: its "ssh exited with exit code 255" ends that node's wait at once.
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_for(merger), stderr=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, start_new_session=True)
         except OSError as err:
             raise UsageError("--launcher", f"cannot run pdsh: {err.strerror}") from None
-        return PdshSession(proc, merger)
+        return PdshSession(proc, LaunchedHosts.of(plan))
 
 
 class PdshSession(LauncherProcess):
-    def __init__(self, proc: subprocess.Popen[bytes], merger: LineMerger | None = None) -> None:
-        super().__init__(proc, "pdsh", merger)
+    def __init__(self, proc: subprocess.Popen[bytes], hosts: LaunchedHosts) -> None:
+        super().__init__(proc, "pdsh", hosts)
         self.echoes = EchoFilter()  # "ssh exited with exit code 143" for each node xrun stopped: not news
 
     def finished(self, lost: set[str]) -> bool:

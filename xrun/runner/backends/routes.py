@@ -36,16 +36,19 @@ def control_address(hosts: Sequence[str], remote: RemoteOptions) -> str:
 
 def peer_address(host: str, ssh: SshSettings) -> str:
     """Resolve like ssh would: DNS / /etc/hosts first, else OpenSSH's own view (``ssh -G``: HostName aliases)."""
-    address = _first_address(host)
-    if address is None:
-        address = _first_address(_ssh_hostname(host, ssh) or "")
+    address = address_of(host, ssh)
     if address is None:  # the user's host name is the problem, not a flag they never passed (issue 13)
         raise UnknownHostError(host, "does not resolve (DNS, /etc/hosts, ssh's HostName); check its name in the "
                                "hostfile, or pass --control_addr ADDR if ssh reaches it through a proxy")
     return address
 
 
-def _first_address(name: str) -> str | None:
+def address_of(host: str, ssh: SshSettings) -> str | None:
+    """``peer_address``, or None where it does not resolve."""
+    return first_address(host) or first_address(_ssh_hostname(host, ssh) or "")
+
+
+def first_address(name: str) -> str | None:
     if not name:
         return None
     try:

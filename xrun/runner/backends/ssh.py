@@ -11,11 +11,10 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xrun.launch.output.dedupe import LineMerger
 from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
-from xrun.runner.job.relay import NodeLines, head_merger
+from xrun.runner.job.relay import StreamLines
 from xrun.runner.plan import Plan
 from xrun.runner.ssh_connections import Connected, HostConnectError, close_all, connect_all
 from xrun.shell import render
@@ -65,17 +64,16 @@ class SshBackend:
 
 
 class SshSessions:
-    """The exec channels that carry the agents; their output is relayed in whole lines, and with ``merger``
-    identical lines of every node are shown once (xrun.runner.job.relay)."""
+    """The exec channels that carry the agents; what their stdout and stderr carry (the agents' ranks' lines come
+    over the control channel) is relayed in whole lines onto the job's console (xrun.runner.job.relay)."""
 
-    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints,
-                 merger: LineMerger | None = None) -> None:
+    def __init__(self, connected: list[Any], commands: tuple[NodeCommand, ...], endpoints: Endpoints) -> None:
         self.clients = {c.host: c for c in connected}
         self.commands = commands
         self.endpoints = endpoints
         self.channels: dict[str, Any] = {}
         self.ended: set[str] = set()
-        self.lines = NodeLines(merger)
+        self.streams: dict[tuple[str, int], StreamLines] = {}
         self.unreachable: list[Any] = []  # hot spares ssh could not reach: the job goes on without them
 
     @classmethod
@@ -83,7 +81,7 @@ class SshSessions:
               ) -> SshSessions:
         """Run every agent's command on its connection (in parallel) and hand each its token; the hot spares that
         could not be reached are reported as sessions that ended (the job drops them, one line each)."""
-        sessions = cls(connected, ssh_commands(plan, endpoints), endpoints, head_merger(plan))
+        sessions = cls(connected, ssh_commands(plan, endpoints), endpoints)
         sessions.unreachable = list(unreachable)
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:
             opened = list(pool.map(sessions._exec, sessions.commands))
@@ -99,20 +97,21 @@ class SshSessions:
 
     def register(self, loop: Any) -> None:
         for host, chan in self.channels.items():
+            for fd in (1, 2):
+                self.streams[host, fd] = StreamLines(loop.console, ("ssh", host, fd), fd)
             loop.add_reader(chan, lambda h=host, c=chan: self._relay(loop, h, c))
-        self.lines.register(loop)
         for failed in self.unreachable:
             loop.session_ended(failed.host, None, f"ssh cannot reach it: {failed.reason}")
 
     def _relay(self, loop: Any, host: str, chan: Any) -> None:
         while chan.recv_ready():
-            self.lines.feed(host, 1, chan.recv(65536))
+            self.streams[host, 1].feed(chan.recv(65536))
         while chan.recv_stderr_ready():
-            self.lines.feed(host, 2, chan.recv_stderr(65536))
+            self.streams[host, 2].feed(chan.recv_stderr(65536))
         if chan.exit_status_ready() or chan.closed or not chan.get_transport().is_active():
             if chan.recv_ready() or chan.recv_stderr_ready():
                 return
-            self.lines.end(host)
+            self._end(host)
             loop.remove_reader(chan)
             self.ended.add(host)
             code = chan.recv_exit_status() if chan.exit_status_ready() else None
@@ -121,7 +120,15 @@ class SshSessions:
     def finished(self, lost: set[str]) -> bool:
         return all(host in self.ended or host in lost for host in self.channels)
 
+    def _end(self, host: str) -> None:
+        """``host``'s streams ended: their last lines, even without a newline."""
+        for fd in (1, 2):
+            stream = self.streams.get((host, fd))
+            if stream is not None:
+                stream.flush()
+
     def terminate(self) -> None:
         for chan in self.channels.values():
             chan.close()
-        self.lines.close()  # before the report: every node's last lines come first
+        for stream in self.streams.values():  # before the report: every node's last lines come first
+            stream.flush()

@@ -14,7 +14,7 @@ from xrun.hostlist import host_name_problem
 from xrun.strict_numbers import MAX_HOSTS as MAX_NODES
 from xrun.strict_numbers import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE
 
-# Bounds on what a platform may describe are xrun's own limits (xrun.values), under the platform's names.
+# Bounds on what a platform may describe are xrun's own limits (xrun.strict_numbers), under the platform's names.
 __all__ = ["MAX_NODES", "MAX_SLOTS_PER_NODE", "PlatformError", "host_name_problem", "parse_address", "parse_count",
            "parse_host_list", "parse_port"]
 

@@ -5,10 +5,13 @@ the attempt's outcome and the attempts before it and answers with an ``Ending``:
 
 * ``RESTART``: a failure the job can retry: every node's agent is still connected, restarts are left, and the
   no-progress rule does not hold;
-* ``FINAL``: nothing to retry: the attempt succeeded, a signal stopped it, or its failure is not one a restart
-  mends (a node refused at its hello, a busy ``--master_port``, a hang under ``--hang_action stop``);
+* ``FINAL``: nothing to retry: the attempt succeeded, a signal stopped it, its failure is not one a restart
+  mends (a node refused at its hello, a busy ``--master_port``, a hang under ``--hang_action stop``), or no
+  restart was asked for;
 * ``NODE_LOST``: a node's agent is gone (or failed its preflight) and no hot spare (``--spares``) can take its
-  place; with enough spares on standby, the next attempt runs on them instead (``xrun.runner.job.spares``);
+  place; with enough spares on standby, the next attempt runs on them instead (``xrun.runner.job.spares``). With
+  ``--spares`` but no ``--max_restarts`` (``--precheck`` alone, issue 33) no spare ever takes a lost node's place:
+  the job ends, and its line says which flag would have let one;
 * ``EXHAUSTED``: the N restarts are used up;
 * ``NO_PROGRESS``: this attempt and the one before it failed the same way (same rank, same exit code, or the
   same node-level cause on the same host) and neither ran ``--min_attempt_s`` seconds from its start to its
@@ -48,12 +51,14 @@ def same_way(a: Failure | None, b: Failure | None) -> bool:
 
 def decide(policy: RestartPolicy, history: Sequence[Attempt], *, interrupted: bool, nodes_missing: int) -> Ending:
     """What follows the last attempt of ``history`` (it is over); ``nodes_missing``: nodes whose agent is gone
-    (beyond the spares that could take their places)."""
+    (beyond the spares that could take their places: without restarts, none could)."""
     last = history[-1]
-    if last.failure is None or interrupted or not policy.restarts or last.failure.final:
+    if last.failure is None or interrupted or last.failure.final:
         return Ending.FINAL
     if nodes_missing:
         return Ending.NODE_LOST
+    if not policy.restarts:
+        return Ending.FINAL
     if len(history) > policy.max_restarts:
         return Ending.EXHAUSTED
     if no_progress(policy, history):
@@ -82,9 +87,10 @@ def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attemp
         head = (f"stopped restarting: no progress: attempts {restarts - 1} and {restarts} failed the same way "
                 f"within --min_attempt_s {policy.min_attempt_s:g} s of their start"
                 + (f" ({last.reason})" if last is not None else ""))
+    elif ending is Ending.NODE_LOST and not policy.restarts:  # --spares with --precheck alone (issue 33)
+        return [unreplaced_line(lost, spares)]
     elif ending is Ending.NODE_LOST:
-        hosts = f" ({', '.join(lost)})" if lost else ""
-        head = f"stopped restarting after {restarts} restart(s): {len(lost) or 'a'} node(s) lost{hosts}"
+        head = f"stopped restarting after {restarts} restart(s): {lost_nodes(lost)}"
         if policy.spares:  # without --spares (and in pod mode, which has none) there is no standby to speak of
             head += f" and {spares or 'no'} spare(s) on standby to take their places"
     elif restarts:
@@ -92,6 +98,20 @@ def ending_lines(ending: Ending, policy: RestartPolicy, history: Sequence[Attemp
     else:
         return []
     return [head, *attempt_lines(history)]
+
+
+def lost_nodes(lost: Sequence[str]) -> str:
+    return f"{len(lost) or 'a'} node(s) lost" + (f" ({', '.join(lost)})" if lost else "")
+
+
+def unreplaced_line(lost: Sequence[str], spares: int) -> str:
+    """Nodes lost in a job with hot spares but no ``--max_restarts``: it ends as without spares; where the spares
+    on standby were enough, the flag that would have let them take the lost nodes' places."""
+    if spares < max(1, len(lost)):
+        return f"{lost_nodes(lost)} and {spares or 'no'} spare(s) on standby to take their places"
+    return (f"{lost_nodes(lost)} and {spares} spare(s) on standby: without --max_restarts a spare takes only the "
+            "place of a node --precheck finds bad before the start; give --max_restarts N to let one take a lost "
+            "node's place at a restart")
 
 
 def attempt_lines(history: Sequence[Attempt]) -> list[str]:
@@ -123,8 +143,9 @@ class Attempts:
         self.history.append(Attempt(self.number, self.began - self.t0, max(0.0, ran), cause.failure, now - self.t0,
                                     self.replaced))
         self.lost, self.spares = lost, spares
+        replaceable = spares if self.policy.restarts else 0  # without restarts no spare takes a lost node's place
         self.ending = decide(self.policy, self.history, interrupted=cause.interrupted_by is not None,
-                             nodes_missing=max(0, len(lost) - spares))
+                             nodes_missing=max(0, len(lost) - replaceable))
         cause.attempts, cause.restart_lines = tuple(self.history), self.lines()
         return self.ending
 

@@ -20,10 +20,11 @@ The path of a ``ready``: the loop finds its connection readable -> ``Conn.read``
 ``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
 ``Conn.send`` to every node.
 
-Beside the machine, each attempt's agents tell what concerns neither the barrier nor the verdict, read from their
-messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang doctor's
-messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to xrun
-asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first) and
+Beside the machine, the agents' ``lines`` go to the job's console (``xrun.runner.job.relay``: every node's lines
+rendered and merged in one place), and each attempt's agents tell what concerns neither the barrier nor the verdict,
+read from their messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang
+doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
+xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first) and
 ``--precheck``'s answers. A restart begins them anew.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
@@ -31,14 +32,15 @@ or per loop turn scans every connection or node (connections not yet admitted wa
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
-relays the agents' output through this loop and reports sessions that end. ``run`` takes over SIGINT, SIGTERM
+relays what its own streams carry to the job's console (``console``) through this loop and reports sessions that
+end. ``run`` takes over SIGINT, SIGTERM
 and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
 (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
 on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
-verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``_agent_message`` (the
-nodes' console), ``drop`` (a node's place may reopen) and the barrier's status (``_show_*``: sent to every node).
+verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
+may reopen) and the barrier's status (``_show_*``: sent to every node).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Callable, Protocol
 
-from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel import ChannelError, Kind, Message, lines_of, message
+from xrun.launch.output.render import Lines
 from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
@@ -99,6 +102,7 @@ from xrun.runner.job.gate import Gate
 from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
@@ -111,7 +115,7 @@ class Sessions(Protocol):
     """What a backend started to carry the agents (ssh channels, one pdsh process, an engine; none in pod mode)."""
 
     def register(self, loop: ControlServer) -> None:
-        """Add readers (output relay, session exits) with ``loop.add_reader``."""
+        """Add readers (their streams onto ``loop.console``, session exits) with ``loop.add_reader``."""
 
     def finished(self, lost: set[str]) -> bool:
         """Every session has ended (sessions to ``lost`` hosts may stay open: they are cut off)."""
@@ -134,6 +138,7 @@ class ControlServer:
         # what the tests and the pod flavour read: every open connection, the unadmitted ones, the admitted by node
         self.conns, self.pending, self.node_conns = self.links.all, self.links.pending, self.links.by_node
         self.status = status if status is not None else make_status(len(plan.nodes))
+        self.console = head_console(plan)  # every node's lines, rendered and merged here only
         self.forwarded = frozenset(plan.request.options.forward_signals)  # passed on, not a stop
         self.events: deque[Event] = deque()  # fed to the machine one at a time (``feed``)
         self.feeding = False
@@ -216,6 +221,7 @@ class ControlServer:
         owned = (*SHUTDOWN_SIGNALS, signal.SIGQUIT, *sorted(self.forwarded)) if own_signals else ()
         try:
             with self.loop.owning(owned):
+                self.add_timer(self.console.next_deadline, lambda: self.console.flush(time.monotonic()))
                 sessions.register(self)
                 while not self._finished(sessions):
                     self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.doctor.deadline()])
@@ -226,6 +232,7 @@ class ControlServer:
             self.status.close()
             sessions.terminate()
             self.close()
+            self.console.close()
             writer().drain()  # every node's last lines (queued for the console) before the report
         verdict = self.job.verdict()
         for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
@@ -314,6 +321,10 @@ class ControlServer:
         """An admitted agent's message: what the figures, the hang doctor and --precheck read of it first (a
         malformed field is a protocol error: ``ChannelError``), then the machine's event."""
         kind, now = msg.get("type"), time.monotonic()
+        if kind == Kind.LINES.value:  # the node's console: not the machine's business (its pongs keep it alive)
+            fd, host, records = lines_of(msg)
+            self.console.add(("node", node), fd, Lines(host, records), now)
+            return
         try:
             if kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
                 self.figures.add(msg["figures"])

@@ -44,7 +44,7 @@ def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
         lines.append(first)
     if verdict.interrupted_by is None and failure is not None:
         lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
-        hint = failure_hint(failure.tail)
+        hint = failure_hint(failure.exit_code, failure.tail)
         if hint:
             lines.append(hint)
     return lines + list(verdict.restart_lines)  # --max_restarts: why they ended, each attempt's root cause

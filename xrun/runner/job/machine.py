@@ -25,7 +25,10 @@ fresh root cause, no stop, and a new start barrier.
 
 Nodes found bad before the start (``--precheck``'s result, ``NodesFaulty``, issue 24): while the barrier holds each
 is replaced at once by a hot spare on standby (not a restart: no rank has started; the barrier waits for the
-spare's preflight and ready); without enough spares, or once the ranks run, bad nodes are lost nodes.
+spare's preflight and ready); without enough spares, or once the ranks run, bad nodes are lost nodes. This is the
+one way a spare is used without ``--max_restarts`` (``--precheck --spares N``, issue 33): a node lost after the
+start then ends the job as without spares, and the end line says that ``--max_restarts`` would have let a spare
+take its place.
 
 Pod mode (``JobConfig.verdict_to_nodes``): the verdict, once fixed, is also sent to every node still connected,
 and a node's hello can come when the job no longer waits for it:
@@ -115,7 +118,8 @@ class Job:
         picks = config.pick_master_port or config.master_port == 0
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
-        self.spares = Spares(config.spares, first_agent=len(config.hosts))  # --spares: agent ids after the world's
+        # --spares: agent ids after the world's
+        self.spares = Spares(config.spares, first_agent=len(config.hosts), restarts=config.restart.restarts)
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None)
         self.stop = Stop(config, self.nodes, self.cause)  # the first failure, a signal, a lost node: every node stops
@@ -261,6 +265,7 @@ class Job:
         node = self.nodes.by_agent[event.node]
         self._fail(agent_failure(event, node.host))
         node.state = NodeState.LOST  # it said why it ends: its connection closing next is no news
+        node.exit_code = event.exit_code  # what its agent exits with (a refusal's 2): pdsh's echo of it is no news
 
     def _heard(self, event: Heard) -> None:
         """Any other word (started, pong): ``_from_world`` noted the time."""
@@ -321,8 +326,8 @@ class Job:
     def _precheck_done(self, event: PrecheckDone) -> None:
         """--precheck is over (before any attempt: the first, or a restart's): the ranks start, hot spares that
         passed take bad nodes' places, or the job ends, as ``precheck_decision.decide_with_spares`` says."""
-        if self.stopping:
-            return  # a node was lost or a signal came meanwhile: the job is ending already
+        if self.stopping or not self.barrier.prechecking:
+            return  # a node was lost or a signal came meanwhile: the job is ending already (or no check runs)
         standing, attempt = self.spares.ready(), self.attempts.number
         bad_spares, outcome = decide_with_spares(event.result, world=self.nodes.by_agent,
                                                  spares=[s.agent for s in standing], attempt=attempt)
@@ -367,10 +372,16 @@ class Job:
     def _attempt_over(self) -> None:
         """Every node of the attempt is over. With ``--max_restarts`` the next attempt may begin (hot spares in
         lost nodes' places), or what follows wait for nodes and spares still joining; otherwise the job is over:
-        its verdict is fixed and, to agents that wait for it, sent."""
-        if self.config.restart.restarts:
+        its verdict is fixed and, to agents that wait for it, sent.
+
+        ``--spares`` without ``--max_restarts`` (with ``--precheck``, issue 33): the attempt is recorded as with
+        restarts (the spares ``--precheck`` seated, for the summary), and a node lost ends the job however many
+        spares stand by: no restart, so no spare takes its place; the end line says so, and names the flag that
+        would have let one. The spares still standing are told the verdict (each exits 0)."""
+        restarts = self.config.restart.restarts
+        if restarts or self.config.spares:
             faulty = self.nodes.faulty(rejoin=self.config.rejoins)
-            if faulty and self._waits_for_joining(short=len(faulty) > len(self.spares.ready())):
+            if restarts and faulty and self._waits_for_joining(short=len(faulty) > len(self.spares.ready())):
                 return  # decided once they joined (or stand by) or are lost, at the latest a tick
             ending = self.attempts.over(self.cause, self.barrier.started_at, self.now,
                                         lost=tuple(n.host for n in faulty), spares=len(self.spares.ready()))
@@ -379,9 +390,11 @@ class Job:
                 return
         self.all_over_at = self.now
         verdict = self.cause.fix(self.nodes, self.now)
-        if self.config.verdict_to_nodes or self.config.restart.restarts:  # agents that wait for a restart
-            told = (*(n.agent for n in self.nodes if n.connected), *self.spares.release())
-            self._out.append(SendVerdict(told, verdict))
+        spares = self.spares.release()
+        if self.config.verdict_to_nodes or restarts:  # agents that wait for a restart
+            self._out.append(SendVerdict((*(n.agent for n in self.nodes if n.connected), *spares), verdict))
+        elif spares:  # the nodes' agents leave after their done; the spares wait for the word
+            self._out.append(SendVerdict(spares, verdict))
 
     def _waits_for_joining(self, *, short: bool) -> bool:
         """A failure to restart, within --join_timeout of the job's start, while nodes are still to join (they join

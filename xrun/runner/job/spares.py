@@ -7,7 +7,9 @@ names their hosts in that order). A spare's hello is answered with a standby spe
 puts it on standby, and from then on it is pinged like any node. A spare that fails its preflight, drops, goes
 silent or whose session ends is lost, said in one line; the job goes on without it.
 
-When an attempt is over with nodes lost (``Nodes.faulty``), ``seat`` gives each the next spare on standby: the node
+A spare takes a place in two ways, both the job's rules (``xrun.runner.job.machine``): ``--precheck`` found a node bad
+before the ranks start (with or without ``--max_restarts``: no restart, issue 33), or, with ``--max_restarts``, an
+attempt is over with nodes lost (``Nodes.faulty``). ``seat`` gives each the next spare on standby: the node
 keeps its rank and slots, the spare's agent is sent the node's spec with its own host, and the lost node's agent id
 is no longer anyone's, so whatever it says later changes nothing and its host is not used again. Pure, like the
 machine (``xrun.runner.job.machine``) that owns it.
@@ -35,8 +37,11 @@ from xrun.runner.job.nodes import Node, Nodes, NodeState, Tally
 class Spares:
     """The spares still standing by (or still to connect), by agent id, and the hosts the job will not use again."""
 
-    def __init__(self, hosts: tuple[str, ...], *, first_agent: int) -> None:
+    def __init__(self, hosts: tuple[str, ...], *, first_agent: int, restarts: bool) -> None:
         tally = Tally(len(hosts))  # their own counts: a spare never counts among the world's nodes
+        # what a spare is there for: without --max_restarts (--precheck alone, issue 33) no restart seats one
+        self.role = "a lost node's place at a restart" if restarts else \
+            "the place of a node --precheck finds bad before the start"
         self.standing = {first_agent + i: Node(first_agent + i, host, tally) for i, host in enumerate(hosts)}
         self.gone: set[str] = set()  # lost spares and nodes a spare replaced: the job never uses them again
 
@@ -76,7 +81,7 @@ class Spares:
         spare.last_seen = now
         if isinstance(event, Ready):
             spare.state = NodeState.READY
-            return [ShowLine(f"spare {spare.host} is standing by (hot: it takes a lost node's place at a restart)")]
+            return [ShowLine(f"spare {spare.host} is standing by (hot: it takes {self.role})")]
         if isinstance(event, AgentError):
             return self.lose(spare, f"it cannot stand by: {event.message}")
         if isinstance(event, ConnectionLost):

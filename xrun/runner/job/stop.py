@@ -95,12 +95,14 @@ class Stop:
     def echoed(self, host: str, code: int) -> bool:
         """A launcher says the session to ``host`` exited with ``code`` (pdsh: ``ssh exited with exit code 143``):
         is that only the echo of this stop? Yes once the stop began, for a code the stop's signals give, or the
-        code that ``host``'s node's agent already reported; never for ssh's own 255."""
+        code that ``host``'s node's agent already reported (its done, or its error: a preflight's refusal); never for
+        ssh's own 255."""
         if not self.stopping or code == SSH_FAILED:
             return False
         if code in STOP_CODES:
             return True
-        return any(n.state is NodeState.DONE and n.exit_code == code for n in self.nodes.by_host.get(host, ()))
+        reported = (NodeState.DONE, NodeState.LOST)  # a lost node's code is its error's; one that dropped has none
+        return any(n.state in reported and n.exit_code == code for n in self.nodes.by_host.get(host, ()))
 
     def elastic_survivable(self) -> bool:
         """--elastic: enough nodes are still running or may still join for torch to carry on."""

@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 
 from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.runner.job.events import AgentError, Attempt, Done, Failure, Hung, RankExited, SessionEnded, Verdict
 from xrun.runner.job.nodes import Node, NodeState
@@ -84,7 +85,8 @@ def rank_failure(event: RankExited, host: str) -> Failure | None:
         code, how = 128 + event.signal, f"was killed by {signal_name(event.signal)}"
     else:
         code, how = NODE_FAILURE_EXIT if event.code is None else event.code, f"exited with code {event.code}"
-    reason = f"rank {event.rank} (local {event.local_rank}) on {host} {how}"
+    teardown = f" {IN_TEARDOWN}" if aborted_in_teardown(code, event.tail) else ""
+    reason = f"rank {event.rank} (local {event.local_rank}) on {host} {how}{teardown}"
     return Failure(host, reason, code, rank=event.rank, tail=event.tail)
 
 

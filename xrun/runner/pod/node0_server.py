@@ -16,9 +16,9 @@ from head mode (``xrun.runner.job.control_server.ControlServer``):
 * with ``--max_restarts`` a node other than node 0 whose connection is closed may come back
   (``xrun.runner.job.machine``'s pod-mode rules): its place on the channel reopens (``NodeKeys.release``) once,
   and only once, its old connection is gone;
-* with ``--dedupe`` (the default) every node forwards its console writes (``output`` messages,
-  xrun.launch.output.consoleroute) and the server relays them through one merger onto node 0's console
-  (``xrun.runner.job.relay.NodeLines``), so a line every rank prints is shown there once across nodes (issue 17).
+* with ``--dedupe`` (the default) every node forwards its console's line records (``lines`` messages,
+  xrun.launch.output.consoleroute), which the server shows on node 0's console as the head shows them, merged
+  across nodes (its ``console``, xrun.runner.job.relay), so a line every rank prints is shown there once (issue 17).
 
 Where it listens (``control_bind``): on the master address when it is one of this machine's, else on every
 address of its family (a Service name that resolves to a cluster IP, say); one line says which.
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from xrun.channel import ChannelError, Kind, Message, message, output_bytes
+from xrun.channel import ChannelError, Kind, Message, message
 from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
@@ -42,7 +42,6 @@ from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowW
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
-from xrun.runner.job.relay import NodeLines, head_merger
 from xrun.runner.plan import Plan
 from xrun.runner.pod.digest import PlanDigest, PlanDigestError
 from xrun.runner.pod.hello import PodHello
@@ -56,8 +55,6 @@ class PodControlServer(ControlServer):
         keys = NodeKeys(len(plan.nodes), shared=pod_key(setup.token, run_id=plan.request.run_id))
         gate = Gate(keys, nodes=len(plan.nodes), prove_server=True)  # node 0 proves the secret first
         super().__init__(plan, gate, join_timeout=join_timeout, status=PlainStatus(setup.num_nodes))
-        merger = head_merger(plan)
-        self.lines = NodeLines(merger) if merger is not None else None
         self.rejoin = self.job.config.rejoins
         self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from node 0's main thread
         os.set_blocking(self._wake_r, False)
@@ -106,13 +103,6 @@ class PodControlServer(ControlServer):
             return None
         return replace(event, digest=_digest(msg.get("digest")))
 
-    def _agent_message(self, node: int, msg: Message) -> None:
-        if msg.get("type") != Kind.OUTPUT.value:
-            super()._agent_message(node, msg)
-        elif self.lines is not None:  # a node forwards only with --dedupe, which every node's plan agrees on
-            fd, data = output_bytes(msg)
-            self.lines.feed(self.plan.nodes[node].host, fd, data)
-
     def _show_waiting(self, action: ShowWaiting) -> None:
         """The barrier's status goes to every node connected, whose agent shows it (node 0's included)."""
         waiting = message(Kind.WAITING, ready=action.ready, total=len(self.plan.nodes), missing=list(action.missing),
@@ -134,24 +124,20 @@ def _digest(data: Any) -> PlanDigest | None:
 
 
 class _NoSessions:
-    """Pod mode has no backend sessions: the job is over once every node has closed its connection. The nodes'
-    console lines, when they come, are written as the loop goes and all of them before the report."""
+    """Pod mode has no backend sessions: the job is over once every node has closed its connection (so every
+    node's console lines are read before the report)."""
 
-    def __init__(self, lines: NodeLines | None) -> None:
+    def __init__(self) -> None:
         self.server: ControlServer | None = None
-        self.lines = lines
 
     def register(self, loop: ControlServer) -> None:
         self.server = loop
-        if self.lines is not None:
-            self.lines.register(loop)
 
     def finished(self, lost: set[str]) -> bool:
         return self.server is not None and not self.server.node_conns
 
     def terminate(self) -> None:
-        if self.lines is not None:
-            self.lines.close()
+        pass
 
 
 @dataclass(frozen=True)
@@ -208,7 +194,7 @@ class ServerThread:
 
     def _serve(self) -> None:
         try:
-            self.code = self.server.run(_NoSessions(self.server.lines), own_signals=False)
+            self.code = self.server.run(_NoSessions(), own_signals=False)
         except Exception as err:  # noqa: BLE001 - the main thread reports it; a thread cannot raise to it
             say(f"node 0's control server failed: {err.__class__.__name__}: {err}")
             self.code = 1

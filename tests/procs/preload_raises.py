@@ -1,0 +1,2 @@
+"""A module whose import fails (tests/test_preload.py)."""
+raise RuntimeError("refusing to load here")
