@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import ROOT
 from xrun import channel
 from xrun.channel import Kind, Message, message
-from xrun.channel.messages import lines_of
 from xrun.channel.handshake import ServerHandshake
+from xrun.channel.messages import lines_of
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls_server import ServerIdentity
 from xrun.launch.rankplan import LaunchOptions

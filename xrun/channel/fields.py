@@ -105,8 +105,8 @@ HELLO_FIELDS: Mapping[str, Field] = {
 LINE_RECORDS = 1 << 16  # records in one message (the sender splits at it)
 LINES_TEXT = 4 << 20  # characters of text in one message, that many records together (the sender splits at it)
 RECORD_TEXT = 8 << 20  # characters of one record's text (a node's record is at most two of its reads)
-RECORD_RANKS = 1 << 10  # ranks one record names: a node's own, at most MAX_SLOTS_PER_HOST (xrun.values)
-MAX_RANK = 1 << 17  # MAX_RANKS (xrun.values)
+RECORD_RANKS = 1 << 10  # ranks one record names: a node's own, at most MAX_SLOTS_PER_HOST (xrun.strict_numbers)
+MAX_RANK = 1 << 17  # MAX_RANKS (xrun.strict_numbers)
 
 LINES_FIELDS: Mapping[str, Field] = {
     "fd": Field(FieldKind.INT, 2),  # 1 or 2 (lines_of checks which)

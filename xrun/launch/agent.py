@@ -4,7 +4,7 @@ Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding,
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
 (xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
-(xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+(xrun.launch.result.failure_report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 
 With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
 ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
@@ -29,8 +29,8 @@ from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
+from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import conclude
 from xrun.launch.spec import NodeSpec
 
 
@@ -72,6 +72,7 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
                     preload: PreloadHelper | None = None) -> tuple[int, NodeResult]:
     """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
+        # Lazy: torch's agent adapter is the heaviest module of the node layer (python -X importtime), --elastic only.
         from xrun.launch.elastic.run import run_elastic
 
         result = run_elastic(spec, hooks=hooks)

@@ -2,7 +2,7 @@
 
 * Stand-alone: ``PYTHON -u -m xrun.launch --world_info=B64 --node_rank=K --master_addr=A ... -- SCRIPT ARGS``
   (``agent_argv``), what the local and ``--no_ssh`` backends show for the agent they run in-process and what a
-  person may type. Its parser is ``xrun.launch.cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
+  person may type. Its parser is ``xrun.launch.agent_cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
   == c``.
 * Connect mode: ``PYTHON -u -m xrun.launch --connect=ADDR:PORT --fingerprint=SHA256 --node_rank=K|--node_rank_from=VARS
   --token=-|env:NAME|announce`` (``connect_argv``), the tiny command every channel backend (ssh, pdsh, MPI, Slurm)
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -63,8 +64,6 @@ class AgentCommand:
     elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
-        from xrun.launch.elastic.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
-
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
         return NodeSpec(
@@ -80,7 +79,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         launch.python, *AGENT_MODULE,
         f"--world_info={encode_world_info(command.world)}",
         f"--node_rank={command.node_rank}",
-        f"--master_addr={rdzv.master_addr}",
+        f"--master_addr={rdzv.known_master_addr}",
         f"--master_port={rdzv.master_port}",
         f"--run_id={rdzv.run_id}",
     ]

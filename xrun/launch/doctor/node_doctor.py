@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
+from xrun.launch.result.stacks import RankStack
+from xrun.launch.result.stackview import full_text, merge, render
 from xrun.launch.spec import AgentOptions, HangAction
 
 if TYPE_CHECKING:
     from xrun.launch.doctor.stackdump import StackDumps
     from xrun.launch.ranks.supervise import RankGroup
-    from xrun.launch.result.stacks import RankStack
 
 DumpDone = Callable[["list[RankStack]", "str | None"], None]  # the stacks, and why there are none (or None)
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
@@ -89,7 +90,7 @@ class NodeDoctor:
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._dumps: StackDumps | None = None  # py-spy's runner: made at the first dump (issue 25 §4)
+        self._dumps: StackDumps | None = None  # py-spy's runner: made at the first dump
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self.link: DoctorLink = LocalView(self)
@@ -123,10 +124,9 @@ class NodeDoctor:
             notice(self.host, "a stack dump is already running; this request is dropped")
 
     def _stack_dumps(self, pyspy: str) -> StackDumps:
-        """The background dumper, made and watched by the loop at the first dump: a run that never asks for stacks
-        loads neither it nor the stacks' types."""
+        """The background dumper, made and watched by the loop at the first dump."""
         if self._dumps is None:
-            from xrun.launch.doctor.stackdump import StackDumps  # noqa: PLC0415 - see __init__
+            from xrun.launch.doctor.stackdump import StackDumps  # lazy: see dump_ranks below
 
             self._dumps = StackDumps(self.host, pyspy)
             self.group.add_reader(self._dumps, self._dumps.ready)
@@ -141,13 +141,14 @@ class NodeDoctor:
         targets = group.live_targets()
         if not targets:
             return
-        from xrun.launch.result.stacks import RankStack  # noqa: PLC0415 - only at a failure (issue 25 §4)
-
         if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
             why = stack_problem(self.host, self._environ) or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
-        from xrun.launch.doctor.stackdump import dump_ranks  # noqa: PLC0415 - see __init__
+
+        # Lazy: py-spy's runner (threads, subprocess parsing) is some 7 ms of the agent's imports
+        # (python -X importtime); only a run that takes stacks loads it.
+        from xrun.launch.doctor.stackdump import dump_ranks
 
         stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
@@ -204,8 +205,6 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
         return [problem]
     if not stacks:
         return [f"{reason}: no rank is running, no stacks to take"]
-    # only when stacks are shown: a run that never asks for them does not pay for the view (issue 25 §4)
-    from xrun.launch.result.stackview import full_text, merge, render  # noqa: PLC0415
     try:
         path = write_stacks_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
         where = f"full dumps in {path}"
@@ -224,7 +223,7 @@ def write_stacks_file(log_dir: str | None, text: str) -> str:
     directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
     os.makedirs(directory, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
-    import tempfile  # noqa: PLC0415 - random, shutil: only when a dump is written (issue 25 §4)
+    import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
 
     fd, path = tempfile.mkstemp(prefix=f"xrun-stacks-{stamp}-", suffix=".txt", dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
