@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.channel.link import TOKEN_ENV_PREFIX
 from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
@@ -32,12 +33,6 @@ from xrun.launch.spec import (
     PythonMode,
     signal_list,
 )
-
-# ``--token``'s forms: where a connect-mode agent's key comes from (xrun.launch.session.main reads them). There is
-# no other form: a token on the command line would be every local user's to read.
-TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
-TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME
-TOKEN_ANNOUNCE = "announce"  # noqa: S105 - make a one-time key and announce it on stderr (xrun.channel.announce)
 
 AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered, so output is never held back
 
