@@ -15,9 +15,9 @@ import resource
 import sys
 from typing import Any
 
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
-from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, Plan, make_plan
 
 

@@ -3,7 +3,7 @@
 Each ``SimAgent`` speaks the channel protocol (``xrun.channel``) the way a real agent does (TLS 1.3 with the
 server's certificate pinned by its fingerprint, ``auth`` -> ``challenge`` -> the hello proving the run token's
 key, ``spec`` -> ``ready``, ``start``, ``ping`` -> ``pong``, ``stop`` -> ``done``) but starts no rank, so
-10,000 of them fit in one process and what is measured is the control server (``xrun.runner.job.server``) alone,
+10,000 of them fit in one process and what is measured is the control server (``xrun.runner.job.control_server``) alone,
 handshakes included. TLS runs over memory buffers (``SSLContext.wrap_bio``), so no agent ever blocks the selector.
 Connections are opened ``connect_batch`` at a time (a listen backlog is finite; a burst of 10,000 SYNs would
 measure the kernel's SYN retry timer instead of xrun). Times are ``time.monotonic()`` in this process.

@@ -3,10 +3,10 @@ node's key (the ssh backend's way), and the endpoint the agents get."""
 
 from xrun.launch.output.render import JobConsole
 from xrun.runner.backends.channel import Endpoint
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.relay import merges_nodes, ranks_shown
-from xrun.runner.job.server import ControlServer
 
 TOKEN = "t0ken"
 

@@ -56,7 +56,7 @@ from xrun.launch.session.pod import Node0, PodNode
 from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec, with_rendezvous
 
 TERM, KILL, INT = int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)
-NODE = NodeSpec(host="a", node_rank=0, ranks=(RankSpec(0, 0, {"MASTER_ADDR": "<host address>"}, ("/bin/true",)),))
+NODE = NodeSpec(host="a", node_rank=0, ranks=(RankSpec(0, 0, {}, ("/bin/true",)),))
 PICK = PortRule(pick=True, port=29500)
 HEAD = {}
 ENGINE = {"engine": True}

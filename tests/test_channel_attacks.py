@@ -781,9 +781,9 @@ class AnnouncingSessions:
 
 @pytest.mark.slow
 def test_pdsh_race_another_user_reading_proc_cannot_take_a_node(tmp_path):
+    from xrun.runner.job.control_server import ControlServer
     from xrun.runner.job.gate import Gate
     from xrun.runner.job.keys import NodeKeys
-    from xrun.runner.job.server import ControlServer
 
     script = tmp_path / "rank.py"
     script.write_text(RANK)

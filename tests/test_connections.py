@@ -24,10 +24,10 @@ from xrun.channel.tls_server import ServerIdentity
 from xrun.channel.tlspipe import TlsPipe
 from xrun.launch.output.status import PlainStatus
 from xrun.runner.job.connections import Closed, Conn, Connections
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 
 IDENTITY = ServerIdentity.mint()

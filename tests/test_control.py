@@ -14,9 +14,9 @@ from xrun import channel
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
-from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 
 RANK = """

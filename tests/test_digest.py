@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.spec import AgentOptions, ElasticOptions, PythonMode
-from xrun.runner.job.digest import PlanDigest, PlanDigestError, first_difference, make_digest, plan_digest
 from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.pod.digest import PlanDigest, PlanDigestError, first_difference, make_digest, plan_digest
 from xrun.runner.remote_options import RemoteOptions
 
 WORLD = {"node0": (0, 1), "node1": (0, 1)}

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, run_xrun
 from xrun.errors import UsageError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, rank_script, start_line
 from xrun.launch.result.outcome import RankOutcome

@@ -187,8 +187,9 @@ def test_user_args_and_env_are_never_on_the_engine_command_line(weird_args):
     assert plan.nodes[1].ranks[0].argv[-len(weird_args):] == tuple(weird_args)
 
 
-def test_engine_plans_have_a_node0_placeholder_master():
-    assert plan_for("openmpi").nodes[2].ranks[0].env["MASTER_ADDR"] == "<node1 address>"
+def test_engine_plans_leave_the_master_to_the_start_barrier():
+    plan = plan_for("openmpi")
+    assert "MASTER_ADDR" not in plan.nodes[2].ranks[0].env and plan.shown_master_addr == "<node1 address>"
 
 
 # ---------------------------------------------------------------------------------------------------------------

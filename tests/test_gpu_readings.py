@@ -23,7 +23,7 @@ from tests.gpu.smi import (
 from tests.test_stacks import make_tree
 from xrun.launch.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
 from xrun.runner import check
-from xrun.runner.hosts import local
+from xrun.runner.hosts import this_machine as local
 
 U = [f"GPU-{i:x}b6d3a4e-12ab-4c2e-9f1d-0a1b2c3d4e5{i:x}" for i in range(8)]
 H100_LIST = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {U[i]})\n" for i in range(8))

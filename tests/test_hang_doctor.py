@@ -23,9 +23,10 @@ from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
+from tests.test_pod_run import Pod
 from xrun.channel import Kind, message
 from xrun.errors import XrunError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import agent_argv
 from xrun.launch.doctor.node_doctor import QuietWatch, Silence
 from xrun.launch.doctor.stackdump import (
@@ -620,7 +621,6 @@ def test_a_failure_on_one_node_brings_every_nodes_stacks_into_the_reports(tmp_pa
 @needs_pyspy
 @pytest.mark.slow
 def test_pod_mode_sigquit_to_any_node_dumps_the_whole_job_at_node_0(tmp_path):
-    from tests.test_pod_run import Pod  # noqa: PLC0415 - pod mode's own harness: three xruns, one per "node"
 
     pod = Pod(tmp_path, env={"SLEEP": "60"})
     for node in (0, 1, 2):

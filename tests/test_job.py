@@ -43,9 +43,9 @@ from xrun.runner.job.events import (
     Verdict,
 )
 from xrun.runner.job.hello_policy import Refusal, SendSpecs
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.report import report_lines
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
 from xrun.runner.network.node_verdicts import Figures, NodeVerdict
 from xrun.runner.network.node_verdicts import Verdict as Health

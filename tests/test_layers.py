@@ -176,7 +176,7 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
         "import sys\n"
         "from xrun.runner.backends import backend_traits, known_backends\n"
         "traits = {name: backend_traits(name) for name in known_backends()}\n"
-        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.server')\n"
+        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.control_server')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
@@ -185,9 +185,14 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
 # Each layer's units, lowest first: a unit may import (at module level, or for type checking) only units of a
-# lower or the same rank; function-level imports may point up (they run after both sides are loaded). A folder is
-# one unit; a top-level module of a layer is a unit of its own. The head's backend registry (backends/__init__) is
-# the planner's to ask, so it ranks with the plan, below the backends it names (it loads them lazily).
+# lower or the same rank; function-level imports count the same (issue 30 §6). A folder is one unit; a top-level
+# module of a layer is a unit of its own. The head's backend registry (backends/__init__) is the planner's to ask,
+# so it ranks with the plan, below the backends it names (it loads them lazily). Pod mode is one folder whose
+# modules sit at two ranks: what the request and the plan need of it (its flags, the platform's variables, the
+# placement, the plan digest, the shared secret) with the plan, which names them; the rest (node 0's server, its
+# hello policy, each node's runtime) above the job, which it runs. A module named in RANKS is a unit of its own.
+POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.runner.pod.placement",
+                "xrun.runner.pod.digest", "xrun.runner.pod.secret")
 RANKS = {
     "xrun.launch": [
         {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
@@ -197,14 +202,14 @@ RANKS = {
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.cli", "xrun.launch.command", "xrun.launch.engine_env",
+        {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.command", "xrun.launch.engine_env",
          "xrun.launch.preflight"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [
         {"xrun.runner.hosts"},
-        {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.pod_options", "xrun.runner.envpass",
-         "xrun.runner.restart_options", "xrun.runner.ssh_connections", "xrun.runner.backends.__init__"},
+        {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
+         "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", *POD_PLANNING},
         {"xrun.runner.network"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},
@@ -216,9 +221,12 @@ LAYER_PACKAGES = set(RANKS) | {"xrun.channel"}
 
 
 def unit_of(module: str) -> str:
-    """The unit a module belongs to: its layer's folder, or itself for a layer's top-level module."""
+    """The unit a module belongs to: itself when RANKS names it or it is a layer's top-level module, else its
+    layer's folder."""
     if module == "xrun.runner.backends":
         return "xrun.runner.backends.__init__"
+    if module in POD_PLANNING:
+        return module
     parts = module.split(".")
     layer = ".".join(parts[:2])
     if layer not in RANKS or len(parts) < 3:
@@ -261,7 +269,7 @@ def test_the_channel_imports_neither_layer():
 
 
 def test_shared_modules_import_no_layer():
-    # errors, values, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
+    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
     shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES and m != "xrun.__main__"]
     assert "xrun.errors" in shared
     layers = tuple(LAYER_PACKAGES) + tuple(p + "." for p in LAYER_PACKAGES)

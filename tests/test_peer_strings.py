@@ -2,7 +2,7 @@
 
 A joined agent or pod-mode node sends host names, versions, error messages, tails and stacks; printed raw, a
 ``\\x1b]...`` in one of them would rewrite the user's terminal (its title, its screen, a hyperlink). Every
-line xrun prints of its own goes through ``xrun.values.one_line`` at the printing edge; only the ranks' own
+line xrun prints of its own goes through ``xrun.printable.one_line`` at the printing edge; only the ranks' own
 output passes through as it is.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 from xrun import __version__
 from xrun.launch.output.status import PlainStatus, say, waiting_line
 from xrun.launch.output.streams import notice
+from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import conclude
 from xrun.launch.result.summary import RankFigures, table_lines
+from xrun.printable import each_line, one_line
 from xrun.runner.check import HostReport, format_table
 from xrun.runner.job.events import AgentError, Done, HelloReceived, RankExited, Ready
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job, JobConfig
-from xrun.runner.job.report import report_lines
-from xrun.values import each_line, one_line
 
 EVIL = "x\x1b]0;pwned\x07\x1b[2J\r\x9b1m"  # a title, a cleared screen, a carriage return, a C1 CSI
 SHOWN = "x\\x1b]0;pwned\\x07\\x1b[2J\\r\\x9b1m"

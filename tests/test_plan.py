@@ -3,7 +3,7 @@ import shlex
 import pytest
 
 from xrun.errors import UsageError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
 from xrun.launch.spec import AgentOptions, PythonMode
@@ -21,7 +21,9 @@ def test_plan_ranks_are_consecutive_in_node_then_slot_order():
     plan = make_plan(JobRequest(script="t.py", run_id="r"), WORLD, "ssh")
     assert [(n.host, [r.rank for r in n.ranks]) for n in plan.nodes] == [("worker-0", [0, 1]), ("worker-1", [2])]
     assert plan.world_size == 3
-    assert plan.rendezvous == Rendezvous("<worker-0 address>", 29500, "r")  # node 0 reports it at the barrier
+    assert plan.rendezvous == Rendezvous(None, 29500, "r")  # node 0's address: the start barrier decides it
+    assert plan.shown_master_addr == "<worker-0 address>"  # as --dry-run shows it
+    assert "MASTER_ADDR" not in plan.nodes[0].ranks[0].env  # the agent sets it at the start (with_rendezvous)
     assert plan.nodes[0].ranks[1].env["CUDA_VISIBLE_DEVICES"] == "1,3"
 
 

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from xrun.errors import HostfileError, XrunError
 from xrun.runner.hosts.batch_alloc import count_node_file, in_batch_job, mcpu_hosts
 from xrun.runner.hosts.platform_values import MAX_NODES, PlatformError, parse_address, parse_count, parse_host_list
-from xrun.runner.hosts.platforms import Detection, Platform, detect
 from xrun.runner.hosts.smallfile import SmallFileError, read_small_file
-from xrun.runner.pod.place import platform_markers_present
+from xrun.runner.pod.platforms import Detection, Platform, detect, platform_markers_present
 
 
 def no_files(path):

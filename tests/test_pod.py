@@ -15,11 +15,10 @@ from tests.conftest import ROOT, run_xrun
 from xrun.errors import XrunError
 from xrun.launch.ranks.processes import rank_environment
 from xrun.runner.cli import parse_request
-from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.smallfile import SmallFileError
-from xrun.runner.job.digest import make_digest
 from xrun.runner.planner import plan_job
-from xrun.runner.pod.plan import Placement, PodSetup, control_port, place, pod_setup
+from xrun.runner.pod.digest import make_digest
+from xrun.runner.pod.placement import NodeIO, Placement, PodSetup, control_port, place, pod_setup
 
 PAI = {"MASTER_ADDR": "dlc1-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "1"}
 KUBEFLOW = {"PET_NNODES": "4", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456",

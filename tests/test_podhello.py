@@ -9,7 +9,6 @@ import pytest
 
 from xrun import __version__
 from xrun.runner.job.config import JobConfig
-from xrun.runner.job.digest import make_digest
 from xrun.runner.job.events import (
     Admit,
     Done,
@@ -25,6 +24,7 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.machine import Job
 from xrun.runner.job.verdict import REFUSED_EXIT
+from xrun.runner.pod.digest import make_digest
 from xrun.runner.pod.hello import PodHello
 
 HOSTS = ("n0", "n1", "n2")

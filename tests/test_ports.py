@@ -15,8 +15,8 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.test_pod_run import Pod
 from xrun.errors import PortBusyError
+from xrun.launch.result.failure_report import format_failure_report
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import format_failure_report
 from xrun.net import master_port, port_in_use
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import AgentError, HelloReceived, Ready, SendSpec, SendStart

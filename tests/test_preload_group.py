@@ -36,7 +36,7 @@ from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.preload.client import PreloadHelper
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.result.report import format_failure_report
+from xrun.launch.result.failure_report import format_failure_report
 from xrun.launch.spec import AgentOptions
 
 PROCS = os.path.dirname(RANK_PY)

@@ -23,7 +23,7 @@ import pytest
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT, run_xrun
 from xrun.errors import PreloadError, UsageError
-from xrun.launch.cli import build_parser, parse_agent_argv, preload_option
+from xrun.launch.agent_cli import build_parser, parse_agent_argv, preload_option
 from xrun.launch.command import agent_argv
 from xrun.launch.preload.find import check_findable
 from xrun.launch.procs import proctable

@@ -173,7 +173,7 @@ def test_a_place_reopens_only_when_released():
 
 def test_restarts_are_in_the_digest_only_when_asked_for_and_differences_are_named():
     from tests.test_digest import digest
-    from xrun.runner.job.digest import first_difference
+    from xrun.runner.pod.digest import first_difference
 
     plain = digest()
     assert "restarts" not in plain.fields

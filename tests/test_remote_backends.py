@@ -135,9 +135,10 @@ def test_dry_run_placeholders_and_notes():
     )
 
 
-def test_channel_backends_plan_a_node0_placeholder_master():
+def test_channel_backends_leave_the_master_to_the_start_barrier():
     plan = plan_for("ssh")
-    assert plan.nodes[2].ranks[0].env["MASTER_ADDR"] == "<node1 address>"
+    assert plan.rendezvous.master_addr is None and "MASTER_ADDR" not in plan.nodes[2].ranks[0].env
+    assert plan.shown_master_addr == "<node1 address>"
     assert plan_for("ssh", master_addr="10.1.2.3").nodes[2].ranks[0].env["MASTER_ADDR"] == "10.1.2.3"
     assert plan_for("no_ssh").rendezvous.master_addr == "node1"
 

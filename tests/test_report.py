@@ -8,8 +8,8 @@ import os
 import signal
 
 from xrun.launch.output.logfiles import open_logs
+from xrun.launch.result.failure_report import conclude, failure_json, format_failure_report, write_failure_json
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
-from xrun.launch.result.report import conclude, failure_json, format_failure_report, write_failure_json
 
 
 def outcome(rank: int, **kw) -> RankOutcome:

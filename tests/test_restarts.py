@@ -23,6 +23,7 @@ from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.attempts import Ending, decide, no_progress, same_way
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.events import (
     AgentError,
     Attempt,
@@ -43,9 +44,8 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.report import report_lines
-from xrun.runner.job.server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 

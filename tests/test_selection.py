@@ -3,8 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun.errors import SelectionError
-from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import GRAMMAR, Selection, select
+from xrun.runner.hosts.this_machine import local_pool
 
 POOL = {"worker-0": (0, 1, 2, 3), "worker-1": (0, 1, 2, 3), "worker-2": (0, 1)}
 

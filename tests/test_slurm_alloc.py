@@ -17,7 +17,7 @@ from xrun.runner.hosts.slurm_alloc import (
     gpus_per_node,
     in_allocation,
 )
-from xrun.values import MAX_RANKS
+from xrun.strict_numbers import MAX_RANKS
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,9 @@ from xrun.runner.job.events import (
     Tick,
     TurnAway,
 )
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.report import report_lines
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 

@@ -15,7 +15,7 @@ from tests.conftest import ROOT, run_xrun
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun.errors import SelectionError, UnknownHostError, UsageError
-from xrun.launch.cli import parse_agent_argv
+from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
 from xrun.launch.output.render import labelled
@@ -47,10 +47,10 @@ from xrun.launch.result.hints import (
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.routes import peer_address
-from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection
+from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.job.events import Failure, Verdict
-from xrun.runner.job.report import report_lines
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.remote_options import SshSettings
 

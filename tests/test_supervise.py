@@ -24,8 +24,8 @@ from xrun.launch.output.streams import cut_lines
 from xrun.launch.procs import proctable
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
+from xrun.launch.result.failure_report import format_failure_report
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import format_failure_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_PY = os.path.join(HERE, "procs", "rank.py")

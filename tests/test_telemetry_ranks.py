@@ -32,7 +32,7 @@ from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.spec import AgentOptions
 from xrun.launch.telemetry.records import read_collectives, read_entry_times
-from xrun.runner.job.server import ControlServer
+from xrun.runner.job.control_server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 
 OBSERVE = r'''

@@ -19,6 +19,6 @@ __all__ = ["__version__", "discover"]
 def discover(**kwargs: Any) -> Discovered:
     """RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for a script started by mpirun/srun directly
     (see ``xrun.discovery``); imported lazily so that ``import xrun`` stays free."""
-    from xrun.discovery import discover as _discover  # noqa: PLC0415
+    from xrun.discovery import discover as _discover
 
     return _discover(**kwargs)

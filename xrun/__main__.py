@@ -9,7 +9,7 @@ import sys
 
 def main() -> None:
     try:
-        from xrun.runner.cli import entry  # noqa: PLC0415 - inside the guard
+        from xrun.runner.cli import entry  # inside the guard: a Ctrl-C while it loads exits 130
     except KeyboardInterrupt:
         sys.exit(130)
     entry()

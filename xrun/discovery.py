@@ -18,6 +18,7 @@ world size against the engine's; MPICH on Debian also needs ``libmpi.so.12``, wh
 from __future__ import annotations
 
 import os
+import runpy
 import socket
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -215,13 +216,13 @@ def import_mpi(abi: str | None, environ: MutableMapping[str, str]) -> Any:
     if abi is not None and not environ.get("MPI4PY_MPIABI"):
         environ["MPI4PY_MPIABI"] = abi  # read by mpi4py when mpi4py.MPI is imported
     try:
-        import mpi4py  # noqa: F401, PLC0415
+        import mpi4py  # noqa: F401 - optional: only where it is installed and asked for; its absence is one line
     except ImportError:
         raise DiscoverError(
             "mpi4py is not installed; `pip install mpi4py` (or 'xrun[mpi]') in the environment the ranks use"
         ) from None
     try:
-        from mpi4py import MPI  # noqa: PLC0415
+        from mpi4py import MPI  # optional: only where it is installed and asked for
     except (ImportError, OSError, RuntimeError) as err:
         text = str(err)
         hint = mpich_shim_hint() if MPICH_ABI_NAME in text else (
@@ -324,8 +325,6 @@ def make_mpich_shim(directory: str, search: Sequence[str] = LIBRARY_DIRS) -> str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import runpy  # noqa: PLC0415
-
     args = list(sys.argv[1:] if argv is None else argv)
     usage = "usage: python -m xrun.discovery SCRIPT [ARGS...] | --mpich-shim DIR"
     try:

@@ -6,7 +6,7 @@ The command-line entry points catch ``XrunError`` and print ``str(err)`` with ex
 
 from __future__ import annotations
 
-from xrun.values import shown
+from xrun.printable import shown
 
 USAGE_EXIT_CODE = 2
 

@@ -1,15 +1,21 @@
-"""Slurm-style host lists: ``node[01-03,07]`` and ``node[01-02],gpu-a[1-2]``.
+"""Host names: what one may be, and Slurm-style host lists (``node[01-03,07]``, ``node[01-02],gpu-a[1-2]``).
 
-Shared by the hostfile parser (head node) and Slurm allocation discovery, so it sits beside ``errors`` and
-belongs to neither layer.
+A host name is RFC 1123-ish: dot-separated labels of letters, digits, ``-`` and ``_`` (63 at most each, 253 in
+all), because it travels in the world info, in ``-i``/``-e`` specs and to ssh and DNS. Shared by the hostfile
+parser, the allocations, pod mode's platforms, the ranks' plan and the elastic rendezvous, so it sits beside
+``errors`` and belongs to neither layer.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
 
+from xrun.printable import shown
+
 _GROUP = re.compile(r"\[([^\[\]]*)\]")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 
 
 class HostlistSyntaxError(ValueError):
@@ -119,3 +125,22 @@ def _expand_range(part: str, pattern: str) -> list[str]:
     # Slurm keeps the zero padding of the lower bound: node[08-10] -> node08 node09 node10.
     width = len(low_text)
     return [str(n).zfill(width) for n in range(low, high + 1)]
+
+
+def host_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a host of the world, or None."""
+    labels = name.split(".")
+    if name and len(name) <= 253 and all(re.fullmatch(_LABEL, label) for label in labels):
+        return None
+    return (f"{shown(name)} is not a host name (dot-separated labels of letters, digits, '-' and '_', "
+            "at most 63 each and 253 in all)")
+
+
+def address_problem(text: str) -> str | None:
+    """Why ``text`` cannot be an address nodes connect to (a host name, an IPv4 or IPv6 address), or None."""
+    try:
+        ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 literal may carry a %zone
+        return None
+    except ValueError:
+        pass
+    return None if host_name_problem(text) is None else f"{shown(text)} is not a host name or IP address"

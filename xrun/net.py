@@ -92,7 +92,7 @@ def port_holder(port: int) -> str | None:
     """``pid 123 (python)``: the process listening on ``port``, where the system says (psutil reads /proc; another
     user's process shows no pid), else None."""
     try:
-        import psutil  # noqa: PLC0415 - the error path only: the launch path stays lean
+        import psutil  # lazy: the error path only, psutil stays off the launch path
 
         conns = psutil.net_connections(kind="tcp")
     except Exception:  # noqa: BLE001 - no psutil, or psutil.AccessDenied: the system does not say

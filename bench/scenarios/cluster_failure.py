@@ -12,7 +12,9 @@ control channel, so the failure travels node3 -> node 0 -> every node.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from typing import Any
 
 from bench import cluster, harness
@@ -94,9 +96,6 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def pod_argv(c: Any, hostfile: str, port: int, script: str, args: tuple[str, ...], k: int) -> list[str]:
     """The waiter that starts ``xrun --pod --node_rank K`` on each of the k namespace nodes (this checkout's xrun)."""
-    import json  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     nodes = [
         c.node_argv(name, ["env", f"PYTHONPATH={root}", sys.executable, "-m", "xrun", "-H", hostfile, "--pod",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from tests.gpu.runs import explain, job, run, xrun_argv
 from tests.gpu.smi import QUERY_GPU, parse_list, parse_query_gpu, read_proc_gpus, smi
 from xrun.launch.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
-from xrun.runner.hosts.local import count_accelerators, local_pool
 from xrun.runner.hosts.selection import Selection
+from xrun.runner.hosts.this_machine import count_accelerators, local_pool
 
 
 def test_device_counting_without_torch_matches_nvidia_smi(figures):

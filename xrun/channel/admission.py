@@ -28,6 +28,7 @@ Pure except ``SpareFd`` (which owns one descriptor); the clock is injected.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -48,8 +49,6 @@ class PendingLimits:
 
 def source_key(ip: str) -> str:
     """The address a limit counts by: IPv4 as is (also when IPv4-mapped), IPv6 by its /64 network."""
-    import ipaddress  # noqa: PLC0415 - a server's concern only
-
     try:
         addr = ipaddress.ip_address(ip.split("%", 1)[0])  # drop an IPv6 zone id
     except ValueError:

@@ -106,9 +106,9 @@ HELLO_FIELDS: Mapping[str, Field] = {
 LINE_RECORDS = 1 << 16  # records in one message (the sender splits at it)
 LINES_TEXT = 4 << 20  # characters of text in one message, that many records together (the sender splits at it)
 RECORD_TEXT = 8 << 20  # characters of one record's text (a node's record is at most two of its reads)
-MAX_LOCAL_RANKS = 1 << 10  # a node's own ranks: at most MAX_SLOTS_PER_HOST (xrun.values)
+MAX_LOCAL_RANKS = 1 << 10  # a node's own ranks: at most MAX_SLOTS_PER_HOST (xrun.strict_numbers)
 RECORD_RANKS = MAX_LOCAL_RANKS  # ranks one record names: a node's own
-MAX_RANK = 1 << 17  # MAX_RANKS (xrun.values)
+MAX_RANK = 1 << 17  # MAX_RANKS (xrun.strict_numbers)
 
 LINES_FIELDS: Mapping[str, Field] = {
     "fd": Field(FieldKind.INT, 2),  # 1 or 2 (lines_of checks which)

@@ -1,7 +1,7 @@
 """The control channel's message kinds: what the runner and each node agent say to each other.
 
-The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.server``, ``xrun.runner.pod.server``) both
-import this package; neither defines a message of its own.
+The agent (``xrun.launch.session``) and the servers (``xrun.runner.job.control_server``,
+``xrun.runner.pod.node0_server``) both import this package; neither defines a message of its own.
 
 Every connection is TLS 1.3 (``xrun.channel.tls``, ``tls_server``); inside it, before anything else
 (``xrun.channel.handshake``):
@@ -48,7 +48,7 @@ and checks field shapes (``xrun.channel.fields``); a connection that fails any c
 After it, an admitted node's ``lines`` are still checked record by record (``lines_of``: shapes and sizes,
 ``xrun.channel.fields.LINES_FIELDS``): a bad record is a protocol error that costs its own connection only.
 
-Pod mode (``xrun.runner.pod.run``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
+Pod mode (``xrun.runner.pod.runtime``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
 both sides prove the key derived from the shared secret (the server first, in the challenge) and ``digest`` is the
 node's plan digest; no spec is ever sent, and every node exits with the code its ``verdict`` carries.
 """

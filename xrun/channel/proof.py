@@ -73,7 +73,7 @@ def token_key(token: str, purpose: str) -> bytes:
 
 def stretch(secret: bytes, salt: bytes, *, iterations: int = STRETCH_ITERATIONS) -> bytes:
     """A user-chosen secret made expensive to guess offline (PBKDF2-HMAC-SHA256), once per process."""
-    import hashlib  # noqa: PLC0415 - see the module doc
+    import hashlib  # lazy: see the module doc
 
     return hashlib.pbkdf2_hmac("sha256", secret, b"xrun stretch v1" + salt, iterations)
 
@@ -98,7 +98,7 @@ def same_hex(expected: str, offered: object, length: int) -> bool:
     """``offered`` is exactly ``expected``: lowercase hex of ``length`` digits, compared in constant time."""
     if not (isinstance(offered, str) and len(offered) == length and HEX_DIGITS.issuperset(offered)):
         return False
-    from _operator import _compare_digest  # noqa: PLC0415 - what hmac.compare_digest is: see the module doc
+    from _operator import _compare_digest  # lazy, and what hmac.compare_digest is: see the module doc
 
     return _compare_digest(expected.encode("ascii"), offered.encode("ascii"))
 
@@ -130,9 +130,9 @@ def _sha256() -> Callable[[bytes], _Hash]:
     """CPython's built-in SHA-256 (``_sha256``: loads in ~0.15 ms; ``_hashlib``, OpenSSL's, lists every digest its
     providers offer when it loads, ~0.7 ms), or ``hashlib``'s where a build has no built-in one."""
     try:
-        import _sha256  # noqa: PLC0415 - see the function doc
+        import _sha256  # lazy: see the function doc
     except ImportError:  # pragma: no cover - a Python built without its own hashes
-        import hashlib  # noqa: PLC0415
+        import hashlib
 
         return hashlib.sha256
     return cast("Callable[[bytes], _Hash]", _sha256.sha256)

@@ -16,13 +16,12 @@ Both: TLS 1.3 only (no downgrade, no renegotiation, forward secrecy), no client 
 tickets (a run's connections are made once; tickets would cost the server work and bytes for nothing).
 
 Importing ``ssl`` costs ~5-7 ms: only code that opens a channel imports this module (lazily), so a local run
-never pays it; the server's half (minting, the server context, a non-blocking handshake) is in ``tls_server``,
+never pays it; the server's half (minting, the server context) is in ``tls_server``,
 so an agent does not load ``cryptography`` or define what only a server uses.
 """
 
 from __future__ import annotations
 
-import socket
 import ssl
 
 from xrun.channel.framing import ChannelError
@@ -51,17 +50,6 @@ def peer_fingerprint(conn: ssl.SSLSocket | ssl.SSLObject) -> str:
 def pin_ok(expected: str, actual: object) -> bool:
     """The fingerprint seen is the one pinned (constant time; False for anything malformed)."""
     return same_hex(expected, actual, FINGERPRINT_HEX)
-
-
-def connect_client(sock: socket.socket, ctx: ssl.SSLContext, *, timeout: float) -> ssl.SSLSocket:
-    """The agent's blocking handshake over a connected socket; any failure is a ChannelError."""
-    sock.settimeout(timeout)
-    try:
-        tls = ctx.wrap_socket(sock)
-    except (OSError, ValueError) as err:  # ssl.SSLError and socket.timeout are OSErrors
-        raise ChannelError(f"TLS handshake with the server failed: {reason(err)}") from None
-    tls.settimeout(None)
-    return tls
 
 
 def reason(err: Exception) -> str:

@@ -7,23 +7,17 @@ memory file (Linux's ``memfd``), else through a private temp file (``O_EXCL``, 0
 read. Clients pin ``fingerprint`` (head mode: it may travel on argv, it is public) or bind their proof to it
 (pod mode): see ``xrun.channel.tls``.
 
-For a selector-driven server: ``wrap_server`` gives a non-blocking ``SSLSocket`` whose handshake advances with
-``handshake_step`` each time the socket is ready (``Step.READ``/``Step.WRITE`` says for what); after it, read
-until ``SSLWantReadError`` on each wake-up, because TLS may hold decrypted bytes (``pending()``) that the
-selector cannot see. A handshake counts against the connection's hello deadline like any pending byte.
+The control server drives each connection's handshake itself, non-blocking (``xrun.runner.job.connections``).
 """
 
 from __future__ import annotations
 
-import enum
+import datetime
 import hashlib
 import os
-import socket
 import ssl
+import threading
 from dataclasses import dataclass, field
-
-from xrun.channel.framing import ChannelError
-from xrun.channel.tls import reason
 
 CERT_DAYS = 365  # nothing checks the dates (clients pin); a run may last weeks
 
@@ -39,12 +33,12 @@ class ServerIdentity:
     @classmethod
     def mint(cls, common_name: str = "xrun") -> ServerIdentity:
         """A fresh EC P-256 key and a self-signed certificate for it (a few ms)."""
-        import datetime  # noqa: PLC0415 - only a server mints
-
-        from cryptography import x509  # noqa: PLC0415 - only a server needs cryptography
-        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
-        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
-        from cryptography.x509.oid import NameOID  # noqa: PLC0415
+        # Lazy: cryptography only where a certificate is minted (in mint_apart's child, ~12 MiB of RSS kept off
+        # the head); an agent never loads it.
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
 
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -69,8 +63,6 @@ class ServerIdentity:
         for the whole run, on a head that may hold 10,000 sessions; the wall time is the same, the import
         only moves). With other threads running (pod mode's node 0), without ``fork``, or if the child fails:
         ``mint()`` here."""
-        import threading  # noqa: PLC0415 - already loaded by any server
-
         if not hasattr(os, "fork") or threading.active_count() != 1:
             return cls.mint()
         read_fd, write_fd = os.pipe()
@@ -113,7 +105,7 @@ def _load_chain(ctx: ssl.SSLContext, pem: bytes) -> None:
         finally:
             os.close(fd)
         return
-    import tempfile  # noqa: PLC0415 - rarely needed (no memfd), and it loads random and shutil
+    import tempfile  # lazy: rarely needed (no memfd), and it loads random and shutil
 
     fd, path = tempfile.mkstemp(prefix="xrun-tls-", suffix=".pem")
     try:
@@ -128,27 +120,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-class Step(enum.Enum):
-    DONE = "done"
-    READ = "read"  # wait until the socket is readable, then step again
-    WRITE = "write"  # wait until it is writable
-
-
-def wrap_server(ctx: ssl.SSLContext, sock: socket.socket) -> ssl.SSLSocket:
-    """An accepted (non-blocking) connection as a TLS server socket whose handshake is still to do."""
-    return ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-
-
-def handshake_step(tls: ssl.SSLSocket) -> Step:
-    """Advance a non-blocking handshake as far as the bytes at hand allow; a failure is a ChannelError."""
-    try:
-        tls.do_handshake()
-    except ssl.SSLWantReadError:
-        return Step.READ
-    except ssl.SSLWantWriteError:
-        return Step.WRITE
-    except (OSError, ValueError) as err:
-        raise ChannelError(f"TLS handshake failed: {reason(err)}") from None
-    return Step.DONE

@@ -69,9 +69,6 @@ class TlsPipe:
         """SHA-256 of the certificate the server presented (a client, after the handshake)."""
         return peer_fingerprint(self._tls)
 
-    def pending_plaintext(self) -> bool:
-        return self._tls.pending() > 0
-
     def _step_handshake(self) -> None:
         try:
             self._tls.do_handshake()

@@ -4,7 +4,7 @@ Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding,
 ``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
 sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
 (xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
-(xrun.launch.result.report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+(xrun.launch.result.failure_report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
 
 With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
 ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
@@ -18,21 +18,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from xrun.errors import PreloadHelperLost
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.output.streams import notice
-from xrun.launch.preload.client import PreloadHelper
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.result.errorfile import ErrorFiles
+from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.report import conclude
 from xrun.launch.spec import NodeSpec
 from xrun.launch.telemetry.endpoints import Endpoints
+
+if TYPE_CHECKING:
+    from xrun.launch.preload.client import PreloadHelper
 
 
 class AgentHooks(Protocol):
@@ -73,6 +75,7 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
                     preload: PreloadHelper | None = None) -> tuple[int, NodeResult]:
     """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
+        # Lazy: torch's agent adapter is the heaviest module of the node layer (python -X importtime), --elastic only.
         from xrun.launch.elastic.run import run_elastic
 
         result = run_elastic(spec, hooks=hooks)
@@ -133,6 +136,9 @@ def start_preload(spec: NodeSpec, base_env: Mapping[str, str]) -> PreloadHelper 
     ranks); it imports while the caller goes on. ``PreloadError`` (exit code 2) when it cannot start."""
     if not spec.options.preload or not spec.ranks or spec.elastic is not None:
         return None
+    # lazy: the helper's client and its wire load only in a job that preloads (about 5 ms of every agent's start)
+    from xrun.launch.preload.client import PreloadHelper
+
     return PreloadHelper.start_for(spec.options.preload, spec.ranks[0].argv, env=shared_environment(spec, base_env),
                                    cwd=spec.cwd or os.getcwd())
 

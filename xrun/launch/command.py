@@ -2,7 +2,7 @@
 
 * Stand-alone: ``PYTHON -u -m xrun.launch --world_info=B64 --node_rank=K --master_addr=A ... -- SCRIPT ARGS``
   (``agent_argv``), what the local and ``--no_ssh`` backends show for the agent they run in-process and what a
-  person may type. Its parser is ``xrun.launch.cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
+  person may type. Its parser is ``xrun.launch.agent_cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
   == c``.
 * Connect mode: ``PYTHON -u -m xrun.launch --connect=ADDR:PORT --fingerprint=SHA256 --node_rank=K|--node_rank_from=VARS
   --token=-|env:NAME|announce`` (``connect_argv``), the tiny command every channel backend (ssh, pdsh, MPI, Slurm)
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xrun.channel.link import TOKEN_ENV_PREFIX
+from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -31,12 +33,6 @@ from xrun.launch.spec import (
     PythonMode,
     signal_list,
 )
-
-# ``--token``'s forms: where a connect-mode agent's key comes from (xrun.launch.session.main reads them). There is
-# no other form: a token on the command line would be every local user's to read.
-TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
-TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME
-TOKEN_ANNOUNCE = "announce"  # noqa: S105 - make a one-time key and announce it on stderr (xrun.channel.announce)
 
 AGENT_MODULE = ("-u", "-m", "xrun.launch")  # after the interpreter: unbuffered, so output is never held back
 
@@ -63,8 +59,6 @@ class AgentCommand:
     elastic: ElasticOptions | None = None
 
     def node_spec(self) -> NodeSpec:
-        from xrun.launch.elastic.rdzv import resolve_elastic  # noqa: PLC0415 - a connect-mode agent imports this module
-
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
         ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
         return NodeSpec(
@@ -80,7 +74,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         launch.python, *AGENT_MODULE,
         f"--world_info={encode_world_info(command.world)}",
         f"--node_rank={command.node_rank}",
-        f"--master_addr={rdzv.master_addr}",
+        f"--master_addr={rdzv.known_master_addr}",
         f"--master_port={rdzv.master_port}",
         f"--run_id={rdzv.run_id}",
     ]

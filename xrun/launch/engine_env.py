@@ -12,6 +12,7 @@ Kept: everything describing the job or allocation (``SLURM_JOB_ID``, ``SLURM_JOB
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import MutableMapping
 
 IDENTITY_PREFIXES = (
@@ -35,8 +36,6 @@ def restore_home(environ: MutableMapping[str, str]) -> None:
     """``HOME`` from the password database where the engine gave none: srun runs its tasks in its own
     environment, and xrun starts srun without the head's ``HOME`` (xrun.runner.backends.slurm)."""
     if "HOME" not in environ:
-        import pwd  # noqa: PLC0415 - only an engine's agent without HOME needs it
-
         try:
             environ["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
         except KeyError:  # a uid without an entry (a container's): leave it unset, as the engine did

@@ -29,7 +29,7 @@ from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.output.logfiles import LogFileRefused, check_logs
 from xrun.launch.ranks.processes import plan_bindings
 from xrun.launch.spec import NodeSpec, PythonMode
-from xrun.values import shown
+from xrun.printable import shown
 
 _PATH_MAX = 4096  # Linux
 _MAX_ARG_STRLEN = 32 * 4096  # Linux: one argv or environment string with its NUL (include/uapi/linux/binfmts.h)

@@ -1,6 +1,6 @@
 """The rank plan: from the world (DeepSpeed's world info) and the user's program to every rank's argv and env
 contract. One pure function, ``node_ranks``, shared by the runner's plan and dry-run and the agent's stand-alone CLI;
-a connect-mode agent is sent its ranks (``xrun.launch.spec``) and never loads this module.
+a connect-mode agent is sent its ranks (``xrun.launch.spec``) and plans none.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.errors import UsageError, WorldInfoError
+from xrun.hostlist import host_name_problem
 from xrun.launch.spec import PythonMode, RankSpec
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, host_name_problem, shown
+from xrun.printable import shown
+from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST
 
 World = Mapping[str, tuple[int, ...]]
 
@@ -101,11 +103,22 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the ranks meet: rank 0's address and port, and the run id (torch's rendezvous contract)."""
+    """Where the ranks meet: rank 0's address and port, and the run id (torch's rendezvous contract).
 
-    master_addr: str
+    ``master_addr`` is None in the plan of a channel backend: node 0's address as its agent sees it is decided once,
+    at the start barrier (``xrun.runner.job.barrier``), and each agent sets it in its ranks' env then
+    (``xrun.launch.spec.with_rendezvous``)."""
+
+    master_addr: str | None
     master_port: int
     run_id: str = "xrun"
+
+    @property
+    def known_master_addr(self) -> str:
+        """The address where the plan knows it (a local run, ``--elastic``, pod mode, ``--master_addr``)."""
+        if self.master_addr is None:
+            raise ValueError("the master address is decided at the start barrier, not in the plan")
+        return self.master_addr
 
 
 @functools.lru_cache(maxsize=256)
@@ -119,7 +132,7 @@ def rank_argv(launch: LaunchOptions, local_rank: int, script: str, args: tuple[s
     else:
         # A script named like an option (``xrun -- -weird.py``) needs python's own ``--`` to be run as a script.
         head = (launch.python, "-u", "--", script) if script.startswith("-") else (launch.python, "-u", script)
-    local = (sys.intern(f"--local_rank={local_rank}"),) if launch.local_rank_arg else ()  # one per value, not per rank
+    local = (f"--local_rank={local_rank}",) if launch.local_rank_arg else ()
     return head + local + tuple(args)
 
 
@@ -139,6 +152,21 @@ def world_shape(world: World) -> WorldShape:
     return WorldShape(hosts=hosts, first_ranks=firsts[:-1], world_size=firsts[-1])
 
 
+# Every rank's env holds the same few values (the world size, the port, its node's devices): one string each,
+# shared by the ranks that repeat it, since a head plans 10,000 nodes' environments at once (a string per rank:
+# +29 MiB for 80,000 ranks).
+
+
+@functools.lru_cache(maxsize=1024)
+def _number(n: int) -> str:
+    return str(n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _devices(slots: tuple[int, ...]) -> str:
+    return ",".join(str(s) for s in slots)
+
+
 def rank_env(
     world: World, node_rank: int, local_rank: int, rdzv: Rendezvous, *, shape: WorldShape | None = None,
     max_restarts: int = 0,
@@ -148,15 +176,12 @@ def rank_env(
     shape = shape or world_shape(world)
     hosts = shape.hosts
     slots = world[hosts[node_rank]]
-    # one string per value, shared by the keys (and, interned, the ranks) that repeat it: a head plans 10,000
-    # nodes' environments at once
-    rank, node = str(shape.first_ranks[node_rank] + local_rank), str(node_rank)
+    rank, node = str(shape.first_ranks[node_rank] + local_rank), _number(node_rank)
     rank = node if rank == node else rank  # one rank per node: one string for both
-    size, local, nodes, port, restarts = (sys.intern(str(n)) for n in (shape.world_size, len(slots), len(hosts),
-                                                                        rdzv.master_port, max_restarts))
-    return {
+    size, local, nodes = _number(shape.world_size), _number(len(slots)), _number(len(hosts))
+    env = {
         "RANK": rank,
-        "LOCAL_RANK": sys.intern(str(local_rank)),
+        "LOCAL_RANK": _number(local_rank),
         "WORLD_SIZE": size,
         "LOCAL_WORLD_SIZE": local,
         "LOCAL_SIZE": local,
@@ -168,13 +193,17 @@ def rank_env(
         "ROLE_NAME": "default",
         "ROLE_RANK": rank,
         "ROLE_WORLD_SIZE": size,
-        "MASTER_ADDR": rdzv.master_addr,
-        "MASTER_PORT": port,
-        "CUDA_VISIBLE_DEVICES": sys.intern(",".join(str(s) for s in slots)),
+    }
+    if rdzv.master_addr is not None:  # else the start barrier decides it (with_rendezvous)
+        env["MASTER_ADDR"] = rdzv.master_addr
+    env.update({
+        "MASTER_PORT": _number(rdzv.master_port),
+        "CUDA_VISIBLE_DEVICES": _devices(slots),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": restarts,
-    }
+        "TORCHELASTIC_MAX_RESTARTS": _number(max_restarts),
+    })
+    return env
 
 
 def node_ranks(

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xrun.errors import UsageError
-from xrun.values import MAX_RANKS, shown
+from xrun.printable import shown
+from xrun.strict_numbers import MAX_RANKS
 
 SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
@@ -178,8 +179,9 @@ class NodeSpec:
 
 
 def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_count: int = 0) -> NodeSpec:
-    """``spec`` with what the start barrier decided filled in (the plan carries placeholders for both) and, with
-    --max_restarts, the attempt (torch's contract: ``TORCHELASTIC_RESTART_COUNT``)."""
+    """``spec`` with what the start barrier decided filled in (a channel backend's plan has no MASTER_ADDR, and its
+    port is only node 0's first try) and, with --max_restarts, the attempt (torch's contract:
+    ``TORCHELASTIC_RESTART_COUNT``)."""
     ranks = tuple(
         RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
                  env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),

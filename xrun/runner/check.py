@@ -30,15 +30,17 @@ from typing import Any
 from xrun import __version__
 from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknown_flag
 from xrun.errors import UsageError, XrunError
+from xrun.hostlist import address_problem
 from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.printable import one_line
 from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import local_pool
 from xrun.runner.hosts.selection import Selection, select
+from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
 from xrun.runner.ssh_connections import Connected, close_all, connect_all
 from xrun.shell import render
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg
+from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
 PROBE_TIMEOUT = 30.0
 

@@ -13,7 +13,8 @@ from xrun import __version__
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch.cli import (
+from xrun.hostlist import address_problem
+from xrun.launch.agent_cli import (
     add_agent_flags,
     add_elastic_flags,
     add_rank_command_flags,
@@ -24,17 +25,19 @@ from xrun.launch.cli import (
 )
 from xrun.launch.procs.posix import leave
 from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.printable import one_line
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
-from xrun.runner.pod_options import add_pod_flags, pod_request
+from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.restart_options import add_restart_flags, restart_policy
 from xrun.runner.validate import validate
-from xrun.values import MAX_HOSTS, MAX_SLOTS_PER_HOST, address_problem, int_arg, one_line, port_arg, tolerant_streams
+from xrun.std_streams import tolerant_streams
+from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
 DRY_RUN_FORMATS = ("text", "json")
 
@@ -129,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tolerant_streams()
     raise_open_files_limit()  # before any socket or pipe: a large job must not die of the login's 1,024
     if args and args[0] == "check":
+        # Lazy: xrun check's modules (the network check's, ~1.5 MiB of RSS) stay out of every run's head, and out
+        # of what each rank's process inherits at fork (tests/test_summary.py measures its peak RSS).
         from xrun.runner.check import main as check_main
 
         return check_main(args[1:])

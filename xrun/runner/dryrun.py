@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from xrun.launch.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
+from xrun.runner.pod.placement import dry_run_json, dry_run_lines
 from xrun.shell import render
 
 
 def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
     """The documented, stable dry-run schema (keep these names)."""
-    from xrun.runner.pod.plan import dry_run_json  # platform detection and the digest: for dry runs only
-
     commands = {command.host: list(command.argv) for command in invocation.commands}
     return {
         "world_size": plan.world_size,
-        "master_addr": plan.rendezvous.master_addr,
+        "master_addr": plan.shown_master_addr,
         "master_port": plan.rendezvous.master_port,
         "master_port_choice": port_choice(plan),
         "backend": plan.backend,
@@ -41,23 +41,36 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
                 "command": commands.get(node.host),
                 # Names only: exported values may be secrets (HF_TOKEN) and travel only over the control channel.
                 "exports": sorted(node.env),
-                "ranks": [_rank_json(rank, invocation) for rank in node.ranks],
+                "ranks": [_rank_json(rank, invocation, plan.shown_master_addr) for rank in node.ranks],
             }
             for node in plan.nodes
         ],
     }
 
 
-def _rank_json(rank: RankSpec, invocation: Invocation) -> dict[str, Any]:
+def _rank_json(rank: RankSpec, invocation: Invocation, master_addr: str) -> dict[str, Any]:
     data: dict[str, Any] = {
         "rank": rank.rank,
         "local_rank": rank.local_rank,
-        "env": dict(rank.env),
+        "env": _shown_env(rank.env, master_addr),
         "argv": list(rank.argv),
     }
     if rank.rank in invocation.cpus:
         data["cpus"] = invocation.cpus[rank.rank]
     return data
+
+
+def _shown_env(env: Mapping[str, str], master_addr: str) -> dict[str, str]:
+    """A rank's env as the dry run shows it: a MASTER_ADDR that the start barrier decides shown as
+    ``<node0 address>``, in its place before MASTER_PORT."""
+    if "MASTER_ADDR" in env:
+        return dict(env)
+    shown: dict[str, str] = {}
+    for name, value in env.items():
+        if name == "MASTER_PORT":
+            shown["MASTER_ADDR"] = master_addr
+        shown[name] = value
+    return shown
 
 
 def port_choice(plan: Plan) -> str:
@@ -128,13 +141,11 @@ def preload_note(plan: Plan) -> list[str]:
 
 
 def plan_text(plan: Plan, invocation: Invocation) -> str:
-    from xrun.runner.pod.plan import dry_run_lines  # platform detection and the digest: for dry runs only
-
     nodes = len(plan.nodes)
     lines = [
         f"xrun dry run: {nodes} node{'s' * (nodes != 1)}, {plan.world_size} rank{'s' * (plan.world_size != 1)}, "
         f"backend {plan.backend}",
-        f"master {plan.rendezvous.master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
+        f"master {plan.shown_master_addr}:{plan.rendezvous.master_port}  run id {plan.rendezvous.run_id}",
         *port_note(plan),
         *restart_note(plan),
         *spares_note(plan),

@@ -23,12 +23,12 @@ from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, check_rank_list
 from xrun.runner.backends import backend_traits
-from xrun.runner.hosts.local import LOCAL_ADDR
 from xrun.runner.hosts.selection import Selection
-from xrun.runner.pod_options import PodRequest
+from xrun.runner.hosts.this_machine import LOCAL_ADDR
+from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy
-from xrun.values import MAX_RANKS
+from xrun.strict_numbers import MAX_RANKS
 
 
 class PortChoice(Enum):
@@ -57,7 +57,7 @@ class JobRequest:
     env: Mapping[str, str] = field(default_factory=dict)  # exported to remote nodes (xrun.runner.envpass)
     cwd: str | None = None  # remote agents chdir here
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
-    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.place)
+    pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.placement)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
 
 
@@ -84,6 +84,11 @@ class Plan:
         return sum(len(slots) for slots in self.world.values())
 
     @property
+    def shown_master_addr(self) -> str:
+        """MASTER_ADDR as ``--dry-run`` shows it: ``<node0 address>`` where the start barrier decides it."""
+        return self.rendezvous.master_addr or f"<{next(iter(self.world))} address>"
+
+    @property
     def node0_picks_port(self) -> bool:
         """Node 0's agent chooses rank 0's port at the start barrier (the plan's port is only its first try).
 
@@ -107,11 +112,6 @@ class Plan:
             args=self.request.args,
             elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
         )
-
-
-def master_placeholder(first_host: str) -> str:
-    """MASTER_ADDR in the plan of a channel backend: node 0's agent reports the real address at the barrier."""
-    return f"<{first_host} address>"
 
 
 def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str) -> tuple[World, tuple[str, ...]]:
@@ -146,15 +146,15 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         raise UsageError("world", f"{size} ranks; xrun accepts at most {MAX_RANKS} per job")
     traits = backend_traits(backend)
     first = next(iter(world))
-    # Channel backends learn node 0's reachable address at the start barrier; the plan holds a placeholder.
+    # Channel backends learn node 0's reachable address at the start barrier (None here: decided there, once).
     # Elastic nodes start without a barrier, so the rendezvous endpoint must be known up front: the first host.
-    auto = master_placeholder(first) if traits.uses_channel and request.elastic is None else first
+    auto = None if traits.uses_channel and request.elastic is None else first
     master_addr = request.master_addr or (LOCAL_ADDR if traits.local else auto)
     rdzv = Rendezvous(master_addr=master_addr, master_port=request.master_port, run_id=request.run_id)
     elastic = request.elastic
     if elastic is not None and traits.nodes_start_themselves and elastic.rdzv_id is None:
         # Each node's xrun would draw its own random run id: the rendezvous needs one they all compute alike.
-        elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.master_addr}-{rdzv.master_port}")
+        elastic = replace(elastic, rdzv_id=f"xrun-{rdzv.known_master_addr}-{rdzv.master_port}")
     elastic = resolve_elastic(elastic, world, rdzv)
     if elastic is None:  # an elastic world's size is only known at each rendezvous
         check_rank_list("--console_ranks", request.options.console_ranks, sum(len(s) for s in world.values()))

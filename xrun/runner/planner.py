@@ -1,10 +1,10 @@
 """The planner: the parsed request in, the plan out. ``plan_job`` is the whole path, in the order it reads:
 
 1. ``find_hosts``: where the nodes come from, each source asked once, the first that answers wins: pod flags or
-   a platform's variables (``xrun.runner.pod.plan.place``, loaded only when one is present; it detects the
-   platform, PBS or LSF), else ``-H HOSTFILE``, else the Slurm allocation around this xrun, else this machine.
-   The answer (``Hosts``) carries the request in planner terms and the Slurm allocation it used, so that the
-   backend choice does not ask again;
+   a platform's variables (``xrun.runner.pod.placement.place_job``: it detects the platform, PBS or LSF, only
+   when a flag or a platform's variable is present), else ``-H HOSTFILE``, else the Slurm allocation around this
+   xrun, else this machine. The answer (``Hosts``) carries the request in planner terms and the Slurm allocation
+   it used, so that the backend choice does not ask again;
 2. ``select``: ``--include``/``--exclude``/``--num_nodes``/``--num_gpus`` over that pool;
 3. ``choose_backend``: pod mode, ``--launcher``, srun inside the allocation, local, pdsh, ssh;
 4. the request steps that read this machine (a local run's free port and ``--export``; a remote run's
@@ -31,13 +31,12 @@ from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends
 from xrun.runner.hosts.hostfile import read_hostfile
-from xrun.runner.hosts.local import LOCAL_ADDR, LOCALHOST, local_pool
-from xrun.runner.hosts.nodeio import NODE_FILE_LIMIT, NodeIO
 from xrun.runner.hosts.selection import Pool, Selection, select
 from xrun.runner.hosts.slurm_alloc import Allocation, discover_allocation, in_allocation
 from xrun.runner.hosts.smallfile import read_small_file
+from xrun.runner.hosts.this_machine import LOCAL_ADDR, LOCALHOST, local_pool
 from xrun.runner.plan import JobRequest, Plan, PortChoice, make_plan
-from xrun.runner.pod.place import place_job
+from xrun.runner.pod.placement import NODE_FILE_LIMIT, NodeIO, place_job
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def plan_job(request: JobRequest) -> Plan:
 def find_hosts(request: JobRequest, environ: Mapping[str, str]) -> Hosts:
     """The host pool, from the first source that answers (see the module doc); prints that source's line."""
     io = node_io(environ, request.selection)
-    placement = place_job(request, environ, io)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod.place)
+    placement = place_job(request, environ, io)  # --hosts, pod mode, PBS/LSF (xrun.runner.pod.placement)
     if placement is not None:
         if placement.announcement:
             print(placement.announcement, file=sys.stderr)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.values import MAX_HOSTS, int_arg, seconds_arg
+from xrun.strict_numbers import MAX_HOSTS, int_arg, seconds_arg
 
 DEFAULT_MIN_ATTEMPT_S = 60.0
 

@@ -22,9 +22,9 @@ from xrun.launch.preflight import check_node, check_ranks
 from xrun.launch.preload.argv import parse_python_argv, path0
 from xrun.launch.preload.find import check_findable
 from xrun.net import master_port
+from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits
 from xrun.runner.plan import Plan, PortChoice
-from xrun.values import shown
 
 
 def validate(plan: Plan, *, dry_run: bool = False) -> None:

@@ -35,13 +35,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
+from xrun.launch.result.stacks import RankStack
+from xrun.launch.result.stackview import full_text, merge, render
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
     from xrun.launch.doctor.background import InBackground
     from xrun.launch.ranks.supervise import RankGroup
-    from xrun.launch.result.stacks import DumpTarget, RankStack
+    from xrun.launch.result.stacks import DumpTarget
     from xrun.launch.telemetry.endpoints import Endpoints
     from xrun.launch.telemetry.records import EntryTimes
 
@@ -117,7 +119,7 @@ class NodeDoctor:
         self._environ = environ
         self._pyspy = pyspy_path(environ)
         self._reads = RankReads(host, endpoints) if endpoints is not None else None
-        self._worker: InBackground | None = None  # dumps and samples: made at the first (issue 25 §4)
+        self._worker: InBackground | None = None  # dumps and samples: made at the first
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
@@ -152,10 +154,9 @@ class NodeDoctor:
             notice(self.host, "a stack dump is already running; this request is dropped")
 
     def _background(self) -> InBackground:
-        """The background worker, made and watched by the loop at the first dump or sample: a run that never asks
-        for stacks loads neither it nor the stacks' types."""
+        """The background worker, made and watched by the loop at the first dump or sample."""
         if self._worker is None:
-            from xrun.launch.doctor.background import InBackground  # noqa: PLC0415 - see __init__
+            from xrun.launch.doctor.background import InBackground  # lazy: a run that never dumps makes no thread
 
             self._worker = InBackground("xrun-doctor")
             self.group.add_reader(self._worker, self._worker.ready)
@@ -174,7 +175,9 @@ class NodeDoctor:
         if self._pyspy is None or problem is not None:
             read()
             return Diagnosis([], problem, reading)
-        from xrun.launch.doctor.stackdump import dump_ranks  # noqa: PLC0415 - see __init__
+        # Lazy: py-spy's runner (threads, subprocess parsing) is some 7 ms of the agent's imports
+        # (python -X importtime); only a run that takes stacks loads it.
+        from xrun.launch.doctor.stackdump import dump_ranks
 
         return Diagnosis(dump_ranks(self.host, targets, budget=budget, pyspy=self._pyspy, meanwhile=read), None,
                          reading)
@@ -215,8 +218,6 @@ class NodeDoctor:
         targets = group.live_targets()
         if not targets:
             return
-        from xrun.launch.result.stacks import RankStack  # noqa: PLC0415 - only at a failure (issue 25 §4)
-
         found = self._diagnose(targets, FAILURE_BUDGET)
         group.collectives = found.reading
         if found.problem is not None or self._pyspy is None:  # the report's view says why, in one line
@@ -280,8 +281,6 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
         return [problem]
     if not stacks:
         return [f"{reason}: no rank is running, no stacks to take"]
-    # only when stacks are shown: a run that never asks for them does not pay for the view (issue 25 §4)
-    from xrun.launch.result.stackview import full_text, merge, render  # noqa: PLC0415
     try:
         path = write_dump_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
         where = f"full dumps in {path}"
@@ -300,7 +299,7 @@ def write_dump_file(log_dir: str | None, text: str, *, kind: str = "stacks", suf
     directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
     os.makedirs(directory, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
-    import tempfile  # noqa: PLC0415 - random, shutil: only when a dump is written (issue 25 §4)
+    import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
 
     fd, path = tempfile.mkstemp(prefix=f"xrun-{kind}-{stamp}-", suffix=suffix, dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

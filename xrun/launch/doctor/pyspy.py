@@ -46,7 +46,7 @@ def _scripts_dirs(scripts: str | None) -> Iterator[str]:
         return
     if sys.executable:
         yield os.path.dirname(sys.executable)
-    import sysconfig  # noqa: PLC0415 - only when py-spy is not beside the interpreter
+    import sysconfig  # lazy: only when py-spy is not beside the interpreter
 
     yield sysconfig.get_path("scripts")
 

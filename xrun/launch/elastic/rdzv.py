@@ -17,9 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from xrun.errors import UsageError
+from xrun.hostlist import host_name_problem
 from xrun.launch.rankplan import Rendezvous, World
 from xrun.launch.spec import RDZV_BACKENDS, ElasticOptions
-from xrun.values import MAX_SECONDS, host_name_problem, parse_int, shown
+from xrun.printable import shown
+from xrun.strict_numbers import MAX_SECONDS, parse_int
 
 # The keys each backend reads (torch 2.1 .. 2.13 ``rendezvous/*.py``); anything else is ignored by torch.
 _DYNAMIC = (
@@ -167,7 +169,7 @@ def resolve_elastic(options: ElasticOptions | None, world: World, rendezvous: Re
     if options is None:
         return None
     check_elastic(options, len(world))
-    host = rendezvous.master_addr
+    host = rendezvous.known_master_addr
     endpoint = f"[{host}]:{rendezvous.master_port}" if ":" in host else f"{host}:{rendezvous.master_port}"
     return resolve(options, hosts=len(world), endpoint=endpoint, run_id=rendezvous.run_id)
 

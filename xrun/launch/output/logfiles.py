@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 
 LOG_NAMES = ("stdout", "stderr")
-# in the node's folder, beside its ranks' folders: xrun.launch.result.report replaces them at the end
+# in the node's folder, beside its ranks' folders: xrun.launch.result.failure_report replaces them at the end
 FAILURE_JSON, SUMMARY_JSON = "failure.json", "summary.json"
 REPORT_NAMES = (FAILURE_JSON, SUMMARY_JSON)
 

@@ -1,7 +1,7 @@
 """What xrun itself shows while the nodes join: a rich status line on a terminal, plain log lines otherwise.
 
-The head's control server (``xrun.runner.job.server``) shows the job state machine's ``Show*`` actions through one
-of these, and in pod mode every node's agent shows node 0's barrier status the same way
+The head's control server (``xrun.runner.job.control_server``) shows the job state machine's ``Show*`` actions
+through one of these, and in pod mode every node's agent shows node 0's barrier status the same way
 (``xrun.launch.session.driver``); ``say`` is the one way xrun writes a line of its own to stderr. Both print through
 ``one_line``: a line may quote what a peer sent (a host name, a version, a reason, a rank's tail, stacks), and its
 control characters are shown escaped, never sent to the terminal (issue 22 §6).
@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from xrun.values import one_line
+from xrun.printable import one_line
 
 
 def say(text: str) -> None:

@@ -37,6 +37,7 @@ through the same ``Console``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import time
@@ -47,7 +48,7 @@ from xrun.launch.output.dedupe import LineMerger, MergedLine, is_flood
 from xrun.launch.output.render import Lines, Record, first_line_end
 from xrun.launch.output.writer import console_lines, console_write, writer
 from xrun.launch.procs.posix import write_all
-from xrun.values import one_line
+from xrun.printable import one_line
 
 CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
 PIPE_BYTES = 1 << 20  # each rank pipe's kernel buffer (F_SETPIPE_SZ; 64 KiB by default, 1 MiB is the usual cap)
@@ -82,10 +83,8 @@ def grow_pipe(fd: int) -> None:
     """Give a rank pipe ``PIPE_BYTES`` of kernel buffer, so the rank keeps writing while the agent settles; where
     the system refuses (``/proc/sys/fs/pipe-max-size``, not Linux), the default buffer does."""
     try:
-        import fcntl  # noqa: PLC0415 - a builtin module; imported where it is used
-
         fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, OSError):
+    except OSError:
         pass
 
 

@@ -11,7 +11,7 @@
   position in the listed names, and a rank's list is mapped back to the names.
 
 Pure functions except ``detect_devices`` (reads files only). Used by the runner's local pool
-(xrun.runner.hosts.local) and by each agent's rank environment (xrun.launch.ranks.processes).
+(xrun.runner.hosts.this_machine) and by each agent's rank environment (xrun.launch.ranks.processes).
 """
 
 from __future__ import annotations

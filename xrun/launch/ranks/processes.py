@@ -117,7 +117,8 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
     """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
     if not spec.options.bind_cores:
         return None
-    from xrun.launch.ranks import binding  # noqa: PLC0415 - five dataclasses and a regex: only when binding (issue 25 §4)
+    # Lazy: about 5 ms of the agent's imports (python -X importtime), the most of any it would add; --bind_cores only.
+    from xrun.launch.ranks import binding
 
     binding.check_binding_env(env)
     allowed = frozenset(os.sched_getaffinity(0))
@@ -159,7 +160,7 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
                 file=sys.stderr,
             )
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
-    from xrun.launch.ranks import binding  # noqa: PLC0415 - see plan_bindings
+    from xrun.launch.ranks import binding  # lazy: see plan_bindings
 
     pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
     note = binding.binding_note(bindings, pool)

@@ -17,8 +17,9 @@ the members of their sessions that are still alive (a leaked DataLoader worker, 
 stopped the same way and reported as leftovers, so the agent never hangs on them. The result is a
 ``NodeResult`` (xrun.launch.result.outcome), the same type the elastic adapter returns.
 
-``RankGroup`` wires the parts beside it: the loop (xrun.launch.ranks.loop), starting a rank (xrun.launch.ranks.spawn),
-the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in (xrun.launch.ranks.plugins).
+``RankGroup`` wires the parts beside it: the loop (xrun.launch.ranks.group_loop), starting a rank
+(xrun.launch.ranks.spawn), the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in
+(xrun.launch.ranks.plugins).
 
 With a preload helper (``preload=``, xrun.launch.preload, docs/preload.md) every rank is forked from it instead of
 started: the helper forks twice, so the rank's parent is this process (the child subreaper), and the rank waits
@@ -46,17 +47,18 @@ from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
 from xrun.launch.procs.watchdog import Watchdog
-from xrun.launch.ranks.loop import HOLD_POLL_S, GroupLoop
+from xrun.launch.ranks.group_loop import HOLD_POLL_S, GroupLoop
 from xrun.launch.ranks.plugins import Plugins
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
+from xrun.launch.result.stacks import DumpTarget
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
-    from xrun.launch.result.stacks import DumpTarget, RankStack
+    from xrun.launch.result.stacks import RankStack
     from xrun.launch.telemetry.reads import Reading
 
 
@@ -341,7 +343,5 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
 
 
 def dump_targets(running: Sequence[RankState]) -> list[DumpTarget]:
-    """What py-spy is pointed at (the stacks' types load only when stacks are taken: issue 25 §4)."""
-    from xrun.launch.result.stacks import DumpTarget  # noqa: PLC0415
-
+    """What py-spy is pointed at."""
     return [DumpTarget(r.spec.rank, r.spec.local_rank, r.pid) for r in running]

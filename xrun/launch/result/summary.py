@@ -3,7 +3,7 @@
 ``RankFigures`` is one rank's line of the summary. The static supervisor fills it from ``wait4``'s rusage of
 the reaped rank (xrun.launch.ranks.reaper: ``ru_utime + ru_stime``, ``ru_maxrss``); the elastic path has no rusage and
 leaves CPU and RSS unknown. It travels in the ``rank_exited`` message (``to_json``/``from_json``), so the head
-(xrun.runner.job.server) summarises a multi-node job exactly as a node summarises its own ranks.
+(xrun.runner.job.control_server) summarises a multi-node job exactly as a node summarises its own ranks.
 
 Pure wording, no I/O: ``success_line`` is the one line of a run that succeeded
 (``16 ranks ok in 312 s; peak RSS 4.1 GiB (rank 3)``), ``table_lines`` the full table of a failure report, and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.outcome import RankOutcome, describe_status
-from xrun.values import one_line
+from xrun.printable import one_line
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ from xrun.launch.session.events import (
 from xrun.launch.session.machine import AgentMachine
 from xrun.launch.telemetry.records import collectives_message, entry_times_message
 from xrun.net import master_port
-from xrun.values import one_line
+from xrun.printable import one_line
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper

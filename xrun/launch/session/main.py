@@ -32,15 +32,15 @@ from typing import NamedTuple, NoReturn
 
 from xrun.channel import ChannelError
 from xrun.channel.announce import announce_line
-from xrun.channel.link import Credentials
+from xrun.channel.link import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN, Credentials
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
-from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ENV_PREFIX, TOKEN_ON_STDIN
 from xrun.launch.engine_env import drop_engine_identity, restore_home
 from xrun.launch.session.connection import CONNECT_TIMEOUT, Server
 from xrun.launch.session.driver import run_head_mode
-from xrun.values import MAX_HOSTS, int_arg, one_line
+from xrun.printable import one_line
+from xrun.strict_numbers import MAX_HOSTS, int_arg
 
 EXIT_NO_RUNNER = 1
 

@@ -41,7 +41,7 @@ class Traits:
     """What the planner and the CLI need to know about a backend before choosing or planning with it."""
 
     # The agents connect back over the control channel (``backends.channel``): node 0's address and, for
-    # --master_port 0, a free port are agreed at the start barrier, so the plan holds a placeholder master.
+    # --master_port 0, a free port are agreed at the start barrier, so the plan leaves the master address open.
     uses_channel: bool = False
     # An engine (mpirun, hydra, srun) starts the agents: --launcher_args are its extra arguments.
     engine: bool = False
@@ -64,7 +64,7 @@ _REGISTRY: dict[str, str] = {
     "mpich": "xrun.runner.backends.mpich:MpichBackend",
     "mvapich": "xrun.runner.backends.mvapich:MvapichBackend",
     "openmpi": "xrun.runner.backends.openmpi:OpenMpiBackend",
-    "no_ssh": "xrun.runner.backends.no_ssh:NoSshBackend",
+    "no_ssh": "xrun.runner.backends.pod_mode:NoSshBackend",
     "pdsh": "xrun.runner.backends.pdsh:PdshBackend",
     "slurm": "xrun.runner.backends.slurm:SlurmBackend",
     "ssh": "xrun.runner.backends.ssh:SshBackend",

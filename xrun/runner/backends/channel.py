@@ -10,16 +10,20 @@ process; engines: one engine process; ssh: one exec channel per host) given the 
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from xrun.channel import ChannelError
+from xrun.channel.link import TOKEN_ANNOUNCE, TOKEN_ON_STDIN
 from xrun.errors import UsageError
-from xrun.launch.command import TOKEN_ANNOUNCE, TOKEN_ON_STDIN, connect_argv, connect_target
+from xrun.launch.command import connect_argv, connect_target
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.keys import NodeKeys
 
 if TYPE_CHECKING:
-    from xrun.runner.job.server import Sessions
+    from xrun.runner.job.control_server import Sessions
     from xrun.runner.plan import Plan
 
 TOKEN_BYTES = 32
@@ -66,11 +70,8 @@ def run_over_channel(
     ``start`` and run the job to its exit code. The server is closed if starting fails. ``announced_keys``: each
     agent makes its own one-time key and announces it on its output stream (pdsh); else every agent proves the
     run's token, which the backend hands it privately (ssh stdin, an engine's environment)."""
-    import secrets  # noqa: PLC0415 - only a real run needs a token (a dry run prints placeholders)
-
-    from xrun.runner.job.gate import Gate  # noqa: PLC0415 - the server loads only for a real run
-    from xrun.runner.job.keys import NodeKeys  # noqa: PLC0415
-    from xrun.runner.job.server import ControlServer  # noqa: PLC0415
+    # Lazy: only a real run loads the server (a dry run, and reading the backends' traits, load none of it).
+    from xrun.runner.job.control_server import ControlServer
 
     token = secrets.token_hex(TOKEN_BYTES)
     nodes = len(plan.agent_hosts)  # every agent's, the hot spares' included (--spares)

@@ -9,7 +9,7 @@ PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank_from=OMPI_COMM_WORLD_RA
   ``-genvlist XRUN_TOKEN``, ``--export=ALL``): its value is in no argv on any machine, and the agent removes
   it from its environment before any rank starts;
 * ranks, argv, env (``--export``, ``.xrun_env``, the travelling prefixes) and cwd reach each agent over the
-  control channel (``xrun.runner.job.server``), byte-exact, as with ssh and pdsh; so do filters, per-rank logs,
+  control channel (``xrun.runner.job.control_server``), byte-exact, as with ssh and pdsh; so do filters, per-rank logs,
   core binding and supervision, which are the agent's;
 * teardown: the first failure stops every node over the channel; the engine's own abort (``mpirun`` on a
   non-zero exit, ``srun --kill-on-bad-exit=1``) is the second line; Ctrl-C reaches xrun only (the engine runs
@@ -21,6 +21,8 @@ Subclasses override data (program names, rank variables) and one pure ``engine_a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
@@ -156,9 +158,6 @@ _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
-    import ctypes  # noqa: PLC0415 - only a real run loads libc
-    import ctypes.util  # noqa: PLC0415
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         prctl = libc.prctl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from xrun.launch.agent import preloaded, run_node
 from xrun.launch.command import agent_argv
 from xrun.launch.ranks.processes import gpu_nodes, plan_bindings
 from xrun.launch.spec import NodeSpec
@@ -17,7 +18,7 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
     bindings = plan_bindings(node, os.environ)
     if bindings is None:
         return {}
-    from xrun.launch.ranks.binding import format_cpus  # noqa: PLC0415 - only when binding (issue 25 §4)
+    from xrun.launch.ranks.binding import format_cpus  # lazy: see xrun.launch.ranks.processes.plan_bindings
 
     near = gpu_nodes(node, os.environ) or (None,) * len(bindings)
     return {
@@ -43,11 +44,11 @@ class LocalBackend:
         )
 
     def execute(self, plan: Plan) -> int:
-        from xrun.launch.agent import preloaded, run_node  # noqa: PLC0415 - supervision code loads only for a real run
-
         with preloaded(plan.nodes[0]) as helper:  # --preload: one helper for every attempt
             if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
-                from xrun.runner.backends.local_restarts import run_attempts  # noqa: PLC0415 - only when asked for
+                # Lazy: the restart loop loads the job's rules and the network check's verdicts (31 modules, ~2 MiB
+                # of RSS that each rank's process would inherit at fork: tests/test_summary.py measures it).
+                from xrun.runner.backends.local_restarts import run_attempts
 
                 return run_attempts(plan, preload=helper)
             return run_node(plan.nodes[0], preload=helper)

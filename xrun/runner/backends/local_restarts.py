@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from xrun.launch.agent import check_helper, run_node_result
 from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT, NodeResult
 from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
@@ -40,8 +41,6 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
 def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
     """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code. With
     ``preload`` every attempt's ranks are forked from it; one that died meanwhile ends the job (``check_helper``)."""
-    from xrun.launch.agent import check_helper, run_node_result  # noqa: PLC0415 - loads only for a real run
-
     node, policy = plan.nodes[0], plan.request.restart
     attempts = Attempts(policy, t0=time.monotonic())
     spec = node
@@ -64,12 +63,12 @@ def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
             check_helper(preload)
         attempt = attempts.begin_next(time.monotonic())
         say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
-        spec = with_rendezvous(node, plan.rendezvous.master_addr, _port(plan), attempt)
+        spec = with_rendezvous(node, plan.rendezvous.known_master_addr, _port(plan), attempt)
 
 
 def _port(plan: Plan) -> int:
     """Rank 0's port for the next attempt: a fresh free one, unless the user gave one."""
     if plan.request.master_port_choice is PortChoice.GIVEN and plan.rendezvous.master_port:
         return plan.rendezvous.master_port
-    return free_port(plan.rendezvous.master_addr)
+    return free_port(plan.rendezvous.known_master_addr)
 

@@ -2,12 +2,13 @@
 
 Each node runs ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-`` and reads the run
 token from the session's stdin, so the token is in no argv on any machine. Everything else travels over the
-control channel (``xrun.runner.job.server``). Connection settings: ``xrun.runner.backends.sshconn``.
+control channel (``xrun.runner.job.control_server``). Connection settings: ``xrun.runner.backends.sshconn``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xrun.net import route_source
@@ -80,8 +81,6 @@ class SshSessions:
               ) -> SshSessions:
         """Run every agent's command on its connection (in parallel) and hand each its token; the hot spares that
         could not be reached are reported as sessions that ended (the job drops them, one line each)."""
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only a real run opens channels
-
         sessions = cls(connected, ssh_commands(plan, endpoints), endpoints)
         sessions.unreachable = list(unreachable)
         with ThreadPoolExecutor(max_workers=min(64, len(sessions.commands)), thread_name_prefix="xrun-exec") as pool:

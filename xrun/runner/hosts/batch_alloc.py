@@ -27,7 +27,7 @@ from xrun.runner.hosts.platform_values import (
 )
 from xrun.runner.hosts.selection import Pool
 from xrun.runner.hosts.smallfile import SmallFileError
-from xrun.values import MAX_RANKS
+from xrun.strict_numbers import MAX_RANKS
 
 _SHOWN = 80  # characters of a bad line quoted in an error
 

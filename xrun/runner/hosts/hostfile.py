@@ -2,7 +2,7 @@
 
 Read like every small file xrun is handed (``xrun.runner.hosts.smallfile``: regular files only, size cap); a leading
 BOM is dropped; host names are checked as host names and ranges are sized before they are expanded, within
-xrun's limits (``xrun.values``: hosts per job, slots per host).
+xrun's limits (``xrun.strict_numbers``: hosts per job, slots per host).
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import re
 from dataclasses import dataclass
 
 from xrun.errors import HostfileError
-from xrun.hostlist import HostlistSyntaxError, expand_host_pattern, pattern_size
+from xrun.hostlist import HostlistSyntaxError, expand_host_pattern, host_name_problem, pattern_size
+from xrun.printable import shown
 from xrun.runner.hosts.smallfile import SmallFileError, read_regular_bytes
-from xrun.values import MAX_HOSTS, MAX_RANKS, MAX_SLOTS_PER_HOST, host_name_problem, shown
+from xrun.strict_numbers import MAX_HOSTS, MAX_RANKS, MAX_SLOTS_PER_HOST
 
 KNOWN_KEYS = ("slots",)
 # Characters that the include/exclude grammar and the world info use as separators cannot be in a host name.

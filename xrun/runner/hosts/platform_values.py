@@ -1,6 +1,6 @@
 """Reading the values a platform or batch system puts in a node's environment: strict, bounded, one line each.
 
-Shared by ``xrun.runner.hosts.platforms`` (pod platforms) and ``xrun.runner.hosts.batch_alloc`` (PBS, LSF). Numbers are
+Shared by ``xrun.runner.pod.platforms`` (pod platforms) and ``xrun.runner.hosts.batch_alloc`` (PBS, LSF). Numbers are
 ASCII digits only (``str.isdigit`` also accepts ``'٣'`` and ``'²'``, which ``int`` then reads or rejects
 inconsistently) and bounded, so that a wrong variable cannot make xrun build a world of 10**12 ranks.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 
 from xrun.errors import XrunError
-from xrun.values import MAX_HOSTS as MAX_NODES
-from xrun.values import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE
-from xrun.values import host_name_problem
+from xrun.hostlist import host_name_problem
+from xrun.strict_numbers import MAX_HOSTS as MAX_NODES
+from xrun.strict_numbers import MAX_SLOTS_PER_HOST as MAX_SLOTS_PER_NODE
 
-# Bounds on what a platform may describe are xrun's own limits (xrun.values), under the platform's names.
+# Bounds on what a platform may describe are xrun's own limits (xrun.strict_numbers), under the platform's names.
 __all__ = ["MAX_NODES", "MAX_SLOTS_PER_NODE", "PlatformError", "host_name_problem", "parse_address", "parse_count",
            "parse_host_list", "parse_port"]
 

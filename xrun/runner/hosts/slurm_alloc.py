@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, PlatformError
 from xrun.runner.hosts.selection import Pool
-from xrun.values import MAX_RANKS
+from xrun.strict_numbers import MAX_RANKS
 
 _NUMBER = "[0-9]{1,18}"  # ASCII digits only: re's \d and str.isdigit also take '٣' and '²'
 _COUNTS_ITEM = re.compile(rf"\s*({_NUMBER})\s*(?:\(x({_NUMBER})\))?\s*")

@@ -53,7 +53,7 @@ class JobConfig:
             master_addr=plan.request.master_addr,
             master_port=plan.rendezvous.master_port,
             pick_master_port=plan.node0_picks_port,
-            elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.master_addr),
+            elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.known_master_addr),
             restart=plan.request.restart,
             numbered=plan.request.pod.numbered,
             precheck=plan.request.remote.precheck,

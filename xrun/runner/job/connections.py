@@ -1,4 +1,4 @@
-"""The control server's connections (``xrun.runner.job.server``): one per accepted socket, each reading its own
+"""The control server's connections (``xrun.runner.job.control_server``): one per accepted socket, each reading its own
 frames and handing what it read back to the server, and the bookkeeping that finds them again.
 
 A connection is TLS from its first byte: a non-blocking ``SSLSocket`` (half a record never blocks the loop: it

@@ -5,7 +5,7 @@ Every value here is a frozen dataclass of plain fields: no sockets, no clocks. A
 ``NodesFaulty`` alone names node ranks); connections by the number the socket layer gave them, so an action can
 say which connection to keep or close without the machine holding one.
 
-Events come from the socket layer (``xrun.runner.job.server``): what an agent said, a connection that dropped, a
+Events come from the socket layer (``xrun.runner.job.control_server``): what an agent said, a connection that dropped, a
 backend session that ended, a signal to xrun, the hang doctor's ``Hung`` (xrun.runner.job.doctor), and ``Tick``
 (time passed). Actions go back to it: what to send
 to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from xrun.runner.job.digest import PlanDigest
     from xrun.runner.network.node_results import PrecheckResult
+    from xrun.runner.pod.digest import PlanDigest
 
 # -- events ---------------------------------------------------------------------------------------------------
 

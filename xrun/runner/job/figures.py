@@ -1,7 +1,7 @@
 """Every rank's figures at the head (``xrun.launch.result.summary``): each agent sends its ranks' with their
 ``rank_exited``, and once the job is over the last attempt's are summed up as a node sums up its own ranks: one
 line on success, the table after a failure, and ``summary.json`` (with the restart history, when there were
-attempts). The control server (``xrun.runner.job.server``) keeps one ``JobFigures`` per attempt.
+attempts). The control server (``xrun.runner.job.control_server``) keeps one ``JobFigures`` per attempt.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xrun.launch.output.status import say
-from xrun.launch.result.report import write_json
+from xrun.launch.result.failure_report import write_json
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.events import Verdict
 

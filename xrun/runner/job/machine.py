@@ -1,9 +1,9 @@
 """The head's job state machine: pure, events in, actions out, and at the end the job's verdict.
 
-It holds no socket, reads no clock and prints nothing: the control server (``xrun.runner.job.server``) turns what
-arrives (agents' messages, dropped connections, backend sessions that end, signals, time passing) into the events
-of ``xrun.runner.job.events``, feeds each with the current ``monotonic()`` time, and carries out the actions that
-come back.
+It holds no socket, reads no clock and prints nothing: the control server (``xrun.runner.job.control_server``)
+turns what arrives (agents' messages, dropped connections, backend sessions that end, signals, time passing) into
+the events of ``xrun.runner.job.events``, feeds each with the current ``monotonic()`` time, and carries out the
+actions that come back.
 
 ``Job`` holds the rules, read top to bottom: what the agents say (a hello, ready, a rank's exit, done, an error, a
 dropped connection), what happens around them (a backend session that ends, a signal, a hang, time passing), the

@@ -4,7 +4,7 @@ Two inputs, one ``JobConsole`` (xrun.launch.output.render, where every label is 
 
 * what each node's console says, as line records over the control channel (``lines`` messages: its ranks' lines
   with their rank sets, already merged within the node, and its ``xrun[host]: ...`` notices), fed by the control
-  server (xrun.runner.job.server; node 0's in pod mode) as they come, each node's in its order;
+  server (xrun.runner.job.control_server; node 0's in pod mode) as they come, each node's in its order;
 * what the backends' own streams still carry (``StreamLines``): an ssh channel's stdout and stderr, a launcher's
   (pdsh, mpirun, hydra, srun). Nothing of the ranks travels there while the channel is up. They carry what an
   engine or an agent writes outside its console: ssh's and the engines' own words (a host that cannot be reached,

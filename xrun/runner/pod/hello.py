@@ -6,7 +6,7 @@ that it says the same thing. A hello is
 * a ``Stray`` (closed without a word) unless it carries a plan digest (its proof of this job's key, the shared
   secret or without one the run id, was checked before: ``xrun.runner.job.gate``, ``xrun.runner.pod.secret``);
 * refused (``Refusal``: the job ends with exit code 2) when its plan digest differs from node 0's, naming
-  the node and the first difference (``xrun.runner.job.digest.first_difference``);
+  the node and the first difference (``xrun.runner.pod.digest.first_difference``);
 * otherwise accepted (``SendAccept``).
 
 Pure: nothing is read or printed.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xrun.runner.job.digest import PlanDigest, first_difference
 from xrun.runner.job.events import Action, HelloReceived, SendAccept
 from xrun.runner.job.hello_policy import Refusal, Stray
+from xrun.runner.pod.digest import PlanDigest, first_difference
 
 
 @dataclass(frozen=True)

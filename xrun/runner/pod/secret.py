@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Callable
 
+from xrun.channel.proof import POD_PURPOSE, derive_key, stretch, token_key
 from xrun.errors import UsageError
 from xrun.runner.hosts.smallfile import SmallFileError, read_small_file
 
@@ -77,8 +78,6 @@ def pod_key(token: str | None, *, run_id: str) -> bytes:
     """The key every node of a pod-mode job proves (and node 0 first, xrun.channel.handshake): the shared secret,
     stretched (PBKDF2, once per process) so that a proof seen on the wire cannot be turned into guesses cheaply;
     without a secret, the run id, which anyone who knows the job's command line knows too (hence the notice)."""
-    from xrun.channel.proof import POD_PURPOSE, derive_key, stretch, token_key  # noqa: PLC0415 - a pod run only
-
     if token is None:
         return token_key(run_id, POD_PURPOSE)
     return derive_key(stretch(token.encode("utf-8", "surrogateescape"), run_id.encode("utf-8")), POD_PURPOSE)

@@ -1,7 +1,7 @@
 """Node 0's side of a pod-mode job: the control server (pod flavour) on a background thread.
 
 Every node's xrun (node 0's included, over loopback) connects to it as agents connect to a head. What differs
-from head mode (``xrun.runner.job.server.ControlServer``):
+from head mode (``xrun.runner.job.control_server.ControlServer``):
 
 * node 0 proves the job's shared secret to each node before the node proves it back (``Gate(prove_server=True)``:
   no node knows node 0's certificate in advance), and a proven hello is then judged by the machine's policy
@@ -37,15 +37,15 @@ from xrun.channel import ChannelError, Kind, Message, message
 from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
-from xrun.runner.job.digest import PlanDigest, PlanDigestError
+from xrun.runner.job.control_server import ControlServer, hello_event
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
-from xrun.runner.job.server import ControlServer, hello_event
 from xrun.runner.plan import Plan
+from xrun.runner.pod.digest import PlanDigest, PlanDigestError
 from xrun.runner.pod.hello import PodHello
-from xrun.runner.pod.plan import PodSetup
+from xrun.runner.pod.placement import PodSetup
 from xrun.runner.pod.secret import pod_key
 
 

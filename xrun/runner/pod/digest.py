@@ -26,7 +26,6 @@ run id (it is half of the channel key instead: ``xrun.runner.pod.secret.channel_
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from xrun import __version__
+from xrun.channel.proof import sha256_hex  # CPython's own SHA-256: OpenSSL's _hashlib stays unloaded
 from xrun.errors import XrunError
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def make_digest(fields: Mapping[str, Any]) -> PlanDigest:
         text = canonical_json(fields)
     except (TypeError, ValueError) as err:
         raise PlanDigestError(f"fields are not plain JSON: {err}") from None
-    return PlanDigest(fields=json.loads(text), sha256=hashlib.sha256(text.encode("ascii")).hexdigest())
+    return PlanDigest(fields=json.loads(text), sha256=sha256_hex(text.encode("ascii")))
 
 
 def plan_digest(plan: Plan) -> PlanDigest:
@@ -129,7 +129,7 @@ def plan_digest(plan: Plan) -> PlanDigest:
         "args": list(request.args),
         "launch": {"mode": request.launch.mode.value, "local_rank_arg": request.launch.local_rank_arg},
         "world": [[host, list(slots)] for host, slots in plan.world.items()],
-        "master": {"addr": plan.rendezvous.master_addr, "port": plan.rendezvous.master_port},
+        "master": {"addr": plan.rendezvous.known_master_addr, "port": plan.rendezvous.master_port},
         "exports": sorted(request.env),
         "elastic": elastic.to_json() if elastic is not None else None,
         # --max_restarts: every node's xrun must wait for node 0's restart (absent without: digests stay as they were)

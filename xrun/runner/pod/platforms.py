@@ -58,6 +58,17 @@ from xrun.runner.hosts.platform_values import (
 from xrun.runner.hosts.selection import Pool
 from xrun.runner.hosts.smallfile import SmallFileError
 
+# Without one of these (or a VC_<TASK>_HOSTS) no platform is detected (tests/test_platforms.py checks it).
+PLATFORM_MARKERS = ("PET_NNODES", "WORLD_SIZE", "VC_TASK_INDEX", "LWS_GROUP_SIZE", "SKYPILOT_NODE_IPS",
+                    "JOB_COMPLETION_INDEX", "PBS_JOBID", "LSB_JOBID")
+
+
+def platform_markers_present(env: Mapping[str, str]) -> bool:
+    """Could ``detect`` find anything in ``env``? (cheap: names only)"""
+    return any(name in env for name in PLATFORM_MARKERS) or any(
+        name.startswith("VC_") and name.endswith("_HOSTS") for name in env
+    )
+
 VOLCANO_HOSTS_DIR = "/etc/volcano"
 _LOCAL_COUNT_WORDS = ("auto", "gpu", "cpu", "xpu")  # torchrun's --nproc_per_node words: count on the node
 

@@ -1,4 +1,4 @@
-"""The control server's event loop (``xrun.runner.job.server``): one thread, one selector.
+"""The control server's event loop (``xrun.runner.job.control_server``): one thread, one selector.
 
 Readers (the listeners, every connection, what a backend's sessions add) are called back when readable; timers
 after every wake-up; signals are only recorded by their handler (the wake-up pipe ends the wait) and acted on by

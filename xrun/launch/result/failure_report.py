@@ -28,8 +28,9 @@ from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
+from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
-from xrun.values import each_line, one_line
+from xrun.printable import each_line, one_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
 
@@ -66,8 +67,6 @@ def format_failure_report(result: NodeResult) -> str:
         lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
     lines.extend(table_lines([RankFigures.of(o) for o in result.outcomes]))
     if result.stacks:
-        from xrun.launch.result.stackview import merge, render  # noqa: PLC0415 - only with stacks (issue 25 §4)
-
         lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
         lines.extend(f"    {line}" for line in render(merge(result.stacks)))
     if result.collectives is not None:

@@ -4,7 +4,7 @@ Pod mode: every node starts xrun itself (Kubernetes, PAI, Volcano, by hand) and 
 ``--no_ssh --node_rank K`` is its by-hand spelling, and a detected pod platform implies it. ``--hosts`` is not
 pod-only: it names the hosts in host-list syntax wherever ``-H HOSTFILE`` would.
 
-This module holds the typed request and its flags; ``xrun.runner.pod.place`` is the planner's entry.
+This module holds the typed request and its flags; ``xrun.runner.pod.placement.place_job`` is the planner's entry.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from xrun.argsplit import spellings
 from xrun.errors import UsageError
-from xrun.values import port_arg
+from xrun.strict_numbers import port_arg
 
 if TYPE_CHECKING:
-    from xrun.runner.hosts.platforms import Detection
+    from xrun.runner.pod.platforms import Detection
 
 # Flags whose parsed value always exists (a default), so that "the user typed it" must be recorded to let it
 # win over a detected platform's value.

@@ -1,9 +1,8 @@
 """Where the nodes come from: request + platform detection -> the host pool, and the request in planner terms.
 
 ``place`` is pure (the environment and every file or device read come in as arguments: ``NodeIO``); the
-planner (``xrun.runner.planner``) calls it through ``xrun.runner.pod.place.place_job``, which imports this
-module only when a pod flag or a platform variable is present. The platform is detected here, once. Three
-outcomes:
+planner (``xrun.runner.planner``) calls it through ``place_job``, which answers None at once when no pod flag is
+given and no platform variable is present. The platform is detected here, once. Three outcomes:
 
 * **head mode** (xrun fans out): ``--hosts PATTERN`` or a PBS/LSF allocation gives the pool; otherwise the
   pool is left to the planner (hostfile, Slurm allocation, this machine) and nothing changes;
@@ -12,7 +11,7 @@ outcomes:
   (the master address must then come from the platform or ``--master_addr``), else this machine. Flags win
   over detected values. The request is rewritten in today's terms: ``no_ssh`` with this node's rank, the
   master, and a run id every node computes alike (``xrun-MASTER-PORT``) unless ``--run_id`` is given.
-  The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.run``);
+  The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.runtime``);
 * ``pod_setup(plan, token=...)`` then gives the pod-mode runtime what it needs (``PodSetup``): this node's
   rank, the world, the master, node 0's control endpoint (``--control_port``, default master port + 1), the
   token and the plan digest.
@@ -20,22 +19,35 @@ outcomes:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from xrun.errors import SelectionError, UsageError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
 from xrun.launch.rankplan import World
 from xrun.runner.hosts.batch_alloc import ReadFile
-from xrun.runner.hosts.nodeio import NodeIO
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
-from xrun.runner.hosts.platforms import Detection, detect
 from xrun.runner.hosts.selection import Pool
-from xrun.runner.job.digest import PlanDigest, plan_digest
 from xrun.runner.plan import JobRequest, Plan, PortChoice
+from xrun.runner.pod.digest import PlanDigest, plan_digest
+from xrun.runner.pod.options import PlatformChoice
+from xrun.runner.pod.platforms import Detection, detect, platform_markers_present
 from xrun.runner.pod.secret import load_token
-from xrun.runner.pod_options import PlatformChoice
+
+NODE_FILE_LIMIT = 16 << 20  # a line per slot: 16 MiB is some 500 000 slots of 32-character names
+
+
+@dataclass(frozen=True)
+class NodeIO:
+    """The reads that finding the nodes may need (a platform's files, ``-H``'s hostfile, this machine's slots),
+    passed in as functions so that ``place`` stays pure. The planner builds the real ones once per run and uses
+    the same ones where no pod flag or platform applies, so each source is read one way."""
+
+    read_file: ReadFile  # platform files: node lists, /etc/volcano/*.host
+    local_pool: Callable[[], Pool]  # this machine: {"localhost": its slots}
+    hostfile_pool: Callable[[str], Pool]  # -H PATH
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,17 @@ class _Hosts:
     pool: Pool
     origin: str  # for messages: "-H", "--hosts", the platform's variables, "this machine"
     named: bool  # False: numbered node0..nodeN-1, nobody can resolve them
+
+
+def place_job(request: JobRequest, environ: Mapping[str, str], io: NodeIO) -> Placement | None:
+    """``place``'s answer, or None when no pod flag is given and no platform can be detected (a plain run: the
+    planner looks the pool up itself)."""
+    pod = request.pod
+    asked = pod.pod or pod.hosts is not None or pod.control_port is not None or pod.token_file is not None
+    asked = asked or request.remote.no_ssh or request.remote.node_rank is not None
+    if not asked and (pod.platform is PlatformChoice.NONE or not platform_markers_present(environ)):
+        return None
+    return place(request, environ, io)
 
 
 def place(request: JobRequest, env: Mapping[str, str], io: NodeIO) -> Placement:
@@ -256,8 +279,8 @@ def pod_setup(plan: Plan, *, token: str | None) -> PodSetup:
         raise UsageError("--node_rank", f"{rank} is outside 0..{count - 1} for a {count}-node world")
     master = plan.rendezvous
     return PodSetup(
-        node_rank=rank, num_nodes=len(plan.nodes), world=plan.world, master_addr=master.master_addr,
-        master_port=master.master_port, control_addr=master.master_addr, control_port=control_port(plan.request),
+        node_rank=rank, num_nodes=len(plan.nodes), world=plan.world, master_addr=master.known_master_addr,
+        master_port=master.master_port, control_addr=master.known_master_addr, control_port=control_port(plan.request),
         digest=plan_digest(plan), token=token,
     )
 
@@ -267,8 +290,7 @@ def dry_run_json(plan: Plan) -> dict[str, Any]:
     detected = plan.request.pod.detected
     pod = None
     if plan.request.remote.no_ssh and plan.request.remote.node_rank is not None:
-        import os  # noqa: PLC0415 - the token is read (and checked) as the real run reads it, never shown
-
+        # the token is read (and checked) as the real run reads it, never shown
         setup = pod_setup(plan, token=load_token(os.environ, plan.request.pod.token_file))
         pod = {"node_rank": setup.node_rank, "num_nodes": setup.num_nodes, "control_addr": setup.control_addr,
                "control_port": setup.control_port, "digest": setup.digest.sha256,

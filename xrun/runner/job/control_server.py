@@ -2,7 +2,7 @@
 
 One per run, single-threaded, on the address the nodes use. Three classes, each one thing:
 
-* ``SelectLoop`` (``xrun.runner.job.loop``): the selector, the timers, the signals recorded between turns;
+* ``SelectLoop`` (``xrun.runner.job.server_loop``): the selector, the timers, the signals recorded between turns;
 * ``Conn`` (``xrun.runner.job.connections``): one connection's TLS, frames and ``auth`` -> ``challenge``, found
   again by serial, by node and in the order the unadmitted ones opened (``Connections``);
 * ``ControlServer``, here: it listens and accepts through its ``Gate`` (TLS, each hello's proof of its node's key,
@@ -12,7 +12,7 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   to the machine (``feed``) and carries out the actions that come back (``_carry_out``): sends, admitted and
   closed connections, status lines (``xrun.launch.output.status``), ``--precheck``'s check
   (``xrun.runner.network.precheck_channel``). At the end the machine's verdict is the report
-  (``xrun.runner.job.report``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
+  (``xrun.runner.job.last_words``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
   machine's; the wire format is ``xrun.channel``'s.
 
 The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
@@ -38,7 +38,7 @@ and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--for
 (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
 on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
-Pod mode's flavour (``xrun.runner.pod.server``) overrides a few seams: ``_make_job`` (its hello policy, the
+Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
 may reopen) and the barrier's status (``_show_*``: sent to every node).
 """
@@ -99,11 +99,11 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.figures import JobFigures
 from xrun.runner.job.gate import Gate
-from xrun.runner.job.loop import SelectLoop
+from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.relay import head_console
-from xrun.runner.job.report import headline, report_lines
+from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan

@@ -3,7 +3,7 @@ itself (issue 11).
 
     the SignalLatch (from here on a shutdown signal is recorded, never its default action) -> token
     (XRUN_TOKEN / --token_file, then gone from the ranks' environment) -> PodSetup
-    node 0: the control server on a background thread (xrun.runner.pod.server), handed every signal node 0 gets:
+    node 0: the control server on a background thread (xrun.runner.pod.node0_server), handed every signal node 0 gets:
     node 0 is the job's head, so its signal stops the job on every node
     every node, node 0 included over loopback: ``pod_node`` -> the node layer's agent
     (``xrun.launch.session.driver.run_pod_node``: join, ready, barrier, attempts, verdict) -> its exit code
@@ -34,9 +34,9 @@ from xrun.runner.job.machine import LINGER
 from xrun.runner.job.relay import merges_nodes
 from xrun.runner.job.stop import STOP_GRACE
 from xrun.runner.plan import Plan
-from xrun.runner.pod.plan import PodSetup, pod_setup
+from xrun.runner.pod.node0_server import ServerThread
+from xrun.runner.pod.placement import PodSetup, pod_setup
 from xrun.runner.pod.secret import TOKEN_ENV, auth_notice, load_token, pod_key
-from xrun.runner.pod.server import ServerThread
 
 
 def run_pod(plan: Plan) -> int:
@@ -71,7 +71,7 @@ def pod_node(plan: Plan, setup: PodSetup, node0: Node0) -> PodNode:
     static_node0 = setup.node_rank == 0 and plan.nodes[0].elastic is None
     return PodNode(
         node_rank=setup.node_rank, num_nodes=setup.num_nodes, world_size=plan.world_size, spec=spec,
-        master_addr=plan.rendezvous.master_addr, master_port=plan.rendezvous.master_port,
+        master_addr=plan.rendezvous.known_master_addr, master_port=plan.rendezvous.master_port,
         ready_port=PortRule(plan.node0_picks_port, setup.master_port) if static_node0 else None,
         restarts=bool(plan.request.restart.restarts),
         verdict_wait=plan.request.options.shutdown_timeout + STOP_GRACE + LINGER + 5.0,

@@ -18,9 +18,12 @@ from dataclasses import replace
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import raise_open_files_limit
+from xrun.hostlist import address_problem
+from xrun.launch.agent import preloaded, run_node
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
+from xrun.launch.preflight import check_spec
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
@@ -38,19 +41,9 @@ from xrun.launch.spec import (
     parse_signal_list,
     signal_list,
 )
-from xrun.values import (
-    MAX_HOSTS,
-    MAX_RESTARTS,
-    MAX_SHUTDOWN_TIMEOUT,
-    address_problem,
-    int_arg,
-    one_line,
-    parse_int,
-    port_arg,
-    seconds_arg,
-    shown,
-    tolerant_streams,
-)
+from xrun.printable import one_line, shown
+from xrun.std_streams import tolerant_streams
+from xrun.strict_numbers import MAX_HOSTS, MAX_RESTARTS, MAX_SHUTDOWN_TIMEOUT, int_arg, parse_int, port_arg, seconds_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -315,9 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
     try:
         command = parse_agent_argv(args)
-        from xrun.launch.agent import preloaded, run_node  # after parsing, so --help stays instant
-        from xrun.launch.preflight import check_spec
-
         spec = command.node_spec()
         check_spec(spec)
         with preloaded(spec) as helper:

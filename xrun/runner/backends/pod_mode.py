@@ -2,7 +2,7 @@
 
 There is no fan-out: each xrun runs its own node's agent in-process, with the same env contract as the remote
 backends (``--export`` and ``.xrun_env`` apply, ``PYTHONPATH`` gets the working directory), and joins the
-job's control channel, which node 0's xrun hosts (``xrun.runner.pod.run``): the same start barrier, teardown,
+job's control channel, which node 0's xrun hosts (``xrun.runner.pod.runtime``): the same start barrier, teardown,
 keepalives and exit code as the head-node backends, and a plan digest so that a node started with another
 command line is refused by name. Every node must be given the same hostfile (or platform), selection and
 ``--master_port``; ``MASTER_ADDR`` is ``--master_addr``, the platform's, or else the first host's name as
@@ -46,6 +46,7 @@ class NoSshBackend:
 
     def execute(self, plan: Plan) -> int:
         this_node(plan)
-        from xrun.runner.pod.run import run_pod  # noqa: PLC0415 - the channel loads only for a real run
+        # Lazy: node 0's server loads only for a real run (a dry run, and reading the traits, load none of it).
+        from xrun.runner.pod.runtime import run_pod
 
         return run_pod(plan)
