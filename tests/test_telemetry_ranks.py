@@ -458,7 +458,9 @@ def test_a_failure_keeps_the_other_ranks_collectives_in_the_report(tmp_path):
     are stopped, are in the node's failure report and failure.json."""
     pytest.importorskip("torch")
     script = tmp_path / "job.py"
-    script.write_text(SKIPS_ONE.replace("    evaluate()\n", "    raise SystemExit(3)\n"))
+    # os._exit: a rank that leaves with its gloo group alive may abort in teardown instead (SIGABRT, with or without
+    # telemetry: docs/compatibility.md#an-abort-at-exit-gloo), and this test is about the others' records
+    script.write_text(SKIPS_ONE.replace("    evaluate()\n", "    os._exit(3)\n"))
     logs = tmp_path / "logs"
     result = run_xrun("--num_gpus", "3", "--master_port", "0", "--log_dir", str(logs), str(script),
                       env={"TMPDIR": short_tmpdir()}, timeout=180)
