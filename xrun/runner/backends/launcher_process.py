@@ -67,7 +67,7 @@ class LaunchedHosts:
 
     @classmethod
     def of(cls, plan: Plan) -> LaunchedHosts:
-        return cls([node.host for node in plan.nodes], plan.request.remote.ssh)
+        return cls(plan.agent_hosts, plan.request.remote.ssh)  # the hot spares' too: one unreachable is only lost
 
     def which(self, named: str) -> str | None:
         if named not in self._named:
