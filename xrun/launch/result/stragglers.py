@@ -1,0 +1,224 @@
+"""Who makes everyone wait: every rank scored by how often and by how much it enters collectives after the others
+(issue 31). Pure: samples, clock offsets and nothing else in; scores and lines out; no I/O, no clock read.
+
+The samples are xrun.launch.telemetry.records' ``EntryTimes``: per process group, when a rank entered some
+collectives, by its node's wall clock. A collective (group, sequence number) is scored once every rank that
+takes part in the group (the default group: every rank of the job) has reported it: each rank's **lateness** is
+its entry time minus the median entry time of the *others* (with two ranks: the gap between them), so a rank
+that is late is late by what the others wait.
+
+**Clocks.** Ranks of one node share its clock. Across nodes the times are put on the head's clock with each
+node's offset, measured from the control channel's pings (``ClockOffsets``: the agent's clock when the ping came,
+against the midpoint of the ping's round trip; the estimate with the shortest round trip of the last few wins, as
+NTP does, and its uncertainty is half that round trip). Measures that need no shared clock (the time each rank
+waits inside a collective) need its completion time, which gloo does not record, so the offsets it is. A node
+without an estimate yet is not scored, and a rank counts as late only past ``LATE_FLOOR_NS`` plus twice the worst
+uncertainty of the nodes compared: a clock error cannot make a straggler.
+
+**The rule** (``docs/telemetry.md``): a rank is a straggler when it was late in at least ``FLAG_AT`` of its last
+``DECIDE_OVER`` scored collectives (at least ``MIN_SCORED`` of them), and has recovered when that share falls
+below ``CLEAR_BELOW``; between the two nothing changes, so a healthy job's jitter (a different rank last each
+time, a GC pause now and then) never raises it. The scores of the last ``WINDOW`` collectives go to
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xrun.launch.result.collectiveview import DEFAULT_GROUP
+from xrun.launch.telemetry.records import EntryTimes
+
+LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
+DECIDE_OVER = 32  # a rank's last scored collectives the rule reads (about a minute of samples at 10 s)
+MIN_SCORED = 12  # before this many, no verdict on a rank
+FLAG_AT = 0.75  # late in three of four: a straggler
+CLEAR_BELOW = 0.25  # late in fewer than one in four: recovered
+WINDOW = 300  # collectives per rank kept for the scores
+MAX_PENDING = 4096  # collectives waiting for some rank's report; the oldest are dropped beyond
+_PINGS_KEPT = 8  # of a node's round trips, the last few the offset is chosen from
+_OUTSTANDING = 4  # pings without a pong: beyond, the node's queue is forgotten (a pong went missing)
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """A node's wall clock minus the head's, and how far off that may be (both ns)."""
+
+    offset_ns: int
+    uncertainty_ns: int
+
+
+SAME_CLOCK = ClockOffset(0, 0)  # ranks of the head's own node
+
+
+class ClockOffsets:
+    """Each node's clock offset from the pings: ``sent`` when a ping leaves, ``pong`` when its answer comes with the
+    node's clock. A TCP stream keeps order, so a pong answers the oldest ping still waiting for one."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, deque[int]] = {}
+        self._trips: dict[str, deque[tuple[int, int]]] = {}  # (round trip, offset)
+
+    def sent(self, node: str, head_ns: int) -> None:
+        waiting = self._waiting.setdefault(node, deque())
+        if len(waiting) >= _OUTSTANDING:
+            waiting.clear()  # its pongs stopped coming, or carried no clock: start again
+        waiting.append(head_ns)
+
+    def pong(self, node: str, head_ns: int, node_clock_ns: int | None) -> None:
+        waiting = self._waiting.get(node)
+        if not waiting:
+            return
+        sent = waiting.popleft()
+        if node_clock_ns is None or head_ns < sent:
+            return
+        trips = self._trips.setdefault(node, deque(maxlen=_PINGS_KEPT))
+        trips.append((head_ns - sent, node_clock_ns - (sent + head_ns) // 2))
+
+    def of(self, node: str) -> ClockOffset | None:
+        trips = self._trips.get(node)
+        if not trips:
+            return None
+        trip, offset = min(trips)
+        return ClockOffset(offset, trip // 2 + 1)
+
+
+@dataclass(frozen=True)
+class RankScore:
+    """One rank over its last scored collectives."""
+
+    rank: int
+    host: str
+    scored: int  # collectives it was scored in (at most WINDOW)
+    late: int  # of them, entered late (past the threshold after the others' median)
+    last: int  # of them, the last rank to enter
+    median_lateness_ms: float  # after the others' median (negative: ahead of them)
+    straggler: bool
+
+    @property
+    def late_share(self) -> float:
+        return self.late / self.scored if self.scored else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "scored": self.scored, "late": self.late, "last": self.last,
+                "late_share": round(self.late_share, 3), "median_lateness_ms": round(self.median_lateness_ms, 3),
+                "straggler": self.straggler}
+
+
+@dataclass
+class _Rank:
+    host: str
+    lateness: deque[int]  # ns, the last WINDOW
+    late: deque[bool]
+    last: deque[bool]
+    straggler: bool = False
+
+
+class StragglerScores:
+    """Every rank's score, fed samples as nodes send them; ``add`` returns the lines to show (a straggler named,
+    or recovered)."""
+
+    def __init__(self, *, world_size: int | None = None) -> None:
+        self._ranks: dict[int, _Rank] = {}
+        # group -> its ranks: the default group is the world; another, every rank that ever reported it
+        self._members: dict[str, set[int]] = {DEFAULT_GROUP: set(range(world_size))} if world_size else {}
+        self._pending: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}  # -> rank: (head ns, uncertainty)
+        self._scored: dict[str, tuple[set[int], deque[int]]] = {}  # group -> numbers scored lately (samples overlap)
+
+    def add(self, host: str, offset: ClockOffset | None, samples: Iterable[EntryTimes]) -> list[str]:
+        if offset is None:
+            return []  # its clock is not known yet: its times cannot be compared
+        touched: set[tuple[str, int]] = set()
+        for sample in samples:
+            rank = self._ranks.setdefault(sample.rank, _Rank(host, deque(maxlen=WINDOW), deque(maxlen=WINDOW),
+                                                            deque(maxlen=WINDOW)))
+            rank.host = host
+            for group in sample.groups:
+                self._members.setdefault(group.name, set()).add(sample.rank)
+                scored, _ = self._scored.setdefault(group.name, (set(), deque()))
+                for seq, created in zip(group.seqs, group.created_ns):
+                    if seq in scored:
+                        continue
+                    key = (group.name, seq)
+                    self._pending.setdefault(key, {})[sample.rank] = (created - offset.offset_ns,
+                                                                      offset.uncertainty_ns)
+                    touched.add(key)
+        lines = []
+        for key in sorted(touched, key=lambda k: k[1]):
+            entries = self._pending.get(key)
+            if entries is not None and len(entries) >= 2 and set(entries) >= self._members[key[0]]:
+                del self._pending[key]
+                self._mark_scored(*key)
+                self._score(entries)
+        while len(self._pending) > MAX_PENDING:
+            del self._pending[next(iter(self._pending))]  # never completed: some rank's report of it was lost
+        for number, rank in sorted(self._ranks.items()):
+            lines.extend(self._decide(number, rank))
+        return lines
+
+    def scores(self) -> tuple[RankScore, ...]:
+        return tuple(RankScore(n, r.host, len(r.lateness), sum(r.late), sum(r.last),
+                               statistics.median(r.lateness) / 1e6 if r.lateness else 0.0, r.straggler)
+                     for n, r in sorted(self._ranks.items()))
+
+    def status(self) -> str | None:
+        """The live status's word on stragglers: the ranks named now, or None."""
+        named = [s for s in self.scores() if s.straggler]
+        if not named:
+            return None
+        return "straggler: " + ", ".join(f"rank {s.rank} ({s.host}) +{_ms(s.median_lateness_ms)}" for s in named)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "ranks": [s.to_json() for s in self.scores()]}
+
+    def _mark_scored(self, group: str, seq: int) -> None:
+        scored, order = self._scored[group]
+        scored.add(seq)
+        order.append(seq)
+        if len(order) > MAX_PENDING:
+            scored.discard(order.popleft())
+
+    def _score(self, entries: Mapping[int, tuple[int, int]]) -> None:
+        times = sorted((t, rank) for rank, (t, _) in entries.items())
+        threshold = LATE_FLOOR_NS + 2 * max(u for _, u in entries.values())
+        latest = times[-1][1]
+        for index, (t, number) in enumerate(times):
+            lateness = t - round(_median_without(times, index))
+            rank = self._ranks[number]
+            rank.lateness.append(lateness)
+            rank.late.append(lateness >= threshold)
+            rank.last.append(number == latest)
+
+    def _decide(self, number: int, rank: _Rank) -> list[str]:
+        recent = list(rank.late)[-DECIDE_OVER:]
+        if len(recent) < MIN_SCORED:
+            return []
+        share = sum(recent) / len(recent)
+        lateness = statistics.median(list(rank.lateness)[-DECIDE_OVER:]) / 1e6
+        if not rank.straggler and share >= FLAG_AT:
+            rank.straggler = True
+            return [f"straggler: rank {number} ({rank.host}) enters collectives {_ms(lateness)} after the others' "
+                    f"median in {share:.0%} of its last {len(recent)} (others wait for it)"]
+        if rank.straggler and share < CLEAR_BELOW:
+            rank.straggler = False
+            return [f"straggler: rank {number} ({rank.host}) recovered: late in {share:.0%} of its last "
+                    f"{len(recent)} collectives"]
+        return []
+
+
+def _median_without(times: list[tuple[int, int]], index: int) -> float:
+    """The median of the sorted ``times`` without the one at ``index``."""
+    size = len(times) - 1
+
+    def at(k: int) -> int:
+        return times[k if k < index else k + 1][0]
+
+    return (at((size - 1) // 2) + at(size // 2)) / 2
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f} ms" if abs(value) >= 10 else f"{value:.1f} ms"
