@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
+from xrun.launch.result.collectiveview import find_hang, view_lines
+from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.launch.telemetry.reads import RankReads, Reading
 
@@ -121,8 +123,8 @@ class NodeDoctor:
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
-        self.link: DoctorLink = LocalView(self)
         self.on_samples: Callable[[list[EntryTimes]], None] | None = None  # a link that scores stragglers
+        self.link: DoctorLink = LocalView(self)  # scores them itself; the driver's link sends them to the head
 
     def attach(self, group: RankGroup) -> None:
         self._group = group
@@ -245,6 +247,12 @@ class LocalView:
 
     def __init__(self, doctor: NodeDoctor) -> None:
         self._doctor = doctor
+        self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
+        doctor.on_samples = self._sampled
+
+    def _sampled(self, samples: list[EntryTimes]) -> None:
+        for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):
+            notice(self._doctor.host, line)
 
     def stacks_wanted(self, reason: str) -> None:
         self._doctor.dump(lambda found: self._show(found, reason))
@@ -269,7 +277,9 @@ class LocalView:
         host = self._doctor.host
         for line in show_stacks(found.stacks, found.problem, reason, log_dir=self._doctor.options.log_dir):
             notice(host, line)
-        if found.reading is not None:
+        if found.reading is not None:  # the collective the ranks wait in, who never entered it (issue 31)
+            for line in view_lines(find_hang(found.reading.collectives)):
+                notice(host, line)
             notice(host, reading_line(found.reading))
 
 

@@ -358,3 +358,17 @@ def _ranks(ranks: Iterable[int]) -> str:
 def _group_order(name: str) -> tuple[int, int, str]:
     """The default group first, then by number (torch names groups "0", "1", ...), then by name."""
     return (name != DEFAULT_GROUP, int(name) if name.isascii() and name.isdigit() else 1 << 62, name)
+
+
+def view_lines(findings: HangFindings, files: Sequence[str] = ()) -> list[str]:
+    """The findings as a report shows them: a title, the root cause first, and where the full records are."""
+    if not findings.ranks:
+        return []
+    title = f"collectives of {findings.ranks} rank(s) (torch's Flight Recorder)"
+    lines = findings.lines()
+    if not lines:
+        out = [f"{title}: none is waited in, none mismatched"]
+    else:
+        heading = f"{title}, the root cause first:" if findings.root_cause else f"{title}:"
+        out = [heading, *(f"  {line}" for line in lines)]
+    return out + [f"  full records: {path}" for path in files]

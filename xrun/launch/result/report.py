@@ -5,7 +5,9 @@ consequences, so the line to read at 3 a.m. is the first one. The exception the 
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
 failure with a known fix (xrun.launch.result.hints) ends the report with it.
 Every rank's figures (xrun.launch.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
-stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them.
+stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them, and what
+their collective records say (xrun.launch.result.collectiveview: the collective they wait in, who never entered
+it, mismatches; ``failure.json``'s ``"collectives"``).
 ``conclude`` is the end of every node agent run, static or elastic: the report and
 ``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
 the whole job: with a head, the head says it for every node); ``{log_dir}/{host}/summary.json`` either way;
@@ -23,6 +25,7 @@ from typing import Any
 from xrun.launch.output.streams import host_log_dir, notice
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
@@ -68,6 +71,9 @@ def format_failure_report(result: NodeResult) -> str:
 
         lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
         lines.extend(f"    {line}" for line in render(merge(result.stacks)))
+    if result.collectives is not None:
+        files = [result.collectives.file] if result.collectives.file else []
+        lines.extend(f"  {line}" for line in view_lines(find_hang(result.collectives.collectives), files))
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -89,6 +95,8 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
         "hang": result.hang,
         "stacks": [s.to_json() for s in result.stacks],
+        "collectives": None if result.collectives is None else {
+            **find_hang(result.collectives.collectives).to_json(), "file": result.collectives.file},
     }
 
 

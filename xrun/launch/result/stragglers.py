@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,16 +60,16 @@ class ClockOffsets:
     node's clock. A TCP stream keeps order, so a pong answers the oldest ping still waiting for one."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, deque[int]] = {}
-        self._trips: dict[str, deque[tuple[int, int]]] = {}  # (round trip, offset)
+        self._waiting: dict[Hashable, deque[int]] = {}
+        self._trips: dict[Hashable, deque[tuple[int, int]]] = {}  # (round trip, offset)
 
-    def sent(self, node: str, head_ns: int) -> None:
+    def sent(self, node: Hashable, head_ns: int) -> None:
         waiting = self._waiting.setdefault(node, deque())
         if len(waiting) >= _OUTSTANDING:
             waiting.clear()  # its pongs stopped coming, or carried no clock: start again
         waiting.append(head_ns)
 
-    def pong(self, node: str, head_ns: int, node_clock_ns: int | None) -> None:
+    def pong(self, node: Hashable, head_ns: int, node_clock_ns: int | None) -> None:
         waiting = self._waiting.get(node)
         if not waiting:
             return
@@ -79,7 +79,7 @@ class ClockOffsets:
         trips = self._trips.setdefault(node, deque(maxlen=_PINGS_KEPT))
         trips.append((head_ns - sent, node_clock_ns - (sent + head_ns) // 2))
 
-    def of(self, node: str) -> ClockOffset | None:
+    def of(self, node: Hashable) -> ClockOffset | None:
         trips = self._trips.get(node)
         if not trips:
             return None
