@@ -143,8 +143,10 @@ def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_over_the_chan
     assert f"xrun:   {root}" in err.splitlines(), err  # the dump's view
     assert f"xrun: the collective held at the hang: {root}" in err.splitlines()  # the job's last words
     failure = json.loads((tmp_path / "logs" / "failure.json").read_text())
-    assert failure["exit_code"] == HANG_EXIT and failure["collectives"]["root_cause"] == root
-    assert failure["collectives"]["stuck"][0]["absent"][0]["where"] == "job.py:8 evaluate"
+    findings = failure["collectives"]["findings"]
+    assert failure["exit_code"] == HANG_EXIT and findings["root_cause"] == root
+    assert findings["stuck"][0]["absent"][0]["where"] == "job.py:8 evaluate"
+    assert len(failure["collectives"]["files"]) == 3  # each node's full records, "host:path"
 
 
 @pytest.mark.slow
@@ -160,7 +162,7 @@ def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_of_a_local_jo
     assert f"xrun[localhost]:   {root}" in err.splitlines(), err  # the hang's view
     assert f"    {root}" in err.splitlines()  # the node's failure report
     failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
-    assert failure["collectives"]["root_cause"] == root and failure["collectives"]["file"]
+    assert failure["collectives"]["findings"]["root_cause"] == root and failure["collectives"]["file"]
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
 
 

@@ -280,17 +280,7 @@ class LocalView:
         if found.reading is not None:  # the collective the ranks wait in, who never entered it (issue 31)
             for line in view_lines(find_hang(found.reading.collectives)):
                 notice(host, line)
-            notice(host, reading_line(found.reading))
-
-
-def reading_line(reading: Reading) -> str:
-    """Where a reading's full collective records are, or why there are none."""
-    recorded = [c for c in reading.collectives if c.problem is None]
-    if reading.file is None:
-        problems = sorted({c.problem for c in reading.collectives if c.problem})
-        return f"no collective records from the ranks: {problems[0] if problems else 'nothing was recorded'}"
-    return (f"collective records of {len(recorded)} of {len(reading.collectives)} ranks (torch's Flight Recorder) "
-            f"in {reading.file}")
+            notice(host, found.reading.line())
 
 
 def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:

@@ -72,8 +72,8 @@ def format_failure_report(result: NodeResult) -> str:
         lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
         lines.extend(f"    {line}" for line in render(merge(result.stacks)))
     if result.collectives is not None:
-        files = [result.collectives.file] if result.collectives.file else []
-        lines.extend(f"  {line}" for line in view_lines(find_hang(result.collectives.collectives), files))
+        lines.extend(f"  {line}" for line in view_lines(find_hang(result.collectives.collectives)))
+        lines.append(f"  {result.collectives.line()}")
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -95,8 +95,11 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
         "hang": result.hang,
         "stacks": [s.to_json() for s in result.stacks],
+        # the ranks' collective records taken before the stop (xrun.launch.telemetry.records; null: not read),
+        # and what they say compared (xrun.launch.result.collectiveview)
         "collectives": None if result.collectives is None else {
-            **find_hang(result.collectives.collectives).to_json(), "file": result.collectives.file},
+            "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file,
+            "findings": find_hang(result.collectives.collectives).to_json()},
     }
 
 

@@ -38,6 +38,15 @@ class Reading:
     full: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # rank -> dump and stacks: node only
     file: str | None = None  # where ``full`` was written on this node, once it is
 
+    def line(self) -> str:
+        """Where the full collective records are, or why there are none (for the node's console)."""
+        recorded = [c for c in self.collectives if c.problem is None]
+        if self.file is None:
+            problems = sorted({c.problem for c in self.collectives if c.problem})
+            return f"no collective records from the ranks: {problems[0] if problems else 'nothing was recorded'}"
+        return (f"collective records of {len(recorded)} of {len(self.collectives)} ranks (torch's Flight Recorder) "
+                f"in {self.file}")
+
     def report(self, dump_id: int | str) -> CollectivesReport:
         """The part that crosses the channel: the records and where the full answers are on the node."""
         return CollectivesReport(dump_id, self.collectives, self.file)

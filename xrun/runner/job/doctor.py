@@ -98,6 +98,7 @@ class HeadDoctor:
         self._stop_collectives: list[RankCollectives] = []  # and their collective records
         self._stop_files: list[str] = []
         self.findings: HangFindings | None = None  # the last dump's collective findings (a hang's root cause)
+        self.findings_files: list[str] = []  # and where each node's full records are ("host:path")
 
     def want(self, reason: str, running: Iterable[int], now: float, *, hang: bool = False) -> list[Step]:
         """Start a job-wide dump of the ``running`` nodes (a dump already collecting absorbs the request)."""
@@ -165,6 +166,7 @@ class HeadDoctor:
             lines = [f"stacks of {len(self.stop_stacks)} rank(s) taken before the stop, outliers first:", *view]
         if self._stop_collectives:
             self.findings = find_hang(self._stop_collectives, world_size=self._world_size)
+            self.findings_files = list(self._stop_files)
             return lines + view_lines(self.findings, self._stop_files)
         root = self.findings.root_cause if self.findings else None
         return lines + ([f"the collective held at the hang: {root}"] if root else [])
@@ -190,6 +192,7 @@ class HeadDoctor:
             else [f"{collection.reason}: no stacks came back"]
         if collection.collectives:
             self.findings = find_hang(collection.collectives, world_size=self._world_size)
+            self.findings_files = list(collection.files)
             lines += view_lines(self.findings, collection.files)
         steps: list[Step] = [Show(tuple(lines + problems))]
         if collection.hang and self._hang_action is not HangAction.DUMP:

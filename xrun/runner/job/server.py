@@ -245,7 +245,8 @@ class ControlServer:
         findings = self.doctor.findings
         if verdict.exit_code != 0 and findings is not None and log_dir is not None:
             write_json(os.path.join(log_dir, "failure.json"), {
-                "exit_code": verdict.exit_code, "headline": headline(verdict), "collectives": findings.to_json()})
+                "exit_code": verdict.exit_code, "headline": headline(verdict),
+                "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         return verdict.exit_code
 
     def close(self) -> None:
