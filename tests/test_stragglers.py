@@ -6,6 +6,7 @@ samples.
 from __future__ import annotations
 
 import random
+import statistics
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from xrun.launch.result.stragglers import (
     ClockOffset,
     ClockOffsets,
     StragglerScores,
+    _medians_without,
 )
 from xrun.launch.telemetry.records import EntryTimes, GroupTimes
 
@@ -125,3 +127,13 @@ def test_any_samples_give_scores_never_a_crash(batches):
         assert 0 <= score.late <= score.scored and 0 <= score.last <= score.scored
     scores.to_json()
     scores.status()
+
+
+@given(st.lists(st.integers(0, 10**6), min_size=2, max_size=30))
+def test_the_others_median_is_one_of_three_values(values):
+    times = sorted(values)
+    (low, a), (middle, b), high = _medians_without(times)
+    for index in range(len(times)):
+        others = times[:index] + times[index + 1 :]
+        expected = round(statistics.median(others))
+        assert (low if index <= a else middle if index <= b else high) == expected

@@ -147,18 +147,19 @@ class StragglerScores:
                     self._pending.setdefault(key, {})[sample.rank] = (created - offset.offset_ns,
                                                                       offset.uncertainty_ns)
                     touched.add(key)
-        lines = []
+        scored: set[int] = set()
         for key in sorted(touched, key=lambda k: k[1]):
             entries = self._pending.get(key)
-            if entries is not None and len(entries) >= 2 and set(entries) >= self._members[key[0]]:
+            # a group's reports come from its members only, so a count says all of them are in (no set compared:
+            # a head of 8,000 ranks does this for every sample)
+            if entries is not None and len(entries) >= max(2, len(self._members[key[0]])):
                 del self._pending[key]
                 self._mark_scored(*key)
                 self._score(entries)
+                scored.update(entries)
         while len(self._pending) > MAX_PENDING:
             del self._pending[next(iter(self._pending))]  # never completed: some rank's report of it was lost
-        for number, rank in sorted(self._ranks.items()):
-            lines.extend(self._decide(number, rank))
-        return lines
+        return [line for number in sorted(scored) for line in self._decide(number, self._ranks[number])]
 
     def scores(self) -> tuple[RankScore, ...]:
         return tuple(RankScore(n, r.host, len(r.lateness), sum(r.late), sum(r.last),
@@ -186,9 +187,12 @@ class StragglerScores:
         times = sorted((t, rank) for rank, (t, _) in entries.items())
         threshold = LATE_FLOOR_NS + 2 * max(u for _, u in entries.values())
         latest = times[-1][1]
+        # the others' median is one of three values, by where the rank sits (``_medians_without``)
+        (low, a), (middle, b), high = _medians_without([t for t, _ in times])
+        ranks = self._ranks
         for index, (t, number) in enumerate(times):
-            lateness = t - round(_median_without(times, index))
-            rank = self._ranks[number]
+            lateness = t - (low if index <= a else middle if index <= b else high)
+            rank = ranks[number]
             rank.lateness.append(lateness)
             rank.late.append(lateness >= threshold)
             rank.last.append(number == latest)
@@ -210,14 +214,15 @@ class StragglerScores:
         return []
 
 
-def _median_without(times: list[tuple[int, int]], index: int) -> float:
-    """The median of the sorted ``times`` without the one at ``index``."""
-    size = len(times) - 1
-
-    def at(k: int) -> int:
-        return times[k if k < index else k + 1][0]
-
-    return (at((size - 1) // 2) + at(size // 2)) / 2
+def _medians_without(times: list[int]) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """The median of the sorted ``times`` (two or more) without the one at index i: ``low`` for i <= a, ``middle``
+    for a < i <= b, ``high`` for the rest, as ``((low, a), (middle, b), high)``."""
+    size = len(times) - 1  # the others
+    a, b = (size - 1) // 2, size // 2  # the median's two positions among them
+    low = round((times[a + 1] + times[b + 1]) / 2)  # i at or below a: both positions shift up by one
+    middle = round((times[a] + times[b + 1]) / 2)  # a < i <= b (only when a < b: i == b)
+    high = round((times[a] + times[b]) / 2)
+    return (low, a), (middle, b), high
 
 
 def _ms(value: float) -> str:
