@@ -147,7 +147,7 @@ class StragglerScores:
                     self._pending.setdefault(key, {})[sample.rank] = (created - offset.offset_ns,
                                                                       offset.uncertainty_ns)
                     touched.add(key)
-        scored: set[int] = set()
+        fresh: set[int] = set()  # the ranks scored now: only they may change
         for key in sorted(touched, key=lambda k: k[1]):
             entries = self._pending.get(key)
             # a group's reports come from its members only, so a count says all of them are in (no set compared:
@@ -156,10 +156,10 @@ class StragglerScores:
                 del self._pending[key]
                 self._mark_scored(*key)
                 self._score(entries)
-                scored.update(entries)
+                fresh.update(entries)
         while len(self._pending) > MAX_PENDING:
             del self._pending[next(iter(self._pending))]  # never completed: some rank's report of it was lost
-        return [line for number in sorted(scored) for line in self._decide(number, self._ranks[number])]
+        return [line for number in sorted(fresh) for line in self._decide(number, self._ranks[number])]
 
     def scores(self) -> tuple[RankScore, ...]:
         return tuple(RankScore(n, r.host, len(r.lateness), sum(r.late), sum(r.last),
