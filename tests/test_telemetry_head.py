@@ -208,3 +208,37 @@ def test_a_local_job_names_its_straggler(tmp_path):
     [named] = [line for line in err.splitlines() if "straggler: rank" in line]
     assert named.startswith("xrun[localhost]: straggler: rank 1 (localhost) enters collectives "), named
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
+
+
+GLOO_MISMATCH = """
+import os
+print("starting", flush=True)
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+tensor = torch.ones(4096)
+dist.all_reduce(tensor)
+print("step 1 done", flush=True)
+if rank == int(os.environ["BARRIER_RANK"]):
+    dist.barrier()
+else:
+    dist.all_reduce(tensor)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_rank_in_a_barrier_where_the_others_all_reduce_is_a_mismatch(tmp_path):
+    pytest.importorskip("torch")
+    proc, marker = start_xrun(tmp_path, "--num_gpus", "3", "--master_port", "0", "--hang_timeout", "20",
+                              "--hang_action", "stop", env={"BARRIER_RANK": "1"}, script=GLOO_MISMATCH)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == HANG_EXIT, err
+    root = "#2 on the default group: ranks in different collectives: ranks 0, 2 in all_reduce ([4096] float32), rank 1 in barrier"
+    assert f"xrun[localhost]:   {root}" in err.splitlines(), err
+    failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
+    [mismatch] = failure["collectives"]["findings"]["mismatches"]
+    assert mismatch["kind"] == "op" and mismatch["seq"] == 2
+    assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
