@@ -23,8 +23,10 @@ The path of a ``ready``: the loop finds its connection readable -> ``Conn.read``
 Beside the machine, each attempt's agents tell what concerns neither the barrier nor the verdict, read from their
 messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang doctor's
 messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to xrun
-asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first) and
-``--precheck``'s answers. A restart begins them anew.
+asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the ranks'
+collective records come with the stacks), the straggler samples (``entry_times``, scored by
+xrun.launch.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay).
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
