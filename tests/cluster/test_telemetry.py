@@ -1,4 +1,5 @@
-"""Collective telemetry across real hosts (issue 31): 3 network-namespace nodes x 2 gloo ranks over ssh.
+"""Collective telemetry across real hosts (issue 31): 3 network-namespace nodes x 2 gloo ranks over ssh, this
+tree's agent on the nodes (``--python``).
 
 A rank that never enters an all-reduce is the hang's root cause, named with its node; a rank that sleeps before
 each collective is named a straggler with its node, its clock put on the head's by the pings (every node has its
@@ -17,10 +18,10 @@ from xrun.launch.result.outcome import HANG_EXIT
 
 
 @pytest.mark.slow
-def test_the_rank_that_never_entered_is_named_across_nodes(job):  # noqa: F811
+def test_the_rank_that_never_entered_is_named_across_nodes(job, python):  # noqa: F811
     script = job.tmp / "job.py"
     script.write_text(GLOO_SKIP)
-    code, _, err = job.run("ssh", "--hang_timeout", "25", "--hang_action", "stop", "--log_dir", str(job.tmp / "logs"),
+    code, _, err = job.run("ssh", "--python", python, "--hang_timeout", "25", "--hang_action", "stop", "--log_dir", str(job.tmp / "logs"),
                            script_path=script, env={"SKIP_RANK": "3"}, timeout=180)
     assert code == HANG_EXIT, err
     node = job.cluster.nodes[1].name
@@ -33,10 +34,10 @@ def test_the_rank_that_never_entered_is_named_across_nodes(job):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_a_slow_rank_is_named_a_straggler_across_nodes(job):  # noqa: F811
+def test_a_slow_rank_is_named_a_straggler_across_nodes(job, python):  # noqa: F811
     script = job.tmp / "job.py"
     script.write_text(GLOO_SLOW)
-    code, _, err = job.run("ssh", "--log_dir", str(job.tmp / "logs"), script_path=script,
+    code, _, err = job.run("ssh", "--python", python, "--log_dir", str(job.tmp / "logs"), script_path=script,
                            env={"SLOW_RANK": "5", "STEPS": "300"}, timeout=240)
     assert code == 0, err
     node = job.cluster.nodes[2].name
