@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from xrun.launch.telemetry.records import EntryTimes
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
-# the straggler sample (issue 31): a straggler is named within 60 s of becoming one when the head sees three late
-# samples in four (xrun.runner.telemetry.stragglers); a sample costs each rank ~20 ms of one core (a dump of its
+# the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 32 scored collectives were late
+# (xrun.launch.result.stragglers): 20-30 s at this period; a sample costs each rank ~20 ms of one core (a dump of its
 # 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
 SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
