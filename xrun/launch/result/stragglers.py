@@ -128,6 +128,7 @@ class StragglerScores:
         self._members: dict[str, set[int]] = {DEFAULT_GROUP: set(range(world_size))} if world_size else {}
         self._pending: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}  # -> rank: (head ns, uncertainty)
         self._scored: dict[str, tuple[set[int], deque[int]]] = {}  # group -> numbers scored lately (samples overlap)
+        self.collectives_scored = 0  # since the start, every group's
 
     def add(self, host: str, offset: ClockOffset | None, samples: Iterable[EntryTimes]) -> list[str]:
         if offset is None:
@@ -155,6 +156,7 @@ class StragglerScores:
             if entries is not None and len(entries) >= max(2, len(self._members[key[0]])):
                 del self._pending[key]
                 self._mark_scored(*key)
+                self.collectives_scored += 1
                 self._score(entries)
                 fresh.update(entries)
         while len(self._pending) > MAX_PENDING:
@@ -174,7 +176,8 @@ class StragglerScores:
         return "straggler: " + ", ".join(f"rank {s.rank} ({s.host}) +{_ms(s.median_lateness_ms)}" for s in named)
 
     def to_json(self) -> dict[str, Any]:
-        return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "ranks": [s.to_json() for s in self.scores()]}
+        return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "collectives_scored": self.collectives_scored,
+                "ranks": [s.to_json() for s in self.scores()]}
 
     def _mark_scored(self, group: str, seq: int) -> None:
         scored, order = self._scored[group]
