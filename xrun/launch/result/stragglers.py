@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.collectiveview import DEFAULT_GROUP
-from xrun.launch.telemetry.records import EntryTimes
+from xrun.launch.telemetry.records import GRID, EntryTimes
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
 DECIDE_OVER = 32  # a rank's last scored collectives the rule reads (about a minute of samples at 10 s)
@@ -40,6 +40,8 @@ FLAG_AT = 0.75  # late in three of four: a straggler
 CLEAR_BELOW = 0.25  # late in fewer than one in four: recovered
 WINDOW = 300  # collectives per rank kept for the scores
 MAX_PENDING = 4096  # collectives waiting for some rank's report; the oldest are dropped beyond
+BOUNDED_FROM = 256  # a group of this many ranks or more: a sample's collectives are cut to PER_SAMPLE
+PER_SAMPLE = 8  # of those not scored yet (coarsest stride first: the ones every node's sample shares)
 _PINGS_KEPT = 8  # of a node's round trips, the last few the offset is chosen from
 _OUTSTANDING = 4  # pings without a pong: beyond, the node's queue is forgotten (a pong went missing)
 
@@ -109,75 +111,139 @@ class RankScore:
                 "straggler": self.straggler}
 
 
-@dataclass
 class _Rank:
-    host: str
-    lateness: deque[int]  # ns, the last WINDOW
-    late: deque[bool]
-    last: deque[bool]
-    straggler: bool = False
+    """One rank's record: of its last ``WINDOW`` scored collectives, its lateness in each and two flags (``LATE``,
+    ``LAST``), and the verdict's running count of late ones among the last ``DECIDE_OVER`` (kept as it goes: the
+    head updates every rank of each collective it scores, 8,000 at a time at scale)."""
+
+    __slots__ = ("host", "lateness", "flags", "recent_late", "straggler")
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.lateness: deque[int] = deque(maxlen=WINDOW)  # ns
+        self.flags: deque[int] = deque(maxlen=WINDOW)
+        self.recent_late = 0
+        self.straggler = False
+
+    @property
+    def recent(self) -> int:
+        """How many collectives the verdict reads now (at most ``DECIDE_OVER``)."""
+        return min(len(self.flags), DECIDE_OVER)
+
+    @property
+    def verdict_changes(self) -> bool:
+        """The rule (the module's docstring) says otherwise than ``straggler`` now."""
+        recent = self.recent
+        if self.straggler:
+            return self.recent_late < CLEAR_BELOW * recent
+        return recent >= MIN_SCORED and self.recent_late >= FLAG_AT * recent
+
+
+LATE, LAST = 1, 2  # a rank's flags in one scored collective
+
+
+class _Pending:
+    """A collective some of its group's ranks have reported: their entry times on the head's clock, and the worst
+    uncertainty of the clocks they came on."""
+
+    __slots__ = ("times", "uncertainty")
+
+    def __init__(self) -> None:
+        self.times: dict[int, int] = {}
+        self.uncertainty = 0
 
 
 class StragglerScores:
     """Every rank's score, fed samples as nodes send them; ``add`` returns the lines to show (a straggler named,
-    or recovered)."""
+    or recovered).
+
+    **At scale** (a group of ``BOUNDED_FROM`` ranks or more) a sample's collectives not scored yet are cut to
+    ``PER_SAMPLE``, the coarsest of ``GRID``'s strides first (then the newest): nodes are asked at their own
+    phase, so only the collectives on the coarse grid reach every rank's sample, and the others would sit among
+    the pending until dropped, at a cost per rank. Every node cuts alike, so what one keeps the others keep too.
+    """
 
     def __init__(self, *, world_size: int | None = None) -> None:
         self._ranks: dict[int, _Rank] = {}
         # group -> its ranks: the default group is the world; another, every rank that ever reported it
         self._members: dict[str, set[int]] = {DEFAULT_GROUP: set(range(world_size))} if world_size else {}
-        self._pending: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}  # -> rank: (head ns, uncertainty)
+        self._pending: dict[tuple[str, int], _Pending] = {}
         self._scored: dict[str, tuple[set[int], deque[int]]] = {}  # group -> numbers scored lately (samples overlap)
+        self._named: set[int] = set()  # the ranks named stragglers now
         self.collectives_scored = 0  # since the start, every group's
 
     def add(self, host: str, offset: ClockOffset | None, samples: Iterable[EntryTimes]) -> list[str]:
         if offset is None:
             return []  # its clock is not known yet: its times cannot be compared
+        shift = offset.offset_ns
         touched: set[tuple[str, int]] = set()
+        # (group, numbers) -> [(index in the sample, the pending collective's times)]: a node's ranks share them
+        wanted: dict[tuple[str, tuple[int, ...]], list[tuple[int, dict[int, int]]]] = {}
         for sample in samples:
-            rank = self._ranks.setdefault(sample.rank, _Rank(host, deque(maxlen=WINDOW), deque(maxlen=WINDOW),
-                                                            deque(maxlen=WINDOW)))
+            number = sample.rank
+            rank = self._ranks.get(number)
+            if rank is None:
+                rank = self._ranks[number] = _Rank(host)
             rank.host = host
             for group in sample.groups:
-                self._members.setdefault(group.name, set()).add(sample.rank)
-                scored, _ = self._scored.setdefault(group.name, (set(), deque()))
-                for seq, created in zip(group.seqs, group.created_ns):
-                    if seq in scored:
-                        continue
-                    key = (group.name, seq)
-                    self._pending.setdefault(key, {})[sample.rank] = (created - offset.offset_ns,
-                                                                      offset.uncertainty_ns)
-                    touched.add(key)
-        fresh: set[int] = set()  # the ranks scored now: only they may change
+                picks = wanted.get((group.name, group.seqs))
+                if picks is None:
+                    picks = wanted[(group.name, group.seqs)] = self._pending_of(group.name, group.seqs, touched)
+                self._members.setdefault(group.name, set()).add(number)
+                created = group.created_ns
+                for index, times in picks:
+                    times[number] = created[index] - shift
+        due: set[int] = set()  # the ranks scored now whose verdict changes
+        pending = self._pending
         for key in sorted(touched, key=lambda k: k[1]):
-            entries = self._pending.get(key)
-            # a group's reports come from its members only, so a count says all of them are in (no set compared:
-            # a head of 8,000 ranks does this for every sample)
-            if entries is not None and len(entries) >= max(2, len(self._members[key[0]])):
-                del self._pending[key]
+            entry = pending[key]
+            entry.uncertainty = max(entry.uncertainty, offset.uncertainty_ns)
+            # a group's reports come from its members only, so a count says all of them are in (no set compared)
+            if len(entry.times) >= max(2, len(self._members[key[0]])):
+                del pending[key]
                 self._mark_scored(*key)
                 self.collectives_scored += 1
-                self._score(entries)
-                fresh.update(entries)
-        while len(self._pending) > MAX_PENDING:
-            del self._pending[next(iter(self._pending))]  # never completed: some rank's report of it was lost
-        return [line for number in sorted(fresh) for line in self._decide(number, self._ranks[number])]
+                due.update(self._score(entry))
+        while len(pending) > MAX_PENDING:
+            del pending[next(iter(pending))]  # never completed: some rank's report of it was lost
+        return [self._decide(number, self._ranks[number]) for number in sorted(due)]
 
     def scores(self) -> tuple[RankScore, ...]:
-        return tuple(RankScore(n, r.host, len(r.lateness), sum(r.late), sum(r.last),
+        return tuple(RankScore(n, r.host, len(r.lateness), sum(f & LATE for f in r.flags),
+                               sum(f & LAST for f in r.flags) // LAST,
                                statistics.median(r.lateness) / 1e6 if r.lateness else 0.0, r.straggler)
                      for n, r in sorted(self._ranks.items()))
 
     def status(self) -> str | None:
         """The live status's word on stragglers: the ranks named now, or None."""
-        named = [s for s in self.scores() if s.straggler]
-        if not named:
+        if not self._named:
             return None
-        return "straggler: " + ", ".join(f"rank {s.rank} ({s.host}) +{_ms(s.median_lateness_ms)}" for s in named)
+        return "straggler: " + ", ".join(
+            f"rank {n} ({self._ranks[n].host}) +{_ms(_recent_lateness_ms(self._ranks[n]))}"
+            for n in sorted(self._named))
 
     def to_json(self) -> dict[str, Any]:
         return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "collectives_scored": self.collectives_scored,
                 "ranks": [s.to_json() for s in self.scores()]}
+
+    def _pending_of(self, name: str, seqs: tuple[int, ...],
+                    touched: set[tuple[str, int]]) -> list[tuple[int, dict[int, int]]]:
+        """Of a sample's numbers in group ``name``, those to record, as (index, the pending collective's times),
+        each one's key added to ``touched``: the ones not scored yet, cut to ``PER_SAMPLE`` at scale (the class's
+        docstring)."""
+        scored = self._scored.setdefault(name, (set(), deque()))[0]
+        picks = [(index, seq) for index, seq in enumerate(seqs) if seq not in scored]
+        if len(picks) > PER_SAMPLE and len(self._members.get(name, ())) >= BOUNDED_FROM:
+            picks = sorted(picks, key=lambda pick: (_stride(pick[1]), pick[1]))[-PER_SAMPLE:]
+        out = []
+        for index, seq in picks:
+            key = (name, seq)
+            entry = self._pending.get(key)
+            if entry is None:
+                entry = self._pending[key] = _Pending()
+            touched.add(key)
+            out.append((index, entry.times))
+        return out
 
     def _mark_scored(self, group: str, seq: int) -> None:
         scored, order = self._scored[group]
@@ -186,35 +252,50 @@ class StragglerScores:
         if len(order) > MAX_PENDING:
             scored.discard(order.popleft())
 
-    def _score(self, entries: Mapping[int, tuple[int, int]]) -> None:
-        times = sorted((t, rank) for rank, (t, _) in entries.items())
-        threshold = LATE_FLOOR_NS + 2 * max(u for _, u in entries.values())
+    def _score(self, entry: _Pending) -> list[int]:
+        """Every rank of ``entry`` scored; the ranks whose verdict changes."""
+        times = sorted(zip(entry.times.values(), entry.times.keys()))
+        threshold = LATE_FLOOR_NS + 2 * entry.uncertainty
         latest = times[-1][1]
         # the others' median is one of three values, by where the rank sits (``_medians_without``)
         (low, a), (middle, b), high = _medians_without([t for t, _ in times])
-        ranks = self._ranks
-        for index, (t, number) in enumerate(times):
+        ranks, due = self._ranks, []
+        for index, (t, number) in enumerate(times):  # inline: this loop runs for every rank of the job
             lateness = t - (low if index <= a else middle if index <= b else high)
             rank = ranks[number]
+            late = lateness >= threshold
+            flags = rank.flags
+            if len(flags) >= DECIDE_OVER:
+                rank.recent_late -= flags[-DECIDE_OVER] & LATE  # leaves the verdict's window
+            flags.append(late | (LAST if number == latest else 0))
+            rank.recent_late += late
             rank.lateness.append(lateness)
-            rank.late.append(lateness >= threshold)
-            rank.last.append(number == latest)
+            if rank.verdict_changes:
+                due.append(number)
+        return due
 
-    def _decide(self, number: int, rank: _Rank) -> list[str]:
-        recent = list(rank.late)[-DECIDE_OVER:]
-        if len(recent) < MIN_SCORED:
-            return []
-        share = sum(recent) / len(recent)
-        lateness = statistics.median(list(rank.lateness)[-DECIDE_OVER:]) / 1e6
-        if not rank.straggler and share >= FLAG_AT:
-            rank.straggler = True
-            return [f"straggler: rank {number} ({rank.host}) enters collectives {_ms(lateness)} after the others' "
-                    f"median in {share:.0%} of its last {len(recent)} (others wait for it)"]
-        if rank.straggler and share < CLEAR_BELOW:
-            rank.straggler = False
-            return [f"straggler: rank {number} ({rank.host}) recovered: late in {share:.0%} of its last "
-                    f"{len(recent)} collectives"]
-        return []
+    def _decide(self, number: int, rank: _Rank) -> str:
+        """The line of a rank whose verdict changes (``_Rank.verdict_changes``), the verdict changed."""
+        share = rank.recent_late / rank.recent
+        rank.straggler = not rank.straggler
+        if rank.straggler:
+            self._named.add(number)
+            return (f"straggler: rank {number} ({rank.host}) enters collectives {_ms(_recent_lateness_ms(rank))} "
+                    f"after the others' median in {share:.0%} of its last {rank.recent} (others wait for it)")
+        self._named.discard(number)
+        return (f"straggler: rank {number} ({rank.host}) recovered: late in {share:.0%} of its last "
+                f"{rank.recent} collectives")
+
+
+def _recent_lateness_ms(rank: _Rank) -> float:
+    """The median of a rank's last ``DECIDE_OVER`` lateness values, in ms."""
+    recent = list(rank.lateness)[-DECIDE_OVER:]
+    return statistics.median(recent) / 1e6 if recent else 0.0
+
+
+def _stride(seq: int) -> int:
+    """The coarsest of ``GRID``'s strides ``seq`` is a multiple of."""
+    return max(stride for stride, _ in GRID if seq % stride == 0)
 
 
 def _medians_without(times: list[int]) -> tuple[tuple[int, int], tuple[int, int], int]:
