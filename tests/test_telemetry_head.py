@@ -16,7 +16,7 @@ from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from tests.test_hang_doctor import start_xrun
 from xrun.channel import STOP_STACKS, Kind, message
-from xrun.launch.output.status import PlainStatus
+from xrun.launch.output.status import STRAGGLERS_EVERY, PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.stacks import RankStack
@@ -112,7 +112,7 @@ print("done", flush=True)
 """
 
 
-def run_gloo_over_channel(tmp_path, script, *, env, options):
+def run_gloo_over_channel(tmp_path, script, *, env, options, status=None):
     """Four gloo ranks on three agents over the control channel (nodes a: ranks 0-1, b: 2, c: 3)."""
     path = tmp_path / "job.py"
     path.write_text(script)
@@ -120,7 +120,7 @@ def run_gloo_over_channel(tmp_path, script, *, env, options):
     request = JobRequest(script=str(path), master_addr="127.0.0.1", master_port=0,
                          launch=LaunchOptions(python=sys.executable), env=env, cwd=str(tmp_path), options=options)
     plan = make_plan(request, {"a": (0, 1), "b": (0,), "c": (0,)}, "ssh")
-    server = head_server(plan, join_timeout=60, status=PlainStatus(3))
+    server = head_server(plan, join_timeout=60, status=status or PlainStatus(3))
     port = server.listen(["127.0.0.1"])
     sessions = LocalSessions(plan, endpoint_of(server, port))
     try:
@@ -170,18 +170,37 @@ def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_of_a_local_jo
 @pytest.mark.torch
 def test_a_rank_that_sleeps_before_each_collective_is_named_a_straggler(tmp_path, capsys):
     pytest.importorskip("torch")
-    code, outputs = run_gloo_over_channel(tmp_path, GLOO_SLOW, env={"SLOW_RANK": "3", "STEPS": "260"}, options={})
+    status = PlainStatus(3)
+    code, outputs = run_gloo_over_channel(tmp_path, GLOO_SLOW, env={"SLOW_RANK": "3", "STEPS": "260"}, options={},
+                                          status=status)
     err = capsys.readouterr().err
     assert code == 0, (err, outputs)
     [named] = [line for line in err.splitlines() if "straggler: rank" in line]
     assert named.startswith("xrun: straggler: rank 3 (c) enters collectives ") and "(others wait for it)" in named
     late_ms = float(named.split("enters collectives ")[1].split(" ms")[0])
     assert 100 <= late_ms <= 400, named
+    # the live status holds it to the end (the job stays slow): the rank, its node and its lateness
+    assert status.stragglers_now is not None and status.stragglers_now.startswith("straggler: rank 3 (c) +"), status
+    assert 100 <= float(status.stragglers_now.split("+")[1].split(" ms")[0]) <= 400
     scores = {s["rank"]: s for s in json.loads((tmp_path / "logs" / "summary.json").read_text())["stragglers"]
               ["ranks"]}
     assert scores[3]["straggler"] and scores[3]["late_share"] >= 0.75
     assert not any(scores[r]["straggler"] for r in (0, 1, 2))
     assert all(scores[r]["late"] == 0 for r in (0, 1, 2))
+
+
+def test_the_live_status_says_the_stragglers_again_while_they_last_and_forgets_them_once_recovered(capsys):
+    status = PlainStatus(3)
+    status.line("straggler: rank 5 (node3) enters collectives 210 ms after ...")  # StragglerScores.add's line
+    status.stragglers("straggler: rank 5 (node3) +210 ms", 100.0)
+    status.stragglers("straggler: rank 5 (node3) +210 ms", 100.0 + STRAGGLERS_EVERY - 1)
+    assert status.stragglers_now == "straggler: rank 5 (node3) +210 ms"
+    status.stragglers("straggler: rank 5 (node3) +215 ms", 100.0 + STRAGGLERS_EVERY)
+    status.stragglers("straggler: rank 5 (node3) +215 ms", 100.0 + STRAGGLERS_EVERY + 10)
+    assert capsys.readouterr().err.splitlines()[1:] == ["xrun: straggler: rank 5 (node3) +215 ms (still)"]
+    status.stragglers(None, 100.0 + 3 * STRAGGLERS_EVERY)
+    status.stragglers("straggler: rank 2 (node1) +50 ms", 100.0 + 3 * STRAGGLERS_EVERY + 1)  # named anew: its line
+    assert status.stragglers_now == "straggler: rank 2 (node1) +50 ms" and capsys.readouterr().err == ""
 
 
 @pytest.mark.slow

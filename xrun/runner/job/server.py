@@ -339,6 +339,7 @@ class ControlServer:
             elif kind == Kind.ENTRY_TIMES.value:
                 for line in self.stragglers.add(self._host(node), self.clocks.of(node), read_entry_times(msg)):
                     self.status.line(line)
+                self.status.stragglers(self.stragglers.status(), now)
             elif kind == Kind.PONG.value:
                 problem = fields_error(msg, PONG_FIELDS)
                 if problem is not None:
