@@ -152,18 +152,23 @@ def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_over_the_chan
 @pytest.mark.slow
 @pytest.mark.torch
 def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_of_a_local_job(tmp_path):
-    pytest.importorskip("torch")
-    proc, marker = start_xrun(tmp_path, "--num_gpus", "4", "--master_port", "0", "--hang_timeout", "20",
-                              "--hang_action", "stop", env={"SKIP_RANK": "2"}, script=GLOO_SKIP)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == HANG_EXIT, err
+    err, failure = hang_of_a_local_job(tmp_path, 4, {"SKIP_RANK": "2"}, GLOO_SKIP)
     root = ("all_reduce #2 on the default group ([4096] float32): ranks 0-1, 3 wait in it; rank 2 (localhost) never "
             "entered — at job.py:8 evaluate")
     assert f"xrun[localhost]:   {root}" in err.splitlines(), err  # the hang's view
     assert f"    {root}" in err.splitlines()  # the node's failure report
-    failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
     assert failure["collectives"]["findings"]["root_cause"] == root and failure["collectives"]["file"]
+
+
+def hang_of_a_local_job(tmp_path, nproc, env, script):
+    """A local gloo job of ``nproc`` ranks stopped at --hang_timeout 20: its stderr and failure.json (nothing left)."""
+    pytest.importorskip("torch")
+    proc, marker = start_xrun(tmp_path, "--num_gpus", str(nproc), "--master_port", "0", "--hang_timeout", "20",
+                              "--hang_action", "stop", env=env, script=script)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == HANG_EXIT, err
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
+    return err, json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
 
 
 @pytest.mark.slow
@@ -250,14 +255,8 @@ else:
 @pytest.mark.slow
 @pytest.mark.torch
 def test_a_rank_in_a_barrier_where_the_others_all_reduce_is_a_mismatch(tmp_path):
-    pytest.importorskip("torch")
-    proc, marker = start_xrun(tmp_path, "--num_gpus", "3", "--master_port", "0", "--hang_timeout", "20",
-                              "--hang_action", "stop", env={"BARRIER_RANK": "1"}, script=GLOO_MISMATCH)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == HANG_EXIT, err
+    err, failure = hang_of_a_local_job(tmp_path, 3, {"BARRIER_RANK": "1"}, GLOO_MISMATCH)
     root = "#2 on the default group: ranks in different collectives: ranks 0, 2 in all_reduce ([4096] float32), rank 1 in barrier"
     assert f"xrun[localhost]:   {root}" in err.splitlines(), err
-    failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
     [mismatch] = failure["collectives"]["findings"]["mismatches"]
     assert mismatch["kind"] == "op" and mismatch["seq"] == 2
-    assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
