@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
+from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import full_text, merge, render
+from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.launch.telemetry.reads import RankReads, Reading
 
@@ -48,8 +50,8 @@ if TYPE_CHECKING:
     from xrun.launch.telemetry.records import EntryTimes
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
-# the straggler sample (issue 31): a straggler is named within 60 s of becoming one when the head sees three late
-# samples in four (xrun.runner.telemetry.stragglers); a sample costs each rank ~20 ms of one core (a dump of its
+# the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 32 scored collectives were late
+# (xrun.launch.result.stragglers): 20-30 s at this period; a sample costs each rank ~20 ms of one core (a dump of its
 # 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
 SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
@@ -123,8 +125,8 @@ class NodeDoctor:
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
-        self.link: DoctorLink = LocalView(self)
         self.on_samples: Callable[[list[EntryTimes]], None] | None = None  # a link that scores stragglers
+        self.link: DoctorLink = LocalView(self)  # scores them itself; the driver's link sends them to the head
 
     def attach(self, group: RankGroup) -> None:
         self._group = group
@@ -246,6 +248,12 @@ class LocalView:
 
     def __init__(self, doctor: NodeDoctor) -> None:
         self._doctor = doctor
+        self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
+        doctor.on_samples = self._sampled
+
+    def _sampled(self, samples: list[EntryTimes]) -> None:
+        for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):
+            notice(self._doctor.host, line)
 
     def stacks_wanted(self, reason: str) -> None:
         self._doctor.dump(lambda found: self._show(found, reason))
@@ -270,7 +278,9 @@ class LocalView:
         host = self._doctor.host
         for line in show_stacks(found.stacks, found.problem, reason, log_dir=self._doctor.options.log_dir):
             notice(host, line)
-        if found.reading is not None:
+        if found.reading is not None:  # the collective the ranks wait in, who never entered it (issue 31)
+            for line in view_lines(find_hang(found.reading.collectives)):
+                notice(host, line)
             notice(host, found.reading.line())
 
 

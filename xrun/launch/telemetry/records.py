@@ -9,10 +9,10 @@ start and complete). Two summaries of it travel, never the dump itself (it stays
 * ``RankCollectives`` (a hang, Ctrl-\\, a failure): per process group the last ``RECENT`` collectives the rank
   entered and what torch says it last enqueued and completed, and ``where`` the rank's main thread is (the
   innermost frame outside torch of ``dump_traceback``'s text). The head compares them across ranks
-  (xrun.runner.telemetry.hang).
+  (xrun.launch.result.collectiveview).
 * ``EntryTimes`` (sampled while the job trains): per group, when the rank entered a few collectives picked on a
   grid that every rank picks alike (``grid``), so the head finds the same collectives in every rank's sample even
-  when the nodes were asked a little apart, and scores who enters late (xrun.runner.telemetry.stragglers).
+  when the nodes were asked a little apart, and scores who enters late (xrun.launch.result.stragglers).
 
 Point-to-point entries (send/recv) are left out: they have no common sequence number across a group. A dump
 that is not torch's format raises ``ValueError`` (the rank's answer is data, never trusted).

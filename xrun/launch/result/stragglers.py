@@ -1,0 +1,313 @@
+"""Who makes everyone wait: every rank scored by how often and by how much it enters collectives after the others
+(issue 31). Pure: samples, clock offsets and nothing else in; scores and lines out; no I/O, no clock read.
+
+The samples are xrun.launch.telemetry.records' ``EntryTimes``: per process group, when a rank entered some
+collectives, by its node's wall clock. A collective (group, sequence number) is scored once every rank that
+takes part in the group (the default group: every rank of the job) has reported it: each rank's **lateness** is
+its entry time minus the median entry time of the *others* (with two ranks: the gap between them), so a rank
+that is late is late by what the others wait.
+
+**Clocks.** Ranks of one node share its clock. Across nodes the times are put on the head's clock with each
+node's offset, measured from the control channel's pings (``ClockOffsets``: the agent's clock when the ping came,
+against the midpoint of the ping's round trip; the estimate with the shortest round trip of the last few wins, as
+NTP does, and its uncertainty is half that round trip). Measures that need no shared clock (the time each rank
+waits inside a collective) need its completion time, which gloo does not record, so the offsets it is. A node
+without an estimate yet is not scored, and a rank counts as late only past ``LATE_FLOOR_NS`` plus twice the worst
+uncertainty of the nodes compared: a clock error cannot make a straggler.
+
+**The rule** (``docs/telemetry.md``): a rank is a straggler when it was late in at least ``FLAG_AT`` of its last
+``DECIDE_OVER`` scored collectives (at least ``MIN_SCORED`` of them), and has recovered when that share falls
+below ``CLEAR_BELOW``; between the two nothing changes, so a healthy job's jitter (a different rank last each
+time, a GC pause now and then) never raises it. The scores of the last ``WINDOW`` collectives go to
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from xrun.launch.result.collectiveview import DEFAULT_GROUP
+from xrun.launch.telemetry.records import GRID, EntryTimes
+
+LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
+DECIDE_OVER = 32  # a rank's last scored collectives the rule reads (about a minute of samples at 10 s)
+MIN_SCORED = 12  # before this many, no verdict on a rank
+FLAG_AT = 0.75  # late in three of four: a straggler
+CLEAR_BELOW = 0.25  # late in fewer than one in four: recovered
+WINDOW = 300  # collectives per rank kept for the scores
+MAX_PENDING = 4096  # collectives waiting for some rank's report; the oldest are dropped beyond
+BOUNDED_FROM = 256  # a group of this many ranks or more: a sample's collectives are cut to PER_SAMPLE
+PER_SAMPLE = 8  # of those not scored yet (coarsest stride first: the ones every node's sample shares)
+_PINGS_KEPT = 8  # of a node's round trips, the last few the offset is chosen from
+_OUTSTANDING = 4  # pings without a pong: beyond, the node's queue is forgotten (a pong went missing)
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """A node's wall clock minus the head's, and how far off that may be (both ns)."""
+
+    offset_ns: int
+    uncertainty_ns: int
+
+
+SAME_CLOCK = ClockOffset(0, 0)  # ranks of the head's own node
+
+
+class ClockOffsets:
+    """Each node's clock offset from the pings: ``sent`` when a ping leaves, ``pong`` when its answer comes with the
+    node's clock. A TCP stream keeps order, so a pong answers the oldest ping still waiting for one."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[Hashable, deque[int]] = {}
+        self._trips: dict[Hashable, deque[tuple[int, int]]] = {}  # (round trip, offset)
+
+    def sent(self, node: Hashable, head_ns: int) -> None:
+        waiting = self._waiting.setdefault(node, deque())
+        if len(waiting) >= _OUTSTANDING:
+            waiting.clear()  # its pongs stopped coming, or carried no clock: start again
+        waiting.append(head_ns)
+
+    def pong(self, node: Hashable, head_ns: int, node_clock_ns: int | None) -> None:
+        waiting = self._waiting.get(node)
+        if not waiting:
+            return
+        sent = waiting.popleft()
+        if node_clock_ns is None or head_ns < sent:
+            return
+        trips = self._trips.setdefault(node, deque(maxlen=_PINGS_KEPT))
+        trips.append((head_ns - sent, node_clock_ns - (sent + head_ns) // 2))
+
+    def of(self, node: Hashable) -> ClockOffset | None:
+        trips = self._trips.get(node)
+        if not trips:
+            return None
+        trip, offset = min(trips)
+        return ClockOffset(offset, trip // 2 + 1)
+
+
+@dataclass(frozen=True)
+class RankScore:
+    """One rank over its last scored collectives."""
+
+    rank: int
+    host: str
+    scored: int  # collectives it was scored in (at most WINDOW)
+    late: int  # of them, entered late (past the threshold after the others' median)
+    last: int  # of them, the last rank to enter
+    median_lateness_ms: float  # after the others' median (negative: ahead of them)
+    straggler: bool
+
+    @property
+    def late_share(self) -> float:
+        return self.late / self.scored if self.scored else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "scored": self.scored, "late": self.late, "last": self.last,
+                "late_share": round(self.late_share, 3), "median_lateness_ms": round(self.median_lateness_ms, 3),
+                "straggler": self.straggler}
+
+
+class _Rank:
+    """One rank's record: of its last ``WINDOW`` scored collectives, its lateness in each and two flags (``LATE``,
+    ``LAST``), and the verdict's running count of late ones among the last ``DECIDE_OVER`` (kept as it goes: the
+    head updates every rank of each collective it scores, 8,000 at a time at scale)."""
+
+    __slots__ = ("host", "lateness", "flags", "recent_late", "straggler")
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.lateness: deque[int] = deque(maxlen=WINDOW)  # ns
+        self.flags: deque[int] = deque(maxlen=WINDOW)
+        self.recent_late = 0
+        self.straggler = False
+
+    @property
+    def recent(self) -> int:
+        """How many collectives the verdict reads now (at most ``DECIDE_OVER``)."""
+        return min(len(self.flags), DECIDE_OVER)
+
+    @property
+    def verdict_changes(self) -> bool:
+        """The rule (the module's docstring) says otherwise than ``straggler`` now."""
+        recent = self.recent
+        if self.straggler:
+            return self.recent_late < CLEAR_BELOW * recent
+        return recent >= MIN_SCORED and self.recent_late >= FLAG_AT * recent
+
+
+LATE, LAST = 1, 2  # a rank's flags in one scored collective
+
+
+class _Pending:
+    """A collective some of its group's ranks have reported: their entry times on the head's clock, and the worst
+    uncertainty of the clocks they came on."""
+
+    __slots__ = ("times", "uncertainty")
+
+    def __init__(self) -> None:
+        self.times: dict[int, int] = {}
+        self.uncertainty = 0
+
+
+class StragglerScores:
+    """Every rank's score, fed samples as nodes send them; ``add`` returns the lines to show (a straggler named,
+    or recovered).
+
+    **At scale** (a group of ``BOUNDED_FROM`` ranks or more) a sample's collectives not scored yet are cut to
+    ``PER_SAMPLE``, the coarsest of ``GRID``'s strides first (then the newest): nodes are asked at their own
+    phase, so only the collectives on the coarse grid reach every rank's sample, and the others would sit among
+    the pending until dropped, at a cost per rank. Every node cuts alike, so what one keeps the others keep too.
+    """
+
+    def __init__(self, *, world_size: int | None = None) -> None:
+        self._ranks: dict[int, _Rank] = {}
+        # group -> its ranks: the default group is the world; another, every rank that ever reported it
+        self._members: dict[str, set[int]] = {DEFAULT_GROUP: set(range(world_size))} if world_size else {}
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._scored: dict[str, tuple[set[int], deque[int]]] = {}  # group -> numbers scored lately (samples overlap)
+        self._named: set[int] = set()  # the ranks named stragglers now
+        self.collectives_scored = 0  # since the start, every group's
+
+    def add(self, host: str, offset: ClockOffset | None, samples: Iterable[EntryTimes]) -> list[str]:
+        if offset is None:
+            return []  # its clock is not known yet: its times cannot be compared
+        shift = offset.offset_ns
+        touched: set[tuple[str, int]] = set()
+        # (group, numbers) -> [(index in the sample, the pending collective's times)]: a node's ranks share them
+        wanted: dict[tuple[str, tuple[int, ...]], list[tuple[int, dict[int, int]]]] = {}
+        for sample in samples:
+            number = sample.rank
+            rank = self._ranks.get(number)
+            if rank is None:
+                rank = self._ranks[number] = _Rank(host)
+            rank.host = host
+            for group in sample.groups:
+                picks = wanted.get((group.name, group.seqs))
+                if picks is None:
+                    picks = wanted[(group.name, group.seqs)] = self._pending_of(group.name, group.seqs, touched)
+                self._members.setdefault(group.name, set()).add(number)
+                created = group.created_ns
+                for index, times in picks:
+                    times[number] = created[index] - shift
+        due: set[int] = set()  # the ranks scored now whose verdict changes
+        pending = self._pending
+        for key in sorted(touched, key=lambda k: k[1]):
+            entry = pending[key]
+            entry.uncertainty = max(entry.uncertainty, offset.uncertainty_ns)
+            # a group's reports come from its members only, so a count says all of them are in (no set compared)
+            if len(entry.times) >= max(2, len(self._members[key[0]])):
+                del pending[key]
+                self._mark_scored(*key)
+                self.collectives_scored += 1
+                due.update(self._score(entry))
+        while len(pending) > MAX_PENDING:
+            del pending[next(iter(pending))]  # never completed: some rank's report of it was lost
+        return [self._decide(number, self._ranks[number]) for number in sorted(due)]
+
+    def scores(self) -> tuple[RankScore, ...]:
+        return tuple(RankScore(n, r.host, len(r.lateness), sum(f & LATE for f in r.flags),
+                               sum(f & LAST for f in r.flags) // LAST,
+                               statistics.median(r.lateness) / 1e6 if r.lateness else 0.0, r.straggler)
+                     for n, r in sorted(self._ranks.items()))
+
+    def status(self) -> str | None:
+        """The live status's word on stragglers: the ranks named now, or None."""
+        if not self._named:
+            return None
+        return "straggler: " + ", ".join(
+            f"rank {n} ({self._ranks[n].host}) +{_ms(_recent_lateness_ms(self._ranks[n]))}"
+            for n in sorted(self._named))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "collectives_scored": self.collectives_scored,
+                "ranks": [s.to_json() for s in self.scores()]}
+
+    def _pending_of(self, name: str, seqs: tuple[int, ...],
+                    touched: set[tuple[str, int]]) -> list[tuple[int, dict[int, int]]]:
+        """Of a sample's numbers in group ``name``, those to record, as (index, the pending collective's times),
+        each one's key added to ``touched``: the ones not scored yet, cut to ``PER_SAMPLE`` at scale (the class's
+        docstring)."""
+        scored = self._scored.setdefault(name, (set(), deque()))[0]
+        picks = [(index, seq) for index, seq in enumerate(seqs) if seq not in scored]
+        if len(picks) > PER_SAMPLE and len(self._members.get(name, ())) >= BOUNDED_FROM:
+            picks = sorted(picks, key=lambda pick: (_stride(pick[1]), pick[1]))[-PER_SAMPLE:]
+        out = []
+        for index, seq in picks:
+            key = (name, seq)
+            entry = self._pending.get(key)
+            if entry is None:
+                entry = self._pending[key] = _Pending()
+            touched.add(key)
+            out.append((index, entry.times))
+        return out
+
+    def _mark_scored(self, group: str, seq: int) -> None:
+        scored, order = self._scored[group]
+        scored.add(seq)
+        order.append(seq)
+        if len(order) > MAX_PENDING:
+            scored.discard(order.popleft())
+
+    def _score(self, entry: _Pending) -> list[int]:
+        """Every rank of ``entry`` scored; the ranks whose verdict changes."""
+        times = sorted(zip(entry.times.values(), entry.times.keys()))
+        threshold = LATE_FLOOR_NS + 2 * entry.uncertainty
+        latest = times[-1][1]
+        # the others' median is one of three values, by where the rank sits (``_medians_without``)
+        (low, a), (middle, b), high = _medians_without([t for t, _ in times])
+        ranks, due = self._ranks, []
+        for index, (t, number) in enumerate(times):  # inline: this loop runs for every rank of the job
+            lateness = t - (low if index <= a else middle if index <= b else high)
+            rank = ranks[number]
+            late = lateness >= threshold
+            flags = rank.flags
+            if len(flags) >= DECIDE_OVER:
+                rank.recent_late -= flags[-DECIDE_OVER] & LATE  # leaves the verdict's window
+            flags.append(late | (LAST if number == latest else 0))
+            rank.recent_late += late
+            rank.lateness.append(lateness)
+            if rank.verdict_changes:
+                due.append(number)
+        return due
+
+    def _decide(self, number: int, rank: _Rank) -> str:
+        """The line of a rank whose verdict changes (``_Rank.verdict_changes``), the verdict changed."""
+        share = rank.recent_late / rank.recent
+        rank.straggler = not rank.straggler
+        if rank.straggler:
+            self._named.add(number)
+            return (f"straggler: rank {number} ({rank.host}) enters collectives {_ms(_recent_lateness_ms(rank))} "
+                    f"after the others' median in {share:.0%} of its last {rank.recent} (others wait for it)")
+        self._named.discard(number)
+        return (f"straggler: rank {number} ({rank.host}) recovered: late in {share:.0%} of its last "
+                f"{rank.recent} collectives")
+
+
+def _recent_lateness_ms(rank: _Rank) -> float:
+    """The median of a rank's last ``DECIDE_OVER`` lateness values, in ms."""
+    recent = list(rank.lateness)[-DECIDE_OVER:]
+    return statistics.median(recent) / 1e6 if recent else 0.0
+
+
+def _stride(seq: int) -> int:
+    """The coarsest of ``GRID``'s strides ``seq`` is a multiple of."""
+    return max(stride for stride, _ in GRID if seq % stride == 0)
+
+
+def _medians_without(times: list[int]) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """The median of the sorted ``times`` (two or more) without the one at index i: ``low`` for i <= a, ``middle``
+    for a < i <= b, ``high`` for the rest, as ``((low, a), (middle, b), high)``."""
+    size = len(times) - 1  # the others
+    a, b = (size - 1) // 2, size // 2  # the median's two positions among them
+    low = round((times[a + 1] + times[b + 1]) / 2)  # i at or below a: both positions shift up by one
+    middle = round((times[a] + times[b + 1]) / 2)  # a < i <= b (only when a < b: i == b)
+    high = round((times[a] + times[b]) / 2)
+    return (low, a), (middle, b), high
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f} ms" if abs(value) >= 10 else f"{value:.1f} ms"
