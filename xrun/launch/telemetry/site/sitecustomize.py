@@ -17,7 +17,9 @@ Then, in the process that started (not in a forked child: one endpoint per rank)
 without the GIL) and ``dump_traceback``. The server logs one warning when it binds and more when it is shut down
 or destroyed; the first is held back by raising c10's log level around the constructor (microseconds, at
 import), the others never happen: the server is never shut down nor freed (the process's end stops its thread,
-and xrun removes the socket's directory). Whatever goes wrong, the rank goes on as if nothing had been tried.
+and xrun removes the socket's directory). Its socket's name goes when the interpreter exits, before it is
+finalized (``_unlink_before_finalization`` says why). Whatever goes wrong, the rank goes on as if nothing had
+been tried.
 
 A rank forked from the preload helper (``--preload``, xrun.launch.preload.become) has no start-up of its own: the
 helper's ran without these variables, so the helper never serves anything. The fork takes its rank's environment
@@ -127,6 +129,39 @@ def _start_endpoint(socket_path: str) -> None:
     finally:
         level.value = saved
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(server))  # never freed: its destructor would print
+    _unlink_before_finalization(socket_path)
+
+
+_DRAIN_SECONDS = 0.05  # with the GIL free: a request accepted before the socket went away gets its answer
+
+
+def _unlink_before_finalization(socket_path: str) -> None:
+    """Take the socket away when the interpreter exits, and let the requests in flight finish, before it is
+    finalized.
+
+    A request that needs the GIL (``dump_traceback``) handled while the interpreter finalizes aborts the rank: its
+    handler thread asks for the GIL, Python 3.11 ends such a thread with ``pthread_exit``, and the forced unwind
+    is swallowed by the server's ``catch (...)`` ("FATAL: exception not rethrown", SIGABRT). The agent asks the
+    ranks that still live for their stacks when another rank fails, so ranks ending together could all abort.
+    ``atexit`` runs before finalization: once the socket's name is gone no request can reach the server (the
+    agent hears "no endpoint"), and a short sleep gives the GIL to those already accepted. The server's own
+    ``shutdown`` is no way out: it holds the GIL while it joins its threads, so a handler waiting for the GIL
+    deadlocks it."""
+    import atexit
+    import time
+
+    owner = os.getpid()
+
+    def unlink() -> None:
+        if os.getpid() != owner:  # a forked child that exits normally: the endpoint is its parent's
+            return
+        try:
+            os.unlink(socket_path)
+        except OSError:
+            return
+        time.sleep(_DRAIN_SECONDS)
+
+    atexit.register(unlink)
 
 
 def _stale(socket_path: str) -> bool:
