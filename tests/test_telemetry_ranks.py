@@ -459,8 +459,12 @@ def test_a_failure_keeps_the_other_ranks_collectives_in_the_report(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "job.py"
     # os._exit: a rank that leaves with its gloo group alive may abort in teardown instead (SIGABRT, with or without
-    # telemetry: docs/compatibility.md#an-abort-at-exit-gloo), and this test is about the others' records
-    script.write_text(SKIPS_ONE.replace("    evaluate()\n", "    os._exit(3)\n"))
+    # telemetry: docs/compatibility.md#an-abort-at-exit-gloo), and this test is about the others' records. A child
+    # holds its gloo sockets open until the stop (a process of its session): else the others' gloo sees them close
+    # and may fail on its own before the agent reads them, and then their records are a problem, not a wait
+    script.write_text(SKIPS_ONE.replace("    evaluate()\n",
+                                        "    if os.fork() == 0:\n        time.sleep(120)\n        os._exit(0)\n"
+                                        "    os._exit(3)\n"))
     logs = tmp_path / "logs"
     result = run_xrun("--num_gpus", "3", "--master_port", "0", "--log_dir", str(logs), str(script),
                       env={"TMPDIR": short_tmpdir()}, timeout=180)

@@ -39,10 +39,15 @@ class _Exchange:
         self.received = bytearray()
 
     def reply(self) -> Reply:
+        if not self.received:  # a rank that ends (or dies) while asked closes its socket unanswered
+            return Reply(None, "the endpoint closed the connection without an answer (the rank was ending?)")
         head, sep, body = bytes(self.received).partition(b"\r\n\r\n")
         status = head.split(b"\r\n", 1)[0].split()
-        if not sep or len(status) < 2:
+        if len(status) < 2 or not status[0].startswith(b"HTTP/"):
             return Reply(None, "the endpoint's answer is not HTTP")
+        if not sep:
+            return Reply(None, f"the endpoint closed the connection after {len(self.received)} bytes of its answer "
+                               "(the rank was ending?)")
         if status[1] != b"200":
             return Reply(None, f"the endpoint answered HTTP {status[1].decode('ascii', 'replace')}: "
                                f"{body[:200].decode('utf-8', 'replace')}")
