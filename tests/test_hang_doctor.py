@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -229,7 +230,8 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
     from xrun.launch.doctor.node_doctor import write_dump_file
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # without --log_dir: the temporary directory
+    monkeypatch.chdir(tmp_path / "..")  # never the working directory
     victim = tmp_path / "victim"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
     for ms in range(1000):  # every name the old scheme could pick within this second, as links

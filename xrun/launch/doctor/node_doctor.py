@@ -301,15 +301,18 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
 
 
 def write_dump_file(log_dir: str | None, text: str, *, kind: str = "stacks", suffix: str = ".txt") -> str:
-    """``{log_dir or cwd}/xrun-{kind}-YYYYmmdd-HHMMSS-<random>{suffix}``, mode 0600; returns its absolute path.
+    """``{log_dir or the temporary directory}/xrun-{kind}-YYYYmmdd-HHMMSS-<random>{suffix}``, mode 0600; returns its
+    absolute path (the lines that announce it name it).
 
+    Never the working directory: a job without ``--log_dir`` is not asked to leave files where it was started.
     Stacks and collective records show what the ranks hold (arguments, paths, tensor shapes): the file is
     readable by its owner only, and made with ``mkstemp`` (O_CREAT|O_EXCL|O_NOFOLLOW, a name nobody can guess
-    ahead), so a link another user put in a shared directory is never followed (issue 22 §6)."""
-    directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
+    ahead), so a link another user put in a shared directory such as ``/tmp`` is never followed (issue 22 §6)."""
+    import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
+
+    directory = os.path.abspath(log_dir if log_dir is not None else tempfile.gettempdir())
     os.makedirs(directory, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
-    import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
 
     fd, path = tempfile.mkstemp(prefix=f"xrun-{kind}-{stamp}-", suffix=suffix, dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
