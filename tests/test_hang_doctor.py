@@ -492,11 +492,12 @@ def test_hang_timeout_names_the_sleeping_rank_within_20_s(tmp_path, preload):
 @pytest.mark.torch
 def test_hang_action_stop_ends_with_its_code_and_leaves_no_process(tmp_path):
     pytest.importorskip("torch")
-    proc, marker = start_xrun(tmp_path, "--num_gpus", "4", "--master_port", "0", "--hang_timeout", "5",
+    # 12 s: four ranks importing torch on two loaded cores can be silent for 5 s before any of them is "up"
+    proc, marker = start_xrun(tmp_path, "--num_gpus", "4", "--master_port", "0", "--hang_timeout", "12",
                               "--hang_action", "stop", "--log_dir", str(tmp_path / "logs"), script=GLOO)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == HANG_EXIT, err
-    assert "stopped as hung: no rank wrote output for 5 s (--hang_timeout 5); --hang_action stop" in err
+    assert "stopped as hung: no rank wrote output for 12 s (--hang_timeout 12); --hang_action stop" in err
     assert "    rank 2 (localhost, local 2): job.py:7 load_batch" in err.splitlines()  # in the report too
     failure = json.loads((tmp_path / "logs" / "localhost" / "failure.json").read_text())
     assert failure["exit_code"] == HANG_EXIT and failure["hang"] and len(failure["stacks"]) == 4

@@ -90,7 +90,9 @@ def test_a_local_run_says_one_line_and_writes_summary_json(tmp_path):
     assert data["exit_code"] == 0 and data["ranks_ok"] == 3
     ranks = data["ranks"]
     assert all(r["cpu_s"] > 0.05 and r["wall_s"] >= r["cpu_s"] * 0.5 for r in ranks)
-    assert ranks[2]["peak_rss_bytes"] - ranks[0]["peak_rss_bytes"] > 70_000_000  # 80 MB more, touched
+    # 80 MB more, touched. A rank's peak counts what it shared with xrun between fork and exec (the local head's
+    # ~25 MiB, in every rank alike), which lifts a small rank's peak more than a large one's: the gap is a bit less.
+    assert ranks[2]["peak_rss_bytes"] - ranks[0]["peak_rss_bytes"] > 60_000_000
 
 
 def test_a_failed_local_run_has_the_table_in_its_report(tmp_path):
