@@ -50,12 +50,12 @@ def test_a_rank_that_sleeps_before_each_collective_is_named_then_recovers():
     assert lines == ["straggler: rank 2 (node0) enters collectives 210 ms after the others' median in 100% of its "
                      "last 16 (others wait for it)"]
     assert scores.status() == "straggler: rank 2 (node0) +210 ms"
-    assert feed(scores, {}, batches=3, start=33) == []  # 8 of its last 32 late: 25%, not yet below
-    assert feed(scores, {}, batches=1, start=57) == [
-        "straggler: rank 2 (node0) recovered: late in 0% of its last 32 collectives"]
+    assert feed(scores, {}, batches=1, start=33) == []  # 8 of its last 16 late: 50%, not yet below 25%
+    assert feed(scores, {}, batches=1, start=41) == [  # decided once the node's sample is scored
+        "straggler: rank 2 (node0) recovered: late in 0% of its last 16 collectives"]
     assert scores.status() is None
     two = {s.rank: s for s in scores.scores()}[2]
-    assert (two.scored, two.late, two.last) == (64, 32, 32)
+    assert (two.scored, two.late, two.last) == (48, 32, 32)
 
 
 def test_a_healthy_jobs_jitter_names_no_one():

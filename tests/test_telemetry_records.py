@@ -18,12 +18,13 @@ from xrun.launch.telemetry.records import (
     MAX_TENSORS,
     RECENT,
     CollectivesReport,
+    EntrySampler,
     RankCollectives,
     collectives_message,
-    entry_times,
     entry_times_message,
-    grid,
+    grid_stride,
     parse_dump,
+    picked_per_sample,
     rank_collectives,
     read_collectives,
     read_entry_times,
@@ -153,9 +154,10 @@ def test_a_malformed_or_oversized_collectives_message_is_refused(path, value):
 
 def test_the_entry_times_message_round_trips_and_is_checked():
     times = [entry(s, created=T0 + s * 7_000_123) for s in range(1, 300)]
-    sample = entry_times(5, dump(*times))
+    sample = EntrySampler(16).sample(5, dump(*times))
     [group] = sample.groups
-    assert group.name == "0" and list(group.seqs) == grid(range(1, 300))
+    # the first sample: 299 in the buffer, 16 at most -> every 32nd
+    assert group.name == "0" and list(group.seqs) == list(range(32, 300, 32))
     assert all(t == T0 + s * 7_000_123 for s, t in zip(group.seqs, group.created_ns))  # microsecond steps
     [back] = read_entry_times(decode_body(encode(entry_times_message([sample]))[4:]))
     assert back.rank == 5 and back.groups[0].seqs == group.seqs
@@ -164,20 +166,44 @@ def test_the_entry_times_message_round_trips_and_is_checked():
     bad["ranks"][0]["groups"][0]["t_us"].append(1)
     with pytest.raises(ValueError, match="differ in length"):
         read_entry_times(bad)
-    bad["ranks"][0]["groups"][0]["seq"] = list(range(1000))
-    with pytest.raises(ValueError):
-        read_entry_times(bad)
+    for spoilt in (list(range(1000)), [1, True], [1, -2], [1, 2.0], "12"):
+        bad["ranks"][0]["groups"][0]["seq"] = spoilt
+        with pytest.raises(ValueError):
+            read_entry_times(bad)
 
 
-@given(st.sets(st.integers(0, 5000), max_size=400), st.integers(0, 448))
-def test_the_grid_of_two_ranks_asked_apart_shares_numbers(seqs, lag):
-    """Two ranks asked up to 448 collectives apart (a buffer of 1,000; ranks of one group run in step, a few
-    collectives apart) still report common sequence numbers."""
-    ahead = range(max(0, 2000 + lag - 1000), 2000 + lag)
-    behind = range(1000, 2000)
-    assert set(grid(ahead)) & set(grid(behind))
-    picked = grid(seqs)
-    assert picked == sorted(picked) and set(picked) <= set(seqs) and len(picked) <= 24
+def test_a_sampler_reports_each_collective_once_on_the_grid_of_its_pace():
+    sampler = EntrySampler(4)
+    assert sampler.pick(0, "0", range(0, 1000)) == [0, 256, 512, 768]  # the buffer: 1,000 -> every 256th
+    assert sampler.pick(0, "0", range(200, 1200)) == [1024, 1088, 1152]  # 200 since: every 64th
+    assert sampler.pick(0, "0", range(200, 1200)) == []  # nothing new
+    assert sampler.pick(0, "0", range(1210, 1220)) == [1216]  # 20 since: every 8th
+    assert sampler.pick(1, "0", range(0, 10)) == [0, 4, 8]  # another rank, its own
+    assert sampler.pick(0, "0", range(0, 6)) == [0, 2, 4]  # numbered from 0 again: restarted, all of it new
+    assert sampler.pick(0, "1", []) == []
+
+
+@given(st.integers(1, 200), st.lists(st.integers(0, 2_000), min_size=2, max_size=6), st.sampled_from([4, 8, 16]))
+def test_ranks_asked_at_their_own_times_report_every_grid_multiple_once(pace, starts, per_sample):
+    """Nodes whose ranks enter ``pace`` collectives a sample period, each asked at its own moments (``starts``:
+    the newest number at each one's first sample; the buffer: the last 1,000): after their first samples, every
+    multiple of the pace's stride is reported by every node, once."""
+    stride = grid_stride(pace, per_sample)
+    first, last = max(starts) + 1, min(starts) + 6 * pace  # what every node sampled after its first sample
+    common = {s for s in range(first, last + 1) if s % stride == 0}
+    for start in starts:
+        sampler, picked = EntrySampler(per_sample), []
+        for top in range(start, start + 7 * pace, pace):
+            new = sampler.pick(0, "0", range(max(0, top - 999), top + 1))
+            assert len(new) <= per_sample and new == sorted(new) and not set(new) & set(picked)
+            picked += new
+        assert common <= set(picked)
+
+
+def test_a_big_job_picks_fewer_collectives_a_sample():
+    assert picked_per_sample(2) == picked_per_sample(2048) == 16
+    assert picked_per_sample(4096) == 8
+    assert picked_per_sample(8000) == picked_per_sample(100_000) == 4
 
 
 def test_where_is_none_without_the_scripts_thread():

@@ -4,9 +4,10 @@ CPU-seconds per minute (target ≤ 1).
 The traffic is a job's as the nodes send it: every node, every ``SAMPLE_EVERY`` (10) s at its own phase (spread
 over the whole period: agents drift apart), one ``entry_times`` message with its 8 ranks' samples (the default
 group; its ranks enter ``rate`` collectives a second, 20 by default: a DDP step's buckets at a few steps a
-second; each rank's sample is the node side's own ``grid`` over the last ``DEFAULT_ENTRIES`` collectives, the
-Flight Recorder's buffer), and a pong to every ping (``PING_INTERVAL``) carrying the node's clock, which is off
-the head's by up to 50 ms. One rank (the middle node's fourth) enters every collective 50 ms late.
+second; each rank's sample is what the node side's own ``EntrySampler`` picks from the last ``DEFAULT_ENTRIES``
+collectives, the Flight Recorder's buffer), and a pong to every ping (``PING_INTERVAL``) carrying the node's
+clock, which is off the head's by up to 50 ms. One rank (the middle node's fourth) is on time during the warm-up
+and enters every collective 50 ms late after it: ``named_after_s`` is how long the head took to name it.
 
 The messages are encoded with the channel's own ``encode`` before the clock starts; timed is what the head does
 with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channel's frame -> message),
@@ -14,7 +15,8 @@ with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channe
 ``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping. The first minute fills the head's state and is not
 counted; the next ``minutes`` are, on this thread's CPU clock (``time.thread_time``). Figures per minute:
 ``cpu_s`` (all of it), ``decode_s`` (the frames' decoding alone: the channel's part), ``scored`` (collectives
-scored), and ``named`` (1 when the slow rank, and only it, was named a straggler by the end).
+scored), ``named`` (1 when the slow rank, and only it, was named a straggler by the end) and ``named_after_s``
+(from the warm-up's end, when it became slow, to the line that names it; the issue's bound: 60 s).
 
 Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2).
 """
@@ -34,7 +36,14 @@ from xrun.channel.framing import HEADER, decode_body, encode
 from xrun.launch.doctor.node_doctor import SAMPLE_EVERY
 from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
 from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
-from xrun.launch.telemetry.records import EntryTimes, GroupTimes, entry_times_message, grid, read_entry_times
+from xrun.launch.telemetry.records import (
+    EntrySampler,
+    EntryTimes,
+    GroupTimes,
+    entry_times_message,
+    picked_per_sample,
+    read_entry_times,
+)
 
 NAME = "telemetry_head"
 TITLE = "Scale C. The head's telemetry: entry_times and pongs of N nodes × 8 ranks, CPU per minute"
@@ -42,7 +51,8 @@ TABLE = {
     "metrics": [["cpu_s", "head CPU per minute", "s"], ["decode_s", "decoding entry_times frames", "s"],
                 ["read_s", "reading the samples", "s"], ["score_s", "scoring", "s"],
                 ["clocks_s", "clock offsets (pongs)", "s"],
-                ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""]],
+                ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""],
+                ["named_after_s", "slow rank named after", "s"]],
     "references": [],
 }
 T0 = 1_795_860_000_000_000_000
@@ -69,6 +79,8 @@ def run(ctx: Context) -> dict[str, Any]:
     sec["groups"].append(group)
     sec["targets"].append(target(f"head CPU per minute at {nodes} × {ranks}", median(group, "xrun", "cpu_s"), 1.0,
                                  "s"))
+    sec["targets"].append(target("slow rank named after it became slow", median(group, "xrun", "named_after_s"),
+                                 60.0, "s"))
     return finish(sec)
 
 
@@ -82,11 +94,13 @@ class Traffic:
         offsets = [rng.randrange(-50_000_000, 50_000_000) for _ in range(nodes)]
         events: list[tuple[float, int, str, bytes]] = []
         for node in range(nodes):
+            sampler = EntrySampler(picked_per_sample(nodes * ranks))  # each node's agent has its own
             phase = rng.uniform(0.0, SAMPLE_EVERY)
             for k in range(int((seconds - phase) // SAMPLE_EVERY) + 1):
                 at = phase + k * SAMPLE_EVERY
                 events.append((at, node, "entry_times",
-                               _frame(entry_times_message(self._sample(node, at, rate, offsets[node], rng)))))
+                               _frame(entry_times_message(self._sample(sampler, node, at, rate, offsets[node],
+                                                                       rng)))))
             for k in range(int(seconds // PING_INTERVAL) + 1):
                 at = k * PING_INTERVAL + rng.uniform(0.0, 0.05)
                 trip_ns = rng.randrange(200_000, 2_000_000)
@@ -95,15 +109,17 @@ class Traffic:
         heapq.heapify(events)
         self.events = [heapq.heappop(events) for _ in range(len(events))]
 
-    def _sample(self, node: int, at: float, rate: float, offset_ns: int, rng: random.Random) -> list[EntryTimes]:
+    def _sample(self, sampler: EntrySampler, node: int, at: float, rate: float, offset_ns: int,
+                rng: random.Random) -> list[EntryTimes]:
         top = int(at * rate)
-        picked = grid(range(max(0, top - DEFAULT_ENTRIES + 1), top + 1))
+        buffer = range(max(0, top - DEFAULT_ENTRIES + 1), top + 1)
         samples = []
         for local in range(self.ranks):
             rank = node * self.ranks + local
+            picked = sampler.pick(rank, "0", buffer)
             late = LATE_NS if rank == self.slow else 0
-            times = tuple(T0 + int(seq / rate * 1e9) + offset_ns + late + rng.randrange(0, 3_000_000)
-                          for seq in picked)
+            times = tuple(T0 + int(seq / rate * 1e9) + offset_ns + rng.randrange(0, 3_000_000)
+                          + (late if seq / rate >= WARM_UP_S else 0) for seq in picked)
             samples.append(EntryTimes(rank, (GroupTimes("0", tuple(picked), times),)))
         return samples
 
@@ -112,13 +128,14 @@ def _frame(msg: Message) -> bytes:
     return encode(msg)[HEADER.size:]
 
 
-def head_minute(traffic: Traffic, minutes: int) -> dict[str, float]:
+def head_minute(traffic: Traffic, minutes: int) -> dict[str, float | None]:
     """Feed the head's code all of ``traffic``; the CPU of the minutes after the warm-up, per minute."""
     clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
     hosts = [f"node{n}" for n in range(traffic.nodes)]
     spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0}
     scored_before = 0
     counting = False
+    named_at = None
     for at, node, kind, frame in traffic.events:
         if not counting and at >= WARM_UP_S:
             counting, scored_before = True, scores.collectives_scored
@@ -138,7 +155,9 @@ def head_minute(traffic: Traffic, minutes: int) -> dict[str, float]:
         t1 = time.thread_time()
         samples = read_entry_times(msg)
         t2 = time.thread_time()
-        scores.add(hosts[node], clocks.of(node), samples)
+        lines = scores.add(hosts[node], clocks.of(node), samples)
+        if named_at is None and any(f"rank {traffic.slow} " in line and "recovered" not in line for line in lines):
+            named_at = at
         if counting:
             spent["decode_s"] += t1 - t0
             spent["read_s"] += t2 - t1
@@ -146,4 +165,5 @@ def head_minute(traffic: Traffic, minutes: int) -> dict[str, float]:
     named = [s.rank for s in scores.scores() if s.straggler]
     return {"cpu_s": sum(spent.values()) / minutes, **{k: v / minutes for k, v in spent.items()},
             "scored": (scores.collectives_scored - scored_before) / minutes,
-            "named": float(traffic.slow is not None and named == [traffic.slow])}
+            "named": float(traffic.slow is not None and named == [traffic.slow]),
+            "named_after_s": None if named_at is None else named_at - WARM_UP_S}  # None: not named (censored)

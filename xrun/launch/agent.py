@@ -92,7 +92,7 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
     endpoints = _endpoints(spec)
-    doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints)
+    doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints, world_size=spec.world_size)
     try:
         # a kill -9 of this agent leaves no directory
         with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])):

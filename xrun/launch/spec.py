@@ -138,6 +138,12 @@ class NodeSpec:
     elastic: ElasticOptions | None = None  # None: xrun supervises the ranks itself (static job)
     version: int = SPEC_VERSION
 
+    @property
+    def world_size(self) -> int:
+        """Every node's ranks together, as the ranks are told (``WORLD_SIZE``; this node's alone without it)."""
+        told = self.ranks[0].env.get("WORLD_SIZE", "") if self.ranks else ""
+        return int(told) if told.isdigit() else len(self.ranks)
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "version": self.version,

@@ -50,9 +50,9 @@ if TYPE_CHECKING:
     from xrun.launch.telemetry.records import EntryTimes
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
-# the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 32 scored collectives were late
-# (xrun.launch.result.stragglers): 20-30 s at this period; a sample costs each rank ~20 ms of one core (a dump of its
-# 1,000 entries), 0.2 % at this period
+# the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 16 scored collectives were late
+# (xrun.launch.result.stragglers), 4 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-50 s
+# at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
 SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
 
@@ -115,12 +115,12 @@ class QuietWatch:
 
 class NodeDoctor:
     def __init__(self, host: str, options: AgentOptions, *, environ: Mapping[str, str] = os.environ,
-                 endpoints: Endpoints | None = None) -> None:
+                 endpoints: Endpoints | None = None, world_size: int = 1) -> None:
         self.host = host
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._reads = RankReads(host, endpoints) if endpoints is not None else None
+        self._reads = RankReads(host, endpoints, world_size) if endpoints is not None else None
         self._worker: InBackground | None = None  # dumps and samples: made at the first
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None

@@ -31,17 +31,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.collectiveview import DEFAULT_GROUP
-from xrun.launch.telemetry.records import GRID, EntryTimes
+from xrun.launch.telemetry.records import EntryTimes, picked_per_sample
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
-DECIDE_OVER = 32  # a rank's last scored collectives the rule reads (about a minute of samples at 10 s)
+DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of samples at 10 s: 4-16 a sample)
 MIN_SCORED = 12  # before this many, no verdict on a rank
 FLAG_AT = 0.75  # late in three of four: a straggler
 CLEAR_BELOW = 0.25  # late in fewer than one in four: recovered
 WINDOW = 300  # collectives per rank kept for the scores
 MAX_PENDING = 4096  # collectives waiting for some rank's report; the oldest are dropped beyond
-BOUNDED_FROM = 256  # a group of this many ranks or more: a sample's collectives are cut to PER_SAMPLE
-PER_SAMPLE = 8  # of those not scored yet (coarsest stride first: the ones every node's sample shares)
 _PINGS_KEPT = 8  # of a node's round trips, the last few the offset is chosen from
 _OUTSTANDING = 4  # pings without a pong: beyond, the node's queue is forgotten (a pong went missing)
 
@@ -157,10 +155,10 @@ class StragglerScores:
     """Every rank's score, fed samples as nodes send them; ``add`` returns the lines to show (a straggler named,
     or recovered).
 
-    **At scale** (a group of ``BOUNDED_FROM`` ranks or more) a sample's collectives not scored yet are cut to
-    ``PER_SAMPLE``, the coarsest of ``GRID``'s strides first (then the newest): nodes are asked at their own
-    phase, so only the collectives on the coarse grid reach every rank's sample, and the others would sit among
-    the pending until dropped, at a cost per rank. Every node cuts alike, so what one keeps the others keep too.
+    A node reports each collective on the job's grid once, and no more of them a sample than
+    ``picked_per_sample`` allows for the group's size (xrun.launch.telemetry.records.EntrySampler). A sample
+    with more is cut to that many, the coarsest grid first (the multiples of the highest power of two: those
+    every node reports), then the newest: the head's work per sample stays bounded whatever a node sends.
     """
 
     def __init__(self, *, world_size: int | None = None) -> None:
@@ -229,12 +227,13 @@ class StragglerScores:
     def _pending_of(self, name: str, seqs: tuple[int, ...],
                     touched: set[tuple[str, int]]) -> list[tuple[int, dict[int, int]]]:
         """Of a sample's numbers in group ``name``, those to record, as (index, the pending collective's times),
-        each one's key added to ``touched``: the ones not scored yet, cut to ``PER_SAMPLE`` at scale (the class's
+        each one's key added to ``touched``: the ones not scored yet, cut to ``picked_per_sample`` (the class's
         docstring)."""
         scored = self._scored.setdefault(name, (set(), deque()))[0]
         picks = [(index, seq) for index, seq in enumerate(seqs) if seq not in scored]
-        if len(picks) > PER_SAMPLE and len(self._members.get(name, ())) >= BOUNDED_FROM:
-            picks = sorted(picks, key=lambda pick: (_stride(pick[1]), pick[1]))[-PER_SAMPLE:]
+        most = picked_per_sample(len(self._members.get(name, ())))
+        if len(picks) > most:
+            picks = sorted(picks, key=lambda pick: (_stride(pick[1]), pick[1]))[-most:]
         out = []
         for index, seq in picks:
             key = (name, seq)
@@ -270,7 +269,8 @@ class StragglerScores:
             flags.append(late | (LAST if number == latest else 0))
             rank.recent_late += late
             rank.lateness.append(lateness)
-            if rank.verdict_changes:
+            # only a late one can name a rank, and an on-time one clear it (or the verdict's first reading)
+            if (late != rank.straggler or len(flags) == MIN_SCORED) and rank.verdict_changes:
                 due.append(number)
         return due
 
@@ -294,8 +294,8 @@ def _recent_lateness_ms(rank: _Rank) -> float:
 
 
 def _stride(seq: int) -> int:
-    """The coarsest of ``GRID``'s strides ``seq`` is a multiple of."""
-    return max(stride for stride, _ in GRID if seq % stride == 0)
+    """The highest power of two ``seq`` is a multiple of (0: of every one)."""
+    return seq & -seq if seq else 1 << 62
 
 
 def _medians_without(times: list[int]) -> tuple[tuple[int, int], tuple[int, int], int]:

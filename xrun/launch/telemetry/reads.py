@@ -18,10 +18,11 @@ from xrun.launch.telemetry.client import Reply, ask
 from xrun.launch.telemetry.endpoints import Endpoints
 from xrun.launch.telemetry.records import (
     CollectivesReport,
+    EntrySampler,
     EntryTimes,
     RankCollectives,
-    entry_times,
     parse_dump,
+    picked_per_sample,
     rank_collectives,
     where_from_traceback,
 )
@@ -57,9 +58,10 @@ class RankReads:
     its main thread holding the GIL: it is not asked for them again, which would tie up another of its server's
     threads for as long."""
 
-    def __init__(self, host: str, endpoints: Endpoints) -> None:
+    def __init__(self, host: str, endpoints: Endpoints, world_size: int) -> None:
         self.host = host
         self.endpoints = endpoints
+        self._sampler = EntrySampler(picked_per_sample(world_size))
         self._no_traceback: set[int] = set()
 
     def reading(self, ranks: Iterable[int], budget: float) -> Reading:
@@ -94,14 +96,15 @@ class RankReads:
         return record, dump
 
     def sample(self, ranks: Iterable[int], budget: float) -> list[EntryTimes]:
-        """The ranks' entry times now; a rank without an answer (or with one not torch's) is left out."""
+        """The ranks' entry times into the collectives since the last sample (``EntrySampler``); a rank without an
+        answer (or with one not torch's) is left out."""
         replies = ask({r: (self.endpoints.socket(r), FLIGHT_RECORDER) for r in ranks}, budget)
         samples = []
         for rank, reply in sorted(replies.items()):
             if reply.body is None:
                 continue
             try:
-                sample = entry_times(rank, parse_dump(reply.body))
+                sample = self._sampler.sample(rank, parse_dump(reply.body))
             except ValueError:
                 continue
             if sample.groups:

@@ -10,9 +10,10 @@ start and complete). Two summaries of it travel, never the dump itself (it stays
   entered and what torch says it last enqueued and completed, and ``where`` the rank's main thread is (the
   innermost frame outside torch of ``dump_traceback``'s text). The head compares them across ranks
   (xrun.launch.result.collectiveview).
-* ``EntryTimes`` (sampled while the job trains): per group, when the rank entered a few collectives picked on a
-  grid that every rank picks alike (``grid``), so the head finds the same collectives in every rank's sample even
-  when the nodes were asked a little apart, and scores who enters late (xrun.launch.result.stragglers).
+* ``EntryTimes`` (sampled while the job trains): per group, when the rank entered the collectives on a grid
+  every rank picks alike, each reported once (``EntrySampler``), so the head finds the same collectives in every
+  rank's samples even when the nodes are asked at their own times, and scores who enters late
+  (xrun.launch.result.stragglers).
 
 Point-to-point entries (send/recv) are left out: they have no common sequence number across a group. A dump
 that is not torch's format raises ``ValueError`` (the rank's answer is data, never trusted).
@@ -49,8 +50,11 @@ from xrun.channel import STOP_STACKS, Kind, Message, message
 from xrun.channel.fields import COLLECTIVES_FIELDS, ENTRY_TIMES_FIELDS, Field, FieldKind, fields_error
 
 RECENT = 4  # collectives per group in a hang's summary: the one waited in, and those before it to compare
-GRID = ((1, 8), (8, 8), (64, 8))  # (stride, count): the last 8 numbers, the last 8 multiples of 8 and of 64
-MAX_PICKED = sum(count for _, count in GRID)
+# a straggler sample's collectives per rank and group: the head scores every rank of each (the head's work is
+# world size x this, every sample period), so a big job samples fewer; at least a few, to name a straggler soon
+SCORES_PER_SAMPLE = 32_768  # rank-collectives a sample period brings the head at most (past the smallest share)
+FEWEST_PICKED, MOST_PICKED = 4, 16
+MAX_PICKED = 64  # what the head accepts from one rank's group in one sample
 # what one rank's record may hold: the node keeps the groups that entered a collective last, and the first
 # tensors and dimensions of each (every rank cuts alike, so the head's comparisons still hold)
 MAX_GROUPS = 64
@@ -180,11 +184,10 @@ class EntryTimes:
         try:
             groups = []
             for g in _list(data["groups"], MAX_GROUPS):
-                seqs, times, base = _list(g["seq"], MAX_PICKED), _list(g["t_us"], MAX_PICKED), _count(g["base_ns"])
+                seqs, times, base = _counts(g["seq"], MAX_PICKED), _counts(g["t_us"], MAX_PICKED), _count(g["base_ns"])
                 if len(seqs) != len(times):
                     raise ValueError("seq and t_us differ in length")
-                groups.append(GroupTimes(_text(g["name"]), tuple(_count(s) for s in seqs),
-                                         tuple(base + _count(t) * 1000 for t in times)))
+                groups.append(GroupTimes(_text(g["name"]), seqs, tuple(base + t * 1000 for t in times)))
             return cls(_count(data["rank"]), tuple(groups))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"malformed entry times: {err!r}") from None
@@ -275,17 +278,62 @@ def rank_collectives(host: str, rank: int, dump: Mapping[str, Any], *, where: st
     return RankCollectives(host, rank, tuple(groups), where=None if where is None else where[: _LINE.limit])
 
 
-def entry_times(rank: int, dump: Mapping[str, Any]) -> EntryTimes:
-    """The straggler sample of one rank's dump: per group, the entries ``grid`` picks."""
-    groups = []
-    try:
-        for name, entries in _latest_groups(collectives(dump)):
-            created = {_count(e["collective_seq_id"]): _count(e["time_created_ns"]) for _, e in entries}
-            picked = grid(created)
-            groups.append(GroupTimes(name[: _NAME.limit], tuple(picked), tuple(created[s] for s in picked)))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
-    return EntryTimes(rank, tuple(groups))
+def picked_per_sample(world_size: int) -> int:
+    """How many collectives of a group each rank's straggler sample reports, at most (``SCORES_PER_SAMPLE``)."""
+    return max(FEWEST_PICKED, min(MOST_PICKED, SCORES_PER_SAMPLE // max(world_size, 1)))
+
+
+class EntrySampler:
+    """A node's straggler samples: each rank's entry times into the collectives on the job's grid, each collective
+    reported once.
+
+    The grid is the multiples of a power of two, the ``stride``, chosen at each sample from how many collectives
+    the group entered since the last one: the finest that leaves at most ``per_sample`` new ones. Every rank of a
+    group enters collectives at the same pace, so every node picks the same stride, whenever it is asked; where
+    two strides meet (a pace on a boundary), the coarser one's multiples are the finer one's too, and the head
+    scores those. Reporting each only once keeps the samples small: at 1,000 nodes the head decodes and reads
+    every one (stragglers: ``picked_per_sample``)."""
+
+    def __init__(self, per_sample: int) -> None:
+        self.per_sample = per_sample
+        self._seen: dict[tuple[int, str], int] = {}  # (rank, group) -> the newest number at the last sample
+
+    def sample(self, rank: int, dump: Mapping[str, Any]) -> EntryTimes:
+        """One rank's sample from its dump (ValueError when an entry is not torch's format)."""
+        groups = []
+        try:
+            for name, entries in _latest_groups(collectives(dump)):
+                created = {_count(e["collective_seq_id"]): _count(e["time_created_ns"]) for _, e in entries}
+                picked = self.pick(rank, name, created)
+                if picked:
+                    groups.append(GroupTimes(name[: _NAME.limit], tuple(picked), tuple(created[s] for s in picked)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"a Flight Recorder entry is not torch's format: {err!r}") from None
+        return EntryTimes(rank, tuple(groups))
+
+    def pick(self, rank: int, group: str, seqs: Iterable[int]) -> list[int]:
+        """Of the numbers in a rank's buffer now, those this sample reports, ascending."""
+        present = sorted(seqs)
+        if not present:
+            return []
+        key, newest = (rank, group), present[-1]
+        seen = self._seen.get(key, -1)
+        if newest < seen:
+            seen = -1  # numbered from the start again: the rank was restarted
+        # of the collectives entered since the last sample (the first: what the buffer holds), those on the grid
+        # of their pace (counted by number: the buffer may have let the oldest go)
+        fresh = [s for s in present if s > seen]
+        stride = grid_stride(newest - seen if seen >= 0 else len(fresh), self.per_sample)
+        self._seen[key] = newest
+        return [s for s in fresh if s % stride == 0][-self.per_sample:]
+
+
+def grid_stride(entered: int, per_sample: int) -> int:
+    """The finest power of two with at most ``per_sample`` multiples among ``entered`` consecutive numbers."""
+    stride = 1
+    while entered > stride * per_sample:
+        stride *= 2
+    return stride
 
 
 def _latest_groups(
@@ -296,21 +344,6 @@ def _latest_groups(
         return list(groups.items())
     latest = sorted(groups, key=lambda g: _count(groups[g][-1][1].get("time_created_ns", 0)))[-MAX_GROUPS:]
     return [(name, entries) for name, entries in groups.items() if name in set(latest)]
-
-
-def grid(seqs: Iterable[int]) -> list[int]:
-    """The sequence numbers a sample reports, ascending: of those present, the last few at each of ``GRID``'s
-    strides. Multiples of a stride are the same numbers on every rank, so two ranks asked a few hundred
-    collectives apart still share some."""
-    present = sorted(set(seqs))
-    if not present:
-        return []
-    have, top = set(present), present[-1]
-    picked: set[int] = set()
-    for stride, count in GRID:
-        start = top - top % stride
-        picked.update(s for s in range(start, max(start - stride * count, -1), -stride) if s in have)
-    return sorted(picked)
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -371,6 +404,14 @@ def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{value!r} is not a count")
     return value
+
+
+def _counts(value: object, limit: int) -> tuple[int, ...]:
+    """A list of at most ``limit`` counts (one pass: the head reads thousands of these a second at scale)."""
+    items = _list(value, limit)
+    if not all(type(v) is int and v >= 0 for v in items):  # type(), not isinstance: True is not a count
+        raise ValueError(f"{str(value)[:40]!r} is not a list of counts")
+    return tuple(items)
 
 
 def _maybe(value: object) -> int | None:
