@@ -137,3 +137,17 @@ def test_the_others_median_is_one_of_three_values(values):
         others = times[:index] + times[index + 1 :]
         expected = round(statistics.median(others))
         assert (low if index <= a else middle if index <= b else high) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 300 * MS), min_size=2, max_size=40), st.integers(0, 5 * MS))
+def test_the_late_ones_are_those_past_the_threshold_after_the_others_median(entered, uncertainty):
+    """The scoring finds the late ranks as the tail of the lateness (ascending by entry): the same ranks as
+    comparing each with the median of the others."""
+    scores = StragglerScores(world_size=len(entered))
+    samples_ = [EntryTimes(rank, (GroupTimes("0", (7,), (T0 + t,)),)) for rank, t in enumerate(entered)]
+    scores.add("node0", ClockOffset(0, uncertainty), samples_)
+    threshold = 10 * MS + 2 * uncertainty
+    expected = {rank for rank, t in enumerate(entered)
+                if t - round(statistics.median(entered[:rank] + entered[rank + 1 :])) >= threshold}
+    assert {s.rank for s in scores.scores() if s.late} == expected

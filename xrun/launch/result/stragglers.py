@@ -25,6 +25,8 @@ time, a GC pause now and then) never raises it. The scores of the last ``WINDOW`
 from __future__ import annotations
 
 import statistics
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of 
 MIN_SCORED = 12  # before this many, no verdict on a rank
 FLAG_AT = 0.75  # late in three of four: a straggler
 CLEAR_BELOW = 0.25  # late in fewer than one in four: recovered
-WINDOW = 300  # collectives per rank kept for the scores
+WINDOW = 300  # the job's last scored collectives kept for the scores (summary.json)
 MAX_PENDING = 4096  # collectives waiting for some rank's report; the oldest are dropped beyond
 _PINGS_KEPT = 8  # of a node's round trips, the last few the offset is chosen from
 _OUTSTANDING = 4  # pings without a pong: beyond, the node's queue is forgotten (a pong went missing)
@@ -110,34 +112,29 @@ class RankScore:
 
 
 class _Rank:
-    """One rank's record: of its last ``WINDOW`` scored collectives, its lateness in each and two flags (``LATE``,
-    ``LAST``), and the verdict's running count of late ones among the last ``DECIDE_OVER`` (kept as it goes: the
-    head updates every rank of each collective it scores, 8,000 at a time at scale)."""
+    """What the rule keeps of one rank: the groups it reported (its collectives are theirs), and when it was late
+    among its last ``DECIDE_OVER`` collectives (its *participation*: how many of its groups' collectives were
+    scored since it joined them) with by how much. Only a late rank is touched when a collective is scored; the
+    others' lateness stays in the scored collectives (``_Scored``) for the summary."""
 
-    __slots__ = ("host", "lateness", "flags", "recent_late", "straggler")
+    __slots__ = ("host", "groups", "joined", "late_at", "straggler")
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self.lateness: deque[int] = deque(maxlen=WINDOW)  # ns
-        self.flags: deque[int] = deque(maxlen=WINDOW)
-        self.recent_late = 0
+        self.groups: list[str] = []
+        self.joined = 0  # its groups' scored collectives before it joined them
+        self.late_at: deque[tuple[int, float]] = deque(maxlen=DECIDE_OVER)  # (participation, lateness ns)
         self.straggler = False
 
-    @property
-    def recent(self) -> int:
-        """How many collectives the verdict reads now (at most ``DECIDE_OVER``)."""
-        return min(len(self.flags), DECIDE_OVER)
 
-    @property
-    def verdict_changes(self) -> bool:
-        """The rule (the module's docstring) says otherwise than ``straggler`` now."""
-        recent = self.recent
-        if self.straggler:
-            return self.recent_late < CLEAR_BELOW * recent
-        return recent >= MIN_SCORED and self.recent_late >= FLAG_AT * recent
+@dataclass(frozen=True)
+class _Scored:
+    """One scored collective: its ranks in the order they entered it, each one's lateness (ascending: the later a
+    rank entered, the later it was), and where the late ones start."""
 
-
-LATE, LAST = 1, 2  # a rank's flags in one scored collective
+    order: tuple[int, ...]
+    lateness: array[float]  # ns; a float holds any difference a node's clock can make (an int64 would not)
+    first_late: int
 
 
 class _Pending:
@@ -159,14 +156,19 @@ class StragglerScores:
     ``picked_per_sample`` allows for the group's size (xrun.launch.telemetry.records.EntrySampler). A sample
     with more is cut to that many, the coarsest grid first (the multiples of the highest power of two: those
     every node reports), then the newest: the head's work per sample stays bounded whatever a node sends.
+    Scoring a collective of 8,000 ranks costs a sort and a few list operations; the rule then reads only the
+    ranks late lately (a healthy job: a few).
     """
 
     def __init__(self, *, world_size: int | None = None) -> None:
         self._ranks: dict[int, _Rank] = {}
         # group -> its ranks: the default group is the world; another, every rank that ever reported it
         self._members: dict[str, set[int]] = {DEFAULT_GROUP: set(range(world_size))} if world_size else {}
+        self._group_scored: dict[str, int] = {}  # group -> its collectives scored so far
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._scored: dict[str, tuple[set[int], deque[int]]] = {}  # group -> numbers scored lately (samples overlap)
+        self._history: deque[_Scored] = deque(maxlen=WINDOW)  # the job's last scored collectives, every group's
+        self._watched: set[int] = set()  # ranks late among their last DECIDE_OVER, and those named
         self._named: set[int] = set()  # the ranks named stragglers now
         self.collectives_scored = 0  # since the start, every group's
 
@@ -187,11 +189,13 @@ class StragglerScores:
                 picks = wanted.get((group.name, group.seqs))
                 if picks is None:
                     picks = wanted[(group.name, group.seqs)] = self._pending_of(group.name, group.seqs, touched)
-                self._members.setdefault(group.name, set()).add(number)
+                if group.name not in rank.groups:
+                    rank.groups.append(group.name)
+                    rank.joined += self._group_scored.get(group.name, 0)
+                    self._members.setdefault(group.name, set()).add(number)
                 created = group.created_ns
                 for index, times in picks:
                     times[number] = created[index] - shift
-        due: set[int] = set()  # the ranks scored now whose verdict changes
         pending = self._pending
         for key in sorted(touched, key=lambda k: k[1]):
             entry = pending[key]
@@ -200,16 +204,24 @@ class StragglerScores:
             if len(entry.times) >= max(2, len(self._members[key[0]])):
                 del pending[key]
                 self._mark_scored(*key)
-                self.collectives_scored += 1
-                due.update(self._score(entry))
+                self._score(key[0], entry)
         while len(pending) > MAX_PENDING:
             del pending[next(iter(pending))]  # never completed: some rank's report of it was lost
-        return [self._decide(number, self._ranks[number]) for number in sorted(due)]
+        return self._decide() if touched else []
 
     def scores(self) -> tuple[RankScore, ...]:
-        return tuple(RankScore(n, r.host, len(r.lateness), sum(f & LATE for f in r.flags),
-                               sum(f & LAST for f in r.flags) // LAST,
-                               statistics.median(r.lateness) / 1e6 if r.lateness else 0.0, r.straggler)
+        """Every rank over the job's last ``WINDOW`` scored collectives (those it took part in)."""
+        lateness: dict[int, list[float]] = {n: [] for n in self._ranks}
+        late = dict.fromkeys(self._ranks, 0)
+        last = dict.fromkeys(self._ranks, 0)
+        for scored in self._history:
+            for number, value in zip(scored.order, scored.lateness):
+                lateness[number].append(value)
+            for number in scored.order[scored.first_late:]:
+                late[number] += 1
+            last[scored.order[-1]] += 1
+        return tuple(RankScore(n, r.host, len(lateness[n]), late[n], last[n],
+                               statistics.median(lateness[n]) / 1e6 if lateness[n] else 0.0, r.straggler)
                      for n, r in sorted(self._ranks.items()))
 
     def status(self) -> str | None:
@@ -217,8 +229,7 @@ class StragglerScores:
         if not self._named:
             return None
         return "straggler: " + ", ".join(
-            f"rank {n} ({self._ranks[n].host}) +{_ms(_recent_lateness_ms(self._ranks[n]))}"
-            for n in sorted(self._named))
+            f"rank {n} ({self._ranks[n].host}) +{_ms(_late_by_ms(self._ranks[n]))}" for n in sorted(self._named))
 
     def to_json(self) -> dict[str, Any]:
         return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "collectives_scored": self.collectives_scored,
@@ -251,46 +262,60 @@ class StragglerScores:
         if len(order) > MAX_PENDING:
             scored.discard(order.popleft())
 
-    def _score(self, entry: _Pending) -> list[int]:
-        """Every rank of ``entry`` scored; the ranks whose verdict changes."""
-        times = sorted(zip(entry.times.values(), entry.times.keys()))
-        threshold = LATE_FLOOR_NS + 2 * entry.uncertainty
-        latest = times[-1][1]
-        # the others' median is one of three values, by where the rank sits (``_medians_without``)
-        (low, a), (middle, b), high = _medians_without([t for t, _ in times])
-        ranks, due = self._ranks, []
-        for index, (t, number) in enumerate(times):  # inline: this loop runs for every rank of the job
-            lateness = t - (low if index <= a else middle if index <= b else high)
+    def _score(self, group: str, entry: _Pending) -> None:
+        """Every rank of ``entry`` scored: its lateness kept, the late ones' noted for the rule."""
+        self.collectives_scored += 1
+        self._group_scored[group] = self._group_scored.get(group, 0) + 1
+        times = entry.times
+        order = sorted(times, key=times.__getitem__)  # the ranks in the order they entered
+        entered = [times[number] for number in order]
+        # the others' median is one of three values, by where the rank sits (``_medians_without``): the later a
+        # rank entered, the lower the others' median, so the lateness ascends and the late ones are its tail
+        (low, a), (middle, b), high = _medians_without(entered)
+        lateness = array("d", [t - low for t in entered[: a + 1]] + [t - middle for t in entered[a + 1 : b + 1]]
+                         + [t - high for t in entered[b + 1 :]])
+        first_late = bisect_left(lateness, LATE_FLOOR_NS + 2 * entry.uncertainty)
+        self._history.append(_Scored(tuple(order), lateness, first_late))
+        ranks = self._ranks
+        for index in range(first_late, len(order)):
+            number = order[index]
             rank = ranks[number]
-            late = lateness >= threshold
-            flags = rank.flags
-            if len(flags) >= DECIDE_OVER:
-                rank.recent_late -= flags[-DECIDE_OVER] & LATE  # leaves the verdict's window
-            flags.append(late | (LAST if number == latest else 0))
-            rank.recent_late += late
-            rank.lateness.append(lateness)
-            # only a late one can name a rank, and an on-time one clear it (or the verdict's first reading)
-            if (late != rank.straggler or len(flags) == MIN_SCORED) and rank.verdict_changes:
-                due.append(number)
-        return due
+            rank.late_at.append((self._participation(rank), lateness[index]))
+            self._watched.add(number)
 
-    def _decide(self, number: int, rank: _Rank) -> str:
-        """The line of a rank whose verdict changes (``_Rank.verdict_changes``), the verdict changed."""
-        share = rank.recent_late / rank.recent
-        rank.straggler = not rank.straggler
-        if rank.straggler:
-            self._named.add(number)
-            return (f"straggler: rank {number} ({rank.host}) enters collectives {_ms(_recent_lateness_ms(rank))} "
-                    f"after the others' median in {share:.0%} of its last {rank.recent} (others wait for it)")
-        self._named.discard(number)
-        return (f"straggler: rank {number} ({rank.host}) recovered: late in {share:.0%} of its last "
-                f"{rank.recent} collectives")
+    def _participation(self, rank: _Rank) -> int:
+        """How many of its groups' collectives were scored since it joined them."""
+        return sum(self._group_scored.get(g, 0) for g in rank.groups) - rank.joined
+
+    def _decide(self) -> list[str]:
+        """The rule (the module's docstring) on the watched ranks: a line for each whose verdict changes."""
+        lines = []
+        for number in sorted(self._watched):
+            rank = self._ranks[number]
+            seen = self._participation(rank)
+            late_at = rank.late_at
+            while late_at and late_at[0][0] <= seen - DECIDE_OVER:
+                late_at.popleft()  # left the rule's window
+            recent, late = min(seen, DECIDE_OVER), len(late_at)
+            if rank.straggler and late < CLEAR_BELOW * recent:
+                rank.straggler = False
+                self._named.discard(number)
+                lines.append(f"straggler: rank {number} ({rank.host}) recovered: late in {late / recent:.0%} of its "
+                             f"last {recent} collectives")
+            elif not rank.straggler and recent >= MIN_SCORED and late >= FLAG_AT * recent:
+                rank.straggler = True
+                self._named.add(number)
+                lines.append(f"straggler: rank {number} ({rank.host}) enters collectives {_ms(_late_by_ms(rank))} "
+                             f"after the others' median in {late / recent:.0%} of its last {recent} (others wait "
+                             f"for it)")
+            if not late_at and not rank.straggler:
+                self._watched.discard(number)
+        return lines
 
 
-def _recent_lateness_ms(rank: _Rank) -> float:
-    """The median of a rank's last ``DECIDE_OVER`` lateness values, in ms."""
-    recent = list(rank.lateness)[-DECIDE_OVER:]
-    return statistics.median(recent) / 1e6 if recent else 0.0
+def _late_by_ms(rank: _Rank) -> float:
+    """The median of a rank's lateness in its late collectives among its last ``DECIDE_OVER``, in ms."""
+    return statistics.median(value for _, value in rank.late_at) / 1e6 if rank.late_at else 0.0
 
 
 def _stride(seq: int) -> int:

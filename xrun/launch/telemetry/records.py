@@ -53,7 +53,7 @@ RECENT = 4  # collectives per group in a hang's summary: the one waited in, and 
 # a straggler sample's collectives per rank and group: the head scores every rank of each (the head's work is
 # world size x this, every sample period), so a big job samples fewer; at least a few, to name a straggler soon
 SCORES_PER_SAMPLE = 32_768  # rank-collectives a sample period brings the head at most (past the smallest share)
-FEWEST_PICKED, MOST_PICKED = 4, 16
+FEWEST_PICKED, MOST_PICKED = 6, 16
 MAX_PICKED = 64  # what the head accepts from one rank's group in one sample
 # what one rank's record may hold: the node keeps the groups that entered a collective last, and the first
 # tensors and dimensions of each (every rank cuts alike, so the head's comparisons still hold)
