@@ -19,6 +19,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
@@ -29,7 +31,7 @@ from xrun.channel import Kind, message
 from xrun.errors import XrunError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import agent_argv
-from xrun.launch.doctor.node_doctor import QuietWatch, Silence
+from xrun.launch.doctor.node_doctor import SAMPLE_EVERY, QuietWatch, Silence, until_the_next_sample
 from xrun.launch.doctor.stackdump import (
     EXITED,
     PTRACE_HINT,
@@ -639,3 +641,13 @@ def test_pod_mode_sigquit_to_any_node_dumps_the_whole_job_at_node_0(tmp_path):
     lines = out[0][2].splitlines()
     assert any("SIGQUIT at 127.0.0.2: stacks of 3 ranks, outliers first; full dumps in " in x for x in lines), lines
     assert "xrun:   ranks 0-2: train.py:5 <module>" in lines
+
+
+@given(st.floats(0, 4e9, allow_nan=False))
+def test_every_node_samples_its_ranks_at_the_same_wall_clock_moments(wall_now):
+    """The straggler samples fall on multiples of SAMPLE_EVERY on the wall clock, half a period away at least
+    (a timer a little early does not sample twice)."""
+    wait = until_the_next_sample(wall_now)
+    assert SAMPLE_EVERY / 2 <= wait <= SAMPLE_EVERY * 1.5
+    moment = (wall_now + wait) / SAMPLE_EVERY
+    assert abs(moment - round(moment)) < 1e-6

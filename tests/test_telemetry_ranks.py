@@ -433,9 +433,13 @@ def test_the_agents_sample_when_each_rank_entered_its_collectives(tmp_path, monk
     received = spy_on(monkeypatch, Kind.ENTRY_TIMES, read_entry_times)
 
     def entered() -> dict[int, dict[int, int]]:
-        """rank -> sequence number -> when it entered (the last sample of each rank)."""
-        return {sample.rank: dict(zip(sample.groups[0].seqs, sample.groups[0].created_ns))
-                for samples in received for sample in samples if sample.groups}
+        """rank -> sequence number -> when it entered (every sample of each rank: each reports a number once)."""
+        times: dict[int, dict[int, int]] = {}
+        for samples in received:
+            for sample in samples:
+                for group in sample.groups:
+                    times.setdefault(sample.rank, {}).update(zip(group.seqs, group.created_ns))
+        return times
 
     def common() -> set[int]:
         times = entered()

@@ -57,6 +57,14 @@ SAMPLE_EVERY = 10.0
 SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
 
 
+def until_the_next_sample(wall_now: float) -> float:
+    """Seconds to the next multiple of ``SAMPLE_EVERY`` on the wall clock (at least half a period away): every
+    node samples at about the same moment, so their ranks' Flight Recorders hold the same collectives even when a
+    job enters more in a period than a buffer keeps (an FSDP job's hundreds a second)."""
+    wait = SAMPLE_EVERY - wall_now % SAMPLE_EVERY
+    return wait if wait >= SAMPLE_EVERY / 2 else wait + SAMPLE_EVERY
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """What a dump found: the ranks' stacks, or why there are none; their collective records (None: telemetry
@@ -137,7 +145,7 @@ class NodeDoctor:
         if self.options.failure_stacks:
             group.plugins.before_failure_stop = self.take_stop_stacks
         if self._reads is not None:
-            self._next_sample = time.monotonic() + SAMPLE_EVERY
+            self._next_sample = time.monotonic() + until_the_next_sample(time.time())
             group.plugins.timers.add(lambda: self._next_sample if self.on_samples is not None else None, self._sample)
 
     def close(self) -> None:
@@ -200,7 +208,7 @@ class NodeDoctor:
 
     def _sample(self) -> None:
         """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""
-        self._next_sample = time.monotonic() + SAMPLE_EVERY
+        self._next_sample = time.monotonic() + until_the_next_sample(time.time())
         reads = self._reads
         if reads is None or self.group.stopping:
             return
