@@ -177,7 +177,8 @@ def test_a_sampler_reports_each_collective_once_on_the_grid_of_its_pace():
     assert sampler.pick(0, "0", range(0, 1000)) == [0, 256, 512, 768]  # the buffer: 1,000 -> every 256th
     assert sampler.pick(0, "0", range(200, 1200)) == [1024, 1088, 1152]  # 200 since: every 64th
     assert sampler.pick(0, "0", range(200, 1200)) == []  # nothing new
-    assert sampler.pick(0, "0", range(1210, 1220)) == [1216]  # 20 since: every 8th
+    assert sampler.pick(0, "0", range(1230, 1250)) == [1232, 1240, 1248]  # 20 since: every 8th
+    assert sampler.pick(0, "0", range(1900, 2900)) == [2048, 2304, 2560, 2816]  # faster than the buffer: what it holds
     assert sampler.pick(1, "0", range(0, 10)) == [0, 4, 8]  # another rank, its own
     assert sampler.pick(0, "0", range(0, 6)) == [0, 2, 4]  # numbered from 0 again: restarted, all of it new
     assert sampler.pick(0, "1", []) == []

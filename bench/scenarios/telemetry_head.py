@@ -1,8 +1,10 @@
 """Scale scenario ``telemetry_head`` (issue 31): what the head spends on telemetry at 1,000 nodes × 8 ranks, in
 CPU-seconds per minute (target ≤ 1).
 
-The traffic is a job's as the nodes send it: every node, every ``SAMPLE_EVERY`` (10) s at its own phase (spread
-over the whole period: agents drift apart), one ``entry_times`` message with its 8 ranks' samples (the default
+The traffic is a job's as the nodes send it: every node, every ``SAMPLE_EVERY`` (10) s at the wall clock's
+multiples of it (``until_the_next_sample``) by its own clock, up to 200 ms late (its timer, its ranks' dumps; with
+``phases=spread``, each at a phase of its own over the whole period instead: the worst case for the samples'
+overlap), one ``entry_times`` message with its 8 ranks' samples (the default
 group; its ranks enter ``rate`` collectives a second, 20 by default: a DDP step's buckets at a few steps a
 second; each rank's sample is what the node side's own ``EntrySampler`` picks from the last ``DEFAULT_ENTRIES``
 collectives, the Flight Recorder's buffer), and a pong to every ping (``PING_INTERVAL``) carrying the node's
@@ -18,7 +20,8 @@ counted; the next ``minutes`` are, on this thread's CPU clock (``time.thread_tim
 scored), ``named`` (1 when the slow rank, and only it, was named a straggler by the end) and ``named_after_s``
 (from the warm-up's end, when it became slow, to the line that names it; the issue's bound: 60 s).
 
-Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2).
+Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2),
+``phases`` (``aligned``, ``spread``).
 """
 
 from __future__ import annotations
@@ -65,10 +68,15 @@ def run(ctx: Context) -> dict[str, Any]:
     ranks = ctx.option("ranks", 8, 8)
     rate = ctx.option("rate", 20.0, 20.0)
     minutes = ctx.option("minutes", 1, 2)
+    phases = ctx.option("phases", "aligned", "aligned")
+    if phases not in ("aligned", "spread"):
+        raise ValueError(f"telemetry_head: phases={phases!r}: use aligned (as the nodes sample) or spread")
     rounds = ctx.rounds(1, 3)
     sec = section(NAME, TITLE, params={"nodes": nodes, "ranks": ranks, "rate": rate, "minutes": minutes,
-                                       "rounds": rounds}, skipped={}, table=TABLE, groups=[], targets=[])
-    traffic = Traffic(nodes, ranks, rate, WARM_UP_S + 60.0 * minutes, seed=ctx.rng.randrange(1 << 30))
+                                       "phases": phases, "rounds": rounds}, skipped={}, table=TABLE, groups=[],
+                  targets=[])
+    traffic = Traffic(nodes, ranks, rate, WARM_UP_S + 60.0 * minutes, seed=ctx.rng.randrange(1 << 30),
+                      spread=phases == "spread")
 
     def trial(variant: str) -> harness.Trial:
         return harness.Trial(metrics=head_minute(traffic, minutes), exit_code=0)
@@ -87,7 +95,8 @@ def run(ctx: Context) -> dict[str, Any]:
 class Traffic:
     """A job's telemetry as (time, node, frame) in the order the head gets it; frames already encoded."""
 
-    def __init__(self, nodes: int, ranks: int, rate: float, seconds: float, *, seed: int) -> None:
+    def __init__(self, nodes: int, ranks: int, rate: float, seconds: float, *, seed: int,
+                 spread: bool = False) -> None:
         rng = random.Random(seed)
         self.nodes, self.ranks = nodes, ranks
         self.slow = (nodes // 2) * ranks + 3 if ranks > 3 else None
@@ -95,9 +104,10 @@ class Traffic:
         events: list[tuple[float, int, str, bytes]] = []
         for node in range(nodes):
             sampler = EntrySampler(picked_per_sample(nodes * ranks))  # each node's agent has its own
-            phase = rng.uniform(0.0, SAMPLE_EVERY)
+            # aligned: the wall clock's multiples by the node's clock (ahead by its offset: there sooner)
+            phase = rng.uniform(0.0, SAMPLE_EVERY) if spread else SAMPLE_EVERY - offsets[node] / 1e9
             for k in range(int((seconds - phase) // SAMPLE_EVERY) + 1):
-                at = phase + k * SAMPLE_EVERY
+                at = phase + k * SAMPLE_EVERY + (0.0 if spread else rng.uniform(0.0, 0.2))
                 events.append((at, node, "entry_times",
                                _frame(entry_times_message(self._sample(sampler, node, at, rate, offsets[node],
                                                                        rng)))))

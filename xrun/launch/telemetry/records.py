@@ -288,10 +288,10 @@ class EntrySampler:
     reported once.
 
     The grid is the multiples of a power of two, the ``stride``, chosen at each sample from how many collectives
-    the group entered since the last one: the finest that leaves at most ``per_sample`` new ones. Every rank of a
-    group enters collectives at the same pace, so every node picks the same stride, whenever it is asked; where
-    two strides meet (a pace on a boundary), the coarser one's multiples are the finer one's too, and the head
-    scores those. Reporting each only once keeps the samples small: at 1,000 nodes the head decodes and reads
+    the group entered since the last one (those the buffer still holds): the finest that leaves at most
+    ``per_sample`` new ones. Every rank of a group enters collectives at the same pace and every node samples at
+    the same moments (xrun.launch.doctor.node_doctor), so every node picks the same stride; where two strides
+    meet (a pace on a boundary), the coarser one's multiples are the finer one's too, and the head scores those. Reporting each only once keeps the samples small: at 1,000 nodes the head decodes and reads
     every one (stragglers: ``picked_per_sample``)."""
 
     def __init__(self, per_sample: int) -> None:
@@ -320,10 +320,10 @@ class EntrySampler:
         seen = self._seen.get(key, -1)
         if newest < seen:
             seen = -1  # numbered from the start again: the rank was restarted
-        # of the collectives entered since the last sample (the first: what the buffer holds), those on the grid
-        # of their pace (counted by number: the buffer may have let the oldest go)
+        # of the collectives entered since the last sample that the buffer still holds (a job faster than the
+        # buffer: the last ones, on every node alike), those on the grid of their count
         fresh = [s for s in present if s > seen]
-        stride = grid_stride(newest - seen if seen >= 0 else len(fresh), self.per_sample)
+        stride = grid_stride(len(fresh), self.per_sample)
         self._seen[key] = newest
         return [s for s in fresh if s % stride == 0][-self.per_sample:]
 
