@@ -291,8 +291,9 @@ class EntrySampler:
     the group entered since the last one (those the buffer still holds): the finest that leaves at most
     ``per_sample`` new ones. Every rank of a group enters collectives at the same pace and every node samples at
     the same moments (xrun.launch.doctor.node_doctor), so every node picks the same stride; where two strides
-    meet (a pace on a boundary), the coarser one's multiples are the finer one's too, and the head scores those. Reporting each only once keeps the samples small: at 1,000 nodes the head decodes and reads
-    every one (stragglers: ``picked_per_sample``)."""
+    meet (a pace on a boundary), the coarser one's multiples are the finer one's too, and the head scores those.
+    Reporting each only once keeps the samples small: at 1,000 nodes the head decodes and reads every one
+    (``picked_per_sample``)."""
 
     def __init__(self, per_sample: int) -> None:
         self.per_sample = per_sample
