@@ -105,6 +105,12 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             doctor.attach(group)
             if hooks:
                 hooks.attach(group, doctor)
+            else:
+                # Lazy: only a node that is the whole job compares its ranks' stacks and collectives itself
+                # (collectiveview, stragglers: ~12 ms of a connected agent's start, python -X importtime).
+                from xrun.launch.doctor.local_view import LocalView
+
+                LocalView(doctor)
             return group.run()
     finally:
         doctor.close()

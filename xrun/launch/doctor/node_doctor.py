@@ -13,13 +13,13 @@
   link that scores stragglers (the head's: ``on_samples``) gets every ``SAMPLE_EVERY`` seconds the ranks'
   entry times.
 
-The link decides what a request means. Alone (``LocalView``: the local backend, a stand-alone agent) this node
-is the whole job: the doctor takes the stacks, prints the merged view (xrun.launch.result.stackview) and writes the
-full dumps to a file; a silence is the job's hang, and ``--hang_action stop`` stops it (exit code
-``HANG_EXIT``). Under a head the link is the control channel (xrun.launch.session.driver.Driver): a SIGQUIT asks
-the head for a job-wide dump, silence and speech are reported to the head, which alone sees every node, and
-``dump`` answers the head's request. Where no stack can be taken (py-spy missing, no ptrace permission), one
-line says why and what to grant; the ranks never notice.
+The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local backend, a stand-alone
+agent) this node is the whole job: the doctor takes the stacks, prints the merged view
+(xrun.launch.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
+``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
+(xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
+to the head, which alone sees every node, and ``dump`` answers the head's request. Where no stack can be taken
+(py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
-from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import full_text, merge, render
-from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores
-from xrun.launch.spec import AgentOptions, HangAction
+from xrun.launch.spec import AgentOptions
 from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
@@ -134,11 +132,12 @@ class NodeDoctor:
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
         self.on_samples: Callable[[list[EntryTimes]], None] | None = None  # a link that scores stragglers
-        self.link: DoctorLink = LocalView(self)  # scores them itself; the driver's link sends them to the head
+        # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
+        self.link: DoctorLink | None = None
 
     def attach(self, group: RankGroup) -> None:
         self._group = group
-        group.plugins.signals[signal.SIGQUIT] = lambda: self.link.stacks_wanted("SIGQUIT")
+        group.plugins.signals[signal.SIGQUIT] = lambda: self._link().stacks_wanted("SIGQUIT")
         if self.options.hang_timeout is not None:
             self._watch = QuietWatch(self.options.hang_timeout, time.monotonic())
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
@@ -237,6 +236,10 @@ class NodeDoctor:
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
         group.stacks = tuple(s for s in found.stacks if s.error != EXITED)
 
+    def _link(self) -> DoctorLink:
+        assert self.link is not None, "a doctor's link is set before its group runs (xrun.launch.agent)"
+        return self.link
+
     def _check_quiet(self) -> None:
         assert self._watch is not None
         console = self.group.console
@@ -246,50 +249,9 @@ class NodeDoctor:
         if self.group.stopping:
             return
         if change is Silence.QUIET:
-            self.link.quiet(now - self._watch.last_output)
+            self._link().quiet(now - self._watch.last_output)
         elif change is Silence.SPOKE:
-            self.link.spoke()
-
-
-class LocalView:
-    """The link of a node that is the whole job: it shows the view itself and acts on a hang."""
-
-    def __init__(self, doctor: NodeDoctor) -> None:
-        self._doctor = doctor
-        self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
-        doctor.on_samples = self._sampled
-
-    def _sampled(self, samples: list[EntryTimes]) -> None:
-        for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):
-            notice(self._doctor.host, line)
-
-    def stacks_wanted(self, reason: str) -> None:
-        self._doctor.dump(lambda found: self._show(found, reason))
-
-    def quiet(self, silent_for: float) -> None:
-        options = self._doctor.options
-        reason = f"no rank wrote output for {silent_for:.0f} s (--hang_timeout {options.hang_timeout:g})"
-        self._doctor.dump(lambda found: self._hung(found, reason))
-
-    def spoke(self) -> None:
-        notice(self._doctor.host, "output again after the silence; the hang watch is re-armed")
-
-    def _hung(self, found: Diagnosis, reason: str) -> None:
-        self._show(found, reason)
-        action = self._doctor.options.hang_action
-        if action is not HangAction.DUMP:  # stop, or restart (the local backend's attempts decide)
-            self._doctor.group.stacks = tuple(found.stacks)
-            self._doctor.group.collectives = found.reading
-            self._doctor.group.stop_hung(f"{reason}; --hang_action {action.value}")
-
-    def _show(self, found: Diagnosis, reason: str) -> None:
-        host = self._doctor.host
-        for line in show_stacks(found.stacks, found.problem, reason, log_dir=self._doctor.options.log_dir):
-            notice(host, line)
-        if found.reading is not None:  # the collective the ranks wait in, who never entered it (issue 31)
-            for line in view_lines(find_hang(found.reading.collectives)):
-                notice(host, line)
-            notice(host, found.reading.line())
+            self._link().spoke()
 
 
 def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:
