@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import pytest
 
+from tests.cluster.jobs import read_lines, wait_for
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
 from tests.test_telemetry_ranks import SKIPS_ONE
 from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
@@ -35,17 +35,6 @@ else:
 """
 
 
-def _lines(stream, into: list[str]) -> None:
-    threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True).start()
-
-
-def _wait(lines: list[str], test, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(test(line) for line in list(lines)):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {''.join(lines)[-3000:]}"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F811
@@ -54,12 +43,12 @@ def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F
     proc = job.start(backend, "--log_dir", str(job.tmp / "logs"), script_path=script, env={"SLOW_RANK": "3"})
     out: list[str] = []
     err: list[str] = []
-    _lines(proc.stdout, out)
-    _lines(proc.stderr, err)
-    _wait(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
+    read_lines(proc.stdout, out)
+    read_lines(proc.stderr, err)
+    wait_for(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
     started = time.monotonic()
     proc.send_signal(signal.SIGQUIT)
-    _wait(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
+    wait_for(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
     node1 = job.cluster.nodes[1].name
     assert f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch\n" in err
     assert "xrun:   ranks 0-2, 4-5: job.py:6 all_reduce\n" in err
