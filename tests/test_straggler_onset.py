@@ -130,8 +130,8 @@ def moment(stdout: str, words: str) -> float:
 def test_a_rank_that_turns_slow_is_named_within_60_s_and_again_when_it_recovers(tmp_path):
     """3 ranks; rank 1 healthy for 40 s (a clean history: ~4 samples scored), then 150 ms late before each
     all-reduce for 45 s, then healthy for 30 s; ~2 min in all. The samples come every 10 s and each scores up to
-    16 collectives, so the rule (12 of the last 16 late) names it 1-2 samples after the turn (measured 11-12 s) and
-    says its recovery as soon (16 s): a 60 s promise with margin, on a loaded machine too."""
+    16 collectives, so the rule (12 of the last 16 late) names it 1-2 samples after the turn (measured
+    12-19 s, at load 2-6) and says its recovery as soon (12-19 s): a 60 s promise with margin, on a loaded machine too."""
     stdout, stamped, console = run_local_job(
         tmp_path, 3, {"SLOW_RANK": "1", "PHASES": "40,45,30", "LATE": "0.15"}, GLOO_PHASES, timeout=240)
     slow_from, recovered_at = moment(stdout, "slow from"), moment(stdout, "recovered at")
@@ -155,7 +155,7 @@ def test_a_rank_that_sleeps_a_little_longer_each_step_is_named_once_past_the_flo
     """3 ranks; rank 2 sleeps 0.1 ms longer at each step from 0 (at ~15 steps a second: ~1.5 ms more a second),
     passing the 10 ms floor after ~7 s; the job ends 55 s later. It is named once past the floor, and its line's
     lateness (the median of its late collectives lately) lies between the floor and what it sleeps when the line
-    comes (measured: named 14 s past the floor, 20 ms late, sleeping 30 ms by then)."""
+    comes (measured: named 11-21 s past the floor, 17-32 ms late, sleeping 26-38 ms by then)."""
     sleeps = tmp_path / "sleeps.txt"
     floor_ms = LATE_FLOOR_NS / 1e6
     _, stamped, console = run_local_job(
