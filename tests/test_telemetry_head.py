@@ -191,7 +191,9 @@ def test_a_rank_that_sleeps_before_each_collective_is_named_a_straggler(tmp_path
               ["ranks"]}
     assert scores[3]["straggler"] and scores[3]["late_share"] >= 0.75
     assert not any(scores[r]["straggler"] for r in (0, 1, 2)), scores
-    assert all(scores[r]["late"] == 0 for r in (0, 1, 2)), scores
+    # on time but for the machine's own jitter (a 10 ms preemption on 2 loaded cores makes a rank late now and
+    # then: the rule reads shares for that reason)
+    assert all(scores[r]["late_share"] < 0.25 for r in (0, 1, 2)), scores
 
 
 def test_the_live_status_says_the_stragglers_again_while_they_last_and_forgets_them_once_recovered(capsys):
