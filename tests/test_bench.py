@@ -327,6 +327,16 @@ def test_restart_timing_without_the_cause_or_every_rank_is_an_error_without_figu
 
 
 def test_scale_scenarios_run_by_name_outside_all():
-    assert resolve("scale") == ["agent_start", "control_plane"]
+    assert resolve("scale") == ["agent_start", "control_plane", "telemetry_head"]
     assert resolve("control_plane,1") == ["control_plane", "launch"]
     assert "agent_start" not in resolve("all")
+
+
+def test_the_head_telemetry_bench_feeds_the_heads_code_and_it_names_the_late_rank():
+    from bench.scenarios.telemetry_head import Traffic, head_minute
+
+    traffic = Traffic(40, 8, 20.0, 120.0, seed=3)
+    figures = head_minute(traffic, 1)
+    assert figures["named"] == 1.0 and figures["scored"] >= 12, figures
+    parts = sum(figures[k] for k in ("decode_s", "read_s", "score_s", "clocks_s"))
+    assert parts > 0 and abs(figures["cpu_s"] - parts) < 1e-9

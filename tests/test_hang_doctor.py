@@ -14,10 +14,13 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
@@ -28,7 +31,7 @@ from xrun.channel import Kind, message
 from xrun.errors import XrunError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import agent_argv
-from xrun.launch.doctor.node_doctor import QuietWatch, Silence
+from xrun.launch.doctor.node_doctor import SAMPLE_EVERY, QuietWatch, Silence, until_the_next_sample
 from xrun.launch.doctor.stackdump import (
     EXITED,
     PTRACE_HINT,
@@ -227,14 +230,15 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 
 
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
-    from xrun.launch.doctor.node_doctor import write_stacks_file
+    from xrun.launch.doctor.node_doctor import write_dump_file
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # without --log_dir: the temporary directory
+    monkeypatch.chdir(tmp_path / "..")  # never the working directory
     victim = tmp_path / "victim"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
     for ms in range(1000):  # every name the old scheme could pick within this second, as links
         (tmp_path / f"xrun-stacks-{stamp}-{ms:03d}.txt").symlink_to(victim)
-    first, second = write_stacks_file(None, "one"), write_stacks_file(None, "two")
+    first, second = write_dump_file(None, "one"), write_dump_file(None, "two")
     assert not victim.exists()
     assert first != second and os.path.isabs(first) and os.path.dirname(first) == str(tmp_path)
     assert open(first).read() == "one" and not os.path.islink(first)
@@ -637,3 +641,13 @@ def test_pod_mode_sigquit_to_any_node_dumps_the_whole_job_at_node_0(tmp_path):
     lines = out[0][2].splitlines()
     assert any("SIGQUIT at 127.0.0.2: stacks of 3 ranks, outliers first; full dumps in " in x for x in lines), lines
     assert "xrun:   ranks 0-2: train.py:5 <module>" in lines
+
+
+@given(st.floats(0, 4e9, allow_nan=False))
+def test_every_node_samples_its_ranks_at_the_same_wall_clock_moments(wall_now):
+    """The straggler samples fall on multiples of SAMPLE_EVERY on the wall clock, half a period away at least
+    (a timer a little early does not sample twice)."""
+    wait = until_the_next_sample(wall_now)
+    assert SAMPLE_EVERY / 2 <= wait <= SAMPLE_EVERY * 1.5
+    moment = (wall_now + wait) / SAMPLE_EVERY
+    assert abs(moment - round(moment)) < 1e-6

@@ -28,6 +28,7 @@ from xrun.launch.command import agent_argv
 from xrun.launch.preload.find import check_findable
 from xrun.launch.procs import proctable
 from xrun.launch.spec import AgentOptions, NodeSpec, parse_module_list
+from xrun.launch.telemetry.endpoints import SITE_DIR, SOCKET_VARIABLE
 
 PROCS = os.path.join(ROOT, "tests", "procs")
 RANK = os.path.join(PROCS, "preload_rank.py")
@@ -242,7 +243,8 @@ def probed(*flags: str, program: tuple[str, ...], env: dict[str, str] | None = N
         rank = int(environ["RANK"])
         assert report["ppid"] == proc.pid  # the agent (xrun itself, on a local run) is the rank's parent
         assert report["session_leader"] and report["group_leader"]
-        assert report["proc_environ"] == sorted(f"{k}={v}" for k, v in environ.items())  # what ps e and psutil see
+        # what ps e and psutil see
+        assert as_exec_gave(report["proc_environ"], rank, telemetry="--no_telemetry" not in flags) == environ
         assert report["cmdline"] == report["orig_argv"] and report["c_env"]["PROBE_VAR"] == "é x"
         assert (environ["LOCAL_RANK"], environ["WORLD_SIZE"], environ["LOCAL_WORLD_SIZE"]) == (str(rank), "2", "2")
         own[rank] = {key: report.pop(key) for key in PER_PROCESS if key in report}
@@ -251,6 +253,19 @@ def probed(*flags: str, program: tuple[str, ...], env: dict[str, str] | None = N
         same[rank] = report
     assert sorted(same) == [0, 1], out
     return same, own
+
+
+def as_exec_gave(proc_environ: list[str], rank: int, *, telemetry: bool) -> dict[str, str]:
+    """A rank's environment on /proc, which is what its exec was given (a started rank's) or what it shows of its
+    own order (a forked rank's), less telemetry's variable and directory: those the rank's own start takes off its
+    environment (xrun.launch.telemetry.site), and only those."""
+    shown = dict(entry.split("=", 1) for entry in proc_environ)
+    if not telemetry:
+        return shown
+    assert os.path.basename(shown.pop(SOCKET_VARIABLE)) == f"rank{rank}.sock"
+    first, given, rest = shown.pop("PYTHONPATH").partition(os.pathsep)
+    assert first == SITE_DIR
+    return shown | ({"PYTHONPATH": rest} if given else {})
 
 
 def differ(own: dict) -> None:
@@ -284,8 +299,12 @@ def test_under_xrun_a_rank_forked_from_torch_has_its_threads_random_state_and_mu
     rest as started."""
     pytest.importorskip("torch")
     program = (PROBE, "torch=1", "rand=1", "mp=1")
-    (started, _), (forked, own) = probed(program=program), probed("--preload=torch", program=program)
+    # without telemetry: a rank forked from torch's helper serves its Flight Recorder from its start, a started one
+    # once its script imports torch (docs/preload.md), so their threads differ before that import
+    (started, _), (forked, own) = [probed(*flags, "--no_telemetry", program=program) for flags in ((), ("--preload=torch",))]
     assert forked == started
+    served, _ = probed("--preload=torch", program=program)
+    assert all(served[rank]["threads"] > forked[rank]["threads"] == 1 for rank in served)
     differ(own)
     for report in forked.values():
         assert report["torch_threads"] == int(report["environ"]["OMP_NUM_THREADS"])

@@ -49,9 +49,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def require_cluster() -> None:
     """Skip (or, under XRUN_REQUIRE_CLUSTER=1, fail) when this machine cannot build the cluster."""
     problems = missing_requirements(extra_tools=TEST_TOOLS)
-    if not problems:
-        return
-    reason = "network-namespace cluster unavailable: " + "; ".join(problems)
+    if problems:
+        _unavailable("network-namespace cluster unavailable: " + "; ".join(problems))
+
+
+def require_cpu_limit() -> None:
+    """Skip (or fail, as `require_cluster`) where no cgroup can limit a node's CPU (``Cluster.cpu_limited``)."""
+    if harness.cpu_controller() is None:
+        _unavailable("no cgroup cpu controller to limit a node's CPU with (cgroup v2 cpu.max, or v1's cfs quota)")
+
+
+def _unavailable(reason: str) -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{reason} ({REQUIRE_ENV}=1: cluster tests must run here)", pytrace=False)
     pytest.skip(f"{reason} (set {REQUIRE_ENV}=1 to make this an error)")

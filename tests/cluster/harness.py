@@ -32,6 +32,9 @@ Things to know:
   processes with an environment marker and use ``processes_with_marker``, or ``pids(node)`` per node.
 * One cluster per machine at a time (node names, addresses and the drop-in are global).  A second ``up``
   waits for the first cluster's owner (``busy_timeout``) and then cleans whatever a crashed owner left.
+* ``with cluster.cpu_limited("node3", 0.1):`` throttles a node: every process on it, and whatever its sshd starts
+  meanwhile, shares 10% of one core (a cgroup's CFS bandwidth limit, v2's ``cpu.max`` or v1's cfs quota); the
+  cgroup goes on leaving, and a killed owner's with the next ``up``.
 * Only loopback and the namespaces' own addresses are ever targeted.  The safety route
   ``unreachable 10.77.0.0/16 metric 4000`` is added before anything else and deliberately left in place on
   teardown: it is inert, and it guarantees that traffic to the range can never leave through eth0.
@@ -321,6 +324,87 @@ def _umount(point: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# CPU limits (a throttled node): the kernel's CFS bandwidth control, cgroup v2's cpu.max or v1's cfs quota
+
+CPU_PERIOD_US = 100_000  # the kernel's default CFS period
+
+
+@dataclass(frozen=True)
+class CpuController:
+    """Where the cpu controller is mounted and which interface it speaks: 2 (``cpu.max``) or 1
+    (``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``: the same bandwidth control)."""
+
+    root: Path
+    version: int
+
+    def limit(self, group: Path, share: float) -> None:
+        """Let the processes in `group` run ``share`` of one core per CFS period, all together."""
+        quota = max(1000, round(share * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+        if self.version == 2:
+            (group / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def group_of(self, pid: int) -> Path | None:
+        """The cgroup `pid` is in under this controller; None once it is gone."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:  # "hierarchy-ID:controller-list:path", cgroup(7)
+            _, controllers, path = line.split(":", 2)
+            if (controllers == "" if self.version == 2 else "cpu" in controllers.split(",")):
+                return self.root / path.lstrip("/")
+        return None
+
+
+def cpu_controller() -> CpuController | None:
+    """The cpu controller where a cgroup of ours can limit CPU bandwidth, None where there is none."""
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        mounts = [line.split()[1:4] for line in f]
+    for point, kind, options in mounts:
+        root = Path(point.replace("\\040", " "))
+        if kind == "cgroup" and "cpu" in options.split(",") and (root / "cpu.cfs_quota_us").exists():
+            return CpuController(root, 1)
+        if kind == "cgroup2":
+            with contextlib.suppress(OSError):
+                if "cpu" in (root / "cgroup.subtree_control").read_text().split():  # a child of the root gets cpu.max
+                    return CpuController(root, 2)
+    return None
+
+
+def _move(pid: int, group: Path) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+        (group / "cgroup.procs").write_text(str(pid))  # one write per pid: the file takes one at a time
+
+
+def _tagged_cgroups() -> list[Path]:
+    controller = cpu_controller()
+    if controller is None:
+        return []
+    return sorted(controller.root.glob(WORKDIR_PREFIX + "*"))
+
+
+def _remove_cgroup(group: Path, home: Path, timeout: float = 5.0) -> None:
+    """Move what runs in `group` to `home` and remove `group` (a process forking meanwhile is caught too)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                _move(int(pid), home)
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise ClusterError(f"cannot remove the cgroup {group}: {e}") from e
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Machine-wide state: lock, owners, leftovers
 
 
@@ -431,6 +515,7 @@ def leftovers(cluster_id: str | None = None) -> list[str]:
     found += [f"work dir {w}" for w in _workdirs() if workdir in (None, str(w))]
     found += [f"mount {m}" for m in _mounts_under(f"{workdir}/" if workdir else str(RUN_ROOT / WORKDIR_PREFIX))]
     found += [f"{HOSTS} line {line!r}" for line in _hosts_lines(f"# {TAG} {cluster_id or ''}")]
+    found += [f"cgroup {g}" for g in _tagged_cgroups() if workdir is None or g.name.startswith(Path(workdir).name + "-")]
     with contextlib.suppress(FileNotFoundError):
         if f"# {TAG} {cluster_id or ''}" in DROP_IN.read_text():
             found.append(f"ssh drop-in {DROP_IN}")
@@ -469,6 +554,8 @@ def purge() -> None:
     waiting `up` sees the cluster as busy until the machine is clean).  Only call it when no live cluster
     should survive: `Cluster.up` does so under the machine lock after checking owners."""
     _kill_until_gone(_tagged_processes)
+    for group in _tagged_cgroups():  # a throttled node's, left by an owner killed inside `cpu_limited`
+        _remove_cgroup(group, group.parent)
     ip = tool("ip")
     batch = [f"link del {link}" for link in _tagged_links() if link != BRIDGE]  # synchronous, unlike netns del
     batch += [f"netns del {netns}" for netns in _tagged_netns()]
@@ -928,6 +1015,37 @@ Host {hosts}
             [[ip, "neigh", "flush", "dev", BRIDGE]]
             + [[ip, "-n", n.netns, "neigh", "flush", "dev", IFACE] for n in self.nodes]
         )
+
+    @contextlib.contextmanager
+    def cpu_limited(self, node: NodeRef, share: float) -> Iterator[Path]:
+        """A throttled node: every process on it (its sshd, so every session and job started on it from now on)
+        in a cgroup of its own allowed ``share`` of one core per 100 ms CFS period, all together (cgroup v2's
+        ``cpu.max``, or v1's ``cpu.cfs_quota_us``, whichever holds the cpu controller: `cpu_controller`).  On
+        leaving, whatever runs in it goes back to the sshd's own cgroup and the cgroup is removed, also when the
+        body raised; a cgroup left by a killed owner goes with the next `purge`.  Yields the cgroup's path."""
+        controller = cpu_controller()
+        if controller is None:
+            raise ClusterError("no cpu controller where a cgroup can limit CPU bandwidth (cgroup v2 with cpu in the "
+                               "root's cgroup.subtree_control, or v1's cpu hierarchy)")
+        node = self.node(node)
+        sshd = self.sshd_pid(node)
+        home = controller.group_of(sshd) if sshd is not None else None
+        if home is None:
+            raise ClusterError(f"{node.name} runs no sshd to put under a CPU limit")
+        group = controller.root / f"{self._wd.name}-{node.name}"
+        group.mkdir()
+        try:
+            controller.limit(group, share)
+            deadline = time.monotonic() + 5
+            # until every process of the node is in: one that forked as its parent moved is caught by the next pass
+            while outside := [p for p in self.pids(node) if controller.group_of(p) not in (group, None)]:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"processes on {node.name} stay outside {group}: {outside}")
+                for pid in outside:
+                    _move(pid, group)
+            yield group
+        finally:
+            _remove_cgroup(group, home)
 
     def ensure_healthy(self, *, kill_strays: bool = True) -> None:
         """Bring the cluster (back) to a fresh state: up, links healed, every sshd running, and (unless

@@ -67,3 +67,17 @@ def started(proc, ranks, timeout=60.0):
         assert time.monotonic() < deadline, "the ranks never started"
         time.sleep(0.05)
     return lines
+
+
+def read_lines(stream, into: list[str]) -> None:
+    """Append the stream's lines to ``into`` from a thread, as they come."""
+    threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True).start()
+
+
+def wait_for(lines: list[str], test, what: str, timeout: float) -> float:
+    """Wait until a line passes ``test``; return when it was seen (``time.monotonic()``), fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not any(test(line) for line in list(lines)):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {''.join(lines)[-3000:]}"
+        time.sleep(0.05)
+    return time.monotonic()

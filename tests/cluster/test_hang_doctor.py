@@ -7,13 +7,16 @@ a rank that fails on one node brings every node's stacks into its failure report
 
 from __future__ import annotations
 
+import json
 import signal
-import threading
 import time
 
 import pytest
 
+from tests.cluster.jobs import read_lines, wait_for
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
+from tests.test_telemetry_ranks import SKIPS_ONE
+from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
 
 SCRIPT = """
 import os, time
@@ -32,17 +35,6 @@ else:
 """
 
 
-def _lines(stream, into: list[str]) -> None:
-    threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True).start()
-
-
-def _wait(lines: list[str], test, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(test(line) for line in list(lines)):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {''.join(lines)[-3000:]}"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F811
@@ -51,12 +43,12 @@ def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F
     proc = job.start(backend, "--log_dir", str(job.tmp / "logs"), script_path=script, env={"SLOW_RANK": "3"})
     out: list[str] = []
     err: list[str] = []
-    _lines(proc.stdout, out)
-    _lines(proc.stderr, err)
-    _wait(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
+    read_lines(proc.stdout, out)
+    read_lines(proc.stderr, err)
+    wait_for(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
     started = time.monotonic()
     proc.send_signal(signal.SIGQUIT)
-    _wait(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
+    wait_for(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
     node1 = job.cluster.nodes[1].name
     assert f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch\n" in err
     assert "xrun:   ranks 0-2, 4-5: job.py:6 all_reduce\n" in err
@@ -85,4 +77,39 @@ def test_a_failure_brings_the_other_nodes_stacks_into_their_reports(job, backend
     at = lines.index("xrun: stacks of 5 rank(s) taken before the stop, outliers first:")  # the head's, merged
     assert lines[at + 1 : at + 3] == [f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch",
                                       "xrun:   ranks 0-2, 4: job.py:6 all_reduce"]
+    job.assert_clean()
+
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hang_reads_every_nodes_collectives(job, backend, python):  # noqa: F811
+    """Issue 31 across hosts: 6 gloo ranks on 3 nodes, rank 3 (node2) never enters the 6th all-reduce. At the
+    hang each node's agent reads its ranks' Flight Recorders and stacks through their sockets and keeps them in
+    a file of its own (the summaries go to the head, whose view is the head's part): every rank's last
+    collective and where rank 3 is. (``--python``: the nodes run this tree's agent.)"""
+    pytest.importorskip("torch")
+    script = job.tmp / "job.py"
+    script.write_text(SKIPS_ONE)
+    logs = job.tmp / "logs"
+    # GLOO_*/TORCH_* travel by prefix, LATE_RANK with --export
+    env = {"GLOO_SOCKET_IFNAME": "xceth0", "TORCH_CPP_LOG_LEVEL": "ERROR", "LATE_RANK": "3"}
+    code, out, err = job.run(backend, "--python", python, "--master_port", "0", "--hang_timeout", "10",
+                             "--hang_action", "stop", "--log_dir", str(logs), env=env, script_path=script,
+                             timeout=180)
+    assert code == 124, err
+    assert "WorkerServer" not in out + err
+    last, hosts = {}, set()
+    for path in logs.glob("xrun-collectives-*.json"):
+        full = json.loads(path.read_text())
+        hosts.add(full["host"])
+        for rank, answers in full["ranks"].items():
+            record = rank_collectives(full["host"], int(rank), answers["flight_recorder"],
+                                      where=where_from_traceback(answers["traceback"]))
+            last[int(rank)] = (record.groups[0].recent[-1].seq, record.where)
+    assert hosts == {node.name for node in job.cluster.nodes}
+    assert sorted(last) == list(range(6)), last
+    assert last[3] == (5, "job.py:7 evaluate")
+    assert all(last[r] == (6, "job.py:19 <module>") for r in (0, 1, 2, 4, 5)), last
     job.assert_clean()

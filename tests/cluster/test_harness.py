@@ -169,6 +169,30 @@ def test_cut_isolates_a_node_and_heal_restores_it(cluster):
     assert cluster.ssh(node2, ["hostname"]).stdout == "node2\n"
 
 
+BURN = "import time\nt, w = time.process_time(), time.monotonic()\nwhile time.process_time() - t < 0.2: pass\nprint(time.monotonic() - w)"
+
+
+def test_cpu_limited_throttles_what_runs_on_the_node_and_leaves_no_cgroup(cluster):
+    conftest.require_cpu_limit()
+    controller = harness.cpu_controller()
+    sshd = cluster.sshd_pid("node3")
+    home = controller.group_of(sshd)
+    marker = _marker()
+    with cluster.cpu_limited("node3", 0.1) as group:
+        assert controller.group_of(sshd) == group
+        assert cluster.ssh("node3", f"{marker} nohup sleep 300 >/dev/null 2>&1 &").returncode == 0
+        throttled = float(cluster.ssh("node3", [cluster.python, "-c", BURN]).stdout)  # 0.2 s of CPU at 10%
+        free = float(cluster.ssh("node1", [cluster.python, "-c", BURN]).stdout)
+        (sleeper,) = cluster.processes_with_marker(marker)
+        assert controller.group_of(sleeper) == group
+    assert throttled > 1.2 and throttled > 2 * free, (throttled, free)
+    assert not group.exists() and controller.group_of(sshd) == home and controller.group_of(sleeper) == home
+    assert not [item for item in harness.leftovers(cluster.id) if item.startswith("cgroup")]
+    with pytest.raises(RuntimeError, match="the body failed"), cluster.cpu_limited("node3", 0.1) as group:
+        raise RuntimeError("the body failed")
+    assert not group.exists() and controller.group_of(sshd) == home
+
+
 def test_hostfile(cluster, tmp_path):
     assert cluster.hostfile(tmp_path / "all").read_text() == "node1 slots=2\nnode2 slots=2\nnode3 slots=2\n"
     some = cluster.hostfile(tmp_path / "some", slots=4, nodes=["node3", 1])
@@ -241,6 +265,9 @@ def test_leftovers_of_a_crashed_run_are_cleaned_by_the_next_up(make_cluster):
     owner = (
         f"import json, sys, time; sys.path.insert(0, {str(Path(harness.__file__).parent)!r}); import harness\n"
         "c = harness.Cluster(2).up()\n"
+        "if harness.cpu_controller() is not None:\n"
+        "    limit = c.cpu_limited('node2', 0.5)  # a throttled node's cgroup, never left (kept: not collected)\n"
+        "    limit.__enter__()\n"
         "print(json.dumps(c.to_state()), flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -254,6 +281,7 @@ def test_leftovers_of_a_crashed_run_are_cleaned_by_the_next_up(make_cluster):
             proc.wait()
             left = harness.leftovers(state["id"])
     assert "netns xrc-node1" in left and any(item.startswith("process") for item in left)
+    assert any(item.startswith("cgroup") for item in left) == (harness.cpu_controller() is not None), left
 
     c = make_cluster(3)
 

@@ -1,5 +1,6 @@
-"""The shapes of the messages a peer sends before it has proven itself (auth, challenge, hello), and of the one
-an admitted node sends in bulk: its console's line records (``lines``).
+"""The shapes of the messages a peer sends before it has proven itself (auth, challenge, hello), and of those an
+admitted node sends in bulk: its console's line records (``lines``) and the outer shapes of its larger reports
+(collectives, entry times), whose items their own ``from_json`` checks.
 
 A stranger's message is checked field by field (type, length, range) before any of its values is used, so
 the checks that follow (a proof comparison, a node-rank lookup, a line on the console) see only sane values:
@@ -105,7 +106,8 @@ HELLO_FIELDS: Mapping[str, Field] = {
 LINE_RECORDS = 1 << 16  # records in one message (the sender splits at it)
 LINES_TEXT = 4 << 20  # characters of text in one message, that many records together (the sender splits at it)
 RECORD_TEXT = 8 << 20  # characters of one record's text (a node's record is at most two of its reads)
-RECORD_RANKS = 1 << 10  # ranks one record names: a node's own, at most MAX_SLOTS_PER_HOST (xrun.strict_numbers)
+MAX_LOCAL_RANKS = 1 << 10  # a node's own ranks: at most MAX_SLOTS_PER_HOST (xrun.strict_numbers)
+RECORD_RANKS = MAX_LOCAL_RANKS  # ranks one record names: a node's own
 MAX_RANK = 1 << 17  # MAX_RANKS (xrun.strict_numbers)
 
 LINES_FIELDS: Mapping[str, Field] = {
@@ -129,3 +131,12 @@ def record_problem(record: Any) -> str | None:
     if not isinstance(text, str) or len(text) > RECORD_TEXT:
         return f"expected text of at most {RECORD_TEXT} characters"
     return None
+
+
+# what an admitted agent reports of its ranks (issue 31): one item per local rank
+COLLECTIVES_FIELDS: Mapping[str, Field] = {
+    "ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS),
+    "file": Field(FieldKind.TEXT, 4096, required=False),  # where the full records are on the node (a path)
+}
+ENTRY_TIMES_FIELDS: Mapping[str, Field] = {"ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS)}
+PONG_FIELDS: Mapping[str, Field] = {"clock_ns": Field(FieldKind.INT, (1 << 63) - 1, required=False)}

@@ -31,6 +31,15 @@ Agent -> runner                                   Runner -> agent
   probe_ready(address, port, interface, ...)        probe_open(toward)    --precheck, at the barrier: open the
                                                                           node's probe server (issue 24)
   probed(id, ok, latency_ms, throughput_mbs, error) probe(id, probe, mode, seconds, timeout)   probe a peer
+  collectives(id, ranks[, file])   just before the
+    stacks of the same id: each rank's collective
+    record (issue 31)
+  entry_times(ranks)   every 10 s while the ranks
+    run: when they entered some collectives
+  pong(clock_ns)   the agent's wall clock when the
+    ping came: the head's measure of its offset
+  (the records' format, bounds and readers:
+   xrun.launch.telemetry.records)
 
 Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel as 64 lowercase hex digits. Head
 mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).
@@ -85,6 +94,8 @@ class Kind(str, enum.Enum):
     PROBE_READY = "probe_ready"  # the answer: address, port and interface toward the master
     PROBE = "probe"  # --precheck: probe a peer's server (id, probe ADDR:PORT, mode, seconds, timeout)
     PROBED = "probed"  # the answer: id and the measurement (ok, latency_ms, throughput_mbs, error)
+    COLLECTIVES = "collectives"  # beside stacks, the same id: each rank's collective record and the node's file
+    ENTRY_TIMES = "entry_times"  # the straggler sample: when each rank entered some collectives (issue 31)
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

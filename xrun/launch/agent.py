@@ -31,6 +31,7 @@ from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.spec import NodeSpec
+from xrun.launch.telemetry.endpoints import Endpoints
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
@@ -90,11 +91,13 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
-    doctor = NodeDoctor(spec.host, spec.options)
+    endpoints = _endpoints(spec)
+    doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints, world_size=spec.world_size)
     try:
-        with removed_if_the_agent_dies(error_files.directory):  # a kill -9 of this agent leaves no directory
+        # a kill -9 of this agent leaves no directory
+        with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])):
             group = RankGroup(
-                rank_processes(spec, os.environ, error_files),
+                rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),
                 on_rank_exit=hooks.on_rank_exit if hooks else None,
                 preload=preload,
@@ -102,10 +105,31 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             doctor.attach(group)
             if hooks:
                 hooks.attach(group, doctor)
+            else:
+                # Lazy: only a node that is the whole job compares its ranks' stacks and collectives itself
+                # (collectiveview, stragglers: ~12 ms of a connected agent's start, python -X importtime).
+                from xrun.launch.doctor.local_view import LocalView
+
+                LocalView(doctor)
             return group.run()
     finally:
         doctor.close()
         error_files.close()
+        if endpoints is not None:
+            endpoints.close()
+
+
+def _endpoints(spec: NodeSpec) -> Endpoints | None:
+    """The ranks' sockets for their collective records (xrun.launch.telemetry), unless ``--no_telemetry``; a node
+    where no socket directory can be made runs without them, and says so."""
+    if not spec.options.telemetry:
+        return None
+    try:
+        return Endpoints()
+    except OSError as err:
+        notice(spec.host, f"no collective records from this node's ranks: cannot make their socket directory "
+                          f"({err.strerror or err}; set TMPDIR to a writable directory)")
+        return None
 
 
 # -- the preload helper's life (docs/preload.md) ------------------------------------------------------------------

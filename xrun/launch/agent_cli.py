@@ -108,6 +108,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         f"(exit code {HANG_EXIT}); restart stops it as a failure that --max_restarts restarts")
     add(*spellings("--no_failure_stacks"), action="store_true",
         help="when a rank fails, do not put the other ranks' stacks in the failure report")
+    add(*spellings("--no_telemetry"), action="store_true",
+        help="do not serve the ranks' collective records (torch's Flight Recorder, on a Unix socket per rank) that "
+        "name the collective a hang waits in and the rank that holds a job back")
     add(*spellings("--network_interface"), metavar="NAME|auto|none",
         help="the interface for GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of every rank: auto (default: on a job "
         "of several nodes, each node's interface on the route to the master address), NAME (every node; also "
@@ -233,6 +236,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         hang_action=HangAction(ns.hang_action or HangAction.DUMP.value),
         failure_stacks=not ns.no_failure_stacks,
         network_interface=check_mode("--network_interface", ns.network_interface or AUTO),
+        telemetry=not ns.no_telemetry,
     )
 
 

@@ -98,6 +98,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
         argv += [f"--hang_timeout={options.hang_timeout!r}", f"--hang_action={options.hang_action.value}"]
     argv += ["--no_failure_stacks"] if not options.failure_stacks else []
     argv += [f"--network_interface={options.network_interface}"] if options.network_interface != "auto" else []
+    argv += ["--no_telemetry"] if not options.telemetry else []
     argv += [f"--preload={','.join(options.preload)}"] if options.preload else []
     argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args

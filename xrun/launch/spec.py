@@ -66,6 +66,7 @@ class AgentOptions:
     hang_action: HangAction = HangAction.DUMP
     failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
+    telemetry: bool = True  # every rank's collective records on a Unix socket (issue 31); --no_telemetry: off
     preload: tuple[str, ...] = ()  # --preload: modules one helper imports; the ranks are forked from it (issue 32)
 
     def __post_init__(self) -> None:
@@ -136,6 +137,12 @@ class NodeSpec:
     run_id: str = "xrun"
     elastic: ElasticOptions | None = None  # None: xrun supervises the ranks itself (static job)
     version: int = SPEC_VERSION
+
+    @property
+    def world_size(self) -> int:
+        """Every node's ranks together, as the ranks are told (``WORLD_SIZE``; this node's alone without it)."""
+        told = self.ranks[0].env.get("WORLD_SIZE", "") if self.ranks else ""
+        return int(told) if told.isdigit() else len(self.ranks)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -208,7 +215,8 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
          if options.hang_timeout is not None else {}) | (
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
-    ) | ({"preload": list(options.preload)} if options.preload else {})
+    ) | ({} if options.telemetry else {"telemetry": False}) | (
+        {"preload": list(options.preload)} if options.preload else {})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

@@ -7,38 +7,73 @@
   path): after ``--hang_timeout`` seconds without output from any of the node's ranks -> ``link.quiet``, and
   the first output after that -> ``link.spoke``;
 * at the first failure, before the others are stopped: their stacks within ``FAILURE_BUDGET`` seconds go into
-  the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off).
+  the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off);
+* with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
+  py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and a
+  link that scores stragglers (the head's: ``on_samples``) gets every ``SAMPLE_EVERY`` seconds the ranks'
+  entry times.
 
-The link decides what a request means. Alone (``LocalView``: the local backend, a stand-alone agent) this node
-is the whole job: the doctor takes the stacks, prints the merged view (xrun.launch.result.stackview) and writes the
-full dumps to a file; a silence is the job's hang, and ``--hang_action stop`` stops it (exit code
-``HANG_EXIT``). Under a head the link is the control channel (xrun.launch.session.driver.Driver): a SIGQUIT asks
-the head for a job-wide dump, silence and speech are reported to the head, which alone sees every node, and
-``dump`` answers the head's request. Where no stack can be taken (py-spy missing, no ptrace permission), one
-line says why and what to grant; the ranks never notice.
+The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local backend, a stand-alone
+agent) this node is the whole job: the doctor takes the stacks, prints the merged view
+(xrun.launch.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
+``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
+(xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
+to the head, which alone sees every node, and ``dump`` answers the head's request. Where no stack can be taken
+(py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
 from xrun.launch.output.streams import notice
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import full_text, merge, render
-from xrun.launch.spec import AgentOptions, HangAction
+from xrun.launch.spec import AgentOptions
+from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
-    from xrun.launch.doctor.stackdump import StackDumps
+    from xrun.launch.doctor.background import InBackground
     from xrun.launch.ranks.supervise import RankGroup
+    from xrun.launch.result.stacks import DumpTarget
+    from xrun.launch.telemetry.endpoints import Endpoints
+    from xrun.launch.telemetry.records import EntryTimes
 
-DumpDone = Callable[["list[RankStack]", "str | None"], None]  # the stacks, and why there are none (or None)
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
+# the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 16 scored collectives were late
+# (xrun.launch.result.stragglers), 4 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-50 s
+# at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
+SAMPLE_EVERY = 10.0
+SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
+
+
+def until_the_next_sample(wall_now: float) -> float:
+    """Seconds to the next multiple of ``SAMPLE_EVERY`` on the wall clock (at least half a period away): every
+    node samples at about the same moment, so their ranks' Flight Recorders hold the same collectives even when a
+    job enters more in a period than a buffer keeps (an FSDP job's hundreds a second)."""
+    wait = SAMPLE_EVERY - wall_now % SAMPLE_EVERY
+    return wait if wait >= SAMPLE_EVERY / 2 else wait + SAMPLE_EVERY
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a dump found: the ranks' stacks, or why there are none; their collective records (None: telemetry
+    is off)."""
+
+    stacks: Sequence[RankStack]
+    problem: str | None
+    reading: Reading | None = None
+
+
+DumpDone = Callable[[Diagnosis], None]
 
 
 class DoctorLink(Protocol):
@@ -85,28 +120,36 @@ class QuietWatch:
 
 
 class NodeDoctor:
-    def __init__(self, host: str, options: AgentOptions, *, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, host: str, options: AgentOptions, *, environ: Mapping[str, str] = os.environ,
+                 endpoints: Endpoints | None = None, world_size: int = 1) -> None:
         self.host = host
         self.options = options
         self._environ = environ
         self._pyspy = pyspy_path(environ)
-        self._dumps: StackDumps | None = None  # py-spy's runner: made at the first dump
+        self._reads = RankReads(host, endpoints, world_size) if endpoints is not None else None
+        self._worker: InBackground | None = None  # dumps and samples: made at the first
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
-        self.link: DoctorLink = LocalView(self)
+        self._next_sample = 0.0
+        self.on_samples: Callable[[list[EntryTimes]], None] | None = None  # a link that scores stragglers
+        # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
+        self.link: DoctorLink | None = None
 
     def attach(self, group: RankGroup) -> None:
         self._group = group
-        group.plugins.signals[signal.SIGQUIT] = lambda: self.link.stacks_wanted("SIGQUIT")
+        group.plugins.signals[signal.SIGQUIT] = lambda: self._link().stacks_wanted("SIGQUIT")
         if self.options.hang_timeout is not None:
             self._watch = QuietWatch(self.options.hang_timeout, time.monotonic())
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
         if self.options.failure_stacks:
             group.plugins.before_failure_stop = self.take_stop_stacks
+        if self._reads is not None:
+            self._next_sample = time.monotonic() + until_the_next_sample(time.time())
+            group.plugins.timers.add(lambda: self._next_sample if self.on_samples is not None else None, self._sample)
 
     def close(self) -> None:
-        if self._dumps is not None:
-            self._dumps.close()
+        if self._worker is not None:
+            self._worker.close()
 
     @property
     def group(self) -> RankGroup:
@@ -114,45 +157,88 @@ class NodeDoctor:
         return self._group
 
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
-        """Take every live rank's stack in the background; ``on_done(stacks, problem)`` runs in the loop."""
-        problem = stack_problem(self.host, self._environ)
-        if self._pyspy is None or problem is not None:
-            on_done([], problem)
-            return
-        dumps = self._stack_dumps(self._pyspy)
-        if not dumps.start(self.group.live_targets(), budget, lambda stacks: on_done(stacks, None)):
+        """Take every live rank's stack (and collective records) in the background; ``on_done`` runs in the loop."""
+        targets = self.group.live_targets()
+        if not self._background().start(lambda: self._diagnose(targets, budget), on_done):
             notice(self.host, "a stack dump is already running; this request is dropped")
 
-    def _stack_dumps(self, pyspy: str) -> StackDumps:
-        """The background dumper, made and watched by the loop at the first dump."""
-        if self._dumps is None:
-            from xrun.launch.doctor.stackdump import StackDumps  # lazy: see dump_ranks below
+    def _background(self) -> InBackground:
+        """The background worker, made and watched by the loop at the first dump or sample."""
+        if self._worker is None:
+            from xrun.launch.doctor.background import InBackground  # lazy: a run that never dumps makes no thread
 
-            self._dumps = StackDumps(self.host, pyspy)
-            self.group.add_reader(self._dumps, self._dumps.ready)
-        return self._dumps
+            self._worker = InBackground("xrun-doctor")
+            self.group.add_reader(self._worker, self._worker.ready)
+        return self._worker
+
+    def _diagnose(self, targets: Sequence[DumpTarget], budget: float) -> Diagnosis:
+        """The stacks with py-spy and, while its processes work, the collective records (blocking)."""
+        reading: Reading | None = None
+
+        def read() -> None:
+            nonlocal reading
+            if self._reads is not None and targets:
+                reading = self._read([t.rank for t in targets], budget)
+
+        problem = stack_problem(self.host, self._environ)
+        if self._pyspy is None or problem is not None:
+            read()
+            return Diagnosis([], problem, reading)
+        # Lazy: py-spy's runner (threads, subprocess parsing) is some 7 ms of the agent's imports
+        # (python -X importtime); only a run that takes stacks loads it.
+        from xrun.launch.doctor.stackdump import dump_ranks
+
+        return Diagnosis(dump_ranks(self.host, targets, budget=budget, pyspy=self._pyspy, meanwhile=read), None,
+                         reading)
+
+    def _read(self, ranks: list[int], budget: float) -> Reading:
+        """The ranks' records, their full answers written to a file on this node (and left out of the result)."""
+        assert self._reads is not None
+        reading = self._reads.reading(ranks, budget)
+        if not reading.full:
+            return reading
+        text = json.dumps({"host": self.host, "ranks": {str(r): v for r, v in sorted(reading.full.items())}})
+        try:
+            return replace(reading, full={}, file=write_dump_file(self.options.log_dir, text, kind="collectives",
+                                                                  suffix=".json"))
+        except OSError as err:
+            notice(self.host, f"the ranks' full collective records not written: {err.strerror or err}")
+            return replace(reading, full={})
+
+    def _sample(self) -> None:
+        """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""
+        self._next_sample = time.monotonic() + until_the_next_sample(time.time())
+        reads = self._reads
+        if reads is None or self.group.stopping:
+            return
+        ranks = [t.rank for t in self.group.live_targets()]
+        self._background().start(lambda: reads.sample(ranks, SAMPLE_BUDGET), self._sampled)
+
+    def _sampled(self, samples: list[EntryTimes]) -> None:
+        if samples and self.on_samples is not None and not self.group.stopping:
+            self.on_samples(samples)
 
     def take_stop_stacks(self) -> None:
-        """The live ranks' stacks, now and within FAILURE_BUDGET (blocking: they are about to be stopped), kept
-        for the failure report; once per run."""
+        """The live ranks' stacks (and collective records), now and within FAILURE_BUDGET (blocking: they are about
+        to be stopped), kept for the failure report; once per run."""
         group = self.group
         if not self.options.failure_stacks or group.stacks or group.stopping:
             return
         targets = group.live_targets()
         if not targets:
             return
-        if self._pyspy is None:  # the report's view says why, in one line (every rank shares the reason)
-            why = stack_problem(self.host, self._environ) or "py-spy is missing"
+        found = self._diagnose(targets, FAILURE_BUDGET)
+        group.collectives = found.reading
+        if found.problem is not None or self._pyspy is None:  # the report's view says why, in one line
+            why = found.problem or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
-
-        # Lazy: py-spy's runner (threads, subprocess parsing) is some 7 ms of the agent's imports
-        # (python -X importtime); only a run that takes stacks loads it.
-        from xrun.launch.doctor.stackdump import dump_ranks
-
-        stacks = dump_ranks(self.host, targets, budget=FAILURE_BUDGET, pyspy=self._pyspy)
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
-        group.stacks = tuple(s for s in stacks if s.error != EXITED)
+        group.stacks = tuple(s for s in found.stacks if s.error != EXITED)
+
+    def _link(self) -> DoctorLink:
+        assert self.link is not None, "a doctor's link is set before its group runs (xrun.launch.agent)"
+        return self.link
 
     def _check_quiet(self) -> None:
         assert self._watch is not None
@@ -163,39 +249,9 @@ class NodeDoctor:
         if self.group.stopping:
             return
         if change is Silence.QUIET:
-            self.link.quiet(now - self._watch.last_output)
+            self._link().quiet(now - self._watch.last_output)
         elif change is Silence.SPOKE:
-            self.link.spoke()
-
-
-class LocalView:
-    """The link of a node that is the whole job: it shows the view itself and acts on a hang."""
-
-    def __init__(self, doctor: NodeDoctor) -> None:
-        self._doctor = doctor
-
-    def stacks_wanted(self, reason: str) -> None:
-        self._doctor.dump(lambda stacks, problem: self._show(stacks, problem, reason))
-
-    def quiet(self, silent_for: float) -> None:
-        options = self._doctor.options
-        reason = f"no rank wrote output for {silent_for:.0f} s (--hang_timeout {options.hang_timeout:g})"
-        self._doctor.dump(lambda stacks, problem: self._hung(stacks, problem, reason))
-
-    def spoke(self) -> None:
-        notice(self._doctor.host, "output again after the silence; the hang watch is re-armed")
-
-    def _hung(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
-        self._show(stacks, problem, reason)
-        action = self._doctor.options.hang_action
-        if action is not HangAction.DUMP:  # stop, or restart (the local backend's attempts decide)
-            self._doctor.group.stacks = tuple(stacks)
-            self._doctor.group.stop_hung(f"{reason}; --hang_action {action.value}")
-
-    def _show(self, stacks: list[RankStack], problem: str | None, reason: str) -> None:
-        host = self._doctor.host
-        for line in show_stacks(stacks, problem, reason, log_dir=self._doctor.options.log_dir):
-            notice(host, line)
+            self._link().spoke()
 
 
 def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:
@@ -206,7 +262,7 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
     if not stacks:
         return [f"{reason}: no rank is running, no stacks to take"]
     try:
-        path = write_stacks_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
+        path = write_dump_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
         where = f"full dumps in {path}"
     except OSError as err:
         where = f"full dumps not written: {err.strerror or err}"
@@ -214,18 +270,21 @@ def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *
     return lines + [f"  {line}" for line in render(merge(stacks))]
 
 
-def write_stacks_file(log_dir: str | None, text: str) -> str:
-    """``{log_dir or cwd}/xrun-stacks-YYYYmmdd-HHMMSS-<random>.txt``, mode 0600; returns its absolute path.
+def write_dump_file(log_dir: str | None, text: str, *, kind: str = "stacks", suffix: str = ".txt") -> str:
+    """``{log_dir or the temporary directory}/xrun-{kind}-YYYYmmdd-HHMMSS-<random>{suffix}``, mode 0600; returns its
+    absolute path (the lines that announce it name it).
 
-    Stacks show what the ranks hold (arguments, paths): the file is readable by its owner only, and made with
-    ``mkstemp`` (O_CREAT|O_EXCL|O_NOFOLLOW, a name nobody can guess ahead), so a link another user put in a
-    shared directory is never followed (issue 22 §6)."""
-    directory = os.path.abspath(log_dir if log_dir is not None else os.getcwd())
-    os.makedirs(directory, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    Never the working directory: a job without ``--log_dir`` is not asked to leave files where it was started.
+    Stacks and collective records show what the ranks hold (arguments, paths, tensor shapes): the file is
+    readable by its owner only, and made with ``mkstemp`` (O_CREAT|O_EXCL|O_NOFOLLOW, a name nobody can guess
+    ahead), so a link another user put in a shared directory such as ``/tmp`` is never followed (issue 22 §6)."""
     import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
 
-    fd, path = tempfile.mkstemp(prefix=f"xrun-stacks-{stamp}-", suffix=".txt", dir=directory)
+    directory = os.path.abspath(log_dir if log_dir is not None else tempfile.gettempdir())
+    os.makedirs(directory, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+
+    fd, path = tempfile.mkstemp(prefix=f"xrun-{kind}-{stamp}-", suffix=suffix, dir=directory)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     return path

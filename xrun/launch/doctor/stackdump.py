@@ -8,10 +8,10 @@ stack halfway through a change and print frames that never existed together; for
 better trade. ``--native`` is not used: it unwinds C stacks with ptrace and stops the process far longer.
 
 ``stack_problem`` says in one line why no stack can be taken on this node at all (py-spy missing) and
-``explain`` turns py-spy's own refusal (ptrace not permitted in a container) into what to grant.
-``StackDumps`` runs ``dump_ranks`` on a thread and hands the result to an event loop through a pipe, so rank
-output keeps flowing while py-spy works. The stacks as data are xrun.launch.result.stacks', their merged
-view xrun.launch.result.stackview's.
+``explain`` turns py-spy's own refusal (ptrace not permitted in a container) into what to grant. The hang
+doctor runs ``dump_ranks`` on a thread (xrun.launch.doctor.background), so rank output keeps flowing while
+py-spy works, and reads the ranks' collective records while py-spy's processes run (``meanwhile``). The stacks
+as data are xrun.launch.result.stacks', their merged view xrun.launch.result.stackview's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -48,10 +47,14 @@ def explain(stderr: str) -> str:
     return f"py-spy: {text[:200]}" if text else "py-spy printed nothing"
 
 
-def dump_ranks(host: str, targets: Sequence[DumpTarget], *, budget: float, pyspy: str) -> list[RankStack]:
-    """Every target's stack, taken concurrently against one deadline ``budget`` seconds from now."""
+def dump_ranks(host: str, targets: Sequence[DumpTarget], *, budget: float, pyspy: str,
+               meanwhile: Callable[[], object] | None = None) -> list[RankStack]:
+    """Every target's stack, taken concurrently against one deadline ``budget`` seconds from now; ``meanwhile``
+    runs while py-spy's processes work."""
     deadline = time.monotonic() + budget
     started = [(t, _start(pyspy, t.pid)) for t in targets]
+    if meanwhile is not None:
+        meanwhile()
     return [_collect(host, target, proc, deadline) for target, proc in started]
 
 
@@ -120,63 +123,3 @@ def _the_ranks_own(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     if not ours or ours[0] != 1 or ours != list(range(1, ours[-1] + 1)):
         return frames
     return frames[ours[-1] + 1 :]
-
-
-class StackDumps:
-    """``dump_ranks`` on a thread, its result handed to an event loop: register ``fileno`` as a reader and call
-    ``ready`` when it is readable. One dump at a time; ``busy`` says whether one is running."""
-
-    def __init__(self, host: str, pyspy: str) -> None:
-        self._host = host
-        self._pyspy = pyspy
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._result: list[RankStack] | None = None
-        self._on_done: Callable[[list[RankStack]], None] | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-        self.busy = False
-
-    def fileno(self) -> int:
-        return self._wake_r
-
-    def start(self, targets: Sequence[DumpTarget], budget: float, on_done: Callable[[list[RankStack]], None]) -> bool:
-        """Begin a dump; ``on_done(stacks)`` is called from ``ready``. False when one is already running."""
-        if self.busy:
-            return False
-        self.busy, self._on_done, self._result = True, on_done, None
-        thread = threading.Thread(target=self._run, args=(list(targets), budget), name="xrun-stacks", daemon=True)
-        thread.start()
-        return True
-
-    def ready(self) -> None:
-        try:
-            os.read(self._wake_r, 64)
-        except OSError:
-            pass
-        if self._result is None or self._on_done is None:
-            return
-        result, on_done = self._result, self._on_done
-        self.busy, self._on_done, self._result = False, None, None
-        on_done(result)
-
-    def close(self) -> None:
-        """Release the pipe; a dump still running releases it when it ends (its fd numbers must not be reused
-        under it)."""
-        with self._lock:
-            self._closed = True
-            if not self.busy:
-                self._close_pipe()
-
-    def _close_pipe(self) -> None:
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-
-    def _run(self, targets: list[DumpTarget], budget: float) -> None:
-        result = dump_ranks(self._host, targets, budget=budget, pyspy=self._pyspy)
-        with self._lock:
-            if self._closed:  # the loop is gone: nobody will read the result
-                self._close_pipe()
-                return
-            self._result = result
-            os.write(self._wake_w, b"!")

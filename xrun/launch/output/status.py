@@ -1,4 +1,5 @@
-"""What xrun itself shows while the nodes join: a rich status line on a terminal, plain log lines otherwise.
+"""What xrun itself shows while the nodes join: a rich status line on a terminal, plain log lines otherwise; and
+while the job trains, the ranks named stragglers (issue 31), said again every ``STRAGGLERS_EVERY`` s while any is.
 
 The head's control server (``xrun.runner.job.control_server``) shows the job state machine's ``Show*`` actions
 through one of these, and in pod mode every node's agent shows node 0's barrier status the same way
@@ -15,6 +16,9 @@ from typing import Any
 
 from xrun.printable import one_line
 
+# the ranks' output owns the console once they start, so the stragglers' word is a line, repeated while it holds
+STRAGGLERS_EVERY = 300.0
+
 
 def say(text: str) -> None:
     sys.stderr.write(f"xrun: {one_line(text)}\n")
@@ -27,6 +31,8 @@ class PlainStatus:
     def __init__(self, total: int) -> None:
         self.total = total
         self.last_wait_line = 0.0
+        self.stragglers_now: str | None = None  # "straggler: rank 5 (node3) +210 ms", while any is named
+        self._stragglers_said = 0.0
 
     def joined(self, host: str, ready: int, total: int) -> None:
         pass
@@ -43,6 +49,17 @@ class PlainStatus:
 
     def line(self, text: str) -> None:
         say(text)
+
+    def stragglers(self, word: str | None, now: float) -> None:
+        """The ranks named stragglers now (``StragglerScores.status``), or None, at each sample (``now``:
+        monotonic s). Naming one and its recovery are lines of their own (``line``); in between the word is said
+        again every ``STRAGGLERS_EVERY`` s, so a long job's console shows who holds it back now."""
+        if word is None or self.stragglers_now is None:
+            self._stragglers_said = now  # named just now (its own line said so), or none: nothing to repeat
+        elif now - self._stragglers_said >= STRAGGLERS_EVERY:
+            self._stragglers_said = now
+            say(f"{word} (still)")
+        self.stragglers_now = word
 
     def close(self) -> None:
         pass

@@ -11,7 +11,10 @@ file instead means the agent or the order is gone, and it leaves before running 
 from its environment, a new ``__main__``); what the preloaded modules would have made of the rank's
 own environment (torch's thread count from ``OMP_NUM_THREADS``); fresh random state (``random`` reseeds itself at
 fork; numpy's legacy global generator and torch's default generator are reseeded here, from the OS's entropy, as a
-separate process would be); multiprocessing's per-process key and start directory. Then it runs the program:
+separate process would be); multiprocessing's per-process key and start directory; with telemetry (issue 31), what
+the rank's own ``sitecustomize`` would do at start-up (xrun.launch.telemetry.site): its variables taken off the
+environment first, its Flight Recorder served on its socket last (at once: torch.distributed is loaded when torch
+is; the helper itself never serves). Then it runs the program:
 a script (or a directory or zip archive), ``-m module`` (through runpy, as python does) or ``-c command``, and an
 uncaught exception ends it as it would end python: the traceback without the helper's frames, exit code 1,
 SIGINT's own death after a KeyboardInterrupt, SystemExit's code.
@@ -37,6 +40,7 @@ from typing import Any
 from xrun.launch.preload import kernel
 from xrun.launch.preload.argv import Mode, PythonCommand, has_flag, is_archive_or_dir, parse_python_argv, path0
 from xrun.launch.preload.wire import ForkOrder
+from xrun.launch.telemetry.site import sitecustomize as rank_telemetry
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch: OMP_NUM_THREADS, then MKL_NUM_THREADS wins
 
@@ -90,6 +94,8 @@ def become(order: ForkOrder, fds: tuple[int, ...], startup: Startup, sock: socke
         os._exit(1)
     os.environ.clear()
     os.environ.update(order.env)
+    records_socket = rank_telemetry.take_back_environment()  # as the rank's sitecustomize would (issue 31)
+    env = dict(os.environ)
     os.chdir(order.cwd)
     if order.cpus is not None:
         os.sched_setaffinity(0, order.cpus)
@@ -100,8 +106,10 @@ def become(order: ForkOrder, fds: tuple[int, ...], startup: Startup, sock: socke
             os._exit(1)
     gc.enable()  # the helper kept it off (and froze what it imported: xrun.launch.preload.helper)
     command = parse_python_argv(order.argv)
-    _interpreter(command, order, startup)
-    _fresh_state(order.env, startup)
+    _interpreter(command, order.argv, env, startup)
+    _fresh_state(env, startup)
+    if records_socket:
+        rank_telemetry.serve_once_distributed(records_socket)
     _run(command)
 
 
@@ -142,18 +150,18 @@ def _taken_on(hold: int) -> bool:
     return bool(said)
 
 
-def _interpreter(command: PythonCommand, order: ForkOrder, startup: Startup) -> None:
-    """``sys`` as the interpreter sets it up for ``command``."""
-    sys.orig_argv = list(order.argv)
+def _interpreter(command: PythonCommand, argv: tuple[str, ...], env: Mapping[str, str], startup: Startup) -> None:
+    """``sys`` as the interpreter sets it up for ``command`` in the environment ``env``."""
+    sys.orig_argv = list(argv)
     sys.argv = [{Mode.SCRIPT: command.target, Mode.MODULE: "-m", Mode.COMMAND: "-c"}[command.mode],
                 *command.args]
-    sys.path[:] = [path0(command, os.getcwd()), *_rank_path(order.env, startup)]
+    sys.path[:] = [path0(command, os.getcwd()), *_rank_path(env, startup)]
     sys.path_importer_cache.clear()
     for name in startup.own_modules:
         sys.modules.pop(name, None)
-    _python_stdio(_said(startup, order.env, "u", "PYTHONUNBUFFERED"))
-    sys.dont_write_bytecode = _said(startup, order.env, "B", "PYTHONDONTWRITEBYTECODE")
-    if order.env.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions:
+    _python_stdio(_said(startup, env, "u", "PYTHONUNBUFFERED"))
+    sys.dont_write_bytecode = _said(startup, env, "B", "PYTHONDONTWRITEBYTECODE")
+    if env.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions:
         faulthandler.enable()
     else:
         faulthandler.disable()

@@ -37,14 +37,14 @@ _frozen_after: list[float] = []  # the bound of the innermost watched_for_freeze
 
 
 @contextlib.contextmanager
-def removed_if_the_agent_dies(directory: str) -> Iterator[None]:
-    """Within this block, a watchdog forked after it began removes ``directory`` if the agent dies: a ``kill -9``
-    of the agent leaves nothing behind, its ranks' files included (the agent removes it itself otherwise)."""
-    _directories.add(directory)
+def removed_if_the_agent_dies(*directories: str) -> Iterator[None]:
+    """Within this block, a watchdog forked after it began removes ``directories`` if the agent dies: a ``kill -9``
+    of the agent leaves nothing behind, its ranks' files included (the agent removes them itself otherwise)."""
+    _directories.update(directories)
     try:
         yield
     finally:
-        _directories.discard(directory)
+        _directories.difference_update(directories)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from xrun.launch.ranks.devices import (
 from xrun.launch.result import errorfile
 from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
+from xrun.launch.telemetry.endpoints import Endpoints
 
 if TYPE_CHECKING:
     from xrun.launch.ranks.binding import RankBinding
@@ -186,10 +187,12 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
 
 
 def rank_processes(
-    spec: NodeSpec, base_env: Mapping[str, str], error_files: ErrorFiles | None = None
+    spec: NodeSpec, base_env: Mapping[str, str], error_files: ErrorFiles | None = None,
+    endpoints: Endpoints | None = None,
 ) -> tuple[RankProcess, ...]:
     """Every local rank as a ``RankProcess``: its environment merged, its binding applied and, given
-    ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's)."""
+    ``error_files``, its own ``TORCHELASTIC_ERROR_FILE`` (a shared one would keep only the last writer's); given
+    ``endpoints``, what serves its collective records (xrun.launch.telemetry.endpoints)."""
     node_devices = detect_devices()
     envs = with_network(spec, [rank_environment(base_env, spec, rank, node_devices) for rank in spec.ranks])
     bound = bind_ranks(spec, envs[0] if envs else base_env)
@@ -197,6 +200,8 @@ def rank_processes(
     for rank, env, b in zip(spec.ranks, envs, bound):
         error_file = error_files.path(rank.rank) if error_files is not None else None
         extra = {errorfile.VARIABLE: error_file} if error_file else {}
+        if endpoints is not None:
+            extra.update(endpoints.rank_env(rank.rank, env))
         procs.append(
             RankProcess(
                 rank=rank.rank,

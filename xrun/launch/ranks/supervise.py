@@ -59,6 +59,7 @@ from xrun.launch.result.stacks import DumpTarget
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
+    from xrun.launch.telemetry.reads import Reading
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class RankGroup:
         self.plugins = Plugins()  # what the hang doctor adds (set before run())
         self._hang: str | None = None  # stop_hung's reason
         self.stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks before the stop, for the report
+        self.collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry)
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -321,7 +323,7 @@ class RankGroup:
         outcomes = self._reaper.outcomes()
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
-                           stacks=self.stacks)
+                           stacks=self.stacks, collectives=self.collectives)
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order

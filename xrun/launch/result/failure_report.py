@@ -6,7 +6,9 @@ teardown after its last line (xrun.launch.result.hints). The exception the root 
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
 failure with a known fix (xrun.launch.result.hints) ends the report with it.
 Every rank's figures (xrun.launch.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
-stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them.
+stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them, and what
+their collective records say (xrun.launch.result.collectiveview: the collective they wait in, who never entered
+it, mismatches; ``failure.json``'s ``"collectives"``).
 ``conclude`` is the end of every node agent run, static or elastic: the report and
 ``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
 the whole job: with a head, the head says it for every node); ``{log_dir}/{host}/summary.json`` either way;
@@ -25,6 +27,7 @@ from xrun.launch.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
 from xrun.launch.output.streams import notice
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
+from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
@@ -69,6 +72,9 @@ def format_failure_report(result: NodeResult) -> str:
     if result.stacks:
         lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
         lines.extend(f"    {line}" for line in render(merge(result.stacks)))
+    if result.collectives is not None:
+        lines.extend(f"  {line}" for line in view_lines(find_hang(result.collectives.collectives)))
+        lines.append(f"  {result.collectives.line()}")
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -90,6 +96,11 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
         "hang": result.hang,
         "stacks": [s.to_json() for s in result.stacks],
+        # the ranks' collective records taken before the stop (xrun.launch.telemetry.records; null: not read),
+        # and what they say compared (xrun.launch.result.collectiveview)
+        "collectives": None if result.collectives is None else {
+            "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file,
+            "findings": find_hang(result.collectives.collectives).to_json()},
     }
 
 

@@ -5,7 +5,7 @@ accounted for it when it was reaped, stderr tail, the exception it recorded with
 (xrun.launch.result.errorfile), whether xrun stopped it);
 ``NodeResult`` is the node's ranks in rank order with the root cause, the first rank that failed on its own,
 why the hang watchdog stopped it (``--hang_action stop``: exit code ``HANG_EXIT``) and the other ranks' stacks
-taken before the stop.
+and collective records taken before the stop.
 The static supervisor (xrun.launch.ranks.supervise) and the elastic adapter (xrun.launch.elastic.run) both build their
 result with ``node_result``, so a node's exit code is decided here and nowhere else. ``describe`` (a verb
 phrase, for notices: "exited with code 7") and ``describe_status`` (a noun phrase, for the report's columns:
@@ -23,6 +23,7 @@ from xrun.launch.result.errorfile import RankError
 
 if TYPE_CHECKING:
     from xrun.launch.result.stacks import RankStack
+    from xrun.launch.telemetry.reads import Reading
 
 # --hang_action stop: no rank wrote output for --hang_timeout seconds (timeout(1)'s "timed out" code)
 HANG_EXIT = 124
@@ -67,6 +68,7 @@ class NodeResult:
     exit_code: int
     hang: str | None = None  # --hang_action stop stopped the node: why (the silence), for the report
     stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
+    collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry; None: not read)
 
 
 def node_result(
@@ -77,6 +79,7 @@ def node_result(
     *,
     hang: str | None = None,
     stacks: Sequence[RankStack] = (),
+    collectives: Reading | None = None,
 ) -> NodeResult:
     """The node's result from its outcomes (any order; kept in rank order) with the exit code decided."""
     return NodeResult(
@@ -87,6 +90,7 @@ def node_result(
         exit_code=node_exit_code(outcomes, root_cause, interrupted_by, hang=hang),
         hang=hang,
         stacks=tuple(stacks),
+        collectives=collectives,
     )
 
 

@@ -235,4 +235,4 @@ class Connection:
                 self._post(LinkLost(f"runner silent for {timeout:g} s" if silent else err.reason))
                 return
             timeout, heard = DEAD_AFTER, True
-            self._post(message_event(msg))
+            self._post(message_event(msg, clock_ns=time.time_ns()))

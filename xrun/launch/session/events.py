@@ -102,7 +102,10 @@ class Probe(NamedTuple):
 
 
 class Ping(NamedTuple):
-    pass
+    """The runner's ping; ``clock_ns``: this node's wall clock when it came, which the pong carries back (the
+    runner's measure of the node's clock offset, for the straggler scores of issue 31)."""
+
+    clock_ns: int | None = None
 
 
 class Dump(NamedTuple):
@@ -254,12 +257,12 @@ Action = Union[Send, Preflight, RunAttempt, StopRanks, ForwardSignal, TakeStacks
 # -- a message as an event ------------------------------------------------------------------------------------
 
 
-def message_event(msg: Message) -> Event:
-    """What the runner's ``msg`` is to the machine. Fields of the wrong type read as absent; a spec that cannot
-    be read is ``SpecUnusable``."""
+def message_event(msg: Message, *, clock_ns: int | None = None) -> Event:
+    """What the runner's ``msg`` is to the machine (``clock_ns``: the wall clock when it came). Fields of the wrong
+    type read as absent; a spec that cannot be read is ``SpecUnusable``."""
     kind = msg.get("type")
     if kind == Kind.PING.value:
-        return Ping()
+        return Ping(clock_ns)
     if kind == Kind.SPEC.value:
         return _spec(msg)
     if kind == Kind.START.value:

@@ -266,7 +266,8 @@ class AgentMachine:
             self._out.append(AnswerProbe(event.message))
 
     def _on_ping(self, event: Ping) -> None:
-        self._out.append(Send(message(Kind.PONG)))
+        clock = {} if event.clock_ns is None else {"clock_ns": event.clock_ns}
+        self._out.append(Send(message(Kind.PONG, **clock)))
 
     def _on_dump(self, event: Dump) -> None:
         if self.phase is Phase.RUNNING:

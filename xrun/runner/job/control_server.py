@@ -24,8 +24,10 @@ Beside the machine, the agents' ``lines`` go to the job's console (``xrun.runner
 rendered and merged in one place), and each attempt's agents tell what concerns neither the barrier nor the verdict,
 read from their messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang
 doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
-xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first) and
-``--precheck``'s answers. A restart begins them anew.
+xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
+ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
+xrun.launch.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay).
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -46,6 +48,7 @@ may reopen) and the barrier's status (``_show_*``: sent to every node).
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import socket
 import time
@@ -55,12 +58,16 @@ from dataclasses import replace
 from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
+from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.launch.output.render import Lines
 from xrun.launch.output.status import PlainStatus, make_status, say
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
+from xrun.launch.result.failure_report import write_json
 from xrun.launch.result.outcome import HANG_EXIT
+from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
+from xrun.launch.telemetry.records import read_entry_times
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
@@ -143,6 +150,7 @@ class ControlServer:
         self.events: deque[Event] = deque()  # fed to the machine one at a time (``feed``)
         self.feeding = False
         self.doers = self._how_to_carry_out()
+        self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
         self._begin_attempt()
 
     # What the tests (and a curious caller) read of the outcome.
@@ -172,8 +180,9 @@ class ControlServer:
         dumps and figures are not this one's)."""
         options = self.plan.request.options
         self.doctor = HeadDoctor(self._host, hang_timeout=options.hang_timeout, hang_action=options.hang_action,
-                                 log_dir=options.log_dir)
+                                 log_dir=options.log_dir, world_size=self.plan.world_size)
         self.figures = JobFigures()
+        self.stragglers = StragglerScores(world_size=self.plan.world_size)
         self.precheck: ChannelPrecheck | None = None  # --precheck: the network check while it runs
 
     def listen(self, addrs: Iterable[str], *, port: int = 0) -> int:
@@ -240,7 +249,13 @@ class ControlServer:
         if verdict.exit_code != 0:
             for line in self.doctor.stop_stack_lines():
                 say(line)
-        self.figures.sum_up(verdict, log_dir=self.plan.request.options.log_dir)
+        log_dir = self.plan.request.options.log_dir
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json())
+        findings = self.doctor.findings
+        if verdict.exit_code != 0 and findings is not None and log_dir is not None:
+            write_json(os.path.join(log_dir, "failure.json"), {
+                "exit_code": verdict.exit_code, "headline": headline(verdict),
+                "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         return verdict.exit_code
 
     def close(self) -> None:
@@ -330,6 +345,17 @@ class ControlServer:
                 self.figures.add(msg["figures"])
             elif kind == Kind.STACKS.value:
                 self._doctor_steps(self.doctor.stacks(node, msg, now))
+            elif kind == Kind.COLLECTIVES.value:
+                self.doctor.collectives(node, msg)
+            elif kind == Kind.ENTRY_TIMES.value:
+                for line in self.stragglers.add(self._host(node), self.clocks.of(node), read_entry_times(msg)):
+                    self.status.line(line)
+                self.status.stragglers(self.stragglers.status(), now)
+            elif kind == Kind.PONG.value:
+                problem = fields_error(msg, PONG_FIELDS)
+                if problem is not None:
+                    raise ValueError(problem.reason)
+                self.clocks.pong(node, time.time_ns(), msg.get("clock_ns"))
             elif kind == Kind.WANT_STACKS.value:
                 self._want_stacks(f"{msg.get('reason') or 'a request'} at {self._host(node)}")
             elif kind == Kind.QUIET.value:
@@ -387,7 +413,7 @@ class ControlServer:
                                                                  master_port=a.master_port, restart_count=a.attempt)),
             SendRestart: self._send_restart,
             SendStop: self._send_stop,
-            SendPing: lambda a: self.send_all(a.nodes, message(Kind.PING)),
+            SendPing: self._send_ping,
             ShowLine: lambda a: self.status.line(a.text),
             ShowJoined: self._show_joined,
             ShowWaiting: self._show_waiting,
@@ -408,6 +434,11 @@ class ControlServer:
             conn.send(msg)
         except OSError as err:
             self._closed(conn, f"send failed: {err.strerror or err}")
+
+    def _send_ping(self, action: SendPing) -> None:
+        for node in action.nodes:
+            self.clocks.sent(node, time.time_ns())  # the pong's clock against this round trip (issue 31)
+            self.send(node, message(Kind.PING))
 
     def _admit(self, action: Admit) -> None:
         self.links.admit(action.conn, action.node)

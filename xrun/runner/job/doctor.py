@@ -16,6 +16,10 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
   then (``stop``) the stop; with ``dump`` the next dump waits until some node has spoken and gone quiet again.
 * After a failure every node sends the stacks its ranks had before they were stopped (``stacks`` with id
   ``stop``): ``stop_stacks`` holds them for the job's failure report (``stop_stack_lines``: merged, outliers first).
+* With telemetry (issue 31) each node's ``collectives`` comes just before its ``stacks`` of the same id: every
+  rank's collective records, compared across the job (xrun.launch.result.collectiveview) into the collective the
+  ranks wait in, the ranks that never entered it and the mismatches; shown after the stacks, and kept
+  (``findings``: the last dump's, or those from before the stop) for the job's report and ``failure.json``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from typing import Union
 from xrun.channel import STOP_STACKS, Kind, Message, message
 from xrun.launch.doctor.node_doctor import show_stacks
 from xrun.launch.doctor.stackdump import ON_DEMAND_BUDGET
+from xrun.launch.result.collectiveview import HangFindings, find_hang, view_lines
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import merge, render
 from xrun.launch.spec import HangAction
+from xrun.launch.telemetry.records import RankCollectives, read_collectives
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
 
@@ -65,6 +71,8 @@ class _Collection:
     deadline: float
     stacks: list[RankStack] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    collectives: list[RankCollectives] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # "host:path" of each node's full records
 
 
 class HeadDoctor:
@@ -75,8 +83,10 @@ class HeadDoctor:
         hang_timeout: float | None,
         hang_action: HangAction,
         log_dir: str | None,
+        world_size: int | None = None,
     ) -> None:
         self._host_of = host_of
+        self._world_size = world_size
         self._hang_timeout = hang_timeout
         self._hang_action = hang_action
         self._log_dir = log_dir
@@ -85,6 +95,10 @@ class HeadDoctor:
         self._quiet: set[int] = set()
         self._hang_shown = False  # this silence was dumped already: wait for some node to speak
         self.stop_stacks: list[RankStack] = []  # what the nodes took before their ranks were stopped
+        self._stop_collectives: list[RankCollectives] = []  # and their collective records
+        self._stop_files: list[str] = []
+        self.findings: HangFindings | None = None  # the last dump's collective findings (a hang's root cause)
+        self.findings_files: list[str] = []  # and where each node's full records are ("host:path")
 
     def want(self, reason: str, running: Iterable[int], now: float, *, hang: bool = False) -> list[Step]:
         """Start a job-wide dump of the ``running`` nodes (a dump already collecting absorbs the request)."""
@@ -113,6 +127,20 @@ class HeadDoctor:
             collection.problems.append(str(problem))
         return self.check(now, ()) if not collection.waiting else []
 
+    def collectives(self, node: int, msg: Message) -> None:
+        """A node's ``collectives`` (before its ``stacks`` of the same id); malformed: ValueError (a protocol
+        error)."""
+        report = read_collectives(msg)
+        file = [f"{self._host_of(node)}:{report.file}"] if report.file else []
+        if report.dump_id == STOP_STACKS:
+            self._stop_collectives.extend(report.ranks)
+            self._stop_files.extend(file)
+            return
+        collection = self._collection
+        if collection is not None and report.dump_id == collection.serial and node in collection.waiting:
+            collection.collectives.extend(report.ranks)
+            collection.files.extend(file)
+
     def quiet(self, node: int, running: Iterable[int], now: float) -> list[Step]:
         self._quiet.add(node)
         return self._hung(running, now)
@@ -130,11 +158,18 @@ class HeadDoctor:
         return self._hung(running, now) if running else []
 
     def stop_stack_lines(self) -> list[str]:
-        """Every node's stacks from before the stop, merged into one view, outliers first (none: no lines)."""
-        if not self.stop_stacks:
-            return []
-        view = [f"  {line}" for line in render(merge(self.stop_stacks))]
-        return [f"stacks of {len(self.stop_stacks)} rank(s) taken before the stop, outliers first:", *view]
+        """Every node's stacks from before the stop, merged into one view, outliers first, and the collective
+        findings (those from before the stop, else the last dump's: a hang stopped without stacks)."""
+        lines = []
+        if self.stop_stacks:
+            view = [f"  {line}" for line in render(merge(self.stop_stacks))]
+            lines = [f"stacks of {len(self.stop_stacks)} rank(s) taken before the stop, outliers first:", *view]
+        if self._stop_collectives:
+            self.findings = find_hang(self._stop_collectives, world_size=self._world_size)
+            self.findings_files = list(self._stop_files)
+            return lines + view_lines(self.findings, self._stop_files)
+        root = self.findings.root_cause if self.findings else None
+        return lines + ([f"the collective held at the hang: {root}"] if root else [])
 
     def deadline(self) -> float | None:
         return None if self._collection is None else self._collection.deadline
@@ -155,6 +190,10 @@ class HeadDoctor:
             problems.append(f"no answer in time from {', '.join(missing)}")
         lines = show_stacks(collection.stacks, None, collection.reason, log_dir=self._log_dir) if collection.stacks \
             else [f"{collection.reason}: no stacks came back"]
+        if collection.collectives:
+            self.findings = find_hang(collection.collectives, world_size=self._world_size)
+            self.findings_files = list(collection.files)
+            lines += view_lines(self.findings, collection.files)
         steps: list[Step] = [Show(tuple(lines + problems))]
         if collection.hang and self._hang_action is not HangAction.DUMP:
             action = self._hang_action

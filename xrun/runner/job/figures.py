@@ -27,8 +27,9 @@ class JobFigures:
         """One rank's figures from its ``rank_exited``; malformed ones raise ValueError (a protocol error)."""
         self.ranks.append(RankFigures.from_json(data))
 
-    def sum_up(self, verdict: Verdict, *, log_dir: str | None) -> None:
-        """After the verdict: one line on success, the table on failure, the JSON under ``log_dir``."""
+    def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None) -> None:
+        """After the verdict: one line on success, the table on failure, the JSON under ``log_dir`` (with the
+        ranks' straggler scores, xrun.launch.result.stragglers, when any was scored)."""
         if not self.ranks:
             return
         exit_code = verdict.exit_code
@@ -40,4 +41,6 @@ class JobFigures:
             data = summary_json(self.ranks, exit_code=exit_code)
             if verdict.attempts:
                 data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
+            if stragglers is not None and stragglers.get("ranks"):
+                data["stragglers"] = dict(stragglers)
             write_json(os.path.join(log_dir, "summary.json"), data)

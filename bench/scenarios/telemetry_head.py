@@ -1,0 +1,179 @@
+"""Scale scenario ``telemetry_head`` (issue 31): what the head spends on telemetry at 1,000 nodes × 8 ranks, in
+CPU-seconds per minute (target ≤ 1).
+
+The traffic is a job's as the nodes send it: every node, every ``SAMPLE_EVERY`` (10) s at the wall clock's
+multiples of it (``until_the_next_sample``) by its own clock, up to 200 ms late (its timer, its ranks' dumps; with
+``phases=spread``, each at a phase of its own over the whole period instead: the worst case for the samples'
+overlap), one ``entry_times`` message with its 8 ranks' samples (the default
+group; its ranks enter ``rate`` collectives a second, 20 by default: a DDP step's buckets at a few steps a
+second; each rank's sample is what the node side's own ``EntrySampler`` picks from the last ``DEFAULT_ENTRIES``
+collectives, the Flight Recorder's buffer), and a pong to every ping (``PING_INTERVAL``) carrying the node's
+clock, which is off the head's by up to 50 ms. One rank (the middle node's fourth) is on time during the warm-up
+and enters every collective 50 ms late after it: ``named_after_s`` is how long the head took to name it.
+
+The messages are encoded with the channel's own ``encode`` before the clock starts; timed is what the head does
+with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channel's frame -> message),
+``read_entry_times``, the node's clock offset and ``StragglerScores.add``; for a pong ``fields_error`` and
+``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping. The first minute fills the head's state and is not
+counted; the next ``minutes`` are, on this thread's CPU clock (``time.thread_time``). Figures per minute:
+``cpu_s`` (all of it), ``decode_s`` (the frames' decoding alone: the channel's part), ``scored`` (collectives
+scored), ``named`` (1 when the slow rank, and only it, was named a straggler by the end) and ``named_after_s``
+(from the warm-up's end, when it became slow, to the line that names it; the issue's bound: 60 s).
+
+Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2),
+``phases`` (``aligned``, ``spread``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from typing import Any
+
+from bench import harness
+from bench.scenarios.base import Context, finish, median, section, target
+from xrun.channel import PING_INTERVAL, Kind, Message, message
+from xrun.channel.fields import PONG_FIELDS, fields_error
+from xrun.channel.framing import HEADER, decode_body, encode
+from xrun.launch.doctor.node_doctor import SAMPLE_EVERY
+from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
+from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
+from xrun.launch.telemetry.records import (
+    EntrySampler,
+    EntryTimes,
+    GroupTimes,
+    entry_times_message,
+    picked_per_sample,
+    read_entry_times,
+)
+
+NAME = "telemetry_head"
+TITLE = "Scale C. The head's telemetry: entry_times and pongs of N nodes × 8 ranks, CPU per minute"
+TABLE = {
+    "metrics": [["cpu_s", "head CPU per minute", "s"], ["decode_s", "decoding entry_times frames", "s"],
+                ["read_s", "reading the samples", "s"], ["score_s", "scoring", "s"],
+                ["clocks_s", "clock offsets (pongs)", "s"],
+                ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""],
+                ["named_after_s", "slow rank named after", "s"]],
+    "references": [],
+}
+T0 = 1_795_860_000_000_000_000
+LATE_NS = 50_000_000  # the slow rank's lateness at every collective
+WARM_UP_S = 60.0
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    nodes = ctx.option("nodes", 100, 1000)
+    ranks = ctx.option("ranks", 8, 8)
+    rate = ctx.option("rate", 20.0, 20.0)
+    minutes = ctx.option("minutes", 1, 2)
+    phases = ctx.option("phases", "aligned", "aligned")
+    if phases not in ("aligned", "spread"):
+        raise ValueError(f"telemetry_head: phases={phases!r}: use aligned (as the nodes sample) or spread")
+    rounds = ctx.rounds(1, 3)
+    sec = section(NAME, TITLE, params={"nodes": nodes, "ranks": ranks, "rate": rate, "minutes": minutes,
+                                       "phases": phases, "rounds": rounds}, skipped={}, table=TABLE, groups=[],
+                  targets=[])
+    traffic = Traffic(nodes, ranks, rate, WARM_UP_S + 60.0 * minutes, seed=ctx.rng.randrange(1 << 30),
+                      spread=phases == "spread")
+
+    def trial(variant: str) -> harness.Trial:
+        return harness.Trial(metrics=head_minute(traffic, minutes), exit_code=0)
+
+    results = harness.run_rounds(["xrun"], rounds, trial, rng=ctx.rng, label=NAME)
+    group = {"label": f"{nodes} nodes × {ranks} ranks, {rate:g} collectives/s", "params": {"nodes": nodes},
+             **harness.summarize_group(results, references=())}
+    sec["groups"].append(group)
+    sec["targets"].append(target(f"head CPU per minute at {nodes} × {ranks}", median(group, "xrun", "cpu_s"), 1.0,
+                                 "s"))
+    sec["targets"].append(target("slow rank named after it became slow", median(group, "xrun", "named_after_s"),
+                                 60.0, "s"))
+    return finish(sec)
+
+
+class Traffic:
+    """A job's telemetry as (time, node, frame) in the order the head gets it; frames already encoded."""
+
+    def __init__(self, nodes: int, ranks: int, rate: float, seconds: float, *, seed: int,
+                 spread: bool = False) -> None:
+        rng = random.Random(seed)
+        self.nodes, self.ranks = nodes, ranks
+        self.slow = (nodes // 2) * ranks + 3 if ranks > 3 else None
+        offsets = [rng.randrange(-50_000_000, 50_000_000) for _ in range(nodes)]
+        events: list[tuple[float, int, str, bytes]] = []
+        for node in range(nodes):
+            sampler = EntrySampler(picked_per_sample(nodes * ranks))  # each node's agent has its own
+            # aligned: the wall clock's multiples by the node's clock (ahead by its offset: there sooner)
+            phase = rng.uniform(0.0, SAMPLE_EVERY) if spread else SAMPLE_EVERY - offsets[node] / 1e9
+            for k in range(int((seconds - phase) // SAMPLE_EVERY) + 1):
+                at = phase + k * SAMPLE_EVERY + (0.0 if spread else rng.uniform(0.0, 0.2))
+                events.append((at, node, "entry_times",
+                               _frame(entry_times_message(self._sample(sampler, node, at, rate, offsets[node],
+                                                                       rng)))))
+            for k in range(int(seconds // PING_INTERVAL) + 1):
+                at = k * PING_INTERVAL + rng.uniform(0.0, 0.05)
+                trip_ns = rng.randrange(200_000, 2_000_000)
+                clock_ns = T0 + int(at * 1e9) + trip_ns // 2 + offsets[node]
+                events.append((at, node, "pong", _frame(message(Kind.PONG, clock_ns=clock_ns))))
+        heapq.heapify(events)
+        self.events = [heapq.heappop(events) for _ in range(len(events))]
+
+    def _sample(self, sampler: EntrySampler, node: int, at: float, rate: float, offset_ns: int,
+                rng: random.Random) -> list[EntryTimes]:
+        top = int(at * rate)
+        buffer = range(max(0, top - DEFAULT_ENTRIES + 1), top + 1)
+        samples = []
+        for local in range(self.ranks):
+            rank = node * self.ranks + local
+            picked = sampler.pick(rank, "0", buffer)
+            late = LATE_NS if rank == self.slow else 0
+            times = tuple(T0 + int(seq / rate * 1e9) + offset_ns + rng.randrange(0, 3_000_000)
+                          + (late if seq / rate >= WARM_UP_S else 0) for seq in picked)
+            samples.append(EntryTimes(rank, (GroupTimes("0", tuple(picked), times),)))
+        return samples
+
+
+def _frame(msg: Message) -> bytes:
+    return encode(msg)[HEADER.size:]
+
+
+def head_minute(traffic: Traffic, minutes: int) -> dict[str, float | None]:
+    """Feed the head's code all of ``traffic``; the CPU of the minutes after the warm-up, per minute."""
+    clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
+    hosts = [f"node{n}" for n in range(traffic.nodes)]
+    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0}
+    scored_before = 0
+    counting = False
+    named_at = None
+    for at, node, kind, frame in traffic.events:
+        if not counting and at >= WARM_UP_S:
+            counting, scored_before = True, scores.collectives_scored
+        if kind == "pong":
+            msg = decode_body(frame)  # the pong is the channel's keepalive: its decoding is not telemetry's
+            t0 = time.thread_time()
+            if fields_error(msg, PONG_FIELDS) is not None:
+                raise AssertionError("a pong the bench made is malformed")
+            head_ns = T0 + int(at * 1e9)
+            clocks.sent(node, head_ns - 1_000_000)
+            clocks.pong(node, head_ns, msg.get("clock_ns"))
+            if counting:
+                spent["clocks_s"] += time.thread_time() - t0
+            continue
+        t0 = time.thread_time()
+        msg = decode_body(frame)
+        t1 = time.thread_time()
+        samples = read_entry_times(msg)
+        t2 = time.thread_time()
+        lines = scores.add(hosts[node], clocks.of(node), samples)
+        if named_at is None and any(f"rank {traffic.slow} " in line and "recovered" not in line for line in lines):
+            named_at = at
+        if counting:
+            spent["decode_s"] += t1 - t0
+            spent["read_s"] += t2 - t1
+            spent["score_s"] += time.thread_time() - t2
+    named = [s.rank for s in scores.scores() if s.straggler]
+    return {"cpu_s": sum(spent.values()) / minutes, **{k: v / minutes for k, v in spent.items()},
+            "scored": (scores.collectives_scored - scored_before) / minutes,
+            "named": float(traffic.slow is not None and named == [traffic.slow]),
+            "named_after_s": None if named_at is None else named_at - WARM_UP_S}  # None: not named (censored)

@@ -1,0 +1,11 @@
+"""Every rank's collective state, read on its node without the script's help (issue 31; docs/telemetry.md).
+
+``site/`` is what runs inside each rank (a ``sitecustomize`` on its ``PYTHONPATH``: torch's Flight Recorder
+served on a Unix socket; a rank forked from the preload helper calls it from xrun.launch.preload.become);
+``endpoints`` makes the node's socket directory and each rank's environment; ``client``
+asks the ranks' sockets; ``records`` (pure) turns a Flight Recorder dump into the compact summaries that cross the
+channel; ``reads`` runs the questions beside the rank group's loop and keeps the full dumps on the node.
+
+Sits below the rank group (``launch.ranks`` builds the ranks' environment with it, ``launch.doctor`` asks): may
+import ``launch.procs``, ``launch.output``, ``launch.result``, ``launch.spec`` and the channel. Imports no torch.
+"""
