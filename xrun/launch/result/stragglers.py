@@ -196,7 +196,7 @@ class StragglerScores:
                 created = group.created_ns
                 for index, times in picks:
                     times[number] = created[index] - shift
-        pending = self._pending
+        pending, scored = self._pending, self.collectives_scored
         for key in sorted(touched, key=lambda k: k[1]):
             entry = pending[key]
             entry.uncertainty = max(entry.uncertainty, offset.uncertainty_ns)
@@ -207,7 +207,8 @@ class StragglerScores:
                 self._score(key[0], entry)
         while len(pending) > MAX_PENDING:
             del pending[next(iter(pending))]  # never completed: some rank's report of it was lost
-        return self._decide() if touched else []
+        # a verdict changes only with a collective scored (at 1,000 nodes, one sample in many completes one)
+        return self._decide() if self.collectives_scored > scored else []
 
     def scores(self) -> tuple[RankScore, ...]:
         """Every rank over the job's last ``WINDOW`` scored collectives (those it took part in)."""
