@@ -343,8 +343,8 @@ def _latest_groups(
     """The ``MAX_GROUPS`` groups that entered a collective last (a job rarely has more), in torch's order."""
     if len(groups) <= MAX_GROUPS:
         return list(groups.items())
-    latest = sorted(groups, key=lambda g: _count(groups[g][-1][1].get("time_created_ns", 0)))[-MAX_GROUPS:]
-    return [(name, entries) for name, entries in groups.items() if name in set(latest)]
+    latest = set(sorted(groups, key=lambda g: _count(groups[g][-1][1].get("time_created_ns", 0)))[-MAX_GROUPS:])
+    return [(name, entries) for name, entries in groups.items() if name in latest]
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
