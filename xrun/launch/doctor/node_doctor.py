@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
 # the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 16 scored collectives were late
-# (xrun.launch.result.stragglers), 4 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-50 s
+# (xrun.launch.result.stragglers), 3 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-40 s
 # at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
 SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
