@@ -12,7 +12,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["xrun", "xrun.*"]),
+    # The src layout: from the repository root nothing named xrun is importable, so tests and ranks import the
+    # installed package, the one users get (issue 37: a file the wheel left out broke every install unnoticed).
+    package_dir={"": "src"},
+    packages=find_packages("src", include=["xrun", "xrun.*"]),
     # py-spy: the hang doctor's stacks (issue 14); cryptography: the control channel's per-run TLS certificate
     # (issue 22; paramiko needed it already, wheels for every platform)
     install_requires=["psutil>=5.9", "py-spy>=0.3.14", "cryptography>=3.4"],

@@ -1,6 +1,6 @@
 """The ``clients`` tier (issue 13): third-party training stacks under xrun, 2 CPU ranks over gloo, unchanged.
 
-CI installs them (``pip install -e '.[clients]'`` in .ci/run); elsewhere each test skips with what to install.
+CI installs them (``pip install '.[clients]'`` in .ci/run); elsewhere each test skips with what to install.
 Each job reports its world size, whether the model is DDP-wrapped and its pid: two ranks, two pids, no
 process of its own spawned (Lightning must join xrun's ranks through torchelastic's variables). Each runs twice, as
 started and forked from ``--preload torch``'s helper (issue 32): the same report, the same trained weights (the
@@ -46,19 +46,19 @@ def run_unchanged_under_preload(job, tmp_path):
 
 
 def test_accelerate(tmp_path):
-    pytest.importorskip("accelerate", reason="pip install -e '.[clients]'")
+    pytest.importorskip("accelerate", reason="pip install '.[clients]'")
     reports = run_unchanged_under_preload("accelerate_job.py", tmp_path)
     assert reports[0]["checksum"] == reports[1]["checksum"]  # DDP kept the replicas identical
 
 
 def test_transformers_trainer(tmp_path):
-    pytest.importorskip("transformers", reason="pip install -e '.[clients]'")
+    pytest.importorskip("transformers", reason="pip install '.[clients]'")
     reports = run_unchanged_under_preload("transformers_job.py", tmp_path)
     assert reports[0]["checksum"] == reports[1]["checksum"]
 
 
 def test_lightning_joins_xruns_ranks(tmp_path):
-    pytest.importorskip("lightning", reason="pip install -e '.[clients]'")
+    pytest.importorskip("lightning", reason="pip install '.[clients]'")
     reports = run_unchanged_under_preload("lightning_job.py", tmp_path)
     assert {r["env"] for r in reports} == {"TorchElasticEnvironment"}
     assert reports[0]["checksum"] == reports[1]["checksum"]

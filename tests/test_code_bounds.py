@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGE = Path(ROOT) / "xrun"
+PACKAGE = Path(ROOT) / "src" / "xrun"
 MAX_FUNCTION_LINES = 60
 MAX_FILE_LINES = 600
 

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import ROOT
 
 REPO = Path(ROOT)
+SOURCES = REPO / "src"  # where the docs' module paths (xrun/launch/...) live: the src layout
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 FLAGS_PAGE = DOCS / "flags.md"
@@ -180,7 +181,7 @@ def test_the_readme_fits_on_a_screen() -> None:
 
 def test_install_and_test_commands_stay_in_the_readme() -> None:
     readme = README.read_text(encoding="utf-8")
-    assert "pip install -e '.[test]'" in readme and "python -m pytest -q" in readme
+    assert "pip install '.[test]'" in readme and "python -m pytest -q" in readme
 
 
 # Module paths ----------------------------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def module_exists(dotted: str) -> bool:
     """``xrun.a.b.name``: every package on the way exists, and what follows the last module is a name it
     defines (or a submodule), so ``xrun.runner.job.machine._Tally`` and ``xrun.discover`` pass."""
     parts = dotted.split(".")
-    path = REPO / parts[0]
+    path = SOURCES / parts[0]
     for i, part in enumerate(parts[1:], 1):
         if (path / part).is_dir() or (path / f"{part}.py").is_file():
             path = path / part if (path / part).is_dir() else path / f"{part}.py"
@@ -208,7 +209,7 @@ def stale_module_references(page: Path) -> list[str]:
     stale = []
     for ref in sorted(set(MODULE_PATH.findall(text))):
         if ref.endswith(".py") or ref.endswith("/"):
-            if not (REPO / ref).exists():
+            if not (SOURCES / ref).exists():
                 stale.append(ref)
     for ref in sorted(set(MODULE_NAME.findall(text))):
         if not module_exists(ref.rstrip(".")):

@@ -135,7 +135,7 @@ def test_parse_dump_puts_the_main_thread_first_and_the_outermost_frame_first():
 
 
 def test_a_forked_ranks_stack_leaves_out_the_preload_helpers_frames_below_its_program():
-    helper = os.path.join(ROOT, "xrun", "launch", "preload")
+    helper = os.path.join(ROOT, "src", "xrun", "launch", "preload")
     below = [{"name": "_execute", "filename": f"{helper}/become.py", "line": 290},
              {"name": "become", "filename": f"{helper}/become.py", "line": 100},
              {"name": "main", "filename": f"{helper}/helper.py", "line": 70},

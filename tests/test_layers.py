@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGE = Path(ROOT) / "xrun"
+PACKAGE = Path(ROOT) / "src" / "xrun"
 
 
 class Level(Enum):

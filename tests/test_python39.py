@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGE = Path(ROOT) / "xrun"
+PACKAGE = Path(ROOT) / "src" / "xrun"
 TYPE_NAMES = {"int", "str", "float", "bool", "bytes", "object", "list", "tuple", "dict", "set", "frozenset", "type",
               "Callable", "Mapping", "Sequence", "Iterable", "Iterator", "Any"}
 

@@ -46,18 +46,18 @@ def run_client(cluster, tmp_path, python, job, *flags, backend="ssh", said=None)
 
 
 def test_accelerate_across_two_hosts(cluster, tmp_path, python):
-    pytest.importorskip("accelerate", reason="pip install -e '.[clients]'")
+    pytest.importorskip("accelerate", reason="pip install '.[clients]'")
     reports = run_client(cluster, tmp_path, python, "accelerate_job.py")
     assert reports[0]["checksum"] == reports[1]["checksum"]  # DDP's all-reduce crossed the hosts
 
 
 def test_transformers_trainer_across_two_hosts(cluster, tmp_path, python):
-    pytest.importorskip("transformers", reason="pip install -e '.[clients]'")
+    pytest.importorskip("transformers", reason="pip install '.[clients]'")
     run_client(cluster, tmp_path, python, "transformers_job.py")
 
 
 def test_lightning_across_two_hosts_joins_xruns_ranks(cluster, tmp_path, python):
-    pytest.importorskip("lightning", reason="pip install -e '.[clients]'")
+    pytest.importorskip("lightning", reason="pip install '.[clients]'")
     reports = run_client(cluster, tmp_path, python, "lightning_job.py", backend="pdsh")
     assert {r["env"] for r in reports} == {"TorchElasticEnvironment"}
 
@@ -73,7 +73,7 @@ def test_deepspeed_across_two_hosts(cluster, tmp_path, python):
 def test_preload_torch_on_two_hosts_over_pdsh_forks_every_rank_with_the_same_result(cluster, tmp_path, python):
     """--preload torch (issue 32) on a 2-node job over pdsh: each node's agent starts its own helper, says its
     import time, and forks its rank from it; the job trains to the same weights as with started ranks."""
-    pytest.importorskip("accelerate", reason="pip install -e '.[clients]'")
+    pytest.importorskip("accelerate", reason="pip install '.[clients]'")
     said: list[str] = []
     started = run_client(cluster, tmp_path / "started", python, "accelerate_job.py", backend="pdsh")
     forked = run_client(cluster, tmp_path / "forked", python, "accelerate_job.py", "--preload", "torch",

@@ -116,6 +116,16 @@ class PortBusyError(XrunError):
                          "leave --master_port out to use a free port, or pick another")
 
 
+class IncompleteInstallError(XrunError):
+    """A file of xrun's own that its package should hold is missing: the install is broken, not the job."""
+
+    def __init__(self, path: str, needed_for: str) -> None:
+        self.path = path
+        self.needed_for = needed_for
+        super().__init__(f"xrun's install is incomplete: {path} is missing ({needed_for}); reinstall xrun "
+                         f"(pip install --force-reinstall --no-deps xrun)")
+
+
 class PreloadHelperLost(XrunError):
     """The preload helper died during an attempt: the next attempt's ranks cannot be forked on its node. Not the
     user's input: the job ends as a node's failure does."""

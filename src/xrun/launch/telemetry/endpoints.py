@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 
+from xrun.errors import IncompleteInstallError
+
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 SOCKET_VARIABLE = "XRUN_TELEMETRY_SOCKET"
 # torch's Flight Recorder keeps the last N collectives of the process. 1,000 entries hold a hang's last
@@ -26,10 +28,19 @@ _SUN_PATH = 107  # sockaddr_un's path, less its NUL
 _LONGEST_NAME = len("rank9999999.sock")
 
 
+def require_rank_site() -> None:
+    """Raise ``IncompleteInstallError`` when the rank-side ``sitecustomize`` is not where ranks are told to find it:
+    a rank would then run without telemetry and with a PYTHONPATH naming a missing directory, which it can tell."""
+    path = os.path.join(SITE_DIR, "sitecustomize.py")
+    if not os.path.isfile(path):
+        raise IncompleteInstallError(path, "the ranks' collective records, and every --preload rank")
+
+
 class Endpoints:
     """One attempt's socket directory on this node (``close`` removes it, and the sockets in it)."""
 
     def __init__(self) -> None:
+        require_rank_site()
         self.directory = _socket_directory()
 
     def socket(self, rank: int) -> str:

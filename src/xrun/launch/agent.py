@@ -31,7 +31,7 @@ from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.spec import NodeSpec
-from xrun.launch.telemetry.endpoints import Endpoints
+from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
@@ -142,6 +142,7 @@ def start_preload(spec: NodeSpec, base_env: Mapping[str, str]) -> PreloadHelper 
     ranks); it imports while the caller goes on. ``PreloadError`` (exit code 2) when it cannot start."""
     if not spec.options.preload or not spec.ranks or spec.elastic is not None:
         return None
+    require_rank_site()  # every forked rank does the rank-side sitecustomize's work (preload/become.py)
     # lazy: the helper's client and its wire load only in a job that preloads (about 5 ms of every agent's start)
     from xrun.launch.preload.client import PreloadHelper
 
