@@ -3,7 +3,8 @@ from setuptools import find_packages, setup
 # The tests run real DDP jobs: torch 2.13.0 is pinned so a fresh CI machine takes the CPU wheel on disk
 # instead of the newest CUDA build (several GB). numpy: without it every torch rank warns "Failed to initialize
 # NumPy" twice (issue 13).
-TEST = ["pytest>=7", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
+# setuptools and wheel: tests/test_packaging.py builds the wheel from the tree, as `pip install .` does.
+TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
 
 setup(
     name="xrun",

@@ -96,9 +96,9 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def pod_argv(c: Any, hostfile: str, port: int, script: str, args: tuple[str, ...], k: int) -> list[str]:
     """The waiter that starts ``xrun --pod --node_rank K`` on each of the k namespace nodes (this checkout's xrun)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sources = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
     nodes = [
-        c.node_argv(name, ["env", f"PYTHONPATH={root}", sys.executable, "-m", "xrun", "-H", hostfile, "--pod",
+        c.node_argv(name, ["env", f"PYTHONPATH={sources}", sys.executable, "-m", "xrun", "-H", hostfile, "--pod",
                            "--node_rank", str(rank), "--master_port", str(port), "--control_port", str(port + 1),
                            script, *args])
         for rank, name in enumerate(cluster.node_names(k))

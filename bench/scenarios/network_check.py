@@ -8,7 +8,7 @@ and whether every node came out ok; a job of one no-op rank per node over ``--la
 The rounds run their pairs in parallel, so the time should stay nearly flat
 as the node count doubles (docs/network-check.md has the model); on this 2-core machine every probe shares the
 same CPUs, so the throughput figures fall with the count while the time does not grow with the square of it.
-The remote interpreter is a wrapper that puts this checkout first on PYTHONPATH.
+The remote interpreter is a wrapper that puts this checkout's ``src`` first on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ TABLE = {"metrics": [["check_s", "whole check", "s"], ["job_s", "whole job", "s"
                      ["precheck_s", "its precheck", "s"]], "ratio": "check_s", "references": []}
 PASSED = re.compile(r"precheck passed: \d+ node\(s\) ok in ([0-9.]+) s")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCES = os.path.join(ROOT, "src")  # this checkout's xrun, ahead of an installed one
 
 
 def _wrapper(path: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} "$@"\n')
+        f.write(f'#!/bin/sh\nPYTHONPATH={SOURCES} exec {sys.executable} "$@"\n')
     os.chmod(path, 0o755)
     return path
 
@@ -44,7 +45,7 @@ def _trial(c: Any, hostfile: str, python: str) -> harness.Trial:
             "--ssh_config", str(c.ssh_config)]
     start = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(os.environ, PYTHONPATH=SOURCES))
     elapsed = time.monotonic() - start
     try:
         nodes = json.loads(done.stdout)["nodes"]
@@ -64,7 +65,7 @@ def _job_trial(c: Any, hostfile: str, python: str, precheck: bool) -> harness.Tr
             f"dir={run_dir}"]
     start = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(os.environ, PYTHONPATH=SOURCES))
     metrics: dict[str, float | None] = {"job_s": time.monotonic() - start}
     if precheck:
         found = PASSED.search(done.stderr)

@@ -5,8 +5,9 @@ killed (SIGKILL to every process of its namespace, its sshd too); the next attem
 Measured from just before the kill until every rank of attempt 1 runs (their own start timestamps,
 ``TORCHELASTIC_RESTART_COUNT`` = 1: the spare's rank included), and until the launcher exits (the ranks of attempt 1
 exit 0 at once). Issue 23's bound: the teardown plus one rank start plus 1 s. No torch in the ranks: the launcher's
-reaction and replacement only. The remote interpreter is a wrapper that puts this checkout first on PYTHONPATH, so
-the agents are this tree's (``bench/ranks/elastic_rank.py`` is the rank: no rank fails, attempt 0 sleeps).
+reaction and replacement only. The remote interpreter is a wrapper that puts this checkout's ``src`` first on
+PYTHONPATH, so the agents are this tree's (``bench/ranks/elastic_rank.py`` is the rank: no rank fails, attempt 0
+sleeps).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ TITLE = "13. Hot spare: 2 nodes and a spare, node2 killed mid-run, the next atte
 VARIANTS = ("xrun:ssh", "xrun:pdsh")
 TABLE = restart_table("next attempt running", references=["xrun:ssh"])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCES = os.path.join(ROOT, "src")  # this checkout's xrun, ahead of an installed one
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def run(ctx: Context) -> dict[str, Any]:
 def _python_wrapper(directory: str) -> str:
     path = os.path.join(directory, "python")
     with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+        f.write(f'#!/bin/sh\nPYTHONPATH={SOURCES}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
     os.chmod(path, 0o755)
     return path
 
@@ -81,7 +83,7 @@ def _trial(c: Any, variant: str, hostfile: str, python: str) -> harness.Trial:
         killed: list[float] = []
         threading.Thread(target=_kill_when_running, args=(c, run.path, killed), daemon=True).start()
         got = harness.run_command([*argv, harness.rank_script("elastic_rank.py"), *args], tag, run, deadline_s=120.0,
-                                  env_extra={"PYTHONPATH": ROOT})  # fmt: skip
+                                  env_extra={"PYTHONPATH": SOURCES})  # fmt: skip
         restarted = harness.generations(run.path).get(1, [])
         tail = run.tail(300)
     return harness.restart_timing(got, restarted, killed[0] if killed else None, ranks=2,

@@ -54,7 +54,7 @@ PY
     export XRUN_GPU_FROM_TREE=1
   fi
 } > "$OUT/install.log" 2>&1
-export PYTHONPATH="$SITE${XRUN_GPU_FROM_TREE:+:$REPO}"
+export PYTHONPATH="$SITE${XRUN_GPU_FROM_TREE:+:$REPO/src}"
 export PATH="$SITE/bin:$PATH" XRUN_GPU_RESULTS="$OUT" PYTHONUNBUFFERED=1
 (cd /tmp && "$PY" -c "import xrun, sys; print('xrun for subprocesses:', xrun.__file__)") >> "$OUT/install.log" 2>&1
 tail -3 "$OUT/install.log"
