@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import xrun.launch.preload as preload_package
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
 from tests.headserver import endpoint_of, head_server
@@ -135,7 +136,7 @@ def test_parse_dump_puts_the_main_thread_first_and_the_outermost_frame_first():
 
 
 def test_a_forked_ranks_stack_leaves_out_the_preload_helpers_frames_below_its_program():
-    helper = os.path.join(ROOT, "src", "xrun", "launch", "preload")
+    helper = os.path.dirname(preload_package.__file__)  # the installed package's, where a forked rank runs it
     below = [{"name": "_execute", "filename": f"{helper}/become.py", "line": 290},
              {"name": "become", "filename": f"{helper}/become.py", "line": 100},
              {"name": "main", "filename": f"{helper}/helper.py", "line": 70},
