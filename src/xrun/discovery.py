@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from xrun.errors import XrunError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
+from xrun.net import free_port
 
 LOOPBACK = "127.0.0.1"
 SLURM_PORT_BASE = 20000  # srun without MPI: MASTER_PORT = base + job id % span (same on every task)
@@ -197,12 +198,6 @@ def _route_source(addr: str) -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 def mpich_shim_hint() -> str:
     return (
         f"Debian/Ubuntu's MPICH ships {MPICH_LIBRARY} but mpi4py's MPICH build needs {MPICH_ABI_NAME}: run "
@@ -285,7 +280,7 @@ def _discover_mpi(ranks: EngineRanks, env: MutableMapping[str, str]) -> Discover
     master: tuple[str, int] | None = None
     if rank == 0:
         addr = env.get("MASTER_ADDR") or choose_master_addr(hosts, _resolve, _route_source)
-        master = (addr, _int(env, "MASTER_PORT") or _free_port())
+        master = (addr, _int(env, "MASTER_PORT") or free_port(addr, every_address=True))
     addr, port = comm.bcast(master, root=0)
     local_rank, local_size = local_rank_among(hosts, rank)
     return Discovered(

@@ -23,6 +23,7 @@ from typing import Any
 
 from xrun.launch.network.interfaces import holder, read_addresses
 from xrun.launch.network.tcp_probe import CONNECT_TIMEOUT, describe
+from xrun.net import free_port
 
 ALLREDUCE = b"A"  # the mode byte of a connection to a probe server (``probe_server``)
 BYTES = 8 << 20  # 8 MiB of float32: big enough to measure bandwidth, small enough for a slow link
@@ -102,12 +103,6 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> Result:
     return Result(ok=False, error=f"the all-reduce worker failed: {last}")
 
 
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 def run_pair(address: str, port: int, *, backend: str = "gloo", size: int = BYTES, iters: int = ITERS,
              timeout: float = GROUP_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT) -> Result:
     """Rank 0 of a pair with the probe server at ``address:port`` (which starts rank 1)."""
@@ -117,7 +112,7 @@ def run_pair(address: str, port: int, *, backend: str = "gloo", size: int = BYTE
         return Result(ok=False, error=describe(err, address, port))
     with sock:
         local = str(sock.getsockname()[0])
-        spec = {"master": local, "port": _free_port(local), "backend": backend, "bytes": size, "iters": iters,
+        spec = {"master": local, "port": free_port(local), "backend": backend, "bytes": size, "iters": iters,
                 "timeout": timeout}
         sock.sendall(ALLREDUCE + json.dumps(spec).encode() + b"\n")
         mine = _finish(_worker(0, spec, local), timeout * 2)
