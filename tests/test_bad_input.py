@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -285,6 +286,44 @@ def test_agent_refuses_a_rendezvous_no_rank_could_use(flag, needle):
                              "--node_rank=0", flag, "t.py"], capture_output=True, text=True, cwd=ROOT,
                             timeout=TIME_BOUND)
     assert_one_line_error(result, needle)
+
+
+# An endpoint that does not resolve (issue 37 §3): torch's c10d store retried it for 125 s, printed its C++ stack and
+# left an agent that would not stop (exit 124). RFC 6761: a .invalid name never resolves, on any host.
+UNRESOLVED = ["no-such-host.invalid", "no-such-host.invalid:29400", "[no::such]:29400"]
+
+
+@pytest.mark.parametrize("endpoint", UNRESOLVED)
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "run"])
+def test_an_elastic_endpoint_that_does_not_resolve_is_one_line_before_torch(tmp_path, endpoint, dry_run):
+    (tmp_path / "t.py").write_text("print('ran')\n")
+    started = time.monotonic()
+    result = run_xrun(*dry_run, "--elastic", "--rdzv_endpoint", endpoint, "t.py", cwd=str(tmp_path),
+                      timeout=TIME_BOUND)
+    assert time.monotonic() - started < 10
+    host = endpoint.rpartition(":")[0].strip("[]") if endpoint.endswith(":29400") else endpoint
+    assert_one_line_error(result, f"xrun: --rdzv_endpoint {endpoint!r}: the host {host!r} does not resolve on "
+                                  "localhost (Name or service not known); give a name or address")
+    assert result.stdout == ""
+
+
+def test_the_agent_refuses_an_elastic_endpoint_that_does_not_resolve_on_its_node(tmp_path):
+    """Several nodes: each agent looks the name up where torch will, before the barrier (a name only the nodes
+    resolve is fine); a finding there ends the job with 2 on every node, naming the host."""
+    (tmp_path / "t.py").write_text("print('ran')\n")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "xrun.launch", "--world_info=eyJsb2NhbGhvc3QiOiBbMF19",
+                             "--node_rank=0", "--elastic", "--rdzv_endpoint=no-such-host.invalid:29400", "t.py"],
+                            capture_output=True, text=True, cwd=str(tmp_path), timeout=TIME_BOUND)
+    assert time.monotonic() - started < 10
+    assert_one_line_error(result, "xrun.launch: --rdzv_endpoint 'no-such-host.invalid:29400': the host "
+                                  "'no-such-host.invalid' does not resolve on localhost")
+
+
+def test_a_remote_dry_run_leaves_the_endpoint_to_the_nodes():
+    result = run_xrun("--dry-run", "-H", TWO_WORKERS, "--elastic", "--rdzv_endpoint", "only-the-nodes.invalid",
+                      "t.py", timeout=TIME_BOUND)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("args, needle", [

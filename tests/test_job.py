@@ -43,7 +43,7 @@ from xrun.runner.job.events import (
     Verdict,
 )
 from xrun.runner.job.hello_policy import Refusal, SendSpecs
-from xrun.runner.job.last_words import report_lines
+from xrun.runner.job.last_words import report_lines, verdict_json
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
@@ -162,10 +162,19 @@ CASES = [
                                                  SignalReceived(int(signal.SIGINT))],
      [ShowLine("got SIGINT; stopping every node"), stop((0, 1, 2), "xrun got SIGINT"),
       stop((1, 2), "second SIGINT", KILL)], None),
-    ("SIGTERM after a failure keeps the stop, reports the signal", STATIC, STARTED,
+    ("SIGTERM after a failure keeps the stop and the root cause's code", STATIC, STARTED,
      [RankExited(1, 2, 0, code=7), SignalReceived(TERM), *ALL_DONE],
-     [stop((0, 1, 2), "rank 2 (local 0) on b exited with code 7"), ShowLine("got SIGTERM; stopping every node")],
-     143),
+     [stop((0, 1, 2), "rank 2 (local 0) on b exited with code 7"), ShowLine("got SIGTERM; already stopping every node")],
+     7),
+    # issue 37 §4: a Ctrl-C while xrun stops the job for a lost node; the loss stays the root cause
+    ("SIGINT while stopping for a lost node: the loss is the cause, exit 1", STATIC, STARTED,
+     [ConnectionLost(2, "connection closed"), SignalReceived(int(signal.SIGINT)), Done(0, 130), Done(1, 130)],
+     [stop((0, 1), "lost node c: its agent's connection dropped (connection closed)"),
+      ShowLine("got SIGINT; already stopping every node")], 1),
+    ("a node lost after SIGINT: the signal is the cause, 130", STATIC, STARTED,
+     [SignalReceived(int(signal.SIGINT)), ConnectionLost(2, "connection closed"), Done(0, 130), Done(1, 130)],
+     [ShowLine("got SIGINT; stopping every node"), stop((0, 1, 2), "xrun got SIGINT"),
+      ShowLine("c: its agent's connection dropped (connection closed)")], 130),
     ("a repeated SIGTERM (GNU timeout signals xrun and its group) is one stop, one line", STATIC, STARTED,
      [SignalReceived(TERM), SignalReceived(TERM), *ALL_DONE],
      [ShowLine("got SIGTERM; stopping every node"), stop((0, 1, 2), "xrun got SIGTERM")], 143),
@@ -381,7 +390,12 @@ REPORTS = [
     (Verdict(0), 0, []),
     (Verdict(0), 2, ["closed 2 connection(s) that did not prove this run's key"]),
     (Verdict(130, interrupted_by=2), 0, ["stopped by SIGINT (exit code 130)"]),
-    (Verdict(143, Failure("b", "x", 7), interrupted_by=15), 0, ["stopped by SIGTERM (exit code 143)"]),
+    (Verdict(1, Failure("c", "lost node c: gone", 1), interrupted_by=2, stopped_after=2.5), 0,
+     ["job failed: lost node c: gone (exit code 1), then stopped by SIGINT while stopping every node; every node "
+      "stopped 2.50 s later"]),
+    (Verdict(7, Failure("b", "rank 2 (local 0) on b exited with code 7", 7, rank=2, tail=("t",)), interrupted_by=15),
+     0, ["job failed: rank 2 (local 0) on b exited with code 7, then stopped by SIGTERM while stopping every node",
+         "  [b:2] t"]),
     (Verdict(1, Failure("c", "lost node c: gone", 1)), 0, ["job failed: lost node c: gone (exit code 1)"]),
     (Verdict(1, Failure("c", "rank 0 (local 0) on c exited with code 17", 1)), 0,
      ["job failed: rank 0 (local 0) on c exited with code 17 (exit code 1)"]),
@@ -390,6 +404,26 @@ REPORTS = [
       "job failed: rank 2 (local 0) on b exited with code 7; every node stopped 0.12 s later",
       *[f"  [b:2] l{i}" for i in range(2, 12)]]),
 ]
+
+
+def test_a_sigint_while_stopping_for_a_lost_node_keeps_both_causes_in_order():
+    """Issue 37 §4: the end line and summary.json say the node was lost first, then that the user interrupted."""
+    job, _ = play([*STARTED, 1.0, ConnectionLost(2, "connection closed"), 2.0, SignalReceived(int(signal.SIGINT)),
+                   3.5, Done(0, 130), Done(1, 130)])
+    verdict = job.verdict()
+    assert (verdict.exit_code, verdict.failure.host, verdict.interrupted_by) == (1, "c", signal.SIGINT)
+    end = ("job failed: lost node c: its agent's connection dropped (connection closed) (exit code 1), then stopped "
+           "by SIGINT while stopping every node; every node stopped 2.50 s later")
+    assert report_lines(verdict) == [end]
+    assert verdict_json(verdict) == {
+        "end": end,
+        "root_cause": {"reason": "lost node c: its agent's connection dropped (connection closed)", "host": "c",
+                       "rank": None, "exit_code": 1},
+        "interrupted_by": {"number": 2, "name": "SIGINT"},
+    }
+    alone = verdict_json(Verdict(130, interrupted_by=2))
+    assert alone == {"end": "stopped by SIGINT (exit code 130)", "root_cause": None,
+                     "interrupted_by": {"number": 2, "name": "SIGINT"}}
 
 
 @pytest.mark.parametrize("verdict, strays, lines", REPORTS)

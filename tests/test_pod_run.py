@@ -2,6 +2,7 @@
 hand with its own --node_rank, as Kubernetes or a person starts them (xrun.runner.pod.runtime). No cluster needed.
 """
 
+import json
 import os
 import random
 import signal
@@ -288,3 +289,47 @@ def test_numbered_pods_go_by_the_host_names_they_report(tmp_path):
     assert "node2" not in out[0][2] and "node 2" not in out[0][2], out[0][2]
     for node in (0, 1, 2):
         assert f"[train-worker-{node + 1}:{node}] rank {node} token None" in out[node][1], out[node]
+
+
+# A rank that ignores SIGTERM: the stop for a lost node then waits out --shutdown_timeout, and a Ctrl-C arrives.
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("rank", os.environ["RANK"], "up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_ctrl_c_while_stopping_for_a_lost_node_names_the_loss_first_then_the_interrupt(tmp_path):
+    """Issue 37 §4: node 1's xrun is killed (node lost), node 0 stops its rank (which ignores SIGTERM, so the stop
+    waits for --shutdown_timeout), and SIGINT reaches node 0's xrun meanwhile: the end line and summary.json say the
+    node was lost first, then that the user interrupted, and the job keeps the loss's exit code, 1."""
+    pod = Pod(tmp_path)
+    (tmp_path / "hosts").write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    options = ("--shutdown_timeout", "6", "--log_dir", "logs")
+    for node in (0, 1):
+        pod.start(node, script="stubborn.py", options=options)
+    deadline = time.monotonic() + 30
+    while len(_ranks(pod.marker)) < 2:
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    pod.procs[1].kill()  # node 1 is lost: its agent's connection drops
+    time.sleep(1.5)  # node 0 notices at once and stops its rank, which takes the whole --shutdown_timeout
+    assert pod.procs[0].poll() is None
+    pod.procs[0].send_signal(signal.SIGINT)
+    out = pod.finish(timeout=60)
+    code, _, stderr = out[0]
+    assert code == 1, stderr
+    assert out[1][0] == -signal.SIGKILL
+    assert "got SIGINT; already stopping every node" in stderr, stderr
+    end = [line for line in stderr.splitlines() if line.startswith("xrun: job failed")]
+    assert len(end) == 1, stderr
+    assert end[0].startswith("xrun: job failed: lost node 127.0.0.2: "), end
+    assert " (exit code 1), then stopped by SIGINT while stopping every node; every node stopped " in end[0], end
+    assert "stopped by SIGINT (exit code 130)" not in stderr
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and summary["end"] == end[0].removeprefix("xrun: ")
+    assert summary["root_cause"]["host"] == "127.0.0.2" and summary["root_cause"]["exit_code"] == 1
+    assert summary["root_cause"]["reason"].startswith("lost node 127.0.0.2: ")
+    assert summary["interrupted_by"] == {"number": 2, "name": "SIGINT"}

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import ROOT, run_xrun
 from tests.test_pod_run import Pod
+from xrun import net
 from xrun.errors import PortBusyError
 from xrun.launch.result.failure_report import format_failure_report
 from xrun.launch.result.outcome import NodeResult, RankOutcome
@@ -198,16 +199,44 @@ def test_check_notes_a_busy_default_port_and_fails_a_busy_given_one():
         assert given.returncode == 1 and "master port 29500 is in use on localhost" in given.stdout
 
 
-def test_a_free_port_is_picked_below_the_ephemeral_range():
+@pytest.mark.parametrize(
+    "ephemeral, window",
+    [
+        ((32768, 60999), range(20000, 32768)),  # Linux's default: below the range
+        ((20001, 60999), range(20000, 20001)),
+        ((20000, 60999), range(61000, 65536)),  # starts at PICK_FROM: above the range instead
+        ((1024, 65000), range(65001, 65536)),
+        ((1024, 5000), range(20000, 65536)),
+        ((1024, 65535), range(0)),  # nothing outside it: bind(0) is all that is left
+        ((1, 65535), range(0)),  # what an unreadable /proc reads as
+    ],
+)
+def test_the_pick_window_lies_outside_the_ephemeral_range(ephemeral, window):
     """A port from bind(0) may be handed to an outgoing connection (even a rank's self-connect to it) before rank 0
-    binds it: EADDRINUSE in a busy CI run. xrun picks below the kernel's ephemeral range instead."""
-    import socket
+    binds it: EADDRINUSE in a busy CI run. xrun picks outside the kernel's ephemeral range instead, below it where
+    there is room above PICK_FROM, else above it."""
+    assert net.pick_window(ephemeral) == window
+    low, high = ephemeral
+    assert not any(low <= port <= high for port in window)
 
-    from xrun import net
 
-    low = net._ephemeral_low()
+def test_the_ephemeral_range_is_read_and_an_unreadable_one_is_the_whole_space(tmp_path):
+    given = tmp_path / "range"
+    given.write_text("10000\t20000\n")
+    assert net.ephemeral_range(str(given)) == (10000, 20000)
+    given.write_text("garbage\n")
+    assert net.ephemeral_range(str(given)) == (1, 65535)
+    assert net.ephemeral_range(str(tmp_path / "missing")) == (1, 65535)
+
+
+@pytest.mark.parametrize("ephemeral", [None, (32768, 60999), (10000, 60999), (1024, 65535)])
+def test_a_free_port_is_picked_outside_the_ephemeral_range_and_is_free(ephemeral):
+    """Real sockets on this host, with its own range (None) and with a low, a high and a whole-space range given:
+    each pick lies outside the range it was given, or comes from bind(0) where nothing lies outside it."""
+    low, high = net.ephemeral_range() if ephemeral is None else ephemeral
+    window = net.pick_window((low, high))
     for _ in range(20):
-        port = net.free_port("127.0.0.1")
-        assert port < low or low <= net.PICK_FROM
+        port = net.free_port("127.0.0.1", ephemeral=ephemeral)
+        assert port in window if window else port > 0
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))  # and it is free

@@ -22,18 +22,18 @@ def _family(addr: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
-def free_port(addr: str, *, every_address: bool = False) -> int:
+def free_port(addr: str, *, every_address: bool = False, ephemeral: tuple[int, int] | None = None) -> int:
     """A TCP port the kernel reports free on ``addr`` (``every_address``: on every address of ``addr``'s family).
 
-    The port is released before this returns, so another process may take it before its user binds it; the
-    control channel therefore agrees on one port per run (node 0 picks, everyone is told) instead of guessing.
+    The port is drawn from ``pick_window(ephemeral)`` (``ephemeral``: the kernel's range, read from /proc when
+    None), and from ``bind(0)`` only where the ephemeral range leaves no window. The port is released before this
+    returns, so another process may take it before its user binds it; the control channel therefore agrees on one
+    port per run (node 0 picks, everyone is told) instead of guessing.
     """
     family, host = _family(addr), "" if every_address else addr
-    low = _ephemeral_low()
-    for _ in range(64):  # below the kernel's ephemeral range: no outgoing connection is given it meanwhile
-        port = random.randrange(PICK_FROM, low) if low > PICK_FROM else 0  # noqa: S311 - spreads, not secret
-        if port == 0:
-            break
+    window = pick_window(ephemeral_range() if ephemeral is None else ephemeral)
+    for _ in range(64 if window else 0):  # outside the ephemeral range: no outgoing connection is given it meanwhile
+        port = random.choice(window)  # noqa: S311 - spreads, not secret
         if _bindable(family, host, port):
             return port
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -43,16 +43,30 @@ def free_port(addr: str, *, every_address: bool = False) -> int:
 
 # A port from bind(0) is an ephemeral one: between its release and rank 0's bind, the kernel may hand it to any
 # outgoing connection as its source port, even a rank's own connect to that very port (a TCP self-connect),
-# and rank 0's store then fails with EADDRINUSE. Ports below the ephemeral range are never handed out so.
+# and rank 0's store then fails with EADDRINUSE. Ports outside the ephemeral range are never handed out so.
 PICK_FROM = 20000
+PORT_MAX = 65535
 
 
-def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+def pick_window(ephemeral: tuple[int, int]) -> range:
+    """The ports ``free_port`` draws from, given the kernel's ephemeral range ``(low, high)``: ``PICK_FROM`` up to
+    ``low`` (Linux's default 32768-60999 gives 20000-32767), else, where the range starts at or below
+    ``PICK_FROM``, the ports above ``high``; empty where the range covers both (``bind(0)`` is all that is left).
+    """
+    low, high = ephemeral
+    if low > PICK_FROM:
+        return range(PICK_FROM, low)
+    return range(max(high + 1, PICK_FROM), PORT_MAX + 1)
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral port range (ip(7) ``ip_local_port_range``); the whole port space where unreadable."""
     try:
         with open(path, encoding="ascii") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
+            low, high = (int(word) for word in f.read().split()[:2])
+    except (OSError, ValueError):
+        return (1, PORT_MAX)
+    return (low, high)
 
 
 def _bindable(family: int, host: str, port: int) -> bool:

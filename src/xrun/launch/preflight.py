@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import shutil
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
@@ -24,6 +25,7 @@ from importlib.util import find_spec
 
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
+from xrun.launch.elastic.rdzv import parse_endpoint
 from xrun.launch.network.interfaces import interface_names
 from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.output.logfiles import LogFileRefused, check_logs
@@ -99,8 +101,24 @@ def check_ranks(spec: NodeSpec) -> None:
     if spec.elastic is not None and find_spec("torch") is None:
         raise PreflightError("--elastic", sys.executable, "cannot import torch here, and torch's elastic agent runs "
                                                           "the ranks; install torch on every node")
+    if spec.elastic is not None and spec.elastic.rdzv_endpoint:
+        check_endpoint(spec.host, spec.elastic.rdzv_endpoint)
     for rank in spec.ranks:
         _check_exec_size(rank.argv, {**env, **rank.env})
+
+
+def check_endpoint(host: str, endpoint: str) -> None:
+    """``--rdzv_endpoint``'s host resolves on this node (``host``): torch's c10d store retries a name that does not
+    for its whole ``read_timeout`` and then dies in C++ with its stack on the console (issue 37 §3). Checked on
+    every node, where torch will look the name up, not on the head: a name only the nodes resolve is fine."""
+    name, _ = parse_endpoint(endpoint)
+    try:
+        socket.getaddrinfo(name.encode("ascii") if name.isascii() else name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        why = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)) or type(err).__name__
+        raise PreflightError("--rdzv_endpoint", endpoint, f"the host {shown(name)} does not resolve on {host} "
+                             f"({why}); give a name or address of the node that hosts the store that every node "
+                             "resolves, or leave --rdzv_endpoint out to use the master address") from None
 
 
 def _enter(cwd: str) -> None:

@@ -8,7 +8,8 @@ directory and preloaded modules are checked by its dry run, while its real run c
 must be an address the control server can listen on, a local run's explicit ``--master_port`` must be free (issue
 17), ``--precheck`` needs a static job of several nodes with a head, and the job's open files must fit under this
 machine's hard limit (``xrun.fdlimit``: a control channel per node, or the ranks that run here). What only a remote
-node can tell (its script, its interpreter) is checked by its agent there and reported as one line naming the host.
+node can tell (its script, its interpreter, whether ``--rdzv_endpoint``'s host resolves there) is checked by its agent
+there and reported as one line naming the host.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socket
 
 from xrun.errors import UsageError
 from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
-from xrun.launch.preflight import check_node, check_ranks
+from xrun.launch.preflight import check_endpoint, check_node, check_ranks
 from xrun.launch.preload.argv import parse_python_argv, path0
 from xrun.launch.preload.find import check_findable
 from xrun.net import master_port
@@ -36,7 +37,11 @@ def validate(plan: Plan, *, dry_run: bool = False) -> None:
             command = parse_python_argv(plan.nodes[0].ranks[0].argv)
             check_findable(command.python, request.options.preload, path0(command, request.cwd or os.getcwd()))
     if traits.local:
-        check_ranks(plan.nodes[0])
+        check_ranks(plan.nodes[0])  # --elastic's endpoint too: this machine is the node that looks it up
+    elif traits.nodes_start_themselves and dry_run and plan.nodes[0].elastic is not None:
+        endpoint = plan.nodes[0].elastic.rdzv_endpoint  # the same on every node; a real run checks it once joined
+        if endpoint:
+            check_endpoint("this node", endpoint)
     if traits.local and request.master_port_choice is PortChoice.GIVEN:
         # An explicit --master_port taken here: one line naming its holder, not rank 0's EADDRINUSE traceback.
         master_port(plan.nodes[0].host, plan.rendezvous.master_port, pick=False)

@@ -1,7 +1,8 @@
 """Every rank's figures at the head (``xrun.launch.result.summary``): each agent sends its ranks' with their
 ``rank_exited``, and once the job is over the last attempt's are summed up as a node sums up its own ranks: one
-line on success, the table after a failure, and ``summary.json`` (with the restart history, when there were
-attempts). The control server (``xrun.runner.job.control_server``) keeps one ``JobFigures`` per attempt.
+line on success, the table after a failure, and ``summary.json`` (how the job ended: its end line, root cause and
+stop signal; with the restart history, when there were attempts). The control server
+(``xrun.runner.job.control_server``) keeps one ``JobFigures`` per attempt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from xrun.launch.output.status import say
 from xrun.launch.result.failure_report import write_json
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.events import Verdict
+from xrun.runner.job.last_words import verdict_json
 
 
 class JobFigures:
@@ -38,7 +40,7 @@ class JobFigures:
         else:
             sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
         if log_dir is not None:
-            data = summary_json(self.ranks, exit_code=exit_code)
+            data = {**summary_json(self.ranks, exit_code=exit_code), **verdict_json(verdict)}
             if verdict.attempts:
                 data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
             if stragglers is not None and stragglers.get("ranks"):

@@ -1,15 +1,17 @@
 """The runner's last words: the job's verdict as the lines printed on stderr when the run ends.
 
 ``job failed: <root cause> (exit code N); every node stopped X s later`` (the code only where the cause did not
-say it) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
+say it; ``, then stopped by SIGINT while stopping every node`` after the cause where a signal came once the stop
+had begun) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
 ``stopped by SIGINT (exit code 130)``; after either, with ``--max_restarts``, why the restarts ended and each
 attempt's root cause; before either, how many connections were turned away for not presenting
-the run's token. A job that succeeded says nothing.
+the run's token. A job that succeeded says nothing. ``verdict_json``: the same facts for ``summary.json``.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.hints import failure_hint
@@ -26,13 +28,13 @@ def _exit_code(reason: str, code: int) -> str:
 def headline(verdict: Verdict) -> str | None:
     """The verdict's first line: the signal that stopped the job, or its root cause; None for a job that succeeded.
     Pod mode's node 0 sends it with the verdict, and every other node prints it (``server.verdict_message``)."""
-    failure, code = verdict.failure, verdict.exit_code
-    if verdict.interrupted_by is not None:
-        return f"stopped by {signal_name(verdict.interrupted_by)} (exit code {code})"
+    failure, code, signum = verdict.failure, verdict.exit_code, verdict.interrupted_by
     if failure is None:
-        return None
+        return None if signum is None else f"stopped by {signal_name(signum)} (exit code {code})"
+    # a failure beside a signal came first (RootCause records none after one): the signal only hurried the stop
+    then = "" if signum is None else f", then stopped by {signal_name(signum)} while stopping every node"
     stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
-    return f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{stopped}"
+    return f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{then}{stopped}"
 
 
 def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
@@ -42,9 +44,21 @@ def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:
     first, failure = headline(verdict), verdict.failure
     if first is not None:
         lines.append(first)
-    if verdict.interrupted_by is None and failure is not None:
+    if failure is not None:
         lines += [f"  [{failure.host}:{failure.rank}] {line}" for line in failure.tail[-TAIL_SHOWN:]]
         hint = failure_hint(failure.exit_code, failure.tail)
         if hint:
             lines.append(hint)
     return lines + list(verdict.restart_lines)  # --max_restarts: why they ended, each attempt's root cause
+
+
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    """``summary.json``'s account of the end: the end line, the root cause and the signal that stopped the job
+    (both where the signal came while xrun was already stopping the job for the root cause)."""
+    failure, signum = verdict.failure, verdict.interrupted_by
+    return {
+        "end": headline(verdict),
+        "root_cause": None if failure is None else {
+            "reason": failure.reason, "host": failure.host, "rank": failure.rank, "exit_code": failure.exit_code},
+        "interrupted_by": None if signum is None else {"number": signum, "name": signal_name(signum)},
+    }

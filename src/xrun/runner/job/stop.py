@@ -57,9 +57,10 @@ class Stop:
         if signum in self.signalled:  # GNU timeout sends its SIGTERM to xrun and to xrun's group: one stop, one line
             return []
         self.signalled.add(signum)
-        self.cause.interrupted(signum)
+        self.cause.interrupted(signum)  # after a failure: kept beside it, which stays the root cause
         name = signal_name(signum)
-        return [ShowLine(f"got {name}; stopping every node"), *self.stop(signal.SIGTERM, f"xrun got {name}", now)]
+        said = "already stopping every node" if self.stopping else "stopping every node"
+        return [ShowLine(f"got {name}; {said}"), *self.stop(signal.SIGTERM, f"xrun got {name}", now)]
 
     def lose(self, node: Node, reason: str, now: float) -> list[Action]:
         """``node``'s agent is gone: a failure, unless the elastic job goes on without it."""

@@ -3,8 +3,11 @@ root cause, and the job's exit code, decided in one place (``exit_code``) once e
 
 The first failure (a rank's own exit, an agent error, a lost node, a session that ended before its agent
 connected, nodes ``--precheck`` found bad, or ``Hung``: every node silent for --hang_timeout with --hang_action
-stop, exit code ``HANG_EXIT``) is the root cause; a signal to xrun that stopped the job comes before any failure.
-Pure: no clock, no I/O.
+stop, exit code ``HANG_EXIT``) is the root cause. A signal to xrun that stopped the job is kept beside it: before
+any failure it is the cause (128 + the signal, and no later failure counts); after one (a Ctrl-C while xrun stops
+the job for a lost node) it only hurried the stop, so the failure stays the root cause and its code the job's, as
+a node's own verdict has it (``xrun.launch.result.outcome.node_exit_code``), and the end line says both in their
+order (issue 37 §4). Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -61,11 +64,12 @@ class RootCause:
 
 
 def exit_code(nodes: Sequence[Node], failure: Failure | None, interrupted_by: int | None, *, elastic: bool) -> int:
-    """The signal that stopped the job, else the root cause's code, else what the nodes finished with."""
-    if interrupted_by is not None:
-        return 128 + interrupted_by
+    """The root cause's code (a failure is only recorded before any stop signal), else 128 + the signal that
+    stopped the job, else what the nodes finished with."""
     if failure is not None:
         return failure.exit_code or NODE_FAILURE_EXIT
+    if interrupted_by is not None:
+        return 128 + interrupted_by
     done = [n.exit_code or 0 for n in nodes if n.state is NodeState.DONE]
     if elastic and done:
         return max(done)  # a lost node was torch's to handle
