@@ -6,8 +6,8 @@ and gives back each rank's ``RankCollectives`` (what crosses the channel) beside
 the node (the hang doctor writes them to a file, xrun.launch.doctor.node_doctor). A sample asks for the dumps
 only and keeps of each the ``EntryTimes``. A rank that has ended, or is ending (its socket gone), is read from
 what it left at its exit (``rank<N>.last.json``, xrun.launch.telemetry.site); ``settle`` reads again, once the
-ranks have ended, those that exited on their own after a failure's reading. Blocking: the hang doctor runs them on its background thread, or, at a
-failure, within the budget before the stop.
+ranks have ended, those that exited on their own after a failure's reading. Blocking: the hang doctor runs them
+on its background thread, or, at a failure, within the budget before the stop.
 """
 
 from __future__ import annotations
