@@ -564,3 +564,51 @@ def test_a_failed_job_without_a_process_group_reports_no_collectives(tmp_path):
     assert "collective" not in result.stderr and "endpoint" not in result.stderr, result.stderr
     failure = json.loads((logs / "localhost" / "failure.json").read_text())
     assert failure["root_cause"] == 1 and failure["collectives"] is None
+
+
+def fail_over_the_channel(tmp_path, script: str) -> tuple[int, str]:
+    """``script`` on 3 agents (2 + 1 + 1 ranks, all on this machine) over the control channel until it fails on
+    its own: the job's exit code, and the head's log directory."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    (tmp_path / "ready").mkdir()
+    logs = tmp_path / "logs"
+    options = dataclasses.replace(AgentOptions(), log_dir=str(logs))
+    request = JobRequest(script=str(path), master_port=0, launch=LaunchOptions(python=sys.executable),
+                         env={"TMPDIR": short_tmpdir(), "READY_DIR": str(tmp_path / "ready")}, cwd=str(tmp_path),
+                         options=options)
+    plan = make_plan(request, {"localhost": (0, 1), "127.0.0.1": (0,), "127.0.0.2": (0,)}, "ssh")
+    server = head_server(plan, join_timeout=60, status=PlainStatus(3))
+    port = server.listen(["127.0.0.1"])
+    sessions = LocalSessions(plan, endpoint_of(server, port))
+    try:
+        return server.run(sessions), str(logs)
+    finally:
+        sessions.terminate()
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_over_the_channel_the_heads_failure_json_names_the_rank_that_never_entered(tmp_path):
+    """Issue 37 §2 across nodes: rank 2 (alone on its node) stalls before all-reduce #21 and the others time out
+    in it at once; the head's DIR/failure.json names rank 2."""
+    pytest.importorskip("torch")
+    code, logs = fail_over_the_channel(tmp_path, TIMES_OUT)
+    assert code == 1
+    with open(os.path.join(logs, "failure.json")) as f:
+        findings = json.load(f)["collectives"]["findings"]
+    [stuck] = findings["stuck"]
+    assert (stuck["seq"], stuck["waiting"], [a["rank"] for a in stuck["absent"]]) == (21, [0, 1, 3], [2]), findings
+    assert findings["root_cause"].startswith("all_reduce #21 on the default group ([4096] float32): ranks 0-1, 3 "
+                                             "wait in it; rank 2 (127.0.0.1) never entered — at job.py:7 evaluate")
+
+
+@pytest.mark.slow
+def test_over_the_channel_a_job_without_a_process_group_reports_no_collectives(tmp_path):
+    """Issue 37 §6 across nodes: no node sends collectives, the head writes no collective findings."""
+    code, logs = fail_over_the_channel(tmp_path, NEVER_IMPORTS_TORCH)
+    assert code == 7
+    assert not os.path.exists(os.path.join(logs, "failure.json"))  # the head's: written for collective findings
+    with open(os.path.join(logs, "localhost", "failure.json")) as f:  # rank 1's node
+        node = json.load(f)
+    assert node["root_cause"] == 1 and node["collectives"] is None
