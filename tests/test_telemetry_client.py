@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from xrun.launch.telemetry.client import NO_ENDPOINT, ask
+from xrun.launch.telemetry.client import ENDPOINT_GONE, NO_ENDPOINT, ask
 
 
 def serve_once(path, answer: bytes):
@@ -42,3 +42,14 @@ def test_a_rank_that_closes_while_asked_is_its_own_problem_and_the_others_answer
                                         "(the rank was ending?)")
     assert replies["garbage"].error == "the endpoint's answer is not HTTP"
     assert replies["gone"].error == NO_ENDPOINT and not any(r.timed_out for r in replies.values())
+
+
+def test_no_socket_is_no_endpoint_and_a_socket_nobody_listens_on_is_a_rank_gone(tmp_path):
+    """A rank that never served has no socket; one that died without its exit path (SIGKILL, os._exit) left its
+    socket's name with nobody listening (issue 37 §6): the two read differently."""
+    left = socket.socket(socket.AF_UNIX)
+    left.bind(str(tmp_path / "killed.sock"))
+    left.close()  # bound, never listened: what a killed rank leaves
+    replies = ask({name: (str(tmp_path / f"{name}.sock"), "fr_trace_json") for name in ("never", "killed")}, 5.0)
+    assert replies["never"].error == NO_ENDPOINT and replies["never"].absent
+    assert replies["killed"].error == ENDPOINT_GONE and not replies["killed"].absent

@@ -31,6 +31,7 @@ from xrun.channel import Kind
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.spec import AgentOptions
+from xrun.launch.telemetry.client import ENDPOINT_GONE
 from xrun.launch.telemetry.records import read_collectives, read_entry_times
 from xrun.runner.job.control_server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
@@ -476,7 +477,138 @@ def test_a_failure_keeps_the_other_ranks_collectives_in_the_report(tmp_path):
     failure = json.loads((logs / "localhost" / "failure.json").read_text())
     assert failure["root_cause"] == 2
     by_rank = {r["rank"]: r for r in failure["collectives"]["ranks"]}
-    assert sorted(by_rank) == [0, 1], by_rank  # the failed rank is gone; the others are read
+    # the failed rank ended with os._exit: no exit path, nothing left (issue 37 §2), and it is not asked (its child
+    # holds its socket); the others are read
+    assert by_rank.pop(2)["problem"] == ENDPOINT_GONE
     waiting, _ = waiting_and_late(list(by_rank.values()))
     assert sorted(waiting) == [0, 1]
-    assert "collective records of 2 of 2 ranks (torch's Flight Recorder) in " in result.stderr
+    assert "collective records of 2 of 3 ranks (torch's Flight Recorder) in " in result.stderr
+
+
+TIMES_OUT = r"""
+import datetime, os, time
+import torch
+import torch.distributed as dist
+
+def evaluate():
+    time.sleep(120)
+
+# every rank has imported torch before one makes the group: under load the imports end seconds apart, more than
+# the short timeout the group is made with
+ready = os.environ["READY_DIR"]
+open(os.path.join(ready, os.environ["RANK"]), "w").close()
+while len(os.listdir(ready)) < int(os.environ["WORLD_SIZE"]):
+    time.sleep(0.05)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=6))
+rank = dist.get_rank()
+t = torch.ones(4096)
+for _ in range(20):
+    dist.all_reduce(t)
+print("rank", rank, "trained", flush=True)
+if rank == 2:
+    evaluate()
+dist.all_reduce(t)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_failure_where_every_waiting_rank_times_out_at_once_names_the_rank_that_never_entered(tmp_path):
+    """Issue 37 §2: 4 gloo ranks, rank 2 stalls before all-reduce #21, the others wait in it until gloo's timeout
+    fails them all at once. Their sockets go while the agent asks; what each left at its exit says it waited in
+    #21: the report and failure.json name rank 2 as the rank that never entered it."""
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(TIMES_OUT)
+    (tmp_path / "ready").mkdir()
+    logs = tmp_path / "logs"
+    tmp = short_tmpdir()
+    result = run_xrun("--num_gpus", "4", "--master_port", "0", "--log_dir", str(logs), str(script),
+                      env={"TMPDIR": tmp, "READY_DIR": str(tmp_path / "ready")}, timeout=180)
+    assert result.returncode == 1, result.stderr
+    cause = ("all_reduce #21 on the default group ([4096] float32): ranks 0-1, 3 wait in it; rank 2 (localhost) "
+             "never entered — at job.py:7 evaluate")
+    assert f"    {cause}\n" in result.stderr, result.stderr
+    assert "collective records of 4 of 4 ranks (torch's Flight Recorder, 3 of them as left at their exit) in " \
+           in result.stderr
+    failure = json.loads((logs / "localhost" / "failure.json").read_text())
+    findings = failure["collectives"]["findings"]
+    assert findings["root_cause"] == cause and not findings["unread"]
+    [stuck] = findings["stuck"]
+    assert (stuck["seq"], stuck["waiting"], [a["rank"] for a in stuck["absent"]]) == (21, [0, 1, 3], [2])
+    full = json.loads(open(failure["collectives"]["file"]).read())
+    assert {r: v["at_exit"] for r, v in full["ranks"].items()} == {"0": True, "1": True, "2": False, "3": True}
+    assert os.listdir(tmp) == []  # what the ranks left went with the socket directory
+
+
+NEVER_IMPORTS_TORCH = r"""
+import os, sys, time
+time.sleep(1)
+if os.environ["RANK"] == "1":
+    sys.exit(7)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_job_without_a_process_group_reports_no_collectives(tmp_path):
+    """Issue 37 §6: a script that never imports torch; one rank exits 7. No rank had a process group: the report
+    and failure.json say nothing of collectives."""
+    script = tmp_path / "job.py"
+    script.write_text(NEVER_IMPORTS_TORCH)
+    logs = tmp_path / "logs"
+    result = run_xrun("--num_gpus", "4", "--master_port", "0", "--log_dir", str(logs), str(script),
+                      env={"TMPDIR": short_tmpdir()}, timeout=120)
+    assert result.returncode == 7, result.stderr
+    assert "rank 1 failed first: exit code 7" in result.stderr
+    assert "collective" not in result.stderr and "endpoint" not in result.stderr, result.stderr
+    failure = json.loads((logs / "localhost" / "failure.json").read_text())
+    assert failure["root_cause"] == 1 and failure["collectives"] is None
+
+
+def fail_over_the_channel(tmp_path, script: str) -> tuple[int, str]:
+    """``script`` on 3 agents (2 + 1 + 1 ranks, all on this machine) over the control channel until it fails on
+    its own: the job's exit code, and the head's log directory."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    (tmp_path / "ready").mkdir()
+    logs = tmp_path / "logs"
+    options = dataclasses.replace(AgentOptions(), log_dir=str(logs))
+    request = JobRequest(script=str(path), master_port=0, launch=LaunchOptions(python=sys.executable),
+                         env={"TMPDIR": short_tmpdir(), "READY_DIR": str(tmp_path / "ready")}, cwd=str(tmp_path),
+                         options=options)
+    plan = make_plan(request, {"localhost": (0, 1), "127.0.0.1": (0,), "127.0.0.2": (0,)}, "ssh")
+    server = head_server(plan, join_timeout=60, status=PlainStatus(3))
+    port = server.listen(["127.0.0.1"])
+    sessions = LocalSessions(plan, endpoint_of(server, port))
+    try:
+        return server.run(sessions), str(logs)
+    finally:
+        sessions.terminate()
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_over_the_channel_the_heads_failure_json_names_the_rank_that_never_entered(tmp_path):
+    """Issue 37 §2 across nodes: rank 2 (alone on its node) stalls before all-reduce #21 and the others time out
+    in it at once; the head's DIR/failure.json names rank 2."""
+    pytest.importorskip("torch")
+    code, logs = fail_over_the_channel(tmp_path, TIMES_OUT)
+    assert code == 1
+    with open(os.path.join(logs, "failure.json")) as f:
+        findings = json.load(f)["collectives"]["findings"]
+    [stuck] = findings["stuck"]
+    assert (stuck["seq"], stuck["waiting"], [a["rank"] for a in stuck["absent"]]) == (21, [0, 1, 3], [2]), findings
+    assert findings["root_cause"].startswith("all_reduce #21 on the default group ([4096] float32): ranks 0-1, 3 "
+                                             "wait in it; rank 2 (127.0.0.1) never entered — at job.py:7 evaluate")
+
+
+@pytest.mark.slow
+def test_over_the_channel_a_job_without_a_process_group_reports_no_collectives(tmp_path):
+    """Issue 37 §6 across nodes: no node sends collectives, the head writes no collective findings."""
+    code, logs = fail_over_the_channel(tmp_path, NEVER_IMPORTS_TORCH)
+    assert code == 7
+    assert not os.path.exists(os.path.join(logs, "failure.json"))  # the head's: written for collective findings
+    with open(os.path.join(logs, "localhost", "failure.json")) as f:  # rank 1's node
+        node = json.load(f)
+    assert node["root_cause"] == 1 and node["collectives"] is None

@@ -24,11 +24,13 @@ from xrun.launch.telemetry.records import (
     entry_times_message,
     grid_stride,
     parse_dump,
+    parse_left_records,
     picked_per_sample,
     rank_collectives,
     read_collectives,
     read_entry_times,
     where_from_traceback,
+    with_failure,
 )
 
 T0 = 1_795_860_366_824_675_278
@@ -209,3 +211,47 @@ def test_a_big_job_picks_fewer_collectives_a_sample():
 
 def test_where_is_none_without_the_scripts_thread():
     assert where_from_traceback("Current thread 0x1 (most recent call first):\n  <no Python frame>\n") is None
+
+
+DIED_IN_ALL_REDUCE = """Current thread 0x0 (most recent call first):
+  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/usr/lib/python3/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/job/train.py", line 16 in <module>
+"""
+
+
+def retired_up_to(*seqs: int) -> dict:
+    """What gloo leaves at a rank's exit: every entry retired, and counted completed, the failed one too."""
+    found = dump(*(entry(s) for s in seqs))
+    found["pg_status"]["0"]["last_completed_collective"] = str(max(seqs))
+    return found
+
+
+def test_a_rank_that_died_in_a_collective_left_it_failed_not_completed():
+    """gloo retires a collective that timed out as one that completed (issue 37 §2): the exit traceback says
+    which the rank died in, and its record shows it unfinished, its group's counter below it."""
+    left = retired_up_to(19, 20, 21)
+    record = rank_collectives("n0", 1, with_failure(left, DIED_IN_ALL_REDUCE))
+    [group] = record.groups
+    assert [(c.seq, c.state, c.finished) for c in group.recent] == [(19, "scheduled", True), (20, "scheduled", True),
+                                                                     (21, "failed", False)]
+    assert group.last_completed == 20 and group.last_enqueued == 21
+    assert left["entries"][-1]["retired"] is True  # torch's own dump is left as it was
+
+
+@pytest.mark.parametrize("traceback", [None, TRACEBACK.replace("torch/distributed/distributed_c10d.py", "x.py"),
+                                       'Current thread 0x0 (most recent call first):\n  File "/job/train.py", '
+                                       "line 9 in step\n"])
+def test_a_rank_that_ended_any_other_way_left_its_collectives_as_torch_says(traceback):
+    left = retired_up_to(20, 21)
+    assert with_failure(left, traceback) is left
+
+
+def test_what_a_rank_left_at_exit_is_read_and_anything_else_refused():
+    body = json.dumps({"traceback": DIED_IN_ALL_REDUCE, "flight_recorder": retired_up_to(3)}).encode()
+    found, traceback = parse_left_records(body)
+    assert found["entries"][0]["collective_seq_id"] == 3 and traceback == DIED_IN_ALL_REDUCE
+    assert parse_left_records(json.dumps({"traceback": None, "flight_recorder": {}}).encode()) == ({}, None)
+    for bad in (b"{", b"[]", b'{"flight_recorder": []}', b'{"flight_recorder": {"entries": 3}}'):
+        with pytest.raises(ValueError):
+            parse_left_records(bad)

@@ -43,6 +43,7 @@ from xrun.launch.telemetry.reads import RankReads, Reading
 if TYPE_CHECKING:
     from xrun.launch.doctor.background import InBackground
     from xrun.launch.ranks.supervise import RankGroup
+    from xrun.launch.result.outcome import RankOutcome
     from xrun.launch.result.stacks import DumpTarget
     from xrun.launch.telemetry.endpoints import Endpoints
     from xrun.launch.telemetry.records import EntryTimes
@@ -144,6 +145,7 @@ class NodeDoctor:
         if self.options.failure_stacks:
             group.plugins.before_failure_stop = self.take_stop_stacks
         if self._reads is not None:
+            group.plugins.before_result = self._settle
             self._next_sample = time.monotonic() + until_the_next_sample(time.time())
             group.plugins.timers.add(lambda: self._next_sample if self.on_samples is not None else None, self._sample)
 
@@ -158,8 +160,8 @@ class NodeDoctor:
 
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
         """Take every live rank's stack (and collective records) in the background; ``on_done`` runs in the loop."""
-        targets = self.group.live_targets()
-        if not self._background().start(lambda: self._diagnose(targets, budget), on_done):
+        targets, ranks = self.group.live_targets(), self.group.ranks
+        if not self._background().start(lambda: self._diagnose(targets, budget, ranks), on_done):
             notice(self.host, "a stack dump is already running; this request is dropped")
 
     def _background(self) -> InBackground:
@@ -171,16 +173,24 @@ class NodeDoctor:
             self.group.add_reader(self._worker, self._worker.ready)
         return self._worker
 
-    def _diagnose(self, targets: Sequence[DumpTarget], budget: float) -> Diagnosis:
-        """The stacks with py-spy and, while its processes work, the collective records (blocking)."""
+    def _diagnose(self, targets: Sequence[DumpTarget], budget: float, ranks: Sequence[int], *,
+                  keep: bool = False) -> Diagnosis:
+        """The stacks of the live ``targets`` with py-spy and, while its processes work, the collective records of
+        every rank of the node (blocking): an ended rank's are those it left at its exit. ``keep``: the records'
+        full answers are kept, not written yet (``_settle`` does, once the ranks have ended)."""
         reading: Reading | None = None
 
         def read() -> None:
             nonlocal reading
-            if self._reads is not None and targets:
-                reading = self._read([t.rank for t in targets], budget)
+            if self._reads is not None and ranks:
+                live = [t.rank for t in targets]
+                found = self._reads.reading(live, budget, ended=[r for r in ranks if r not in live])
+                reading = found if keep else self._written(found)
 
         problem = stack_problem(self.host, self._environ)
+        if not targets:
+            read()
+            return Diagnosis([], problem, reading)
         if self._pyspy is None or problem is not None:
             read()
             return Diagnosis([], problem, reading)
@@ -191,10 +201,11 @@ class NodeDoctor:
         return Diagnosis(dump_ranks(self.host, targets, budget=budget, pyspy=self._pyspy, meanwhile=read), None,
                          reading)
 
-    def _read(self, ranks: list[int], budget: float) -> Reading:
-        """The ranks' records, their full answers written to a file on this node (and left out of the result)."""
-        assert self._reads is not None
-        reading = self._reads.reading(ranks, budget)
+    def _written(self, reading: Reading) -> Reading | None:
+        """The ranks' records, their full answers written to a file on this node (and left out of the result);
+        None when no rank had a process group: no collective to report (issue 37 §6)."""
+        if not reading.grouped:
+            return None
         if not reading.full:
             return reading
         text = json.dumps({"host": self.host, "ranks": {str(r): v for r, v in sorted(reading.full.items())}})
@@ -225,16 +236,30 @@ class NodeDoctor:
         if not self.options.failure_stacks or group.stacks or group.stopping:
             return
         targets = group.live_targets()
+        found = self._diagnose(targets, FAILURE_BUDGET, group.ranks, keep=True)
+        group.collectives = found.reading  # the ended ranks' too, what they left at their exit; settled at the end
         if not targets:
             return
-        found = self._diagnose(targets, FAILURE_BUDGET)
-        group.collectives = found.reading
         if found.problem is not None or self._pyspy is None:  # the report's view says why, in one line
             why = found.problem or "py-spy is missing"
             group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
             return
         # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
         group.stacks = tuple(s for s in found.stacks if s.error != EXITED)
+
+    def _settle(self, outcomes: Sequence[RankOutcome]) -> None:
+        """Once every rank has ended: the failure's reading (taken before the stop, not written yet) with the last
+        word of each rank that exited on its own, what it left at its exit, then written (issue 37 §2).
+
+        When gloo's timeout fails every rank waiting in a collective at once, the agent reads them while they fail:
+        one still answers, its collective retired by gloo as if done, one has just taken its socket away. What each
+        left at its exit says which collective it died in (``records.with_failure``); a rank xrun stopped keeps
+        what it said before the stop (where it was, not where the stop found it)."""
+        reading, reads = self.group.collectives, self._reads
+        if reading is None or reading.file is not None or reads is None:
+            return
+        ended = [o.rank for o in outcomes if o.started and not o.stopped_by_xrun]
+        self.group.collectives = self._written(reads.settle(reading, ended))
 
     def _link(self) -> DoctorLink:
         assert self.link is not None, "a doctor's link is set before its group runs (xrun.launch.agent)"

@@ -1,12 +1,16 @@
 """What a RankGroup's caller plugs into its loop (``xrun.launch.ranks.supervise``) besides readers: timers, signals
-that stop nothing, and a hook before the first failure stops the other ranks (xrun.launch.doctor.node_doctor)."""
+that stop nothing, a hook before the first failure stops the other ranks, and one once they have all ended
+(xrun.launch.doctor.node_doctor)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from xrun.launch.result.outcome import RankOutcome
 
 
 # A base class is evaluated when the module loads: Python 3.9 has no ``float | None`` there.
@@ -42,3 +46,5 @@ class Plugins:
     signals: dict[int, Callable[[], None]] = field(default_factory=dict)  # owned too; they stop nothing
     timers: Timers = field(default_factory=Timers)
     before_failure_stop: Callable[[], None] | None = None  # the first failure, before the others are stopped
+    # every rank has ended, before the node's result is made: how each ended
+    before_result: Callable[[Sequence[RankOutcome]], None] | None = None

@@ -134,6 +134,11 @@ class RankGroup:
     def stopping(self) -> bool:
         return self._teardown.signum is not None
 
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank of this node, running or ended."""
+        return [r.spec.rank for r in self._ranks]
+
     def live_targets(self) -> list[DumpTarget]:
         """The ranks whose main process is running, for a stack dump."""
         return dump_targets(self._reaper.running())
@@ -321,6 +326,8 @@ class RankGroup:
 
     def _result(self) -> NodeResult:
         outcomes = self._reaper.outcomes()
+        if self.plugins.before_result is not None:
+            self.plugins.before_result(outcomes)
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
                            stacks=self.stacks, collectives=self.collectives)

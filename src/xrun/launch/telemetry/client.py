@@ -3,8 +3,9 @@ once, against one deadline.
 
 ``ask(questions, timeout)`` sends each question, ``POST /handler/<handler>`` (HTTP/1.0: the server closes after
 its answer), to its socket from one thread with one selector, and returns each one's ``Reply``: the body,
-or why there is none (no socket: the rank has not imported torch.distributed yet, or telemetry could not start
-in it; no answer in time; an HTTP error). A rank that does not answer costs the deadline, never more; nothing
+or why there is none (no socket: the rank has not imported torch.distributed yet, telemetry could not start in
+it, or the rank took it away at its exit; a socket nobody listens on: the rank died without its exit path; no
+answer in time; an HTTP error). A rank that does not answer costs the deadline, never more; nothing
 is retried. Standard library only.
 """
 
@@ -21,6 +22,9 @@ from typing import TypeVar
 MAX_BODY = 64 << 20  # a Flight Recorder dump of 1,000 entries is ~0.5 MB; a user's 100,000-entry buffer ~50 MB
 K = TypeVar("K", bound=Hashable)
 NO_ENDPOINT = "no endpoint (the rank has not imported torch.distributed, or its torch has no worker server)"
+# the socket's name is there and nobody listens: the rank served it and ended without its exit path (which takes
+# the name away and leaves its records, xrun.launch.telemetry.site)
+ENDPOINT_GONE = "the rank's endpoint is gone: it ended without leaving its records (killed by a signal, os._exit)"
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class Reply:
     body: bytes | None  # the answer's body (HTTP 200)
     error: str | None = None  # why there is no body
     timed_out: bool = False  # no answer within the deadline (the rank may still be working on it)
+    absent: bool = False  # no socket by that name: never served, or taken away at the rank's exit
 
 
 class _Exchange:
@@ -96,9 +101,12 @@ def _connect(path: str, request: bytes) -> _Exchange | Reply:
     sock.setblocking(False)
     try:
         sock.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError):
+    except FileNotFoundError:
         sock.close()
-        return Reply(None, NO_ENDPOINT)
+        return Reply(None, NO_ENDPOINT, absent=True)
+    except ConnectionRefusedError:
+        sock.close()
+        return Reply(None, ENDPOINT_GONE)
     except BlockingIOError:  # the listen backlog is full: wait for it to take us
         pass
     except OSError as err:

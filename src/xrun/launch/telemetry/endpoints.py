@@ -1,7 +1,8 @@
 """Where a node's ranks serve their collective records: one Unix socket per rank, in a directory of this node's
 attempt that only the job's user may enter (0700), and what each rank's environment needs for it.
 
-``Endpoints`` makes the directory (``close`` removes it; the watchdog removes it if the agent is killed); its
+``Endpoints`` makes the directory (``close`` removes it, with the sockets and the records the ranks left in it at
+their exit, ``rank<N>.last.json``; the watchdog removes it if the agent is killed); its
 ``rank_env`` is what a rank's environment gains: this package's ``site`` directory first on ``PYTHONPATH`` (the
 rank's ``sitecustomize`` takes it off again at start-up), ``XRUN_TELEMETRY_SOCKET``, and the Flight Recorder's
 bounded buffer, ``TORCH_FR_BUFFER_SIZE`` (a value the user set, under either of torch's names, is kept). Nothing
@@ -19,6 +20,7 @@ from xrun.errors import IncompleteInstallError
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 SOCKET_VARIABLE = "XRUN_TELEMETRY_SOCKET"
+LAST_RECORDS_SUFFIX = ".last.json"  # the rank's sitecustomize writes rank<N>.last.json at exit (the same name there)
 # torch's Flight Recorder keeps the last N collectives of the process. 1,000 entries hold a hang's last
 # collectives of every group and the straggler sample's 512 back; a dump of them costs the rank ~20 ms of one
 # core (~19 us an entry, measured with torch 2.13) and the agent ~5 ms to read (docs/telemetry.md#cost).
@@ -45,6 +47,10 @@ class Endpoints:
 
     def socket(self, rank: int) -> str:
         return os.path.join(self.directory, f"rank{rank}.sock")
+
+    def last_records(self, rank: int) -> str:
+        """Where rank ``rank`` leaves its records when it exits (its ``sitecustomize``'s ``leave_records``)."""
+        return os.path.join(self.directory, f"rank{rank}{LAST_RECORDS_SUFFIX}")
 
     def rank_env(self, rank: int, env: Mapping[str, str]) -> dict[str, str]:
         """What rank ``rank``'s environment ``env`` gains (the rank's own sitecustomize gives PYTHONPATH back)."""

@@ -15,6 +15,10 @@ start and complete). Two summaries of it travel, never the dump itself (it stays
   rank's samples even when the nodes are asked at their own times, and scores who enters late
   (xrun.launch.result.stragglers).
 
+A rank that has exited is read from what it left at its exit (``parse_left_records``: its dump and the traceback
+it died of); the collective it died in is marked ``failed`` there (``with_failure``: gloo retires a failed
+collective as a completed one).
+
 Point-to-point entries (send/recv) are left out: they have no common sequence number across a group. A dump
 that is not torch's format raises ``ValueError`` (the rank's answer is data, never trusted).
 
@@ -28,7 +32,7 @@ must be optional, and a reader ignores fields it does not know)::
                       "groups": [{"name": "0", "desc": "default_pg", "last_enqueued": int | null,
                                   "last_completed": int | null, "recent": [Collective, ...]  (oldest first)}]}
     Collective  {"seq", "op": "all_reduce", "in_sizes": [[4096]], "in_dtypes": ["Float"], "out_sizes",
-                 "out_dtypes", "state": "scheduled" | "started" | "completed", "retired": bool,
+                 "out_dtypes", "state": "scheduled" | "started" | "completed" | "failed", "retired": bool,
                  "created_ns": <the node's wall clock>, "started_ns": int | null, "completed_ns": int | null}
     entry_times  {"ranks": [{"rank", "groups": [{"name", "seq": [int, ...], "base_ns": int,
                                                   "t_us": [<microseconds after base_ns>, ...]}]}]}
@@ -75,7 +79,8 @@ class Collective:
     in_dtypes: tuple[str, ...]  # torch's names: "Float", "BFloat16"
     out_sizes: tuple[tuple[int, ...], ...]
     out_dtypes: tuple[str, ...]
-    state: str  # "scheduled", "started", "completed" (gloo's entries stay "scheduled"; NCCL's move on)
+    state: str  # "scheduled", "started", "completed" (gloo's entries stay "scheduled"; NCCL's move on), or
+    # FAILED: the rank died of an error raised in it (``with_failure``: read from what it left at its exit)
     retired: bool  # torch is done with it (gloo: it completed)
     created_ns: int  # wall clock (the node's) when the rank entered it
     started_ns: int | None = None  # NCCL: when it was seen to start (TORCH_NCCL_ENABLE_TIMING) or complete
@@ -245,6 +250,64 @@ def parse_dump(body: bytes) -> dict[str, Any]:
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
         raise ValueError("the Flight Recorder's dump has no list of entries")
     return dump
+
+
+def parse_left_records(body: bytes) -> tuple[dict[str, Any], str | None]:
+    """What a rank left at its exit (``rank<N>.last.json``, written by its ``sitecustomize``): its Flight
+    Recorder's dump and the traceback it died of (faulthandler's format, or None); ValueError when it is not
+    that."""
+    try:
+        left = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"the records left at exit are not JSON ({err.__class__.__name__})") from None
+    if not isinstance(left, dict) or not isinstance(left.get("flight_recorder"), dict):
+        raise ValueError("the records left at exit hold no Flight Recorder dump")
+    dump, traceback = left["flight_recorder"], left.get("traceback")
+    if not isinstance(dump.get("entries", []), list):
+        raise ValueError("the Flight Recorder's dump has no list of entries")
+    return dump, traceback if isinstance(traceback, str) else None
+
+
+FAILED = "failed"  # a Collective's state in what a rank left at its exit: it died of an error raised in it
+
+
+def with_failure(dump: Mapping[str, Any], traceback: str | None) -> Mapping[str, Any]:
+    """What a rank left at its exit, with the collective it died in marked ``failed`` (not retired, and its
+    group's completed counter below it).
+
+    gloo retires a collective that failed (its timeout, a peer gone) as it does one that completed, and counts
+    it completed: by the rank's exit its entry reads done. A rank whose exit traceback ends inside
+    ``torch.distributed`` died of the collective it was in, the newest it entered (the call that raised); marked,
+    it reads as what it was until it failed, a wait (issue 37 §2). Any other exit leaves the dump as it is."""
+    if traceback is None or not _raised_in_torch_distributed(traceback):
+        return dump
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, dict) and not e.get("is_p2p")]
+    if not entries:
+        return dump
+    try:
+        newest = max(entries, key=lambda e: _count(e.get("record_id", 0)))
+        seq = _count(newest["collective_seq_id"])
+    except (KeyError, ValueError):
+        return dump
+    marked = {**newest, "state": FAILED, "retired": False}
+    status = dict(_mapping(dump.get("pg_status")))
+    pg_id = str(newest.get("pg_id", ""))
+    counters = _mapping(status.get(pg_id))
+    completed = _counter(counters.get("last_completed_collective"))
+    if completed is not None and completed >= seq:
+        status[pg_id] = {**counters, "last_completed_collective": str(seq - 1)}
+    return {**dump, "entries": [marked if e is newest else e for e in dump.get("entries") or []],
+            "pg_status": status}
+
+
+def _raised_in_torch_distributed(traceback: str) -> bool:
+    """faulthandler's format, innermost frame first: is that frame's file in torch's ``distributed`` package?"""
+    for line in traceback.splitlines():
+        match = _FRAME.match(line)
+        if match:
+            parts = match["file"].replace("\\", "/").split("/")
+            return any(a == "torch" and b == "distributed" for a, b in zip(parts, parts[1:]))
+    return False
 
 
 def collectives(dump: Mapping[str, Any]) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:

@@ -156,12 +156,80 @@ def _unlink_before_finalization(socket_path: str) -> None:
         if os.getpid() != owner:  # a forked child that exits normally: the endpoint is its parent's
             return
         try:
+            leave_records(socket_path)
+        except Exception:  # noqa: S110 - telemetry must never change what the script sees
+            pass
+        try:
             os.unlink(socket_path)
         except OSError:
             return
         time.sleep(_DRAIN_SECONDS)
 
     atexit.register(unlink)
+
+
+LAST_RECORDS_SUFFIX = ".last.json"  # rank<N>.sock -> rank<N>.last.json (xrun.launch.telemetry.endpoints)
+_LAST_RECORDS_MOST = 10_000  # entries: a bigger buffer is not dumped at exit (~19 us an entry: 0.2 s at most)
+_BUFFER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def last_records_path(socket_path: str) -> str:
+    """Where a rank leaves its records at exit: beside its socket, in the same 0700 directory."""
+    base = socket_path[: -len(".sock")] if socket_path.endswith(".sock") else socket_path
+    return base + LAST_RECORDS_SUFFIX
+
+
+def leave_records(socket_path: str) -> None:
+    """The rank's Flight Recorder and the traceback it dies of (if any), written at exit before the socket goes
+    (issue 37 §2): when gloo's timeout fails every waiting rank at once, the agent asks while they exit, finds
+    their sockets gone, and reads this file instead. ``{"traceback": <faulthandler's format> | null,
+    "flight_recorder": <fr_trace_json's answer>}``, mode 0600, written whole then renamed (the agent never reads
+    half of it); the directory goes with the attempt. A rank killed by a signal, or that ends with
+    ``os._exit``, leaves none. Costs the exiting rank ~20 ms for the default 1,000 entries."""
+    torch = sys.modules.get("torch")
+    if torch is None or _TRIGGER not in sys.modules:
+        return
+    for name in _BUFFER_VARIABLES:  # torch's order: the first one set counts
+        value = os.environ.get(name)
+        if value is not None:
+            if not value.strip().isdigit() or int(value) > _LAST_RECORDS_MOST:
+                return
+            break
+    dump = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    if isinstance(dump, str):
+        dump = dump.encode("utf-8")
+    import json  # loaded already: torch uses it
+
+    body = b'{"traceback": ' + json.dumps(_exit_traceback()).encode("ascii") + b', "flight_recorder": ' + dump + b"}"
+    path = last_records_path(socket_path)
+    part = path + ".part"
+    try:
+        os.unlink(part)  # a process of this rank that died while writing it
+    except OSError:
+        pass
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(part, path)
+
+
+def _exit_traceback() -> str | None:
+    """The uncaught exception the interpreter is exiting with, as faulthandler writes a thread (innermost frame
+    first), or None (a normal exit, ``sys.exit``)."""
+    error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(error, "__traceback__", None)
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append(f'  File "{code.co_filename}", line {tb.tb_lineno} in {code.co_name}')
+        tb = tb.tb_next
+    if not frames:
+        return None
+    return "Current thread 0x0 (most recent call first):\n" + "\n".join(reversed(frames)) + "\n"
 
 
 def _stale(socket_path: str) -> bool:
