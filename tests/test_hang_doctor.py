@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import xrun
 import xrun.launch.preload as preload_package
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
@@ -529,12 +530,14 @@ def test_without_py_spy_one_line_says_why_and_the_job_is_undisturbed(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     steady = "import os, time\nprint('up', os.environ['RANK'], flush=True)\ntime.sleep(2)\n"
-    # an environment of its own without py-spy beside its python (xrun itself comes through PYTHONPATH), and a
-    # PATH without one
+    # an environment of its own without py-spy beside its python (xrun itself comes through PYTHONPATH: the folder
+    # the installed package is in, since a venv made from a venv's python sees the base interpreter's packages), and
+    # a PATH without one
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    installed = os.path.dirname(os.path.dirname(xrun.__file__))
     proc, _ = start_xrun(tmp_path, "--num_gpus", "2", "--hang_timeout", "1", script=steady,
-                         env={"PATH": str(bin_dir), "PYTHONPATH": ROOT}, python=str(venv / "bin" / "python"))
+                         env={"PATH": str(bin_dir), "PYTHONPATH": installed}, python=str(venv / "bin" / "python"))
     wait_for_lines(proc.stdout, 2, contains="up", timeout=30)
     proc.send_signal(signal.SIGQUIT)
     _, err = proc.communicate(timeout=60)
