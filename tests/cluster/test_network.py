@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import xrun
 from tests.cluster.harness import IFACE, _cmdline, netns_pids, tool
 from tests.conftest import ROOT
 
@@ -77,8 +78,13 @@ def test_allreduce_on_a_healthy_cluster_gives_every_node_a_figure(cluster, tmp_p
 
 
 def test_allreduce_without_torch_on_the_nodes_is_one_line_exit_2(cluster, tmp_path):
-    bare = tmp_path / "python-bare"  # -S: no site-packages, so no torch; xrun itself comes from PYTHONPATH
-    bare.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -S "$@"\n')
+    # -S: no site-packages, so no torch; xrun itself comes from PYTHONPATH, a folder that holds only the installed
+    # package (its site-packages would bring torch back)
+    only_xrun = tmp_path / "only-xrun"
+    only_xrun.mkdir()
+    (only_xrun / "xrun").symlink_to(os.path.dirname(xrun.__file__))
+    bare = tmp_path / "python-bare"
+    bare.write_text(f'#!/bin/sh\nPYTHONPATH={only_xrun} exec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
     done, _ = check(cluster, tmp_path, str(bare), mode="allreduce")
     assert done.returncode == 2, done.stdout + done.stderr
