@@ -24,7 +24,7 @@ from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
 from xrun.launch.preflight import check_spec
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
+from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
@@ -74,10 +74,12 @@ def add_rank_command_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that shape each rank's argv (shared with the runner's command line)."""
     add = parser.add_argument
     add(*spellings("--no_local_rank"), action="store_true", help="do not append --local_rank=N to the script's args")
-    add("--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
+    add("-m", "--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
     add(*spellings("--no_python"), action="store_true", help="run SCRIPT directly, not through python")
-    add(*spellings("--device_per_rank"), action="store_true",
+    add(*spellings("--device_per_rank"), *spellings("--virtual_local_rank"), dest="device_per_rank",
+        action="store_true",
         help="each rank sees only its own device (CUDA_VISIBLE_DEVICES=its slot, LOCAL_RANK=0, --local_rank=0)")
+    add("--role", metavar="NAME", help="the ranks' role name, ROLE_NAME (torchrun's; default: default)")
 
 
 def add_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -203,8 +205,10 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
     mode = PythonMode.MODULE if ns.module else PythonMode.NONE if ns.no_python else PythonMode.SCRIPT
     if ns.device_per_rank and getattr(ns, "elastic", False):
         raise UsageError("--device_per_rank", "does not apply with --elastic (torch's agent sets LOCAL_RANK)")
+    if ns.role is not None and not ns.role.strip():
+        raise UsageError("--role", "is empty; give the ranks' role name (ROLE_NAME), e.g. trainer")
     return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank,
-                         device_per_rank=ns.device_per_rank)
+                         device_per_rank=ns.device_per_rank, role=ns.role or DEFAULT_ROLE)
 
 
 def agent_options(ns: argparse.Namespace) -> AgentOptions:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from xrun.channel.link import TOKEN_ENV_PREFIX
 from xrun.launch.elastic.rdzv import resolve_elastic
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
+from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
@@ -80,6 +80,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     ]
     argv += ["--no_local_rank"] if not launch.local_rank_arg else []
     argv += ["--device_per_rank"] if launch.device_per_rank else []
+    argv += [f"--role={launch.role}"] if launch.role != DEFAULT_ROLE else []
     argv += ["--module"] if launch.mode is PythonMode.MODULE else []
     argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
