@@ -128,7 +128,9 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add = group.add_argument
     add("--elastic", action="store_true",
         help="run each node's ranks under torch's elastic agent: restarts, nodes leaving and joining")
-    add("--nnodes", metavar="MIN[:MAX]", help="with --elastic: node count or range (torchrun's spelling)")
+    add("--nnodes", metavar="MIN[:MAX]",
+        help="node count or range (torchrun's): with --elastic the range; xrun without it: N or N:N a static job of N "
+        "nodes, MIN:MAX an elastic one")
     add(*spellings("--min_nodes"), type=int_arg(high=MAX_HOSTS),
         metavar="N", help="with --elastic: fewest nodes to run (default: max)")
     add(*spellings("--max_nodes"), type=int_arg(high=MAX_HOSTS),
