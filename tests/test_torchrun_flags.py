@@ -1,0 +1,134 @@
+"""Issue 41, pure: torchrun's flags translated into xrun's request (xrun.runner.torchrun), the plan's view of them
+(``--nnodes N`` against the world, the console's local ranks as global ones) and ``--role`` in the env contract."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from xrun.errors import UsageError
+from xrun.launch.agent_cli import parse_agent_argv
+from xrun.launch.command import AgentCommand, agent_argv
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.launch.spec import AgentOptions
+from xrun.runner.cli import parse_request
+from xrun.runner.plan import with_torchrun_world
+from xrun.runner.torchrun import LocalConsole, parse_std, resolve_nproc, torchrun_form
+
+
+def request(*flags: str):  # type: ignore[no-untyped-def]
+    return parse_request([*flags, "train.py", "--lr", "1"])[0]
+
+
+@pytest.mark.parametrize("flags, form", [
+    (["--nproc_per_node", "2"], True),
+    (["--nproc-per-node=2"], True),
+    (["--standalone"], True),
+    (["-m"], True),
+    (["--num_gpus", "2"], False),
+    (["--master_port", "29501"], False),
+    ([], False),
+])
+def test_a_line_that_spells_a_torchrun_flag_runs_in_torchruns_form(flags: list[str], form: bool) -> None:
+    assert torchrun_form(flags) is form
+    if "-m" not in flags:
+        assert request(*flags).launch.local_rank_arg is not form  # torchrun never appends --local_rank=N
+
+
+def test_elastic_typed_by_hand_keeps_xruns_form() -> None:
+    pytest.importorskip("torch")
+    assert request("--elastic", "--nnodes", "1:2").launch.local_rank_arg
+
+
+def test_nnodes_equal_bounds_is_a_static_job_and_a_range_is_elastic() -> None:
+    static = request("--nnodes", "1:1")
+    assert static.elastic is None and static.torchrun.nnodes == 1
+    pytest.importorskip("torch")
+    elastic = request("--nnodes", "1:2")
+    assert elastic.elastic is not None and (elastic.elastic.min_nodes, elastic.elastic.max_nodes) == (1, 2)
+
+
+def test_static_rendezvous_endpoint_and_id_are_rank_0s_address_port_and_the_run_id() -> None:
+    local = request("--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--rdzv_id", "job42")
+    assert local.elastic is None and local.master_addr is None and local.run_id == "job42"
+    given = request("--rdzv_endpoint", "10.0.0.1:29411")
+    assert (given.master_addr, given.master_port) == ("10.0.0.1", 29411)
+    assert request("--rdzv_conf", "join_timeout=60").remote.join_timeout == 60
+
+
+def test_standalone_ignores_rendezvous_flags_as_torchrun_does() -> None:
+    assert request("--standalone", "--rdzv_id", "x", "--rdzv_endpoint", "h:1").run_id != "x"
+
+
+def test_signals_to_handle_forwards_what_xrun_does_not_handle_itself() -> None:
+    signals = request("--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,HUP").options.forward_signals
+    assert set(signals) == {signal.SIGUSR1, signal.SIGUSR2}
+    assert set(request("--signals-to-handle", "SIGUSR2", "--forward_signals", "").options.forward_signals) == {
+        signal.SIGUSR2}
+
+
+def test_run_path_goes_ahead_of_no_python() -> None:
+    assert request("--run-path", "--no-python").launch.mode.value == "script"
+
+
+def test_local_addr_is_rank_0s_address_on_one_machine() -> None:
+    assert request("--local-addr", "127.0.0.2").master_addr == "127.0.0.2"
+
+
+@pytest.mark.parametrize("text, parsed", [("0", 0), ("3", 3), ("0:3,1:1", {0: 3, 1: 1}), (" 2 ", 2)])
+def test_std_spec_as_torchrun_reads_it(text: str, parsed: object) -> None:
+    assert parse_std("--tee", text) == parsed
+
+
+@pytest.mark.parametrize("text", ["9", "x", "0:4", "-1", "", "0:3,"])
+def test_bad_std_spec_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="--tee"):
+        parse_std("--tee", text)
+
+
+def test_nproc_words() -> None:
+    assert resolve_nproc("cpu", accelerators=8, cpus=16) == 16
+    assert resolve_nproc("auto", accelerators=0, cpus=4) == 4
+    assert resolve_nproc("auto", accelerators=8, cpus=4) is None  # every accelerator: xrun's default
+    assert resolve_nproc("gpu", accelerators=8, cpus=4) is None
+    assert resolve_nproc(3, accelerators=8, cpus=4) == 3
+    with pytest.raises(UsageError, match="no accelerator"):
+        resolve_nproc("gpu", accelerators=0, cpus=4)
+
+
+TWO_NODES = {"a": (0, 1, 2), "b": (0, 1, 2)}
+
+
+@pytest.mark.parametrize("flags, console", [
+    (["--local-ranks-filter", "0"], (0, 3)),
+    (["--local-ranks-filter", "0,2"], (0, 2, 3, 5)),
+    (["--redirects", "3"], ()),
+    (["--redirects", "1:3", "--local-ranks-filter", "0,1"], (0, 3)),
+    (["--local-ranks-filter", "1", "--console_ranks", "0-3"], (1,)),
+    (["--tee", "3"], None),
+])
+def test_the_consoles_local_ranks_are_every_nodes(flags: list[str], console: tuple[int, ...] | None) -> None:
+    planned = with_torchrun_world(request(*flags, "--log_dir", "/tmp/x"), TWO_NODES)
+    assert planned.options.console_ranks == console
+
+
+def test_nnodes_is_checked_against_the_world() -> None:
+    assert with_torchrun_world(request("--nnodes", "2"), TWO_NODES).torchrun.nnodes == 2
+    with pytest.raises(UsageError, match="--nnodes: 3, but this job has 2 node"):
+        with_torchrun_world(request("--nnodes", "3"), TWO_NODES)
+
+
+def test_local_console_echoes() -> None:
+    assert LocalConsole(shown=frozenset({0}), hidden=frozenset({1})).echoes(0)
+    assert not LocalConsole(hidden=frozenset({1})).echoes(1)
+
+
+def test_role_is_every_ranks_role_name_and_travels_on_the_agents_command_line() -> None:
+    launch = LaunchOptions(role="trainer")
+    ranks = node_ranks(TWO_NODES, 1, Rendezvous("h", 1), launch, "t.py", ())
+    assert {r.env["ROLE_NAME"] for r in ranks} == {"trainer"}
+    assert node_ranks(TWO_NODES, 0, Rendezvous("h", 1), LaunchOptions(), "t.py", ())[0].env["ROLE_NAME"] == "default"
+    command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=launch,
+                           options=AgentOptions(), script="t.py", args=())
+    assert parse_agent_argv(agent_argv(command)[4:]) == command
