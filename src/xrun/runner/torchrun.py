@@ -157,6 +157,8 @@ def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.
     if ns.standalone:
         _standalone(out)
     elif not out.elastic:
+        if nnodes is not None and nnodes > 1:
+            _one_launcher_per_node(out, nnodes)
         _static_rendezvous(out)
     _rank_command(out, form=form)
     if ns.signals_to_handle is not None:
@@ -192,6 +194,20 @@ def _nnodes(out: argparse.Namespace) -> int | None:
         return None
     out.nnodes = None
     return lo
+
+
+def _one_launcher_per_node(out: argparse.Namespace, nnodes: int) -> None:
+    """torchrun's multi-node form, ``--nnodes N --node_rank K --master_addr A`` started on every node, and no host
+    list: xrun's pod mode with N numbered nodes (docs/pod-mode.md), which is how xrun is started by hand."""
+    if out.hostfile is not None or out.hosts is not None:
+        return  # xrun starts the hosts itself (or, with --pod, every node its share of the named hosts)
+    if out.node_rank is None:
+        if out.rdzv_backend not in (None, "static"):
+            raise UsageError("--nnodes", f"{nnodes} with --rdzv_backend {out.rdzv_backend}: torch numbers the nodes "
+                             "as they join; xrun needs each node's --node_rank K (or the hosts: -H, --hosts)")
+        out.node_rank = 0  # torchrun's default
+    out.pod = True
+    out.num_nodes = out.num_nodes if out.num_nodes is not None else nnodes
 
 
 def _standalone(out: argparse.Namespace) -> None:
