@@ -7,10 +7,11 @@ import signal
 
 import pytest
 
-from xrun.errors import UsageError
+from xrun.errors import BindingError, UsageError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding
 from xrun.launch.spec import AgentOptions
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
@@ -132,3 +133,41 @@ def test_role_is_every_ranks_role_name_and_travels_on_the_agents_command_line() 
     command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=launch,
                            options=AgentOptions(), script="t.py", args=())
     assert parse_agent_argv(agent_argv(command)[4:]) == command
+
+
+# --numa-binding over a literal topology: two sockets, one NUMA node each, 4 cores x 2 threads per socket
+# (cpu c and c+8 are siblings), GPUs 0,1 on node 0 and GPUs 2,3 on node 1.
+FOUR_GPUS = Topology(tuple(Cpu(c, package=(c % 8) // 4, core=c % 4, numa_node=(c % 8) // 4) for c in range(16)))
+ALL = frozenset(range(16))
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("node", ["0-3,8-11", "0-3,8-11", "4-7,12-15", "4-7,12-15"]),
+    ("socket", ["0-3,8-11", "0-3,8-11", "4-7,12-15", "4-7,12-15"]),
+    ("exclusive", ["0-1,8-9", "2-3,10-11", "4-5,12-13", "6-7,14-15"]),
+])
+def test_numa_binding_modes_put_each_rank_near_its_gpu(mode: str, expected: list[str]) -> None:
+    bindings = plan_numa_binding(FOUR_GPUS, mode, ALL, None, (0, 0, 1, 1))
+    assert [format_cpus(b.cpus) for b in bindings] == expected
+    assert [b.numa_node for b in bindings] == [0, 0, 1, 1]
+
+
+def test_numa_binding_socket_spans_the_sockets_nodes() -> None:
+    # one socket, two NUMA nodes: socket mode gives both nodes' CPUs, node mode one
+    split = Topology(tuple(Cpu(c, package=0, core=c, numa_node=c // 4) for c in range(8)))
+    assert [format_cpus(b.cpus) for b in plan_numa_binding(split, "socket", frozenset(range(8)), None, (1,))] == ["0-7"]
+    assert [format_cpus(b.cpus) for b in plan_numa_binding(split, "node", frozenset(range(8)), None, (1,))] == ["4-7"]
+
+
+@pytest.mark.parametrize("gpu_nodes", [None, (), (0, None)])
+def test_numa_binding_without_a_gpus_node_is_an_error_as_in_torchrun(gpu_nodes: tuple[int | None, ...] | None) -> None:
+    with pytest.raises(BindingError, match="--numa-binding node: needs every rank's GPU"):
+        plan_numa_binding(FOUR_GPUS, "node", ALL, None, gpu_nodes)
+
+
+def test_numa_binding_travels_on_the_agents_command_line() -> None:
+    options = AgentOptions(bind_cores=True, numa_binding="socket")
+    command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=LaunchOptions(),
+                           options=options, script="t.py", args=())
+    assert parse_agent_argv(agent_argv(command)[4:]) == command
+    assert request("--numa-binding", "exclusive").options.numa_binding == "exclusive"

@@ -31,6 +31,7 @@ from xrun.launch.spec import (
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT,
+    NUMA_MODES,
     RDZV_BACKENDS,
     AgentOptions,
     ElasticOptions,
@@ -96,6 +97,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+    add(*spellings("--numa_binding"), choices=NUMA_MODES, metavar="|".join(NUMA_MODES),
+        help="torchrun's: bind each rank near its GPU: node (its GPU's NUMA node), socket (that node's socket), "
+        "exclusive (whole cores of that node, one set per rank); core-complex is not supported yet")
     add(*spellings("--console_ranks"), metavar="RANKS",
         help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
         "and a failing rank's stderr tail is always in the report)")
@@ -216,7 +220,11 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
-    if ns.bind_core_list is not None and not ns.bind_cores_to_rank:
+    if ns.numa_binding == "core-complex":
+        raise UsageError("--numa-binding", "core-complex: not supported by xrun yet; node, socket and exclusive are")
+    if ns.numa_binding is not None and ns.bind_cores_to_rank:
+        raise UsageError("--numa-binding", "give it or --bind_cores_to_rank, not both (each chooses the CPUs)")
+    if ns.bind_core_list is not None and not (ns.bind_cores_to_rank or ns.numa_binding):
         raise UsageError("--bind_core_list", "only applies with --bind_cores_to_rank")
     if ns.hang_timeout is not None and ns.hang_timeout <= 0:
         raise UsageError("--hang_timeout", f"must be more than 0 seconds, not {ns.hang_timeout:g}")
@@ -230,7 +238,8 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         quiet=ns.quiet,
         dedupe=not ns.no_dedupe,
         shutdown_timeout=ns.shutdown_timeout,
-        bind_cores=ns.bind_cores_to_rank,
+        bind_cores=ns.bind_cores_to_rank or ns.numa_binding is not None,
+        numa_binding=ns.numa_binding,
         bind_core_list=ns.bind_core_list,
         console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(

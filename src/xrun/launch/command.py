@@ -89,7 +89,10 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += ["--no_dedupe"] if not options.dedupe else []
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
-    argv += ["--bind_cores_to_rank"] if options.bind_cores else []
+    if options.numa_binding is not None:
+        argv += [f"--numa_binding={options.numa_binding}"]
+    else:
+        argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
     if options.console_ranks is not None:
         argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]

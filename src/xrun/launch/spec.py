@@ -26,6 +26,8 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
 DEFAULT_JOIN_TIMEOUT = 1800.0
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode, torch >= 2.9); core-complex is not planned yet
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 # --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
 DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # Signals that cannot be forwarded: uncatchable, xrun's own (a stop of the whole job), or the reaper's.
@@ -68,6 +70,7 @@ class AgentOptions:
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
     telemetry: bool = True  # every rank's collective records on a Unix socket (issue 31); --no_telemetry: off
     preload: tuple[str, ...] = ()  # --preload: modules one helper imports; the ranks are forked from it (issue 32)
+    numa_binding: str | None = None  # torchrun's --numa-binding MODE, with bind_cores (issue 41)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preload", tuple(self.preload))  # a JSON list when the options come from the spec
@@ -216,7 +219,8 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
     ) | ({} if options.telemetry else {"telemetry": False}) | (
-        {"preload": list(options.preload)} if options.preload else {})
+        {"preload": list(options.preload)} if options.preload else {}) | (
+        {"numa_binding": options.numa_binding} if options.numa_binding is not None else {})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

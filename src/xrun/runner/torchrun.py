@@ -32,7 +32,6 @@ from xrun.printable import shown
 from xrun.strict_numbers import MAX_SLOTS_PER_HOST, int_arg
 
 START_METHODS = ("spawn", "fork", "forkserver")
-NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode, torch >= 2.9
 # --signals-to-handle: signals xrun always handles itself (TERM, INT, HUP stop the job on every node; QUIT prints
 # every rank's stack, docs/hang-doctor.md); any other signal named is forwarded to the ranks.
 XRUN_HANDLED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
@@ -73,8 +72,6 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--logs_specs"), metavar="NAME", help="torchrun: accepted, not used (xrun writes its own logs)")
     add(*spellings("--local_addr"), metavar="ADDR",
         help="torchrun: this node's address; on a run of this machine only, rank 0's address (MASTER_ADDR)")
-    add(*spellings("--numa_binding"), choices=NUMA_MODES, metavar="|".join(NUMA_MODES),
-        help="torchrun: not supported yet (refused); --bind_cores_to_rank binds cores NUMA-aware")
     add(*spellings("--signals_to_handle"), metavar="LIST",
         help="torchrun: TERM, INT, HUP (stop the job) and QUIT (stacks) are always handled; others are forwarded "
         "to the ranks, as --forward_signals")
@@ -165,9 +162,6 @@ def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.
         out.forward_signals = _signals(ns.signals_to_handle, ns.forward_signals)
     if ns.local_addr is not None:
         notes += _local_addr(out)
-    if ns.numa_binding is not None:
-        raise UsageError("--numa-binding", f"{ns.numa_binding}: not supported by xrun yet; --bind_cores_to_rank "
-                         "splits each node's CPUs among its ranks, NUMA-aware (docs/binding.md)")
     for flag, value in (("--duplicate-stdout-filters", ns.duplicate_stdout_filters),
                         ("--duplicate-stderr-filters", ns.duplicate_stderr_filters)):
         if value:

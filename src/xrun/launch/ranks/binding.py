@@ -45,6 +45,7 @@ __all__ = [
     "numactl_argv",
     "parse_cpu_list",
     "plan_binding",
+    "plan_numa_binding",
     "read_topology",
 ]
 
@@ -178,6 +179,42 @@ def plan_binding(
     else:
         shares = _shared_core_shares(cores, n_ranks)
     return tuple(_rank_binding(share, node_of) for share in shares)
+
+
+def plan_numa_binding(
+    topology: Topology,
+    mode: str,
+    allowed: frozenset[int],
+    core_list: str | None,
+    gpu_nodes: Sequence[int | None] | None,
+) -> tuple[RankBinding, ...]:
+    """torchrun's ``--numa-binding`` (torch.numa.binding, torch >= 2.9): each rank near its GPU. ``node``: every CPU
+    of its GPU's NUMA node (shared by that node's ranks); ``socket``: every CPU of that node's socket; ``exclusive``:
+    whole cores of its GPU's node, no two ranks alike. As in torchrun, a rank without a GPU of known NUMA node is an
+    error, not a silent fallback."""
+    if not gpu_nodes or any(node is None for node in gpu_nodes):
+        raise BindingError(f"--numa-binding {mode}: needs every rank's GPU and its NUMA node (an NVIDIA GPU per "
+                           "local rank, its PCI device's numa_node known); use --bind_cores_to_rank on CPU ranks")
+    pool = binding_pool(allowed, core_list)
+    node_of = {cpu.id: cpu.numa_node for cpu in topology.cpus}
+    if mode == "exclusive":
+        near = _gpu_near_shares(_physical_cores(topology, pool), gpu_nodes)
+        if near is None:
+            raise BindingError("--numa-binding exclusive: a GPU's NUMA node has fewer whole cores than the ranks it "
+                               "hosts; use --numa-binding node")
+        return tuple(_rank_binding(share, node_of) for share in near)
+    package_of_node = {cpu.numa_node: cpu.package for cpu in topology.cpus if cpu.numa_node is not None}
+    bindings = []
+    for node in (n for n in gpu_nodes if n is not None):  # every one, as checked above
+        if mode == "node":
+            cpus = [cpu.id for cpu in topology.cpus if cpu.numa_node == node and cpu.id in pool]
+        else:  # socket
+            package = package_of_node.get(node)
+            cpus = [cpu.id for cpu in topology.cpus if cpu.package == package and cpu.id in pool]
+        if not cpus:
+            raise BindingError(f"--numa-binding {mode}: NUMA node {node} has no CPU this agent may use")
+        bindings.append(_rank_binding(cpus, node_of))
+    return tuple(bindings)
 
 
 def _physical_cores(topology: Topology, pool: frozenset[int]) -> list[_Core]:
