@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from xrun.errors import BindingError, UsageError
 from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.command import AgentCommand, agent_argv
+from xrun.launch.command import AgentCommand, agent_argv, filter_list
+from xrun.launch.output.streams import LineCopy
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding
-from xrun.launch.spec import AgentOptions
+from xrun.launch.spec import AgentOptions, parse_filter_list
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
 from xrun.runner.torchrun import LocalConsole, parse_std, resolve_nproc, torchrun_form
@@ -171,3 +175,35 @@ def test_numa_binding_travels_on_the_agents_command_line() -> None:
                            options=options, script="t.py", args=())
     assert parse_agent_argv(agent_argv(command)[4:]) == command
     assert request("--numa-binding", "exclusive").options.numa_binding == "exclusive"
+
+
+@pytest.mark.parametrize("text, words", [("apple,orange", ("apple", "orange")), ("a,,b", ("a,b",)), ("", ()),
+                                         (",x,", ("x",)), ("a,,,b", ("a,", "b"))])
+def test_duplicate_filter_words_as_torchrun_splits_them(text: str, words: tuple[str, ...]) -> None:
+    assert parse_filter_list(text) == words
+    if words:
+        assert parse_filter_list(filter_list(words)) == words
+
+
+def test_line_copy_copies_whole_matching_lines_across_reads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "filtered.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    copy = LineCopy(fd, (b"loss", b"nan"))
+    for chunk in (b"step 1 lo", b"ss 2.0\nstep 2 ok\n", b"grad nan\nlast loss"):
+        copy.feed(chunk)
+    os.close(fd)
+    assert path.read_bytes() == b"step 1 loss 2.0\ngrad nan\n"  # the unfinished last line waits for its end
+
+
+def test_duplicate_filters_copy_the_ranks_lines_to_the_nodes_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys\nprint('loss', os.environ['RANK'])\nprint('ok')\n"
+                      "print('warn', os.environ['RANK'], file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-m", "xrun", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "L"),
+                           "--duplicate-stdout-filters", "loss", "--duplicate-stderr-filters", "warn", str(script)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    node = tmp_path / "L" / "localhost"
+    assert sorted((node / "filtered_stdout.log").read_text().splitlines()) == ["loss 0", "loss 1"]
+    assert sorted((node / "filtered_stderr.log").read_text().splitlines()) == ["warn 0", "warn 1"]
+    assert "ok" in done.stdout  # the console is unchanged

@@ -37,6 +37,7 @@ from xrun.launch.spec import (
     ElasticOptions,
     HangAction,
     PythonMode,
+    parse_filter_list,
     parse_module_list,
     parse_rank_list,
     parse_signal_list,
@@ -121,6 +122,11 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="the interface for GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of every rank: auto (default: on a job "
         "of several nodes, each node's interface on the route to the master address), NAME (every node; also "
         "btl_tcp_if_include / -iface for mpirun and hydra), none (set nothing). A value you set is kept")
+    add(*spellings("--duplicate_stdout_filters"), metavar="WORDS",
+        help="torchrun's: copy the ranks' stdout lines holding one of these comma-separated words (a double comma "
+        "is a comma) to {log_dir}/{host}/filtered_stdout.log; needs --log_dir")
+    add(*spellings("--duplicate_stderr_filters"), metavar="WORDS",
+        help="the same for stderr, to filtered_stderr.log")
     add("--preload", metavar="MODULE[,MODULE...]",
         help=f"import these modules once per node in a helper process and fork every rank from it, so a start and "
         f"a restart skip their import (default: ${PRELOAD_VARIABLE}); a python program only, not with --elastic")
@@ -232,6 +238,13 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         raise UsageError("--hang_action", "only applies with --hang_timeout")
     if ns.hang_timeout is not None and getattr(ns, "elastic", False):
         raise UsageError("--hang_timeout", "does not apply with --elastic (torch's agent owns the workers)")
+    stdout_words = parse_filter_list(ns.duplicate_stdout_filters or "")
+    stderr_words = parse_filter_list(ns.duplicate_stderr_filters or "")
+    if (stdout_words or stderr_words) and ns.log_dir is None:
+        raise UsageError("--duplicate-stdout-filters" if stdout_words else "--duplicate-stderr-filters",
+                         "needs --log_dir (the copies go to {log_dir}/{host}/filtered_std{out,err}.log)")
+    if (stdout_words or stderr_words) and getattr(ns, "elastic", False):
+        raise UsageError("--duplicate-stdout-filters", "not supported with --elastic yet")
     return AgentOptions(
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
@@ -240,6 +253,8 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         shutdown_timeout=ns.shutdown_timeout,
         bind_cores=ns.bind_cores_to_rank or ns.numa_binding is not None,
         numa_binding=ns.numa_binding,
+        duplicate_stdout_filters=stdout_words,
+        duplicate_stderr_filters=stderr_words,
         bind_core_list=ns.bind_core_list,
         console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(

@@ -67,6 +67,11 @@ class AgentCommand:
         )
 
 
+def filter_list(words: tuple[str, ...]) -> str:
+    """The duplicate filters' spelling (``parse_filter_list`` reads it back): a comma in a word doubled."""
+    return ",".join(word.replace(",", ",,") for word in words)
+
+
 def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     """The agent command line for ``command``; ``parse_agent_argv(agent_argv(c)[4:])`` gives ``c`` back."""
     rdzv, launch, options = command.rendezvous, command.launch, command.options
@@ -89,6 +94,10 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += ["--no_dedupe"] if not options.dedupe else []
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
+    if options.duplicate_stdout_filters:
+        argv += [f"--duplicate_stdout_filters={filter_list(options.duplicate_stdout_filters)}"]
+    if options.duplicate_stderr_filters:
+        argv += [f"--duplicate_stderr_filters={filter_list(options.duplicate_stderr_filters)}"]
     if options.numa_binding is not None:
         argv += [f"--numa_binding={options.numa_binding}"]
     else:

@@ -63,8 +63,6 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
         help="torchrun: as --tee, but the output goes to the log files only, not to the console (0 or 3 per rank)")
     add(*spellings("--local_ranks_filter"), metavar="LOCAL_RANKS",
         help="torchrun: echo only these local ranks on every node, e.g. 0 or 0,1 (the others still write their logs)")
-    add(*spellings("--duplicate_stdout_filters"), metavar="WORDS", help="torchrun: not supported yet (refused)")
-    add(*spellings("--duplicate_stderr_filters"), metavar="WORDS", help="torchrun: not supported yet (refused)")
     add(*spellings("--run_path"), action="store_true", help="torchrun: run SCRIPT as a script (xrun's default)")
     add(*spellings("--start_method"), choices=START_METHODS, metavar="|".join(START_METHODS),
         help="torchrun: accepted; every rank is a fresh process, as torchrun runs a script")
@@ -162,10 +160,6 @@ def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.
         out.forward_signals = _signals(ns.signals_to_handle, ns.forward_signals)
     if ns.local_addr is not None:
         notes += _local_addr(out)
-    for flag, value in (("--duplicate-stdout-filters", ns.duplicate_stdout_filters),
-                        ("--duplicate-stderr-filters", ns.duplicate_stderr_filters)):
-        if value:
-            raise UsageError(flag, "not supported by xrun yet; grep the per-rank logs of --log_dir instead")
     if ns.logs_specs is not None:
         notes.append(f"--logs-specs {ns.logs_specs} is not used: xrun writes its own per-rank logs (--log_dir)")
     if ns.event_log_handler not in (None, "null"):
@@ -320,11 +314,13 @@ def _console(out: argparse.Namespace) -> LocalConsole | None:
             if every == 3:
                 hidden.update(range(MAX_SLOTS_PER_HOST))
             hidden.update(r for r, v in per_rank.items() if v == 3)
+    logs = logs or bool(out.duplicate_stdout_filters or out.duplicate_stderr_filters)  # beside the rank logs
     if logs and out.log_dir is None:
         # torchrun: a new directory under the temporary directory; xrun names it after the run so that every node
         # of the job writes under the same path.
         out.log_dir = f"{tempfile.gettempdir()}/torchelastic_{os.urandom(4).hex()}"
-        print(f"xrun: --tee/--redirects: per-rank logs under {out.log_dir} (--log_dir chooses)", file=sys.stderr)
+        print(f"xrun: --tee/--redirects/--duplicate-*-filters: per-rank logs under {out.log_dir} (--log_dir chooses)",
+              file=sys.stderr)
     if out.elastic and (shown_ranks is not None or hidden):
         raise UsageError("--local-ranks-filter", "not supported with --elastic or --nnodes MIN:MAX yet; use --quiet "
                          "or --log_dir")
