@@ -59,6 +59,10 @@ def _lines(port: int) -> dict[str, tuple[list[str], list[str]]]:
         # torch's docs (torchrun.html, single node)
         "torchdocs": (["--nnodes", "1", "--nproc_per_node", str(RANKS), "--rdzv_id", "job42", "--rdzv_backend", "c10d",
                        "--rdzv_endpoint", f"localhost:{port}"], ["dump.py", "--lr", "3e-4"]),
+        # beyond the table: torchrun's other console and rank flags
+        "redirects": (["--nproc_per_node=2", "-r", "0:3", "--run-path", "--start-method", "fork"], ["dump.py", "x"]),
+        "virtual": (["--standalone", "--nproc-per-node", "2", "--virtual-local-rank", "--signals-to-handle",
+                     "SIGTERM,SIGINT,SIGUSR1"], ["-m", "dumpmod"]),
     }
 
 
@@ -87,7 +91,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["torchtitan", "torchchat", "nanogpt", "torchdocs"])
+@pytest.mark.parametrize("name", ["torchtitan", "torchchat", "nanogpt", "torchdocs", "redirects", "virtual"])
 def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_path: Path) -> None:
     flags, program = _lines(free_port())[name]
     torchrun = _run([sys.executable, "-m", "torch.distributed.run"], flags, program, workdir, tmp_path / "torchrun")
