@@ -15,7 +15,7 @@ from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv, filter_list
 from xrun.launch.output.streams import LineCopy
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding
+from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding, read_cache_groups
 from xrun.launch.spec import AgentOptions, parse_filter_list
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
@@ -207,3 +207,30 @@ def test_duplicate_filters_copy_the_ranks_lines_to_the_nodes_file(tmp_path) -> N
     assert sorted((node / "filtered_stdout.log").read_text().splitlines()) == ["loss 0", "loss 1"]
     assert sorted((node / "filtered_stderr.log").read_text().splitlines()) == ["warn 0", "warn 1"]
     assert "ok" in done.stdout  # the console is unchanged
+
+
+# core-complex: node 0 holds two L3 caches (CPUs 0-1 with 8-9, 2-3 with 10-11), node 1 one (4-7, 12-15)
+CACHES = {**{c: 0 for c in (0, 1, 8, 9)}, **{c: 2 for c in (2, 3, 10, 11)}, **{c: 4 for c in (4, 5, 6, 7, 12, 13, 14, 15)}}
+
+
+def test_numa_binding_core_complex_deals_each_nodes_caches_to_its_ranks() -> None:
+    bindings = plan_numa_binding(FOUR_GPUS, "core-complex", ALL, None, (0, 0, 1, 1), CACHES)
+    assert [format_cpus(b.cpus) for b in bindings] == ["0-1,8-9", "2-3,10-11", "4-7,12-15", "4-7,12-15"]
+    # a third rank on node 0 wraps round to its first cache, as torch's modulo does
+    three = plan_numa_binding(FOUR_GPUS, "core-complex", ALL, None, (0, 0, 0), CACHES)
+    assert [format_cpus(b.cpus) for b in three] == ["0-1,8-9", "2-3,10-11", "0-1,8-9"]
+
+
+def test_read_cache_groups_takes_the_highest_data_or_unified_level(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cpu_dir = tmp_path / "devices" / "system" / "cpu"
+    cpu_dir.mkdir(parents=True)
+    (cpu_dir / "online").write_text("0-3\n")
+    for cpu in range(4):
+        for index, (kind, level, shared) in enumerate([("Data", 1, str(cpu)), ("Instruction", 1, str(cpu)),
+                                                       ("Unified", 2, str(cpu)), ("Unified", 3, "0-1" if cpu < 2 else "2-3")]):
+            entry = cpu_dir / f"cpu{cpu}" / "cache" / f"index{index}"
+            entry.mkdir(parents=True)
+            (entry / "type").write_text(kind + "\n")
+            (entry / "level").write_text(f"{level}\n")
+            (entry / "shared_cpu_list").write_text(shared + "\n")
+    assert read_cache_groups(str(tmp_path)) == {0: 0, 1: 0, 2: 2, 3: 2}

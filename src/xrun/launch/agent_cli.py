@@ -100,7 +100,7 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
     add(*spellings("--numa_binding"), choices=NUMA_MODES, metavar="|".join(NUMA_MODES),
         help="torchrun's: bind each rank near its GPU: node (its GPU's NUMA node), socket (that node's socket), "
-        "exclusive (whole cores of that node, one set per rank); core-complex is not supported yet")
+        "exclusive (whole cores of that node, one set per rank), core-complex (one last-level cache of that node)")
     add(*spellings("--console_ranks"), metavar="RANKS",
         help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
         "and a failing rank's stderr tail is always in the report)")
@@ -226,8 +226,6 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
-    if ns.numa_binding == "core-complex":
-        raise UsageError("--numa-binding", "core-complex: not supported by xrun yet; node, socket and exclusive are")
     if ns.numa_binding is not None and ns.bind_cores_to_rank:
         raise UsageError("--numa-binding", "give it or --bind_cores_to_rank, not both (each chooses the CPUs)")
     if ns.bind_core_list is not None and not (ns.bind_cores_to_rank or ns.numa_binding):

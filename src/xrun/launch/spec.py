@@ -26,7 +26,7 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
 DEFAULT_JOIN_TIMEOUT = 1800.0
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
-# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode, torch >= 2.9); core-complex is not planned yet
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode, torch >= 2.9)
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 # --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
 DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
