@@ -122,8 +122,6 @@ FLAG_ROWS = {
     "nnodes-x": (["--nnodes", "x"], "--nnodes: 'x' is not N or MIN:MAX"),
     "nnodes-more-than-the-world": (["--nnodes", "2", "-H", TWO_WORKERS, "--num_nodes", "1"],
                                    "--nnodes: 2, but this job has 1 node(s)"),
-    "nnodes-c10d-without-node-rank": (["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h:1"],
-                                      "xrun needs each node's --node_rank K"),
     "tee-9": (["--tee", "9"], "--tee: '9' is not 0-3"),
     "redirects-one-stream": (["--redirects", "1"], "--redirects: '1': xrun's console shows or hides a rank"),
     "local-ranks-filter-x": (["--local-ranks-filter", "x"], "--local-ranks-filter: 'x'"),

@@ -54,6 +54,18 @@ def test_nnodes_equal_bounds_is_a_static_job_and_a_range_is_elastic() -> None:
     assert elastic.elastic is not None and (elastic.elastic.min_nodes, elastic.elastic.max_nodes) == (1, 2)
 
 
+def test_torchruns_multinode_forms() -> None:
+    # --node_rank given (or static rendezvous), no host list: pod mode with N numbered nodes
+    by_rank = request("--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1")
+    assert by_rank.pod.pod and by_rank.remote.node_rank == 1 and by_rank.selection.num_nodes == 2
+    assert by_rank.elastic is None
+    # c10d without --node_rank: torch numbers the nodes as they join, under its elastic agent
+    pytest.importorskip("torch")
+    joined = request("--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400")
+    assert joined.elastic is not None and (joined.elastic.min_nodes, joined.elastic.max_nodes) == (2, 2)
+    assert joined.elastic.rdzv_endpoint == "10.0.0.1:29400" and not joined.launch.local_rank_arg
+
+
 def test_static_rendezvous_endpoint_and_id_are_rank_0s_address_port_and_the_run_id() -> None:
     local = request("--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--rdzv_id", "job42")
     assert local.elastic is None and local.master_addr is None and local.run_id == "job42"

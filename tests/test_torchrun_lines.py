@@ -116,3 +116,39 @@ def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_pat
         assert found is not None, xrun["stderr"]
         logged = "".join(p.read_text() for p in Path(found.group(1)).rglob("*.log"))
         assert all(f"out of rank {r}" in logged and f"err of rank {r}" in logged for r in range(RANKS))
+
+
+def _run_two(launcher: list[str], flags: list[str], workdir: Path, out: Path) -> dict[str, Any]:
+    """Two launchers at once on this machine, as torchrun's multi-node docs line is started on every node."""
+    out.mkdir()
+    env = {**os.environ, "DUMP_DIR": str(out), "PYTHONPATH": str(workdir)}
+    procs = [subprocess.Popen([*launcher, *flags, "dump.py", "--lr", "3e-4"], cwd=workdir, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    texts = [p.communicate(timeout=120)[0] for p in procs]
+    ranks = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    return {"codes": [p.returncode for p in procs], "ranks": ranks, "text": "\n".join(texts),
+            "console": sorted(int(n) for n in re.findall(r"out of rank (\d+)", "\n".join(texts)))}
+
+
+def test_the_c10d_multinode_line_started_twice_runs_alike_under_xrun(workdir: Path, tmp_path: Path) -> None:
+    """torch's docs: ``torchrun --nnodes 2 --nproc_per_node 1 --rdzv_id ID --rdzv_backend c10d --rdzv_endpoint H:P``
+    on every node, no --node_rank: torch numbers the nodes as they join (xrun: torch's elastic agent)."""
+    def flags(port: int) -> list[str]:
+        return ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_id", "job42", "--rdzv_backend", "c10d",
+                "--rdzv_endpoint", f"127.0.0.1:{port}"]
+    torchrun = _run_two([sys.executable, "-m", "torch.distributed.run"], flags(free_port()), workdir,
+                        tmp_path / "torchrun")
+    xrun = _run_two([sys.executable, "-m", "xrun"], flags(free_port()), workdir, tmp_path / "xrun")
+    assert torchrun["codes"] == [0, 0], torchrun["text"][-3000:]
+    assert xrun["codes"] == [0, 0], xrun["text"][-3000:]
+    assert sorted(xrun["ranks"]) == sorted(torchrun["ranks"]) == [0, 1]
+    for rank in range(2):
+        theirs, ours = torchrun["ranks"][rank], xrun["ranks"][rank]
+        assert ours["name"] == theirs["name"] == "__main__"
+        assert ours["argv"] == theirs["argv"] == ["--lr", "3e-4"]
+        for key in SAME_VALUE:
+            assert ours["env"].get(key) == theirs["env"].get(key), (rank, key)
+        for key in SAME_PRESENCE:
+            assert (key in ours["env"]) == (key in theirs["env"]), (rank, key)
+        assert ours["env"]["TORCHELASTIC_RUN_ID"] == theirs["env"]["TORCHELASTIC_RUN_ID"] == "job42"
+    assert xrun["console"] == torchrun["console"] == [0, 1]

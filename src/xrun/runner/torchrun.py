@@ -151,6 +151,10 @@ def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.
     nnodes = _nnodes(out)
     if ns.standalone:
         _standalone(out)
+    elif not out.elastic and nnodes is not None and nnodes > 1 and _nodes_join_by_rendezvous(out):
+        # torchrun's multi-node form with c10d (or etcd) and no --node_rank: torch numbers the nodes as they join,
+        # so each node runs under torch's elastic agent, N nodes exactly (docs/elastic.md)
+        out.elastic, out.nnodes, nnodes = True, f"{nnodes}:{nnodes}", None
     elif not out.elastic:
         if nnodes is not None and nnodes > 1:
             _one_launcher_per_node(out, nnodes)
@@ -184,16 +188,19 @@ def _nnodes(out: argparse.Namespace) -> int | None:
     return lo
 
 
+def _nodes_join_by_rendezvous(out: argparse.Namespace) -> bool:
+    """No host list, no node rank, a dynamic rendezvous backend: the nodes find each other at the endpoint."""
+    return (out.hostfile is None and out.hosts is None and out.node_rank is None and not out.pod
+            and out.rdzv_backend not in (None, "static"))
+
+
 def _one_launcher_per_node(out: argparse.Namespace, nnodes: int) -> None:
     """torchrun's multi-node form, ``--nnodes N --node_rank K --master_addr A`` started on every node, and no host
     list: xrun's pod mode with N numbered nodes (docs/pod-mode.md), which is how xrun is started by hand."""
     if out.hostfile is not None or out.hosts is not None:
         return  # xrun starts the hosts itself (or, with --pod, every node its share of the named hosts)
     if out.node_rank is None:
-        if out.rdzv_backend not in (None, "static"):
-            raise UsageError("--nnodes", f"{nnodes} with --rdzv_backend {out.rdzv_backend}: torch numbers the nodes "
-                             "as they join; xrun needs each node's --node_rank K (or the hosts: -H, --hosts)")
-        out.node_rank = 0  # torchrun's default
+        out.node_rank = 0  # torchrun's default (static rendezvous; a dynamic one went to _nodes_join_by_rendezvous)
     out.pod = True
     out.num_nodes = out.num_nodes if out.num_nodes is not None else nnodes
 
