@@ -117,6 +117,26 @@ FLAG_ROWS = {
     "value-is-separator": (["--num_gpus=--"], "--num_gpus: is missing its value"),
     "value-before-separator": (["--hostfile", "--"], "--hostfile: is missing its value"),
     "short-value-is-separator": (["-i--"], "-i: is missing its value"),
+    # torchrun's flags (issue 41)
+    "nnodes-0": (["--nnodes", "0"], "--nnodes: '0': a job needs at least 1 node"),
+    "nnodes-backwards": (["--nnodes", "3:2"], "--nnodes: '3:2': MIN is more than MAX"),
+    "nnodes-x": (["--nnodes", "x"], "--nnodes: 'x' is not N or MIN:MAX"),
+    "nnodes-more-than-the-world": (["--nnodes", "2", "-H", TWO_WORKERS, "--num_nodes", "1"],
+                                   "--nnodes: 2, but this job has 1 node(s)"),
+    "tee-9": (["--tee", "9"], "--tee: '9' is not 0-3"),
+    "redirects-one-stream": (["--redirects", "1"], "--redirects: '1': xrun's console shows or hides a rank"),
+    "local-ranks-filter-x": (["--local-ranks-filter", "x"], "--local-ranks-filter: 'x'"),
+    "standalone-hostfile": (["--standalone", "-H", TWO_WORKERS], "--standalone: runs on this machine only"),
+    "static-rdzv-etcd": (["--rdzv_backend", "etcd"], "--rdzv_backend: 'etcd': a static job"),
+    "rdzv-endpoint-port-and-master-port": (["--rdzv_endpoint", "localhost:1234", "--master_port", "1235"],
+                                           "--rdzv_endpoint: 'localhost:1234': its port is not --master_port"),
+    "signals-to-handle-bogus": (["--signals-to-handle", "SIGBOGUS"], "--signals-to-handle: 'SIGBOGUS'"),
+    "numa-binding-without-gpus": (["--numa-binding", "node"], "--numa-binding node: needs every rank's GPU"),
+    "numa-binding-core-complex-without-gpus": (["--numa-binding", "core-complex"],
+                                               "--numa-binding core-complex: needs every rank's GPU"),
+    "numa-binding-bogus": (["--numa-binding", "bogus"], "--numa-binding"),
+    "start-method-bogus": (["--start-method", "thread"], "--start-method"),
+    "nproc-per-node-word": (["--nproc-per-node", "many"], "or one of auto, gpu, cpu"),
 }
 
 

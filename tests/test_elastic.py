@@ -56,7 +56,8 @@ def test_no_elastic_flags_means_static():
     [
         # --max_restarts alone restarts a static job now (issue 23: tests/test_restarts.py); its elastic-only twin:
         (["--elastic", "--min_attempt_s", "5"], "--min_attempt_s: does not apply with --elastic"),
-        (["--nnodes", "1:2"], "--nnodes: only applies with --elastic"),
+        # torchrun's --nnodes MIN:MAX is an elastic job now (issue 41: tests/test_torchrun_flags.py); a range backwards:
+        (["--nnodes", "2:1"], "--nnodes: '2:1': MIN is more than MAX"),
         (["--elastic", "--nnodes", "1:x"], "--nnodes: '1:x' is not N or MIN:MAX"),
         (["--elastic", "--nnodes", "2", "--min_nodes", "1"], "--nnodes: give either"),
         (["--elastic", "--rdzv_backend", "zk"], "unknown backend 'zk'; known: c10d, static, etcd, etcd-v2"),

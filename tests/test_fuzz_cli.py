@@ -116,6 +116,10 @@ STRING_FLAGS = {  # flag -> what it needs beside it to be read at all
     "--control_addr": ["-H", TWO_WORKERS], "--launcher_args": ["-H", TWO_WORKERS, "--launcher", "openmpi"],
     "--nnodes": ["--elastic"], "--rdzv_conf": ["--elastic"], "--rdzv_endpoint": ["--elastic"],
     "--rdzv_backend": ["--elastic"], "--preload": [],
+    # torchrun's (issue 41); the dashed spellings of the rendezvous flags: a static job's, without --elastic
+    "--local-ranks-filter": [], "--tee": [], "--redirects": [], "--role": [], "--signals-to-handle": [],
+    "--local-addr": [], "--nproc-per-node": [], "--rdzv-endpoint": [], "--rdzv-backend": [], "--rdzv-id": [],
+    "--rdzv-conf": [], "--start-method": [], "--numa-binding": [], "--duplicate-stdout-filters": [],
 }
 STRING_VALUE = st.one_of(
     st.sampled_from(["0-99999999999", "\u00b2", "\u0663", "--", "", " ", "a\nb", "0,0", "1-0", "0-", "-1", "x" * 5000,

@@ -207,7 +207,7 @@ RANKS = {
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [
-        {"xrun.runner.hosts"},
+        {"xrun.runner.hosts", "xrun.runner.torchrun"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
          "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", *POD_PLANNING},
         {"xrun.runner.network"},

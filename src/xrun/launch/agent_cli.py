@@ -24,18 +24,20 @@ from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
 from xrun.launch.preflight import check_spec
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info
+from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SHUTDOWN_TIMEOUT,
+    NUMA_MODES,
     RDZV_BACKENDS,
     AgentOptions,
     ElasticOptions,
     HangAction,
     PythonMode,
+    parse_filter_list,
     parse_module_list,
     parse_rank_list,
     parse_signal_list,
@@ -74,10 +76,12 @@ def add_rank_command_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that shape each rank's argv (shared with the runner's command line)."""
     add = parser.add_argument
     add(*spellings("--no_local_rank"), action="store_true", help="do not append --local_rank=N to the script's args")
-    add("--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
+    add("-m", "--module", action="store_true", help="run SCRIPT as a module: python -u -m SCRIPT")
     add(*spellings("--no_python"), action="store_true", help="run SCRIPT directly, not through python")
-    add(*spellings("--device_per_rank"), action="store_true",
+    add(*spellings("--device_per_rank"), *spellings("--virtual_local_rank"), dest="device_per_rank",
+        action="store_true",
         help="each rank sees only its own device (CUDA_VISIBLE_DEVICES=its slot, LOCAL_RANK=0, --local_rank=0)")
+    add("--role", metavar="NAME", help="the ranks' role name, ROLE_NAME (torchrun's; default: default)")
 
 
 def add_agent_flags(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +98,9 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help=f"grace between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     add(*spellings("--bind_cores_to_rank"), action="store_true", help="split this node's CPUs among its ranks")
     add(*spellings("--bind_core_list"), metavar="LIST", help="restrict binding to these CPUs, e.g. 0-3,8-11")
+    add(*spellings("--numa_binding"), choices=NUMA_MODES, metavar="|".join(NUMA_MODES),
+        help="torchrun's: bind each rank near its GPU: node (its GPU's NUMA node), socket (that node's socket), "
+        "exclusive (whole cores of that node, one set per rank), core-complex (one last-level cache of that node)")
     add(*spellings("--console_ranks"), metavar="RANKS",
         help="echo only these global ranks' output, e.g. 0 or 0,2-3 (the others still write their log files, "
         "and a failing rank's stderr tail is always in the report)")
@@ -115,6 +122,11 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         help="the interface for GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME of every rank: auto (default: on a job "
         "of several nodes, each node's interface on the route to the master address), NAME (every node; also "
         "btl_tcp_if_include / -iface for mpirun and hydra), none (set nothing). A value you set is kept")
+    add(*spellings("--duplicate_stdout_filters"), metavar="WORDS",
+        help="torchrun's: copy the ranks' stdout lines holding one of these comma-separated words (a double comma "
+        "is a comma) to {log_dir}/{host}/filtered_stdout.log; needs --log_dir")
+    add(*spellings("--duplicate_stderr_filters"), metavar="WORDS",
+        help="the same for stderr, to filtered_stderr.log")
     add("--preload", metavar="MODULE[,MODULE...]",
         help=f"import these modules once per node in a helper process and fork every rank from it, so a start and "
         f"a restart skip their import (default: ${PRELOAD_VARIABLE}); a python program only, not with --elastic")
@@ -126,7 +138,9 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add = group.add_argument
     add("--elastic", action="store_true",
         help="run each node's ranks under torch's elastic agent: restarts, nodes leaving and joining")
-    add("--nnodes", metavar="MIN[:MAX]", help="with --elastic: node count or range (torchrun's spelling)")
+    add("--nnodes", metavar="MIN[:MAX]",
+        help="node count or range (torchrun's): with --elastic the range; xrun without it: N or N:N a static job of N "
+        "nodes, MIN:MAX an elastic one")
     add(*spellings("--min_nodes"), type=int_arg(high=MAX_HOSTS),
         metavar="N", help="with --elastic: fewest nodes to run (default: max)")
     add(*spellings("--max_nodes"), type=int_arg(high=MAX_HOSTS),
@@ -203,14 +217,18 @@ def launch_options(ns: argparse.Namespace, python: str = sys.executable) -> Laun
     mode = PythonMode.MODULE if ns.module else PythonMode.NONE if ns.no_python else PythonMode.SCRIPT
     if ns.device_per_rank and getattr(ns, "elastic", False):
         raise UsageError("--device_per_rank", "does not apply with --elastic (torch's agent sets LOCAL_RANK)")
+    if ns.role is not None and not ns.role.strip():
+        raise UsageError("--role", "is empty; give the ranks' role name (ROLE_NAME), e.g. trainer")
     return LaunchOptions(python=python, mode=mode, local_rank_arg=not ns.no_local_rank,
-                         device_per_rank=ns.device_per_rank)
+                         device_per_rank=ns.device_per_rank, role=ns.role or DEFAULT_ROLE)
 
 
 def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if ns.shutdown_timeout < 0:
         raise UsageError("--shutdown_timeout", f"must be >= 0 seconds, not {ns.shutdown_timeout:g}")
-    if ns.bind_core_list is not None and not ns.bind_cores_to_rank:
+    if ns.numa_binding is not None and ns.bind_cores_to_rank:
+        raise UsageError("--numa-binding", "give it or --bind_cores_to_rank, not both (each chooses the CPUs)")
+    if ns.bind_core_list is not None and not (ns.bind_cores_to_rank or ns.numa_binding):
         raise UsageError("--bind_core_list", "only applies with --bind_cores_to_rank")
     if ns.hang_timeout is not None and ns.hang_timeout <= 0:
         raise UsageError("--hang_timeout", f"must be more than 0 seconds, not {ns.hang_timeout:g}")
@@ -218,13 +236,23 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         raise UsageError("--hang_action", "only applies with --hang_timeout")
     if ns.hang_timeout is not None and getattr(ns, "elastic", False):
         raise UsageError("--hang_timeout", "does not apply with --elastic (torch's agent owns the workers)")
+    stdout_words = parse_filter_list(ns.duplicate_stdout_filters or "")
+    stderr_words = parse_filter_list(ns.duplicate_stderr_filters or "")
+    if (stdout_words or stderr_words) and ns.log_dir is None:
+        raise UsageError("--duplicate-stdout-filters" if stdout_words else "--duplicate-stderr-filters",
+                         "needs --log_dir (the copies go to {log_dir}/{host}/filtered_std{out,err}.log)")
+    if (stdout_words or stderr_words) and getattr(ns, "elastic", False):
+        raise UsageError("--duplicate-stdout-filters", "not supported with --elastic yet")
     return AgentOptions(
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
         quiet=ns.quiet,
         dedupe=not ns.no_dedupe,
         shutdown_timeout=ns.shutdown_timeout,
-        bind_cores=ns.bind_cores_to_rank,
+        bind_cores=ns.bind_cores_to_rank or ns.numa_binding is not None,
+        numa_binding=ns.numa_binding,
+        duplicate_stdout_filters=stdout_words,
+        duplicate_stderr_filters=stderr_words,
         bind_core_list=ns.bind_core_list,
         console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from xrun.channel.link import TOKEN_ENV_PREFIX
 from xrun.launch.elastic.rdzv import resolve_elastic
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
+from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
 from xrun.launch.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
@@ -67,6 +67,11 @@ class AgentCommand:
         )
 
 
+def filter_list(words: tuple[str, ...]) -> str:
+    """The duplicate filters' spelling (``parse_filter_list`` reads it back): a comma in a word doubled."""
+    return ",".join(word.replace(",", ",,") for word in words)
+
+
 def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     """The agent command line for ``command``; ``parse_agent_argv(agent_argv(c)[4:])`` gives ``c`` back."""
     rdzv, launch, options = command.rendezvous, command.launch, command.options
@@ -80,6 +85,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     ]
     argv += ["--no_local_rank"] if not launch.local_rank_arg else []
     argv += ["--device_per_rank"] if launch.device_per_rank else []
+    argv += [f"--role={launch.role}"] if launch.role != DEFAULT_ROLE else []
     argv += ["--module"] if launch.mode is PythonMode.MODULE else []
     argv += ["--no_python"] if launch.mode is PythonMode.NONE else []
     argv += [f"--log_dir={options.log_dir}"] if options.log_dir is not None else []
@@ -88,7 +94,14 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += ["--no_dedupe"] if not options.dedupe else []
     if options.shutdown_timeout != DEFAULT_SHUTDOWN_TIMEOUT:
         argv += [f"--shutdown_timeout={options.shutdown_timeout:g}"]
-    argv += ["--bind_cores_to_rank"] if options.bind_cores else []
+    if options.duplicate_stdout_filters:
+        argv += [f"--duplicate_stdout_filters={filter_list(options.duplicate_stdout_filters)}"]
+    if options.duplicate_stderr_filters:
+        argv += [f"--duplicate_stderr_filters={filter_list(options.duplicate_stderr_filters)}"]
+    if options.numa_binding is not None:
+        argv += [f"--numa_binding={options.numa_binding}"]
+    else:
+        argv += ["--bind_cores_to_rank"] if options.bind_cores else []
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
     if options.console_ranks is not None:
         argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]

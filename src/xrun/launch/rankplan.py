@@ -22,6 +22,7 @@ from xrun.printable import shown
 from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST
 
 World = Mapping[str, tuple[int, ...]]
+DEFAULT_ROLE = "default"  # torchrun's --role default: every rank's ROLE_NAME
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class LaunchOptions:
     mode: PythonMode = PythonMode.SCRIPT
     local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
     device_per_rank: bool = False  # --device_per_rank: each rank sees only its own device, as its local rank 0
+    role: str = "default"  # --role (torchrun's): ROLE_NAME
 
     def __post_init__(self) -> None:
         mode: object = self.mode  # a plain string when the options come from JSON (the node spec)
@@ -227,6 +229,8 @@ def node_ranks(
     for local_rank in range(len(slots)):
         env = rank_env(world, node_rank, local_rank, rdzv, shape=shape, max_restarts=max_restarts)
         seen = local_rank  # the local rank the program is told
+        if launch.role != DEFAULT_ROLE:
+            env["ROLE_NAME"] = launch.role
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
             seen = 0

@@ -26,6 +26,8 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
 DEFAULT_JOIN_TIMEOUT = 1800.0
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode, torch >= 2.9)
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 # --forward_signals: Slurm preemption (--signal=USR1@90) and checkpoint-on-signal scripts (issue 13).
 DEFAULT_FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 # Signals that cannot be forwarded: uncatchable, xrun's own (a stop of the whole job), or the reaper's.
@@ -68,9 +70,15 @@ class AgentOptions:
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
     telemetry: bool = True  # every rank's collective records on a Unix socket (issue 31); --no_telemetry: off
     preload: tuple[str, ...] = ()  # --preload: modules one helper imports; the ranks are forked from it (issue 32)
+    numa_binding: str | None = None  # torchrun's --numa-binding MODE, with bind_cores (issue 41)
+    # torchrun's --duplicate-std{out,err}-filters: lines holding one of these words are copied to a node file
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "preload", tuple(self.preload))  # a JSON list when the options come from the spec
+        object.__setattr__(self, "duplicate_stdout_filters", tuple(self.duplicate_stdout_filters))
+        object.__setattr__(self, "duplicate_stderr_filters", tuple(self.duplicate_stderr_filters))
         object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
         if self.console_ranks is not None:  # a JSON list when the options come from the node spec
             object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
@@ -216,7 +224,12 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
     ) | ({} if options.telemetry else {"telemetry": False}) | (
-        {"preload": list(options.preload)} if options.preload else {})
+        {"preload": list(options.preload)} if options.preload else {}) | (
+        {"numa_binding": options.numa_binding} if options.numa_binding is not None else {}) | (
+        {"duplicate_stdout_filters": list(options.duplicate_stdout_filters)}
+        if options.duplicate_stdout_filters else {}) | (
+        {"duplicate_stderr_filters": list(options.duplicate_stderr_filters)}
+        if options.duplicate_stderr_filters else {})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:
@@ -253,6 +266,11 @@ def parse_module_list(flag: str, text: str) -> tuple[str, ...]:
         if name not in found:
             found.append(name)
     return tuple(found)
+
+
+def parse_filter_list(text: str) -> tuple[str, ...]:
+    """torchrun's ``comma_separated_list``: ``apple,orange``; a double comma is a comma; empty words dropped."""
+    return tuple(word.replace("\0", ",") for word in text.replace(",,", "\0").split(",") if word)
 
 
 def signal_list(signals: tuple[int, ...]) -> str:

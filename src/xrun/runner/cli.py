@@ -30,14 +30,16 @@ from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
+from xrun.runner.hosts.this_machine import count_accelerators
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.restart_options import add_restart_flags, restart_policy
+from xrun.runner.torchrun import add_torchrun_flags, nproc_arg, resolve_nproc, translate
 from xrun.runner.validate import validate
 from xrun.std_streams import tolerant_streams
-from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
+from xrun.strict_numbers import MAX_HOSTS, int_arg, port_arg
 
 DRY_RUN_FORMATS = ("text", "json")
 
@@ -62,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("-e", "--exclude", metavar="SPEC", help="drop these hosts/slots: HOST[:SLOT,...][@HOST...]")
     add(*spellings("--num_nodes"), type=int_arg(high=MAX_HOSTS), metavar="N", help="use the first N hosts")
     add(*spellings("--num_gpus"), *spellings("--num_accelerators"), *spellings("--nproc_per_node"),
-        dest="num_gpus", type=int_arg(high=MAX_SLOTS_PER_HOST),
-        metavar="N", help="use slots 0..N-1 of every host (CPU: N processes)")
+        dest="num_gpus", type=nproc_arg, metavar="N",
+        help="use slots 0..N-1 of every host (CPU: N processes); torchrun's auto, gpu, cpu: counted on this machine")
     add(*spellings("--master_addr"), metavar="ADDR", help="rank 0's address (default: first host; 127.0.0.1 locally)")
     add(*spellings("--master_port"), type=port_arg, metavar="PORT",
         help=f"rendezvous port (default: a free one; {DEFAULT_MASTER_PORT} on several nodes when free on node 0)")
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
     add_pod_flags(parser)
     add_restart_flags(parser)
+    add_torchrun_flags(parser)
     return parser
 
 
@@ -98,6 +101,11 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     ns = parser.parse_args(list(split.options))
     if split.program is None:
         raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
+    ns, torchrun = translate(ns, split.options)  # torchrun's flags as xrun's own (issue 41)
+    for note in torchrun.notes:
+        print(f"xrun: {note}", file=sys.stderr)
+    num_gpus = resolve_nproc(ns.num_gpus, accelerators=count_accelerators() if isinstance(ns.num_gpus, str) else 0,
+                             cpus=os.cpu_count() or 1)
     if ns.dry_run is not None and ns.dry_run not in DRY_RUN_FORMATS:
         raise UsageError("--dry-run", f"unknown format {ns.dry_run!r}; use --dry-run or --dry-run=json")
     for flag, addr in (("--master_addr", ns.master_addr), ("--control_addr", ns.control_addr)):
@@ -110,7 +118,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         script=split.program,
         args=split.program_args,
         hostfile=ns.hostfile,
-        selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=ns.num_gpus),
+        selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=num_gpus),
         master_addr=ns.master_addr,
         master_port=DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port,  # None: a platform's may win
         master_port_choice=PortChoice.FREE if not ns.master_port else PortChoice.GIVEN,
@@ -123,6 +131,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         elastic=elastic_options(ns, static_restarts=True),
         pod=pod_request(ns),
         restart=restart_policy(ns),
+        torchrun=torchrun,
     )
     return request, ns.dry_run
 

@@ -28,6 +28,7 @@ from xrun.runner.hosts.this_machine import LOCAL_ADDR
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy
+from xrun.runner.torchrun import Torchrun
 from xrun.strict_numbers import MAX_RANKS
 
 
@@ -59,6 +60,7 @@ class JobRequest:
     elastic: ElasticOptions | None = None  # --elastic: torch's elastic agent on every node
     pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.placement)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
+    torchrun: Torchrun = field(default_factory=Torchrun)  # what a torchrun line asks of the world (issue 41)
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,30 @@ def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str
     return {host: world[host] for host in kept}, tuple(hosts[len(kept):])
 
 
+def with_torchrun_world(request: JobRequest, world: World) -> JobRequest:
+    """A torchrun line's ``--nnodes N`` checked against the world, and its console's local ranks
+    (``--local-ranks-filter``, ``--redirects``) as the global ranks ``--console_ranks`` names."""
+    wanted = request.torchrun.nnodes
+    if wanted is not None and wanted != len(world):
+        raise UsageError("--nnodes", f"{wanted}, but this job has {len(world)} node(s); xrun starts every node from "
+                         "one command: name the hosts (-H, --hosts) or, started on every node, --pod --node_rank K "
+                         "--hosts ... (docs/migrating-from-torchrun.md)")
+    console = request.torchrun.console
+    if console is None:
+        return request
+    given = request.options.console_ranks
+    ranks, first = [], 0
+    for slots in world.values():
+        ranks += [first + local for local in range(len(slots)) if console.echoes(local)]
+        first += len(slots)
+    shown = tuple(r for r in ranks if given is None or r in given)
+    return replace(request, options=replace(request.options, console_ranks=shown))
+
+
 def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend: str) -> Plan:
     """Pure: the world and the request fix every rank's env and argv (the last ``--spares`` hosts stand by)."""
     world, spares = split_spares(world, request.restart.spares, backend)
+    request = with_torchrun_world(request, world)
     size = sum(len(slots) for slots in world.values())
     if size > MAX_RANKS:  # a platform's or allocation's world, each within its per-node limits
         raise UsageError("world", f"{size} ranks; xrun accepts at most {MAX_RANKS} per job")

@@ -95,7 +95,7 @@ def make_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, handler: Any,
         host, _, port = options.rdzv_endpoint.rpartition(":")
         master_addr, master_port = host.strip("[]"), int(port)
     worker_spec = t["api"].WorkerSpec(
-        role=ROLE,
+        role=spec.ranks[0].env.get("ROLE_NAME", ROLE) if spec.ranks else ROLE,  # --role (torchrun's)
         local_world_size=len(spec.ranks),
         entrypoint="/bin/sh",
         args=(os.path.join(workdir, "rank${local_rank}.sh"),),  # torch substitutes ${local_rank}

@@ -94,10 +94,31 @@ def split_lines(pending: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
     return done.splitlines(keepends=True), rest
 
 
+class LineCopy:
+    """torchrun's ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: a stream's whole lines that contain
+    one of ``words`` are copied to ``fd`` (a node's ``filtered_std{out,err}.log``, shared by its ranks' streams)."""
+
+    __slots__ = ("fd", "words", "pending")
+
+    def __init__(self, fd: int, words: tuple[bytes, ...]) -> None:
+        self.fd = fd
+        self.words = words
+        self.pending = b""  # the unfinished last line: a word may straddle two reads
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        self.pending = data[cut:][-_MAX_PENDING:]
+        if cut:
+            picked = [line for line in data[:cut].splitlines(keepends=True) if any(w in line for w in self.words)]
+            if picked:
+                write_all(self.fd, b"".join(picked))
+
+
 class RankStream:
     """One of a rank's output pipes or FIFOs, and what is kept of it."""
 
-    __slots__ = ("fd", "console", "echo", "rank", "pending", "bar", "log", "tail", "total", "_file")
+    __slots__ = ("fd", "console", "echo", "rank", "pending", "bar", "log", "tail", "total", "copy", "_file")
 
     def __init__(
         self,
@@ -118,6 +139,7 @@ class RankStream:
         self.log = log  # raw copy: {log_dir}/{host}/rank{N}/std{out,err}.log
         self.tail: bytes | None = b"" if keep_tail else None
         self.total = 0  # bytes seen by the tail, to know whether its first line was cut
+        self.copy: LineCopy | None = None  # torchrun's duplicate filters: matching lines copied to a node file
         # The file object that owns ``fd`` (a Popen pipe): closing the fd any other way would let its finalizer
         # close the number later, when it may belong to somebody else.
         self._file = file
@@ -256,6 +278,8 @@ class Console:
         self.heard = True  # the hang doctor's silence check reads and clears it: no clock on the hot path
         if stream.log is not None and not write_all(stream.log, chunk):
             self._log_lost(stream)
+        if stream.copy is not None:
+            stream.copy.feed(chunk)
         if stream.tail is not None:
             stream.total += len(chunk)
             stream.tail = (stream.tail + chunk)[-_TAIL_BYTES:] if len(chunk) < _TAIL_BYTES else chunk[-_TAIL_BYTES:]

@@ -45,6 +45,8 @@ __all__ = [
     "numactl_argv",
     "parse_cpu_list",
     "plan_binding",
+    "plan_numa_binding",
+    "read_cache_groups",
     "read_topology",
 ]
 
@@ -178,6 +180,66 @@ def plan_binding(
     else:
         shares = _shared_core_shares(cores, n_ranks)
     return tuple(_rank_binding(share, node_of) for share in shares)
+
+
+def plan_numa_binding(
+    topology: Topology,
+    mode: str,
+    allowed: frozenset[int],
+    core_list: str | None,
+    gpu_nodes: Sequence[int | None] | None,
+    cache_groups: Mapping[int, int] | None = None,
+) -> tuple[RankBinding, ...]:
+    """torchrun's ``--numa-binding`` (torch.numa.binding, torch >= 2.9): each rank near its GPU. ``node``: every CPU
+    of its GPU's NUMA node (shared by that node's ranks); ``socket``: every CPU of that node's socket; ``exclusive``:
+    whole cores of its GPU's node, no two ranks alike; ``core-complex``: the CPUs of one last-level cache of that
+    node (``cache_groups``: CPU -> its cache's first CPU), the node's ranks dealt the caches with the most CPUs first,
+    round robin, as torch deals them. As in torchrun, a rank without a GPU of known NUMA node is an error, not a
+    silent fallback."""
+    if not gpu_nodes or any(node is None for node in gpu_nodes):
+        raise BindingError(f"--numa-binding {mode}: needs every rank's GPU and its NUMA node (an NVIDIA GPU per "
+                           "local rank, its PCI device's numa_node known); use --bind_cores_to_rank on CPU ranks")
+    pool = binding_pool(allowed, core_list)
+    node_of = {cpu.id: cpu.numa_node for cpu in topology.cpus}
+    if mode == "exclusive":
+        near = _gpu_near_shares(_physical_cores(topology, pool), gpu_nodes)
+        if near is None:
+            raise BindingError("--numa-binding exclusive: a GPU's NUMA node has fewer whole cores than the ranks it "
+                               "hosts; use --numa-binding node")
+        return tuple(_rank_binding(share, node_of) for share in near)
+    if mode == "core-complex":
+        return _core_complex(topology, pool, [n for n in gpu_nodes if n is not None], cache_groups or {})
+    package_of_node = {cpu.numa_node: cpu.package for cpu in topology.cpus if cpu.numa_node is not None}
+    bindings = []
+    for node in (n for n in gpu_nodes if n is not None):  # every one, as checked above
+        if mode == "node":
+            cpus = [cpu.id for cpu in topology.cpus if cpu.numa_node == node and cpu.id in pool]
+        else:  # socket
+            package = package_of_node.get(node)
+            cpus = [cpu.id for cpu in topology.cpus if cpu.package == package and cpu.id in pool]
+        if not cpus:
+            raise BindingError(f"--numa-binding {mode}: NUMA node {node} has no CPU this agent may use")
+        bindings.append(_rank_binding(cpus, node_of))
+    return tuple(bindings)
+
+
+def _core_complex(topology: Topology, pool: frozenset[int], gpu_nodes: Sequence[int],
+                  cache_groups: Mapping[int, int]) -> tuple[RankBinding, ...]:
+    node_of = {cpu.id: cpu.numa_node for cpu in topology.cpus}
+    dealt: dict[int, int] = {}
+    bindings = []
+    for node in gpu_nodes:  # local rank order: the n-th rank on a node gets its n-th cache, round robin
+        caches: dict[int, list[int]] = {}
+        for cpu in topology.cpus:
+            if cpu.numa_node == node and cpu.id in pool:
+                caches.setdefault(cache_groups.get(cpu.id, cpu.id), []).append(cpu.id)
+        if not caches:
+            raise BindingError(f"--numa-binding core-complex: NUMA node {node} has no CPU this agent may use")
+        ordered = sorted(caches.items(), key=lambda item: (-len(item[1]), item[0]))
+        index = dealt.get(node, 0)
+        dealt[node] = index + 1
+        bindings.append(_rank_binding(ordered[index % len(ordered)][1], node_of))
+    return tuple(bindings)
 
 
 def _physical_cores(topology: Topology, pool: frozenset[int]) -> list[_Core]:
@@ -336,6 +398,27 @@ def read_topology(sys_root: str = "/sys") -> Topology:
     cores = _core_numbers(raw)
     node_of = _numa_nodes(os.path.join(sys_root, "devices", "system", "node"))
     return Topology(tuple(Cpu(cpu, info.package, cores[cpu], node_of.get(cpu)) for cpu, info in raw.items()))
+
+
+def read_cache_groups(sys_root: str = "/sys") -> dict[int, int]:
+    """Online CPU -> the first CPU that shares its last-level cache (the highest-level data or unified cache in
+    ``cpuN/cache/index*``), as torch's core-complex binding reads them; a CPU without cache information is left out."""
+    cpu_dir = os.path.join(sys_root, "devices", "system", "cpu")
+    groups: dict[int, int] = {}
+    for cpu in sorted(_online_cpus(cpu_dir)):
+        cache_dir = os.path.join(cpu_dir, f"cpu{cpu}", "cache")
+        best: tuple[int, frozenset[int]] | None = None
+        for index in _numbered_entries(cache_dir, "index"):
+            entry = os.path.join(cache_dir, f"index{index}")
+            level = _read_int(os.path.join(entry, "level"))
+            shared = _read_cpulist(os.path.join(entry, "shared_cpu_list"))
+            if _read_text(os.path.join(entry, "type")) not in ("Unified", "Data") or level is None or not shared:
+                continue
+            if best is None or level > best[0]:
+                best = (level, shared)
+        if best is not None:
+            groups[cpu] = min(best[1])
+    return groups
 
 
 def _online_cpus(cpu_dir: str) -> frozenset[int]:

@@ -122,6 +122,11 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
 
     binding.check_binding_env(env)
     allowed = frozenset(os.sched_getaffinity(0))
+    if spec.options.numa_binding is not None:  # torchrun's --numa-binding (issue 41)
+        mode = spec.options.numa_binding
+        caches = binding.read_cache_groups() if mode == "core-complex" else None
+        return binding.plan_numa_binding(binding.read_topology(), mode, allowed, spec.options.bind_core_list,
+                                         gpu_nodes(spec, env), caches)
     return binding.plan_binding(
         binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list, gpu_nodes(spec, env)
     )

@@ -14,10 +14,11 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING
 
 from xrun.launch.output.logfiles import open_logs
-from xrun.launch.output.streams import Console, RankStream, grow_pipe
+from xrun.launch.output.streams import Console, LineCopy, RankStream, grow_pipe
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 
@@ -67,6 +68,7 @@ def watch_output(
     logs: tuple[int, int] | None,
     *,
     console_ranks: frozenset[int] | None,
+    copies: Mapping[int, tuple[int, tuple[bytes, ...]]] | None = None,
 ) -> None:
     """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
     assert rank.pipes is not None
@@ -77,6 +79,8 @@ def watch_output(
         log = logs[fd_no - 1] if logs else None
         stream = RankStream(fd, fd_no, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
         stream.echo = console_ranks is None or rank.spec.rank in console_ranks
+        if copies and fd_no in copies:  # torchrun's duplicate filters
+            stream.copy = LineCopy(*copies[fd_no])
         rank.streams.append(stream)
         sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))
 

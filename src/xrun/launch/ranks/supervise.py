@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from xrun.launch.output.logfiles import host_log_dir
 from xrun.launch.output.streams import Console, flush_python_output, notice
 from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
@@ -74,6 +75,8 @@ class SuperviseOptions:
     shutdown_timeout: float = 30.0  # one shared deadline between SIGTERM and SIGKILL
     console_ranks: frozenset[int] | None = None  # --console_ranks: the ranks echoed (None: all); all are logged
     forward_signals: frozenset[int] = frozenset()  # --forward_signals: passed on to every rank, nothing stops
+    # torchrun's --duplicate-std{out,err}-filters: lines holding one of these copied to {log_dir}/{host}/filtered_*.log
+    duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 class RankGroup:
@@ -103,6 +106,7 @@ class RankGroup:
         self._loop = GroupLoop()
         self._ran = False
         self._console = _console(procs, options, on_close=self._loop.unregister)
+        self._copies = open_filtered_logs(options)  # fd 1 and 2 -> (file, words) of the duplicate filters
         self._reaper = Reaper(self._ranks, options.host, self._console, on_leftovers_gone=self._leftovers_gone)
         self._teardown = Teardown(
             self._reaper, host=options.host, shutdown_timeout=options.shutdown_timeout,
@@ -234,7 +238,8 @@ class RankGroup:
         if self._watchdog is not None:
             self._watchdog.watch(rank.pid)
         assert self._loop.sel is not None
-        watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks)
+        watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks,
+                     copies=self._copies)
         self._reaper.watch(rank, self._collect_exits)
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -334,11 +339,31 @@ class RankGroup:
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order
+        for fd, _ in self._copies.values():
+            os.close(fd)
+        self._copies = {}
         for rank in self._ranks:
             for stream in rank.streams:
                 stream.close_fd()
                 stream.close_log()
         self._reaper.close()
+
+
+def open_filtered_logs(options: SuperviseOptions) -> dict[int, tuple[int, tuple[bytes, ...]]]:
+    """The node's ``filtered_stdout.log`` and ``filtered_stderr.log`` for torchrun's duplicate filters (appended to
+    across attempts), by the console fd they copy from; none without filters or a log directory."""
+    if options.log_dir is None:
+        return {}
+    copies = {}
+    stdout_words, stderr_words = options.duplicate_filters
+    for fd_no, name, words in ((1, "stdout", stdout_words), (2, "stderr", stderr_words)):
+        if words:
+            directory = host_log_dir(options.log_dir, options.host)
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(os.path.join(directory, f"filtered_{name}.log"),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            copies[fd_no] = (fd, tuple(w.encode("utf-8", "surrogateescape") for w in words))
+    return copies
 
 
 def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_close: Callable[[int], object]) -> Console:

@@ -1,0 +1,248 @@
+"""Issue 41, pure: torchrun's flags translated into xrun's request (xrun.runner.torchrun), the plan's view of them
+(``--nnodes N`` against the world, the console's local ranks as global ones) and ``--role`` in the env contract."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from xrun.errors import BindingError, UsageError
+from xrun.launch.agent_cli import parse_agent_argv
+from xrun.launch.command import AgentCommand, agent_argv, filter_list
+from xrun.launch.output.streams import LineCopy
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding, read_cache_groups
+from xrun.launch.spec import AgentOptions, parse_filter_list
+from xrun.runner.cli import parse_request
+from xrun.runner.plan import with_torchrun_world
+from xrun.runner.torchrun import LocalConsole, parse_std, resolve_nproc, torchrun_form
+
+
+def request(*flags: str):  # type: ignore[no-untyped-def]
+    return parse_request([*flags, "train.py", "--lr", "1"])[0]
+
+
+@pytest.mark.parametrize("flags, form", [
+    (["--nproc_per_node", "2"], True),
+    (["--nproc-per-node=2"], True),
+    (["--standalone"], True),
+    (["-m"], True),
+    (["--num_gpus", "2"], False),
+    (["--master_port", "29501"], False),
+    ([], False),
+])
+def test_a_line_that_spells_a_torchrun_flag_runs_in_torchruns_form(flags: list[str], form: bool) -> None:
+    assert torchrun_form(flags) is form
+    if "-m" not in flags:
+        assert request(*flags).launch.local_rank_arg is not form  # torchrun never appends --local_rank=N
+
+
+def test_elastic_typed_by_hand_keeps_xruns_form() -> None:
+    pytest.importorskip("torch")
+    assert request("--elastic", "--nnodes", "1:2").launch.local_rank_arg
+
+
+def test_nnodes_equal_bounds_is_a_static_job_and_a_range_is_elastic() -> None:
+    static = request("--nnodes", "1:1")
+    assert static.elastic is None and static.torchrun.nnodes == 1
+    pytest.importorskip("torch")
+    elastic = request("--nnodes", "1:2")
+    assert elastic.elastic is not None and (elastic.elastic.min_nodes, elastic.elastic.max_nodes) == (1, 2)
+
+
+def test_torchruns_multinode_forms() -> None:
+    # --node_rank given (or static rendezvous), no host list: pod mode with N numbered nodes
+    by_rank = request("--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1")
+    assert by_rank.pod.pod and by_rank.remote.node_rank == 1 and by_rank.selection.num_nodes == 2
+    assert by_rank.elastic is None
+    # c10d without --node_rank: torch numbers the nodes as they join, under its elastic agent
+    pytest.importorskip("torch")
+    joined = request("--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400")
+    assert joined.elastic is not None and (joined.elastic.min_nodes, joined.elastic.max_nodes) == (2, 2)
+    assert joined.elastic.rdzv_endpoint == "10.0.0.1:29400" and not joined.launch.local_rank_arg
+
+
+def test_static_rendezvous_endpoint_and_id_are_rank_0s_address_port_and_the_run_id() -> None:
+    local = request("--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--rdzv_id", "job42")
+    assert local.elastic is None and local.master_addr is None and local.run_id == "job42"
+    given = request("--rdzv_endpoint", "10.0.0.1:29411")
+    assert (given.master_addr, given.master_port) == ("10.0.0.1", 29411)
+    assert request("--rdzv_conf", "join_timeout=60").remote.join_timeout == 60
+
+
+def test_standalone_ignores_rendezvous_flags_as_torchrun_does() -> None:
+    assert request("--standalone", "--rdzv_id", "x", "--rdzv_endpoint", "h:1").run_id != "x"
+
+
+def test_signals_to_handle_forwards_what_xrun_does_not_handle_itself() -> None:
+    signals = request("--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,HUP").options.forward_signals
+    assert set(signals) == {signal.SIGUSR1, signal.SIGUSR2}
+    assert set(request("--signals-to-handle", "SIGUSR2", "--forward_signals", "").options.forward_signals) == {
+        signal.SIGUSR2}
+
+
+def test_run_path_goes_ahead_of_no_python() -> None:
+    assert request("--run-path", "--no-python").launch.mode.value == "script"
+
+
+def test_local_addr_is_rank_0s_address_on_one_machine() -> None:
+    assert request("--local-addr", "127.0.0.2").master_addr == "127.0.0.2"
+
+
+@pytest.mark.parametrize("text, parsed", [("0", 0), ("3", 3), ("0:3,1:1", {0: 3, 1: 1}), (" 2 ", 2)])
+def test_std_spec_as_torchrun_reads_it(text: str, parsed: object) -> None:
+    assert parse_std("--tee", text) == parsed
+
+
+@pytest.mark.parametrize("text", ["9", "x", "0:4", "-1", "", "0:3,"])
+def test_bad_std_spec_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="--tee"):
+        parse_std("--tee", text)
+
+
+def test_nproc_words() -> None:
+    assert resolve_nproc("cpu", accelerators=8, cpus=16) == 16
+    assert resolve_nproc("auto", accelerators=0, cpus=4) == 4
+    assert resolve_nproc("auto", accelerators=8, cpus=4) is None  # every accelerator: xrun's default
+    assert resolve_nproc("gpu", accelerators=8, cpus=4) is None
+    assert resolve_nproc(3, accelerators=8, cpus=4) == 3
+    with pytest.raises(UsageError, match="no accelerator"):
+        resolve_nproc("gpu", accelerators=0, cpus=4)
+
+
+TWO_NODES = {"a": (0, 1, 2), "b": (0, 1, 2)}
+
+
+@pytest.mark.parametrize("flags, console", [
+    (["--local-ranks-filter", "0"], (0, 3)),
+    (["--local-ranks-filter", "0,2"], (0, 2, 3, 5)),
+    (["--redirects", "3"], ()),
+    (["--redirects", "1:3", "--local-ranks-filter", "0,1"], (0, 3)),
+    (["--local-ranks-filter", "1", "--console_ranks", "0-3"], (1,)),
+    (["--tee", "3"], None),
+])
+def test_the_consoles_local_ranks_are_every_nodes(flags: list[str], console: tuple[int, ...] | None) -> None:
+    planned = with_torchrun_world(request(*flags, "--log_dir", "/tmp/x"), TWO_NODES)
+    assert planned.options.console_ranks == console
+
+
+def test_nnodes_is_checked_against_the_world() -> None:
+    assert with_torchrun_world(request("--nnodes", "2"), TWO_NODES).torchrun.nnodes == 2
+    with pytest.raises(UsageError, match="--nnodes: 3, but this job has 2 node"):
+        with_torchrun_world(request("--nnodes", "3"), TWO_NODES)
+
+
+def test_local_console_echoes() -> None:
+    assert LocalConsole(shown=frozenset({0}), hidden=frozenset({1})).echoes(0)
+    assert not LocalConsole(hidden=frozenset({1})).echoes(1)
+
+
+def test_role_is_every_ranks_role_name_and_travels_on_the_agents_command_line() -> None:
+    launch = LaunchOptions(role="trainer")
+    ranks = node_ranks(TWO_NODES, 1, Rendezvous("h", 1), launch, "t.py", ())
+    assert {r.env["ROLE_NAME"] for r in ranks} == {"trainer"}
+    assert node_ranks(TWO_NODES, 0, Rendezvous("h", 1), LaunchOptions(), "t.py", ())[0].env["ROLE_NAME"] == "default"
+    command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=launch,
+                           options=AgentOptions(), script="t.py", args=())
+    assert parse_agent_argv(agent_argv(command)[4:]) == command
+
+
+# --numa-binding over a literal topology: two sockets, one NUMA node each, 4 cores x 2 threads per socket
+# (cpu c and c+8 are siblings), GPUs 0,1 on node 0 and GPUs 2,3 on node 1.
+FOUR_GPUS = Topology(tuple(Cpu(c, package=(c % 8) // 4, core=c % 4, numa_node=(c % 8) // 4) for c in range(16)))
+ALL = frozenset(range(16))
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("node", ["0-3,8-11", "0-3,8-11", "4-7,12-15", "4-7,12-15"]),
+    ("socket", ["0-3,8-11", "0-3,8-11", "4-7,12-15", "4-7,12-15"]),
+    ("exclusive", ["0-1,8-9", "2-3,10-11", "4-5,12-13", "6-7,14-15"]),
+])
+def test_numa_binding_modes_put_each_rank_near_its_gpu(mode: str, expected: list[str]) -> None:
+    bindings = plan_numa_binding(FOUR_GPUS, mode, ALL, None, (0, 0, 1, 1))
+    assert [format_cpus(b.cpus) for b in bindings] == expected
+    assert [b.numa_node for b in bindings] == [0, 0, 1, 1]
+
+
+def test_numa_binding_socket_spans_the_sockets_nodes() -> None:
+    # one socket, two NUMA nodes: socket mode gives both nodes' CPUs, node mode one
+    split = Topology(tuple(Cpu(c, package=0, core=c, numa_node=c // 4) for c in range(8)))
+    assert [format_cpus(b.cpus) for b in plan_numa_binding(split, "socket", frozenset(range(8)), None, (1,))] == ["0-7"]
+    assert [format_cpus(b.cpus) for b in plan_numa_binding(split, "node", frozenset(range(8)), None, (1,))] == ["4-7"]
+
+
+@pytest.mark.parametrize("gpu_nodes", [None, (), (0, None)])
+def test_numa_binding_without_a_gpus_node_is_an_error_as_in_torchrun(gpu_nodes: tuple[int | None, ...] | None) -> None:
+    with pytest.raises(BindingError, match="--numa-binding node: needs every rank's GPU"):
+        plan_numa_binding(FOUR_GPUS, "node", ALL, None, gpu_nodes)
+
+
+def test_numa_binding_travels_on_the_agents_command_line() -> None:
+    options = AgentOptions(bind_cores=True, numa_binding="socket")
+    command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=LaunchOptions(),
+                           options=options, script="t.py", args=())
+    assert parse_agent_argv(agent_argv(command)[4:]) == command
+    assert request("--numa-binding", "exclusive").options.numa_binding == "exclusive"
+
+
+@pytest.mark.parametrize("text, words", [("apple,orange", ("apple", "orange")), ("a,,b", ("a,b",)), ("", ()),
+                                         (",x,", ("x",)), ("a,,,b", ("a,", "b"))])
+def test_duplicate_filter_words_as_torchrun_splits_them(text: str, words: tuple[str, ...]) -> None:
+    assert parse_filter_list(text) == words
+    if words:
+        assert parse_filter_list(filter_list(words)) == words
+
+
+def test_line_copy_copies_whole_matching_lines_across_reads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "filtered.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    copy = LineCopy(fd, (b"loss", b"nan"))
+    for chunk in (b"step 1 lo", b"ss 2.0\nstep 2 ok\n", b"grad nan\nlast loss"):
+        copy.feed(chunk)
+    os.close(fd)
+    assert path.read_bytes() == b"step 1 loss 2.0\ngrad nan\n"  # the unfinished last line waits for its end
+
+
+def test_duplicate_filters_copy_the_ranks_lines_to_the_nodes_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "t.py"
+    script.write_text("import os, sys\nprint('loss', os.environ['RANK'])\nprint('ok')\n"
+                      "print('warn', os.environ['RANK'], file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-m", "xrun", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "L"),
+                           "--duplicate-stdout-filters", "loss", "--duplicate-stderr-filters", "warn", str(script)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    node = tmp_path / "L" / "localhost"
+    assert sorted((node / "filtered_stdout.log").read_text().splitlines()) == ["loss 0", "loss 1"]
+    assert sorted((node / "filtered_stderr.log").read_text().splitlines()) == ["warn 0", "warn 1"]
+    assert "ok" in done.stdout  # the console is unchanged
+
+
+# core-complex: node 0 holds two L3 caches (CPUs 0-1 with 8-9, 2-3 with 10-11), node 1 one (4-7, 12-15)
+CACHES = {**{c: 0 for c in (0, 1, 8, 9)}, **{c: 2 for c in (2, 3, 10, 11)}, **{c: 4 for c in (4, 5, 6, 7, 12, 13, 14, 15)}}
+
+
+def test_numa_binding_core_complex_deals_each_nodes_caches_to_its_ranks() -> None:
+    bindings = plan_numa_binding(FOUR_GPUS, "core-complex", ALL, None, (0, 0, 1, 1), CACHES)
+    assert [format_cpus(b.cpus) for b in bindings] == ["0-1,8-9", "2-3,10-11", "4-7,12-15", "4-7,12-15"]
+    # a third rank on node 0 wraps round to its first cache, as torch's modulo does
+    three = plan_numa_binding(FOUR_GPUS, "core-complex", ALL, None, (0, 0, 0), CACHES)
+    assert [format_cpus(b.cpus) for b in three] == ["0-1,8-9", "2-3,10-11", "0-1,8-9"]
+
+
+def test_read_cache_groups_takes_the_highest_data_or_unified_level(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cpu_dir = tmp_path / "devices" / "system" / "cpu"
+    cpu_dir.mkdir(parents=True)
+    (cpu_dir / "online").write_text("0-3\n")
+    for cpu in range(4):
+        for index, (kind, level, shared) in enumerate([("Data", 1, str(cpu)), ("Instruction", 1, str(cpu)),
+                                                       ("Unified", 2, str(cpu)), ("Unified", 3, "0-1" if cpu < 2 else "2-3")]):
+            entry = cpu_dir / f"cpu{cpu}" / "cache" / f"index{index}"
+            entry.mkdir(parents=True)
+            (entry / "type").write_text(kind + "\n")
+            (entry / "level").write_text(f"{level}\n")
+            (entry / "shared_cpu_list").write_text(shared + "\n")
+    assert read_cache_groups(str(tmp_path)) == {0: 0, 1: 0, 2: 2, 3: 2}
