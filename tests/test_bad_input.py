@@ -124,7 +124,7 @@ FLAG_ROWS = {
     "nnodes-more-than-the-world": (["--nnodes", "2", "-H", TWO_WORKERS, "--num_nodes", "1"],
                                    "--nnodes: 2, but this job has 1 node(s)"),
     "tee-9": (["--tee", "9"], "--tee: '9' is not 0-3"),
-    "redirects-one-stream": (["--redirects", "1"], "--redirects: '1': xrun's console shows or hides a rank"),
+    "redirects-0:4": (["--redirects", "0:4"], "--redirects: '0:4' is not 0-3"),
     "local-ranks-filter-x": (["--local-ranks-filter", "x"], "--local-ranks-filter: 'x'"),
     "standalone-hostfile": (["--standalone", "-H", TWO_WORKERS], "--standalone: runs on this machine only"),
     "static-rdzv-etcd": (["--rdzv_backend", "etcd"], "--rdzv_backend: 'etcd': a static job"),

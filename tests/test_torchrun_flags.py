@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,10 +17,10 @@ from xrun.launch.command import AgentCommand, agent_argv, filter_list
 from xrun.launch.output.streams import LineCopy
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding, read_cache_groups
-from xrun.launch.spec import AgentOptions, parse_filter_list
+from xrun.launch.spec import AgentOptions, LocalEcho, NodeSpec, local_echo, parse_filter_list, parse_std
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
-from xrun.runner.torchrun import LocalConsole, parse_std, resolve_nproc, torchrun_form
+from xrun.runner.torchrun import resolve_nproc, torchrun_form
 
 
 def request(*flags: str):  # type: ignore[no-untyped-def]
@@ -122,6 +123,8 @@ TWO_NODES = {"a": (0, 1, 2), "b": (0, 1, 2)}
     (["--local-ranks-filter", "0,2"], (0, 2, 3, 5)),
     (["--redirects", "3"], ()),
     (["--redirects", "1:3", "--local-ranks-filter", "0,1"], (0, 3)),
+    (["--redirects", "1"], (0, 1, 2, 3, 4, 5)),  # stdout only: every rank's stderr still shows
+    (["--redirects", "0:2,1:3"], (0, 2, 3, 5)),
     (["--local-ranks-filter", "1", "--console_ranks", "0-3"], (1,)),
     (["--tee", "3"], None),
 ])
@@ -136,9 +139,23 @@ def test_nnodes_is_checked_against_the_world() -> None:
         with_torchrun_world(request("--nnodes", "3"), TWO_NODES)
 
 
-def test_local_console_echoes() -> None:
-    assert LocalConsole(shown=frozenset({0}), hidden=frozenset({1})).echoes(0)
-    assert not LocalConsole(hidden=frozenset({1})).echoes(1)
+def test_local_echo_is_torchruns_filter_and_redirects_per_stream() -> None:
+    echo = local_echo("0,1", "0:1,1:2")
+    assert [(echo.echoes(r, 1), echo.echoes(r, 2)) for r in range(3)] == [(False, True), (True, False), (False, False)]
+    assert [(local_echo(None, "3").echoes(r, 1), local_echo(None, "3").shows(r)) for r in range(2)] == [(False,) * 2] * 2
+    assert local_echo("", "0").echoes(5, 1)  # torchrun: an empty filter is no filter
+    assert local_echo(None, "0:1,1:2").redirects_text() == "0:1,1:2" and local_echo(None, "0").redirects_text() is None
+
+
+@pytest.mark.parametrize("flags", [["--redirects", "1"], ["--redirects", "0:1,1:2", "--local-ranks-filter", "1"]])
+def test_local_echo_reaches_the_agent_by_spec_and_by_its_command_line(flags: list[str]) -> None:
+    options = request(*flags, "--log_dir", "/tmp/x").options
+    assert options.local_echo != LocalEcho()
+    spec = NodeSpec(host="h", node_rank=0, ranks=(), options=options)
+    assert NodeSpec.from_json(json.loads(json.dumps(spec.to_json()))).options == options
+    command = AgentCommand(world=TWO_NODES, node_rank=0, rendezvous=Rendezvous("h", 1, "r"), launch=LaunchOptions(),
+                           options=options, script="t.py", args=())
+    assert parse_agent_argv(agent_argv(command)[4:]).options == options
 
 
 def test_role_is_every_ranks_role_name_and_travels_on_the_agents_command_line() -> None:
@@ -246,3 +263,4 @@ def test_read_cache_groups_takes_the_highest_data_or_unified_level(tmp_path) -> 
             (entry / "level").write_text(f"{level}\n")
             (entry / "shared_cpu_list").write_text(shared + "\n")
     assert read_cache_groups(str(tmp_path)) == {0: 0, 1: 0, 2: 2, 3: 2}
+

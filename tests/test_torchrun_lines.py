@@ -61,6 +61,12 @@ def _lines(port: int) -> dict[str, tuple[list[str], list[str]]]:
                        "--rdzv_endpoint", f"localhost:{port}"], ["dump.py", "--lr", "3e-4"]),
         # beyond the table: torchrun's other console and rank flags
         "redirects": (["--nproc_per_node=2", "-r", "0:3", "--run-path", "--start-method", "fork"], ["dump.py", "x"]),
+        "redirects-stdout": (["--nproc_per_node=2", "--redirects", "1"], ["dump.py"]),  # every rank's stderr only
+        "redirects-0-stderr": (["--nproc_per_node=2", "--redirects", "0:2"], ["dump.py"]),  # all but rank 0's stderr
+        # an elastic range (torch's agent on every node): one node joins, the filter holds under it too
+        "elastic-filter": (["--nnodes", "1:2", "--nproc_per_node=2", "--rdzv_backend", "c10d",
+                            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_conf", "last_call_timeout=1",
+                            "--local-ranks-filter", "0"], ["dump.py"]),
         "virtual": (["--standalone", "--nproc-per-node", "2", "--virtual-local-rank", "--signals-to-handle",
                      "SIGTERM,SIGINT,SIGUSR1"], ["-m", "dumpmod"]),
     }
@@ -91,7 +97,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["torchtitan", "torchchat", "nanogpt", "torchdocs", "redirects", "virtual"])
+@pytest.mark.parametrize("name", ["torchtitan", "torchchat", "nanogpt", "torchdocs", "redirects", "redirects-stdout",
+                                  "redirects-0-stderr", "elastic-filter", "virtual"])
 def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_path: Path) -> None:
     flags, program = _lines(free_port())[name]
     torchrun = _run([sys.executable, "-m", "torch.distributed.run"], flags, program, workdir, tmp_path / "torchrun")
@@ -111,7 +118,7 @@ def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_pat
             assert ours["env"]["TORCHELASTIC_RUN_ID"] == theirs["env"]["TORCHELASTIC_RUN_ID"]
     assert xrun["stdout_ranks"] == torchrun["stdout_ranks"]
     assert xrun["stderr_ranks"] == torchrun["stderr_ranks"]
-    if "--tee" in flags:  # teed: every rank's output is in a log file too, under the directory xrun names
+    if {"--tee", "--redirects", "-r"} & set(flags):  # every rank's output is in a log file, under the directory xrun names
         found = re.search(r"per-rank logs under (\S+)", xrun["stderr"])
         assert found is not None, xrun["stderr"]
         logged = "".join(p.read_text() for p in Path(found.group(1)).rglob("*.log"))

@@ -63,6 +63,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         console_ranks=frozenset(options.console_ranks) if options.console_ranks is not None else None,
         forward_signals=frozenset(options.forward_signals),
         duplicate_filters=(options.duplicate_stdout_filters, options.duplicate_stderr_filters),
+        local_echo=options.local_echo,
     )
 
 

@@ -37,6 +37,7 @@ from xrun.launch.spec import (
     ElasticOptions,
     HangAction,
     PythonMode,
+    local_echo,
     parse_filter_list,
     parse_module_list,
     parse_rank_list,
@@ -127,6 +128,11 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
         "is a comma) to {log_dir}/{host}/filtered_stdout.log; needs --log_dir")
     add(*spellings("--duplicate_stderr_filters"), metavar="WORDS",
         help="the same for stderr, to filtered_stderr.log")
+    add(*spellings("--local_ranks_filter"), metavar="LOCAL_RANKS",
+        help="torchrun's: echo only these local ranks on every node, e.g. 0 or 0,1 (the others still write their logs)")
+    add("-r", "--redirects", metavar="STD",
+        help="torchrun's: 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL:STD,...: these streams of the ranks go to their "
+        "log files only, not to the console (under --log_dir, else a new directory in the temporary directory)")
     add("--preload", metavar="MODULE[,MODULE...]",
         help=f"import these modules once per node in a helper process and fork every rank from it, so a start and "
         f"a restart skip their import (default: ${PRELOAD_VARIABLE}); a python program only, not with --elastic")
@@ -241,8 +247,6 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
     if (stdout_words or stderr_words) and ns.log_dir is None:
         raise UsageError("--duplicate-stdout-filters" if stdout_words else "--duplicate-stderr-filters",
                          "needs --log_dir (the copies go to {log_dir}/{host}/filtered_std{out,err}.log)")
-    if (stdout_words or stderr_words) and getattr(ns, "elastic", False):
-        raise UsageError("--duplicate-stdout-filters", "not supported with --elastic yet")
     return AgentOptions(
         log_dir=ns.log_dir,
         prefix=not ns.no_prefix,
@@ -253,6 +257,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         numa_binding=ns.numa_binding,
         duplicate_stdout_filters=stdout_words,
         duplicate_stderr_filters=stderr_words,
+        local_echo=local_echo(ns.local_ranks_filter, ns.redirects),
         bind_core_list=ns.bind_core_list,
         console_ranks=parse_rank_list("--console_ranks", ns.console_ranks) if ns.console_ranks is not None else None,
         forward_signals=(

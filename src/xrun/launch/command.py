@@ -105,6 +105,10 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += [f"--bind_core_list={options.bind_core_list}"] if options.bind_core_list is not None else []
     if options.console_ranks is not None:
         argv += [f"--console_ranks={','.join(str(r) for r in options.console_ranks)}"]
+    if options.local_echo.ranks is not None:
+        argv += [f"--local_ranks_filter={','.join(str(r) for r in options.local_echo.ranks)}"]
+    redirects = options.local_echo.redirects_text()
+    argv += [f"--redirects={redirects}"] if redirects is not None else []
     if options.forward_signals != DEFAULT_FORWARD_SIGNALS:
         argv += [f"--forward_signals={signal_list(options.forward_signals)}"]
     if options.hang_timeout is not None:

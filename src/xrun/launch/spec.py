@@ -52,6 +52,62 @@ class HangAction(enum.Enum):
 
 
 @dataclass(frozen=True)
+class LocalEcho:
+    """torchrun's console rules, by local rank and the same on every node (issue 41): ``--local-ranks-filter`` echoes
+    only these local ranks; ``--redirects`` keeps a rank's stdout (1), its stderr (2) or both (3) off the console,
+    in its log files only (torch's ``Std``: one value for every local rank, or ``LOCAL:STD,...`` per local rank)."""
+
+    ranks: tuple[int, ...] | None = None  # --local-ranks-filter (None: every local rank)
+    redirects: int = 0  # --redirects N: every local rank
+    rank_redirects: tuple[tuple[int, int], ...] = ()  # --redirects LOCAL:STD,...: these ranks (the others 0)
+
+    def __post_init__(self) -> None:  # JSON lists when the options come from the node spec
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", tuple(self.ranks))
+        object.__setattr__(self, "rank_redirects", tuple((int(r), int(s)) for r, s in self.rank_redirects))
+
+    def echoes(self, local_rank: int, fd: int) -> bool:
+        """Whether this local rank's stream ``fd`` (1 stdout, 2 stderr) reaches the console."""
+        if self.ranks is not None and local_rank not in self.ranks:
+            return False
+        return not dict(self.rank_redirects).get(local_rank, self.redirects) & fd
+
+    def shows(self, local_rank: int) -> bool:
+        """Whether any of the rank's lines reach the console."""
+        return self.echoes(local_rank, 1) or self.echoes(local_rank, 2)
+
+    def redirects_text(self) -> str | None:
+        """``--redirects`` as torchrun writes it (None: nothing redirected)."""
+        if self.rank_redirects:
+            return ",".join(f"{rank}:{std}" for rank, std in self.rank_redirects)
+        return str(self.redirects) if self.redirects else None
+
+
+def parse_std(flag: str, text: str) -> dict[int, int] | int:
+    """torchrun's ``Std.from_str`` (``--tee``, ``--redirects``): ``0``-``3`` for every local rank, or
+    ``LOCAL:STD,...`` per local rank."""
+    if re.fullmatch(r"[0-3]", text.strip()):
+        return int(text)
+    found: dict[int, int] = {}
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]{1,4}):([0-3])\s*", part)
+        if match is None:
+            raise UsageError(flag, f"{shown(text)} is not 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,...; "
+                             "e.g. 3 or 0:3,1:1")
+        found[int(match.group(1))] = int(match.group(2))
+    return found
+
+
+def local_echo(local_ranks_filter: str | None, redirects: str | None) -> LocalEcho:
+    """``--local-ranks-filter`` and ``--redirects`` as the node applies them (torchrun: an empty filter is none)."""
+    ranks = parse_rank_list("--local-ranks-filter", local_ranks_filter) if local_ranks_filter else None
+    std = parse_std("--redirects", redirects) if redirects is not None else 0
+    if isinstance(std, int):
+        return LocalEcho(ranks=ranks, redirects=std)
+    return LocalEcho(ranks=ranks, rank_redirects=tuple(sorted((r, s) for r, s in std.items() if s)))
+
+
+@dataclass(frozen=True)
 class AgentOptions:
     """How the node agent supervises, binds and logs its ranks."""
 
@@ -74,8 +130,11 @@ class AgentOptions:
     # torchrun's --duplicate-std{out,err}-filters: lines holding one of these words are copied to a node file
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()
+    local_echo: LocalEcho = LocalEcho()  # torchrun's --local-ranks-filter and --redirects, by local rank
 
     def __post_init__(self) -> None:
+        if isinstance(self.local_echo, Mapping):  # a JSON object when the options come from the node spec
+            object.__setattr__(self, "local_echo", LocalEcho(**self.local_echo))
         object.__setattr__(self, "preload", tuple(self.preload))  # a JSON list when the options come from the spec
         object.__setattr__(self, "duplicate_stdout_filters", tuple(self.duplicate_stdout_filters))
         object.__setattr__(self, "duplicate_stderr_filters", tuple(self.duplicate_stderr_filters))
@@ -229,7 +288,10 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         {"duplicate_stdout_filters": list(options.duplicate_stdout_filters)}
         if options.duplicate_stdout_filters else {}) | (
         {"duplicate_stderr_filters": list(options.duplicate_stderr_filters)}
-        if options.duplicate_stderr_filters else {})
+        if options.duplicate_stderr_filters else {}) | (
+        {"local_echo": {"ranks": options.local_echo.ranks, "redirects": options.local_echo.redirects,
+                        "rank_redirects": [list(p) for p in options.local_echo.rank_redirects]}}
+        if options.local_echo != LocalEcho() else {})
 
 
 def parse_signal_list(flag: str, text: str) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from xrun.errors import UsageError
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic.rdzv import resolve_elastic
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
-from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, check_rank_list
+from xrun.launch.spec import AgentOptions, ElasticOptions, LocalEcho, NodeSpec, check_rank_list
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import LOCAL_ADDR
@@ -141,20 +141,21 @@ def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str
 
 
 def with_torchrun_world(request: JobRequest, world: World) -> JobRequest:
-    """A torchrun line's ``--nnodes N`` checked against the world, and its console's local ranks
-    (``--local-ranks-filter``, ``--redirects``) as the global ranks ``--console_ranks`` names."""
+    """A torchrun line's ``--nnodes N`` checked against the world, and the local ranks its console shows at all
+    (``--local-ranks-filter``, ``--redirects 3``) as the global ranks ``--console_ranks`` names, which the head and
+    each node count (a line said by every rank shown goes out at once)."""
     wanted = request.torchrun.nnodes
     if wanted is not None and wanted != len(world):
         raise UsageError("--nnodes", f"{wanted}, but this job has {len(world)} node(s); xrun starts every node from "
                          "one command: name the hosts (-H, --hosts) or, started on every node, --pod --node_rank K "
                          "--hosts ... (docs/migrating-from-torchrun.md)")
-    console = request.torchrun.console
-    if console is None:
+    echo = request.options.local_echo  # every node applies it to its streams; the head counts the ranks shown
+    if echo == LocalEcho():
         return request
     given = request.options.console_ranks
     ranks, first = [], 0
     for slots in world.values():
-        ranks += [first + local for local in range(len(slots)) if console.echoes(local)]
+        ranks += [first + local for local in range(len(slots)) if echo.shows(local)]
         first += len(slots)
     shown = tuple(r for r in ranks if given is None or r in given)
     return replace(request, options=replace(request.options, console_ranks=shown))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from xrun.errors import UsageError
 from xrun.hostlist import address_problem
 from xrun.launch.agent_cli import parse_nnodes
 from xrun.launch.elastic import rdzv
-from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT, parse_rank_list
+from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT, parse_std
 from xrun.printable import shown
 from xrun.strict_numbers import MAX_SLOTS_PER_HOST, int_arg
 
@@ -60,10 +59,6 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
     add("-t", "--tee", metavar="STD",
         help="torchrun: 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL:STD,...: also write these ranks' output to "
         "per-rank logs (under --log_dir, else a new directory in the temporary directory)")
-    add("-r", "--redirects", metavar="STD",
-        help="torchrun: as --tee, but the output goes to the log files only, not to the console (0 or 3 per rank)")
-    add(*spellings("--local_ranks_filter"), metavar="LOCAL_RANKS",
-        help="torchrun: echo only these local ranks on every node, e.g. 0 or 0,1 (the others still write their logs)")
     add(*spellings("--run_path"), action="store_true", help="torchrun: run SCRIPT as a script (xrun's default)")
     add(*spellings("--start_method"), choices=START_METHODS, metavar="|".join(START_METHODS),
         help="torchrun: accepted; every rank is a fresh process, as torchrun runs a script")
@@ -102,39 +97,12 @@ def resolve_nproc(value: int | str | None, *, accelerators: int, cpus: int) -> i
     return None
 
 
-def parse_std(flag: str, text: str) -> dict[int, int] | int:
-    """torchrun's ``Std.from_str``: ``0``-``3`` for every local rank, or ``LOCAL:STD,...`` per local rank."""
-    if re.fullmatch(r"[0-3]", text.strip()):
-        return int(text)
-    found: dict[int, int] = {}
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*([0-9]{1,4}):([0-3])\s*", part)
-        if match is None:
-            raise UsageError(flag, f"{shown(text)} is not 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,...; "
-                             "e.g. 3 or 0:3,1:1")
-        found[int(match.group(1))] = int(match.group(2))
-    return found
-
-
-@dataclass(frozen=True)
-class LocalConsole:
-    """Which local ranks reach the console, on every node (``--local-ranks-filter``, ``--redirects``); the plan
-    turns it into xrun's ``--console_ranks`` once the world is known."""
-
-    shown: frozenset[int] | None = None  # --local-ranks-filter: only these (None: all)
-    hidden: frozenset[int] = frozenset()  # --redirects 3: to the log files only
-
-    def echoes(self, local_rank: int) -> bool:
-        return (self.shown is None or local_rank in self.shown) and local_rank not in self.hidden
-
-
 @dataclass(frozen=True)
 class Torchrun:
     """What a torchrun line asks for that the plan checks against the world (None and empty: nothing)."""
 
     form: bool = False  # the line spells a torchrun-only flag: no --local_rank=N (torchrun never passes it)
     nnodes: int | None = None  # --nnodes N or N:N on a static job: the world must have N nodes
-    console: LocalConsole | None = None
     notes: tuple[str, ...] = ()  # one line each on stderr: a flag accepted that changes nothing under xrun
 
 
@@ -169,8 +137,8 @@ def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.
         notes.append(f"--logs-specs {ns.logs_specs} is not used: xrun writes its own per-rank logs (--log_dir)")
     if ns.event_log_handler not in (None, "null"):
         notes.append(f"--event-log-handler {ns.event_log_handler} is not used: xrun has no torch event log")
-    console = _console(out)
-    return out, Torchrun(form=form, nnodes=nnodes, console=console, notes=tuple(notes))
+    _log_dir(out)
+    return out, Torchrun(form=form, nnodes=nnodes, notes=tuple(notes))
 
 
 def _nnodes(out: argparse.Namespace) -> int | None:
@@ -300,38 +268,17 @@ def _local_addr(out: argparse.Namespace) -> list[str]:
             "master (--master_addr, --network_interface)"]
 
 
-def _console(out: argparse.Namespace) -> LocalConsole | None:
-    """``--local-ranks-filter``, ``--tee``, ``--redirects``: the console's local ranks, and the log directory."""
-    shown_ranks = None
-    if out.local_ranks_filter:  # torchrun: an empty filter is no filter
-        shown_ranks = frozenset(parse_rank_list("--local-ranks-filter", out.local_ranks_filter))
-    hidden: set[int] = set()
-    logs = False
+def _log_dir(out: argparse.Namespace) -> None:
+    """``--tee``, ``--redirects`` and the duplicate filters write per-rank logs: a log directory if none is given
+    (the console's rules themselves are every node's agent's: ``xrun.launch.spec.local_echo``)."""
+    logs = bool(out.duplicate_stdout_filters or out.duplicate_stderr_filters)  # beside the rank logs
     for flag, text in (("--tee", out.tee), ("--redirects", out.redirects)):
-        if text is None:
-            continue
-        std = parse_std(flag, text)
-        per_rank = std if isinstance(std, dict) else {}
-        every = std if isinstance(std, int) else 0
-        logs = logs or every != 0 or any(per_rank.values())
-        if flag == "--redirects":
-            partial = [v for v in (every, *per_rank.values()) if v in (1, 2)]
-            if partial:
-                raise UsageError("--redirects", f"{shown(text)}: xrun's console shows or hides a rank, not one of "
-                                 "its streams; use 3 (both to the log files) or --tee")
-            if every == 3:
-                hidden.update(range(MAX_SLOTS_PER_HOST))
-            hidden.update(r for r, v in per_rank.items() if v == 3)
-    logs = logs or bool(out.duplicate_stdout_filters or out.duplicate_stderr_filters)  # beside the rank logs
+        if text is not None:
+            std = parse_std(flag, text)
+            logs = logs or bool(any(std.values()) if isinstance(std, dict) else std)
     if logs and out.log_dir is None:
         # torchrun: a new directory under the temporary directory; xrun names it after the run so that every node
         # of the job writes under the same path.
         out.log_dir = f"{tempfile.gettempdir()}/torchelastic_{os.urandom(4).hex()}"
         print(f"xrun: --tee/--redirects/--duplicate-*-filters: per-rank logs under {out.log_dir} (--log_dir chooses)",
               file=sys.stderr)
-    if out.elastic and (shown_ranks is not None or hidden):
-        raise UsageError("--local-ranks-filter", "not supported with --elastic or --nnodes MIN:MAX yet; use --quiet "
-                         "or --log_dir")
-    if shown_ranks is None and not hidden:
-        return None
-    return LocalConsole(shown=shown_ranks, hidden=frozenset(hidden))

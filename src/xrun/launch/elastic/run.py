@@ -44,8 +44,8 @@ from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
 from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
-from xrun.launch.output.logfiles import open_logs
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice
+from xrun.launch.output.logfiles import open_filtered_logs, open_logs
+from xrun.launch.output.streams import Console, LineCopy, RankStream, grow_pipe, notice
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.devices import VISIBILITY, detect_devices
@@ -184,10 +184,14 @@ class OutputRelay:
         self.streams: dict[tuple[int, int], RankStream] = {}  # (local rank, console fd) -> its stream
         self._lock = threading.Lock()  # the thread reads while the main thread starts attempts and takes tails
         self._sel = selectors.DefaultSelector()
-        merge = options.dedupe and local_ranks > 1  # one rank has nobody to repeat it: no line is held
+        shows = sum(1 for local_rank in range(local_ranks) if options.local_echo.shows(local_rank))
+        merge = options.dedupe and shows > 1  # one rank has nobody to repeat it: no line is held
         self._console = Console(prefix=options.prefix, quiet=options.quiet, on_close=self._sel.unregister,
                                 merge_as=host if merge else None, host=host,
-                                ranks_shown=local_ranks if options.console_ranks is None else None)
+                                ranks_shown=shows if options.console_ranks is None else None)
+        # torchrun's duplicate filters: one node file per stream, appended to across attempts
+        self._copies = open_filtered_logs(options.log_dir, host,
+                                          (options.duplicate_stdout_filters, options.duplicate_stderr_filters))
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
@@ -200,6 +204,8 @@ class OutputRelay:
                 fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
                 grow_pipe(fd)
                 stream = RankStream(fd, console, keep_tail=console == 2)
+                if console in self._copies:
+                    stream.copy = LineCopy(*self._copies[console])
                 self.streams[(local_rank, console)] = stream
                 self.paths[(local_rank, console)] = path
                 self._sel.register(fd, selectors.EVENT_READ, stream)
@@ -236,7 +242,8 @@ class OutputRelay:
                 for console in (1, 2):
                     stream = self.streams[(local_rank, console)]
                     stream.rank = rank
-                    stream.echo = self.options.console_ranks is None or rank in self.options.console_ranks
+                    stream.echo = ((self.options.console_ranks is None or rank in self.options.console_ranks)
+                                   and self.options.local_echo.echoes(local_rank, console))
                     stream.log = logs[console - 1] if logs else None
 
     def tails(self) -> dict[int, tuple[str, ...]]:
@@ -256,6 +263,8 @@ class OutputRelay:
         self._console.written()  # before the report; a console that stopped reading costs at most its stall
         for stream in self.streams.values():
             stream.close_fd()
+        for fd, _ in self._copies.values():
+            os.close(fd)
         self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)

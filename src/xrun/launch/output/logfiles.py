@@ -157,3 +157,21 @@ def host_log_dir(log_dir: str, host: str) -> str:
     name with path separators replaced, so that no host name can point outside ``log_dir``."""
     name = host.replace(os.sep, "_")
     return os.path.join(log_dir, name if name not in ("", ".", "..") else "_")
+
+
+def open_filtered_logs(log_dir: str | None, host: str, filters: tuple[tuple[str, ...], tuple[str, ...]],
+                       ) -> dict[int, tuple[int, tuple[bytes, ...]]]:
+    """The node's ``filtered_stdout.log`` and ``filtered_stderr.log`` for torchrun's duplicate filters (appended to
+    across attempts and restarts), by the console fd they copy from; none without filters or a log directory."""
+    if log_dir is None:
+        return {}
+    copies = {}
+    stdout_words, stderr_words = filters
+    for fd_no, name, words in ((1, "stdout", stdout_words), (2, "stderr", stderr_words)):
+        if words:
+            directory = host_log_dir(log_dir, host)
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(os.path.join(directory, f"filtered_{name}.log"),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            copies[fd_no] = (fd, tuple(w.encode("utf-8", "surrogateescape") for w in words))
+    return copies

@@ -21,6 +21,7 @@ from xrun.launch.output.logfiles import open_logs
 from xrun.launch.output.streams import Console, LineCopy, RankStream, grow_pipe
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
+from xrun.launch.spec import LocalEcho
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import ForkedRank, PreloadHelper
@@ -68,6 +69,7 @@ def watch_output(
     logs: tuple[int, int] | None,
     *,
     console_ranks: frozenset[int] | None,
+    local_echo: LocalEcho,
     copies: Mapping[int, tuple[int, tuple[bytes, ...]]] | None = None,
 ) -> None:
     """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
@@ -78,7 +80,8 @@ def watch_output(
         grow_pipe(fd)
         log = logs[fd_no - 1] if logs else None
         stream = RankStream(fd, fd_no, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
-        stream.echo = console_ranks is None or rank.spec.rank in console_ranks
+        stream.echo = ((console_ranks is None or rank.spec.rank in console_ranks)
+                       and local_echo.echoes(rank.spec.local_rank, fd_no))
         if copies and fd_no in copies:  # torchrun's duplicate filters
             stream.copy = LineCopy(*copies[fd_no])
         rank.streams.append(stream)

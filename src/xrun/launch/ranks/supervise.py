@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xrun.launch.output.logfiles import host_log_dir
+from xrun.launch.output.logfiles import open_filtered_logs
 from xrun.launch.output.streams import Console, flush_python_output, notice
 from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
@@ -56,6 +56,7 @@ from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
 from xrun.launch.result.stacks import DumpTarget
+from xrun.launch.spec import LocalEcho
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
@@ -77,6 +78,7 @@ class SuperviseOptions:
     forward_signals: frozenset[int] = frozenset()  # --forward_signals: passed on to every rank, nothing stops
     # torchrun's --duplicate-std{out,err}-filters: lines holding one of these copied to {log_dir}/{host}/filtered_*.log
     duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    local_echo: LocalEcho = LocalEcho()  # torchrun's --local-ranks-filter and --redirects: streams echoed by local rank
 
 
 class RankGroup:
@@ -106,7 +108,8 @@ class RankGroup:
         self._loop = GroupLoop()
         self._ran = False
         self._console = _console(procs, options, on_close=self._loop.unregister)
-        self._copies = open_filtered_logs(options)  # fd 1 and 2 -> (file, words) of the duplicate filters
+        # fd 1 and 2 -> (file, words) of the duplicate filters
+        self._copies = open_filtered_logs(options.log_dir, options.host, options.duplicate_filters)
         self._reaper = Reaper(self._ranks, options.host, self._console, on_leftovers_gone=self._leftovers_gone)
         self._teardown = Teardown(
             self._reaper, host=options.host, shutdown_timeout=options.shutdown_timeout,
@@ -239,7 +242,7 @@ class RankGroup:
             self._watchdog.watch(rank.pid)
         assert self._loop.sel is not None
         watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks,
-                     copies=self._copies)
+                     local_echo=options.local_echo, copies=self._copies)
         self._reaper.watch(rank, self._collect_exits)
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -347,23 +350,6 @@ class RankGroup:
                 stream.close_fd()
                 stream.close_log()
         self._reaper.close()
-
-
-def open_filtered_logs(options: SuperviseOptions) -> dict[int, tuple[int, tuple[bytes, ...]]]:
-    """The node's ``filtered_stdout.log`` and ``filtered_stderr.log`` for torchrun's duplicate filters (appended to
-    across attempts), by the console fd they copy from; none without filters or a log directory."""
-    if options.log_dir is None:
-        return {}
-    copies = {}
-    stdout_words, stderr_words = options.duplicate_filters
-    for fd_no, name, words in ((1, "stdout", stdout_words), (2, "stderr", stderr_words)):
-        if words:
-            directory = host_log_dir(options.log_dir, options.host)
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(os.path.join(directory, f"filtered_{name}.log"),
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            copies[fd_no] = (fd, tuple(w.encode("utf-8", "surrogateescape") for w in words))
-    return copies
 
 
 def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_close: Callable[[int], object]) -> Console:
