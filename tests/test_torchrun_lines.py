@@ -66,7 +66,7 @@ def _lines(port: int) -> dict[str, tuple[list[str], list[str]]]:
         # an elastic range (torch's agent on every node): one node joins, the filter holds under it too
         "elastic-filter": (["--nnodes", "1:2", "--nproc_per_node=2", "--rdzv_backend", "c10d",
                             f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_conf", "last_call_timeout=1",
-                            "--local-ranks-filter", "0"], ["dump.py"]),
+                            "--local-ranks-filter", "0", "--duplicate-stdout-filters", "out"], ["dump.py"]),
         "virtual": (["--standalone", "--nproc-per-node", "2", "--virtual-local-rank", "--signals-to-handle",
                      "SIGTERM,SIGINT,SIGUSR1"], ["-m", "dumpmod"]),
     }
@@ -123,6 +123,11 @@ def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_pat
         assert found is not None, xrun["stderr"]
         logged = "".join(p.read_text() for p in Path(found.group(1)).rglob("*.log"))
         assert all(f"out of rank {r}" in logged and f"err of rank {r}" in logged for r in range(RANKS))
+    if "--duplicate-stdout-filters" in flags:  # every rank's line with the word, in the node's file
+        found = re.search(r"per-rank logs under (\S+)", xrun["stderr"])
+        assert found is not None, xrun["stderr"]
+        copied = "".join(p.read_text() for p in Path(found.group(1)).rglob("filtered_stdout.log"))
+        assert sorted(copied.splitlines()) == [f"out of rank {r}" for r in range(RANKS)]
 
 
 def _run_two(launcher: list[str], flags: list[str], workdir: Path, out: Path) -> dict[str, Any]:
