@@ -20,7 +20,7 @@ from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_bind
 from xrun.launch.spec import AgentOptions, LocalEcho, NodeSpec, local_echo, parse_filter_list, parse_std
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
-from xrun.runner.torchrun import resolve_nproc, torchrun_form
+from xrun.runner.torchrun import PET_FLAGS, resolve_nproc, torchrun_form
 
 
 def request(*flags: str):  # type: ignore[no-untyped-def]
@@ -264,3 +264,79 @@ def test_read_cache_groups_takes_the_highest_data_or_unified_level(tmp_path) -> 
             (entry / "shared_cpu_list").write_text(shared + "\n")
     assert read_cache_groups(str(tmp_path)) == {0: 0, 1: 0, 2: 2, 3: 2}
 
+
+def test_the_pet_variables_are_those_torchrun_reads_and_each_is_an_xrun_flag() -> None:
+    from torch.distributed.argparse_util import check_env, env  # torch only here: the pure tests run without it
+    from torch.distributed.run import get_args_parser
+
+    from xrun.runner.cli import build_parser
+
+    theirs = {a.dest for a in get_args_parser()._actions if isinstance(a, (env, check_env))}
+    assert {f.lstrip("-") for f in PET_FLAGS} == theirs
+    ours = build_parser()._option_string_actions
+    assert all(flag in ours for flag in PET_FLAGS)
+
+
+def test_pet_variables_are_flag_defaults_and_the_command_line_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "2")
+    monkeypatch.setenv("PET_STANDALONE", "1")
+    monkeypatch.setenv("PET_ROLE", "trainer")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "0")
+    read = request()
+    assert read.selection.num_gpus == 2 and read.launch.role == "trainer"
+    assert not read.launch.local_rank_arg  # a PET_ flag is a torchrun flag: torchrun's form, no --local_rank
+    assert request("--nproc-per-node=3", "--role", "x").selection.num_gpus == 3
+    assert request("--nproc-per-node=3", "--role", "x").launch.role == "x"
+    monkeypatch.delenv("PET_NPROC_PER_NODE")
+    monkeypatch.delenv("PET_ROLE")
+    monkeypatch.delenv("PET_STANDALONE")
+    monkeypatch.delenv("PET_MAX_RESTARTS")
+    monkeypatch.setenv("PET_MASTER_PORT", "29555")  # a flag xrun has too: still torchrun's run, no --local_rank
+    assert request().master_port == 29555 and not request().launch.local_rank_arg
+    monkeypatch.setenv("PET_STANDALONE", "0")
+    monkeypatch.setenv("PET_TEE", "3")
+    assert request().options.log_dir is not None
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("PET_NPROC_PER_NODE", "x", "PET_NPROC_PER_NODE: 'x': 'x' is not a whole number"),
+    ("PET_STANDALONE", "yes", "PET_STANDALONE: 'yes' is not 0 or 1"),
+    ("PET_START_METHOD", "thread", "PET_START_METHOD: 'thread' is not one of spawn, fork, forkserver"),
+    ("PET_MASTER_PORT", "99999", "PET_MASTER_PORT (--master_port): 99999 is not a TCP port"),
+    ("PET_REDIRECTS", "0:4", "PET_REDIRECTS (--redirects): '0:4' is not 0-3"),
+    ("PET_LOCAL_RANKS_FILTER", "x", "PET_LOCAL_RANKS_FILTER (--local-ranks-filter): 'x'"),
+])
+def test_a_bad_pet_value_is_one_usage_error(monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+                                            says: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(UsageError) as caught:
+        request()
+    assert str(caught.value).startswith(says), str(caught.value)
+
+
+def test_a_kubeflow_pods_pet_shape_is_the_platforms_not_the_flags(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """PET_NNODES set: the platform (xrun.runner.pod.platforms) reads the nodes, node rank, master and slots; the
+    flag defaults leave them to it (both reading them would plan pod mode twice); other PET_* still apply."""
+    for name, value in {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "10.0.0.1",
+                        "PET_MASTER_PORT": "23456", "PET_NPROC_PER_NODE": "2", "PET_ROLE": "trainer"}.items():
+        monkeypatch.setenv(name, value)
+    read = request()
+    assert read.selection.num_gpus is None and read.master_addr is None and read.torchrun.nnodes is None
+    assert read.launch.role == "trainer"
+    # and the platform plans the pod from them: node 1 of 2, 2 slots, node 0 at PET_MASTER_ADDR
+    (tmp_path / "t.py").write_text("")
+    done = subprocess.run([sys.executable, "-m", "xrun", "--dry-run=json", "t.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)  # the PET_* above are in os.environ
+    assert done.returncode == 0, done.stderr
+    assert ("Kubeflow (PET_NNODES, PET_NODE_RANK): node 1 of 2, master 10.0.0.1:23456; 2 slot(s) per node from "
+            "PET_NPROC_PER_NODE") in done.stderr
+
+
+def test_a_bad_pet_value_is_one_line_and_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "PET_NPROC_PER_NODE": "x"}
+    done = subprocess.run([sys.executable, "-m", "xrun", "t.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["xrun: PET_NPROC_PER_NODE: 'x': 'x' is not a whole number (ASCII digits); "
+                                        "or one of auto, gpu, cpu"]

@@ -72,9 +72,10 @@ def _lines(port: int) -> dict[str, tuple[list[str], list[str]]]:
     }
 
 
-def _run(launcher: list[str], flags: list[str], program: list[str], workdir: Path, out: Path) -> dict[str, Any]:
+def _run(launcher: list[str], flags: list[str], program: list[str], workdir: Path, out: Path,
+         pet: dict[str, str] | None = None) -> dict[str, Any]:
     out.mkdir()
-    env = {**os.environ, "DUMP_DIR": str(out), "PYTHONPATH": str(workdir)}
+    env = {**os.environ, "DUMP_DIR": str(out), "PYTHONPATH": str(workdir), **(pet or {})}
     env.pop("OMP_NUM_THREADS", None)
     done = subprocess.run([*launcher, *flags, *program], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=120, check=False)
@@ -97,12 +98,24 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# torchrun's PET_* variables as its flags' defaults (torch.distributed.argparse_util), the command line winning
+PET_LINES = {
+    "pet-nproc": ({"PET_NPROC_PER_NODE": "2"}, []),
+    "pet-standalone-redirects": ({"PET_STANDALONE": "1", "PET_NPROC_PER_NODE": "1", "PET_REDIRECTS": "1"},
+                                 ["--nproc_per_node", "2"]),
+}
+
+
 @pytest.mark.parametrize("name", ["torchtitan", "torchchat", "nanogpt", "torchdocs", "redirects", "redirects-stdout",
-                                  "redirects-0-stderr", "elastic-filter", "virtual"])
+                                  "redirects-0-stderr", "elastic-filter", "virtual", *PET_LINES])
 def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_path: Path) -> None:
-    flags, program = _lines(free_port())[name]
-    torchrun = _run([sys.executable, "-m", "torch.distributed.run"], flags, program, workdir, tmp_path / "torchrun")
-    xrun = _run([sys.executable, "-m", "xrun"], flags, program, workdir, tmp_path / "xrun")
+    flags, program = _lines(free_port()).get(name, ([], ["dump.py"]))
+    pet: dict[str, str] = {}
+    if name in PET_LINES:
+        pet, flags = PET_LINES[name]
+    torchrun = _run([sys.executable, "-m", "torch.distributed.run"], flags, program, workdir, tmp_path / "torchrun",
+                    pet)
+    xrun = _run([sys.executable, "-m", "xrun"], flags, program, workdir, tmp_path / "xrun", pet)
     assert torchrun["rc"] == 0, torchrun["stderr"][-2000:]
     assert xrun["rc"] == torchrun["rc"], xrun["stderr"][-2000:]
     assert sorted(xrun["ranks"]) == sorted(torchrun["ranks"]) == list(range(RANKS))
@@ -118,7 +131,7 @@ def test_a_torchrun_line_runs_alike_under_xrun(name: str, workdir: Path, tmp_pat
             assert ours["env"]["TORCHELASTIC_RUN_ID"] == theirs["env"]["TORCHELASTIC_RUN_ID"]
     assert xrun["stdout_ranks"] == torchrun["stdout_ranks"]
     assert xrun["stderr_ranks"] == torchrun["stderr_ranks"]
-    if {"--tee", "--redirects", "-r"} & set(flags):  # every rank's output is in a log file, under the directory xrun names
+    if {"--tee", "--redirects", "-r"} & set(flags) or "PET_REDIRECTS" in pet:  # every rank's output is in a log file, under the directory xrun names
         found = re.search(r"per-rank logs under (\S+)", xrun["stderr"])
         assert found is not None, xrun["stderr"]
         logged = "".join(p.read_text() for p in Path(found.group(1)).rglob("*.log"))

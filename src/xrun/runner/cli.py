@@ -36,7 +36,14 @@ from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
 from xrun.runner.restart_options import add_restart_flags, restart_policy
-from xrun.runner.torchrun import add_torchrun_flags, nproc_arg, resolve_nproc, translate
+from xrun.runner.torchrun import (
+    add_torchrun_flags,
+    blaming_pet,
+    nproc_arg,
+    read_pet_defaults,
+    resolve_nproc,
+    translate,
+)
 from xrun.runner.validate import validate
 from xrun.std_streams import tolerant_streams
 from xrun.strict_numbers import MAX_HOSTS, int_arg, port_arg
@@ -101,7 +108,14 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     ns = parser.parse_args(list(split.options))
     if split.program is None:
         raise XrunError(f"missing SCRIPT to run; usage: {parser.usage}")
-    ns, torchrun = translate(ns, split.options)  # torchrun's flags as xrun's own (issue 41)
+    pet = read_pet_defaults(parser, ns, split.options, os.environ)  # torchrun's PET_* flag defaults
+    with blaming_pet(pet):  # a PET_* value refused below names its variable
+        return _request(ns, split.program, split.program_args, split.options, pet=bool(pet))
+
+
+def _request(ns: argparse.Namespace, program: str, program_args: tuple[str, ...], options: Sequence[str], *,
+             pet: bool) -> tuple[JobRequest, str | None]:
+    ns, torchrun = translate(ns, options, pet=pet)  # torchrun's flags as xrun's own (issue 41)
     for note in torchrun.notes:
         print(f"xrun: {note}", file=sys.stderr)
     num_gpus = resolve_nproc(ns.num_gpus, accelerators=count_accelerators() if isinstance(ns.num_gpus, str) else 0,
@@ -115,8 +129,8 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
     if ns.master_port is not None and not 0 <= ns.master_port <= 65535:
         raise UsageError("--master_port", f"{ns.master_port} is not a TCP port (0..65535; 0 picks a free one)")
     request = JobRequest(
-        script=split.program,
-        args=split.program_args,
+        script=program,
+        args=program_args,
         hostfile=ns.hostfile,
         selection=Selection(include=ns.include, exclude=ns.exclude, num_nodes=ns.num_nodes, num_gpus=num_gpus),
         master_addr=ns.master_addr,
@@ -124,7 +138,7 @@ def parse_request(argv: Sequence[str]) -> tuple[JobRequest, str | None]:
         master_port_choice=PortChoice.FREE if not ns.master_port else PortChoice.GIVEN,
         launcher=ns.launcher,
         launch=launch_options(ns, python=ns.python),
-        options=replace(agent_options(ns), preload=preload_option(ns, split.program, os.environ)),
+        options=replace(agent_options(ns), preload=preload_option(ns, program, os.environ)),
         run_id=ns.run_id or f"xrun-{os.urandom(4).hex()}",  # an id, not a secret: skip importing secrets
         remote=remote_options(ns),
         cwd=working_directory(),

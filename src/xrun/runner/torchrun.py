@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xrun.argsplit import spellings
@@ -48,6 +49,72 @@ TORCHRUN_SPELLINGS = frozenset({
     *spellings("--local_addr"), *spellings("--numa_binding"), *spellings("--signals_to_handle"),
     *spellings("--virtual_local_rank"),
 })  # fmt: skip
+
+
+# torchrun's parser (torch.distributed.argparse_util env/check_env) takes each of these flags' default from
+# PET_<DEST>: a value, or for a switch an integer (0 off, else on); logs_specs and numa_binding read none.
+PET_FLAGS = ("--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf",
+             "--standalone", "--max_restarts", "--monitor_interval", "--start_method", "--event_log_handler", "--role",
+             "--module", "--no_python", "--run_path", "--log_dir", "--redirects", "--tee", "--local_ranks_filter",
+             "--duplicate_stdout_filters", "--duplicate_stderr_filters", "--node_rank", "--master_addr",
+             "--master_port", "--local_addr", "--signals_to_handle", "--shutdown_timeout", "--virtual_local_rank")
+# A Kubeflow pod (PET_NNODES set) is the platform's (xrun.runner.pod.platforms): it reads the job's shape from these
+# and numbers the nodes itself, so they are not also read as flags there (one reading, one place).
+PET_PLATFORM = frozenset({"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NPROC_PER_NODE",
+                          "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_STANDALONE"})
+
+
+def pet_variable(flag: str) -> str:
+    return "PET_" + flag.lstrip("-").upper()
+
+
+def read_pet_defaults(parser: argparse.ArgumentParser, ns: argparse.Namespace, options: Sequence[str],
+                      environ: Mapping[str, str]) -> list[str]:
+    """torchrun's ``PET_*`` variables as the defaults of its flags, into ``ns`` where the command line did not give
+    the flag; a bad value is a UsageError naming the variable. Returns the flags so read."""
+    given = {token.split("=", 1)[0] if token.startswith("--") else token[:2] for token in options}
+    read: list[str] = []
+    for flag in PET_FLAGS:
+        variable = pet_variable(flag)
+        text = environ.get(variable)
+        if text is None or ("PET_NNODES" in environ and variable in PET_PLATFORM):
+            continue
+        action = parser._option_string_actions[flag]  # noqa: SLF001 - argparse's table of spellings
+        if given & set(action.option_strings):
+            continue  # the command line wins
+        setattr(ns, action.dest, _pet_value(action, variable, text))
+        read.append(flag)
+    return read
+
+
+@contextmanager
+def blaming_pet(read: Sequence[str]) -> Iterator[None]:
+    """A flag's value read from its ``PET_*`` variable and refused later (its range, its meaning against the other
+    flags) is one line naming the variable too: ``PET_MASTER_PORT (--master_port): 99999 is not a TCP port``."""
+    try:
+        yield
+    except UsageError as err:
+        name = err.flag.split()[0].lstrip("-").replace("-", "_")
+        flag = next((f for f in read if f.lstrip("-") == name), None)
+        if flag is None:
+            raise
+        raise UsageError(f"{pet_variable(flag)} ({err.flag})", err.reason) from None
+
+
+def _pet_value(action: argparse.Action, variable: str, text: str) -> object:
+    if action.nargs == 0:  # a switch: torch's check_env reads bool(int(value))
+        try:
+            return bool(int(text))
+        except ValueError:
+            raise UsageError(variable, f"{shown(text)} is not 0 or 1 (torchrun reads an integer: 0 off, else on)") \
+                from None
+    try:
+        value = action.type(text) if callable(action.type) else text
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        raise UsageError(variable, f"{shown(text)}: {err}") from None
+    if action.choices is not None and value not in action.choices:
+        raise UsageError(variable, f"{shown(text)} is not one of {', '.join(map(str, action.choices))}")
+    return value
 
 
 def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
@@ -112,10 +179,12 @@ def torchrun_form(options: Sequence[str]) -> bool:
     return bool(names & TORCHRUN_SPELLINGS)
 
 
-def translate(ns: argparse.Namespace, options: Sequence[str]) -> tuple[argparse.Namespace, Torchrun]:
-    """torchrun's flags of ``ns`` as xrun's own (a new namespace), and what the plan must still check."""
+def translate(ns: argparse.Namespace, options: Sequence[str], *, pet: bool = False,
+              ) -> tuple[argparse.Namespace, Torchrun]:
+    """torchrun's flags of ``ns`` as xrun's own (a new namespace), and what the plan must still check. ``pet``: a
+    ``PET_*`` variable gave a flag (``read_pet_defaults``), so this is a torchrun run whatever the line spells."""
     out = argparse.Namespace(**vars(ns))
-    form = torchrun_form(options) and not ns.elastic
+    form = (pet or torchrun_form(options)) and not ns.elastic
     notes: list[str] = []
     nnodes = _nnodes(out)
     if ns.standalone:
