@@ -2,14 +2,17 @@
 
 Every flag of torch 2.13's ``torch.distributed.run`` parser is a flag of ``xrun``, in both spellings. Where a flag
 names something xrun already has, it is an alias of xrun's flag (``--nproc_per_node`` of ``--num_gpus``,
-``--virtual-local-rank`` of ``--device_per_rank``, ``-m`` of ``--module``); those every node's agent applies are
-its flags too (``--role``, ``--numa-binding``, the duplicate filters: ``xrun.launch.agent_cli``); the others are
-added here, and ``translate`` turns them into xrun's own options before those are read, so that the rest of xrun
-sees one request whichever launcher's words it was written in. docs/migrating-from-torchrun.md says what each does.
+``--virtual-local-rank`` of ``--device_per_rank``, ``-m`` of ``--module``); those every node's agent applies are its
+flags too (``--role``, ``--numa-binding``, the duplicate filters, ``--local-ranks-filter`` and ``--redirects``,
+which each node applies per local rank and stream: ``xrun.launch.agent_cli``); the others are added here, and
+``translate`` turns them into xrun's own options before those are read, so that the rest of xrun sees one request
+whichever launcher's words it was written in. docs/migrating-from-torchrun.md says what each does.
 
 What a torchrun line changes beyond its flags: torchrun never appends ``--local_rank=N`` to the script's arguments
 (its scripts read ``LOCAL_RANK``), so a line that spells any flag only torchrun has runs in torchrun's form, without
-it (``TORCHRUN_SPELLINGS``); ``--elastic`` typed by hand keeps xrun's own form.
+it (``TORCHRUN_SPELLINGS``), as does a run that reads a flag from torchrun's ``PET_*`` variables
+(``read_pet_defaults``: torchrun's parser takes each flag's default from ``PET_<FLAG>``); ``--elastic`` typed by
+hand keeps xrun's own form.
 """
 
 from __future__ import annotations
