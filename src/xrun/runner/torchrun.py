@@ -277,27 +277,17 @@ def _static_rendezvous(out: argparse.Namespace) -> None:
     out.monitor_interval = None  # torchrun's poll period; xrun sees an exit at once
 
 
-_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "")
+_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def _endpoint(out: argparse.Namespace, text: str) -> None:
-    host, sep, port_text = text.rpartition(":") if not text.endswith("]") else (text, "", "")
-    if not sep:
-        host, port_text = text, ""
-    host = host.strip("[]")
-    if port_text:
-        if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
-            raise UsageError("--rdzv_endpoint", f"{shown(text)}: the port must be 0..65535 (0: a free one)")
-        port = int(port_text)
-        if port and out.master_port not in (None, 0, port):
+    host, port = rdzv.parse_endpoint(text, port_zero=True)
+    if port:
+        if out.master_port not in (None, 0, port):
             raise UsageError("--rdzv_endpoint", f"{shown(text)}: its port is not --master_port {out.master_port}; "
                              "give one of them")
-        if port:
-            out.master_port = port
+        out.master_port = port
     if host not in _LOCAL_NAMES:
-        problem = address_problem(host)
-        if problem:
-            raise UsageError("--rdzv_endpoint", f"{shown(text)}: {problem}")
         if out.master_addr not in (None, host):
             raise UsageError("--rdzv_endpoint", f"{shown(text)}: its host is not --master_addr {out.master_addr}; "
                              "give one of them")

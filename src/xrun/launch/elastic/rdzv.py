@@ -95,9 +95,10 @@ def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
             raise UsageError("--rdzv_conf", f"{key}={shown(value)}: must be one of {', '.join(CHOICES[key])}")
 
 
-def parse_endpoint(text: str) -> tuple[str, int | None]:
+def parse_endpoint(text: str, *, port_zero: bool = False) -> tuple[str, int | None]:
     """``--rdzv_endpoint``: ``HOST[:PORT]`` or ``[IPV6][:PORT]``, strictly (torch's own parser raises deep inside
-    the rendezvous on a node); the port is None when not given (torch's default)."""
+    the rendezvous on a node); the port is None when not given (torch's default). ``port_zero``: port 0 (a free
+    one) is accepted, as a static job's endpoint takes it (torchtitan's ``localhost:0``)."""
     bracketed = re.fullmatch(r"\[([0-9A-Fa-f:.%A-Za-z]+)\](?::(.*))?", text)
     if bracketed:
         host, port_text = bracketed.group(1), bracketed.group(2)
@@ -112,8 +113,10 @@ def parse_endpoint(text: str) -> tuple[str, int | None]:
     if port_text is None:
         return host, None
     port = parse_int(port_text)
-    if port is None or not 1 <= port <= 65535 or port_text != port_text.strip():
-        raise UsageError("--rdzv_endpoint", f"{shown(text)}: the port must be 1..65535")
+    low = 0 if port_zero else 1
+    if port is None or not low <= port <= 65535 or port_text != port_text.strip():
+        raise UsageError("--rdzv_endpoint", f"{shown(text)}: the port must be {low}..65535"
+                         + (" (0: a free one)" if port_zero else ""))
     return host, port
 
 
