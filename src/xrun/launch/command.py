@@ -31,6 +31,7 @@ from xrun.launch.spec import (
     ElasticOptions,
     NodeSpec,
     PythonMode,
+    filter_list,
     signal_list,
 )
 
@@ -65,11 +66,6 @@ class AgentCommand:
             host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id,
             elastic=resolve_elastic(self.elastic, self.world, self.rendezvous),
         )
-
-
-def filter_list(words: tuple[str, ...]) -> str:
-    """The duplicate filters' spelling (``parse_filter_list`` reads it back): a comma in a word doubled."""
-    return ",".join(word.replace(",", ",,") for word in words)
 
 
 def agent_argv(command: AgentCommand) -> tuple[str, ...]:

@@ -90,7 +90,7 @@ class LaunchOptions:
     mode: PythonMode = PythonMode.SCRIPT
     local_rank_arg: bool = True  # DeepSpeed appends --local_rank=N unless --no_local_rank
     device_per_rank: bool = False  # --device_per_rank: each rank sees only its own device, as its local rank 0
-    role: str = "default"  # --role (torchrun's): ROLE_NAME
+    role: str = DEFAULT_ROLE  # --role (torchrun's): ROLE_NAME
 
     def __post_init__(self) -> None:
         mode: object = self.mode  # a plain string when the options come from JSON (the node spec)

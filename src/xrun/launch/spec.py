@@ -335,6 +335,11 @@ def parse_filter_list(text: str) -> tuple[str, ...]:
     return tuple(word.replace("\0", ",") for word in text.replace(",,", "\0").split(",") if word)
 
 
+def filter_list(words: tuple[str, ...]) -> str:
+    """The duplicate filters' spelling (``parse_filter_list`` reads it back): a comma in a word doubled."""
+    return ",".join(word.replace(",", ",,") for word in words)
+
+
 def signal_list(signals: tuple[int, ...]) -> str:
     """The ``--forward_signals`` spelling of ``signals``: ``USR1,USR2``."""
     return ",".join(signal.Signals(s).name.removeprefix("SIG") for s in signals)
