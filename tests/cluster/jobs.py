@@ -74,10 +74,20 @@ def read_lines(stream, into: list[str]) -> None:
     threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True).start()
 
 
-def wait_for(lines: list[str], test, what: str, timeout: float) -> float:
-    """Wait until a line passes ``test``; return when it was seen (``time.monotonic()``), fail naming ``what``."""
+def wait_for(lines: list[str], test, what: str, timeout: float, *, proc=None, err: list[str] | None = None) -> float:
+    """Wait until a line passes ``test``; return when it was seen (``time.monotonic()``), fail naming ``what``.
+    With ``proc``, fail as soon as it has ended instead of waiting out ``timeout``; ``err`` (its stderr's lines, as
+    they come) goes into the failure too, since a job that never started says why there."""
     deadline = time.monotonic() + timeout
     while not any(test(line) for line in list(lines)):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s: {''.join(lines)[-3000:]}"
+        ended = proc is not None and proc.poll() is not None
+        if ended:
+            time.sleep(0.5)  # the reader threads drain what the process wrote last
+        if ended or time.monotonic() >= deadline:
+            if any(test(line) for line in list(lines)):
+                break
+            why = f"the job ended with code {proc.returncode}" if ended else f"not within {timeout:g} s"
+            raise AssertionError(f"no {what}: {why}: stdout: {''.join(lines)[-3000:]!r} stderr: "
+                                 f"{''.join(err or [])[-3000:]!r}")
         time.sleep(0.05)
     return time.monotonic()

@@ -45,10 +45,10 @@ def test_sigquit_merges_every_nodes_stacks_at_the_head(job, backend):  # noqa: F
     err: list[str] = []
     read_lines(proc.stdout, out)
     read_lines(proc.stderr, err)
-    wait_for(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60)
+    wait_for(out, lambda _: sum(" up" in x for x in out) >= 6, "6 ranks up", 60, proc=proc, err=err)
     started = time.monotonic()
     proc.send_signal(signal.SIGQUIT)
-    wait_for(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20)
+    wait_for(err, lambda line: "ranks 0-2, 4-5: " in line, "merged view", 20, proc=proc, err=out)
     node1 = job.cluster.nodes[1].name
     assert f"xrun:   rank 3 ({node1}, local 1): job.py:4 load_batch\n" in err
     assert "xrun:   ranks 0-2, 4-5: job.py:6 all_reduce\n" in err

@@ -138,7 +138,7 @@ def test_the_ranks_of_a_node_throttled_by_a_cgroup_are_named_stragglers_then_rec
     throttled = job.cluster.nodes[2]
     proc, out, err, stop = start_training(job, python)
     try:
-        wait_for(out, lambda _: sum(" joined" in line for line in out) == 6, "6 ranks joined", 120)
+        wait_for(out, lambda _: sum(" joined" in line for line in out) == 6, "6 ranks joined", 120, proc=proc, err=err)
         with job.cluster.cpu_limited(throttled, 0.1):
             named = said_of_each(err, (4, 5), f"({throttled.name}) enters collectives ", within=60)
         recovered = said_of_each(err, (4, 5), f"({throttled.name}) recovered: ", within=90)
@@ -164,7 +164,7 @@ def test_a_healthy_job_trains_for_minutes_and_nobody_is_named(job, python):  # n
     them."""
     proc, out, err, stop = start_training(job, python)
     try:
-        wait_for(out, lambda _: sum(" joined" in line for line in out) == 6, "6 ranks joined", 120)
+        wait_for(out, lambda _: sum(" joined" in line for line in out) == 6, "6 ranks joined", 120, proc=proc, err=err)
         time.sleep(HEALTHY_FOR_S)
     finally:
         code = stop_training(proc, stop)
