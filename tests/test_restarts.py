@@ -232,6 +232,34 @@ def test_local_a_rank_that_fails_once_succeeds_on_attempt_1(tmp_path):
     assert "xrun: restarting the job: attempt 1 of 3" in done.stderr
 
 
+def test_local_summary_json_has_the_history_a_connected_job_has(tmp_path):
+    """Issue 38: the local run's job-level summary.json, as the head writes one (test_head_summary_json_has_the_history)."""
+    logs = tmp_path / "logs"
+    done = xrun(tmp_path, "--max_restarts", "2", "--log_dir", str(logs))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((logs / "summary.json").read_text())
+    assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
+    first, last = summary["attempts"]
+    assert (first["exit_code"], first["rank"], first["host"]) == (3, 1, "localhost")
+    assert first["root_cause"] == "rank 1 (local 1) on localhost exited with code 3"
+    assert last["root_cause"] is None and last["began_at_s"] >= first["ended_at_s"] > first["began_at_s"] == 0.0
+    assert (summary["exit_code"], summary["end"], summary["root_cause"]) == (0, None, None)
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1] and summary["ranks_ok"] == 2  # the last attempt's ranks
+    assert (logs / "localhost" / "summary.json").exists()  # the node's own, beside it as on every node
+
+
+def test_local_summary_json_without_restarts_says_how_the_job_ended(tmp_path):
+    logs = tmp_path / "logs"
+    done = xrun(tmp_path, "--log_dir", str(logs), env={"FAILS": "99"})
+    assert done.returncode == 3, done.stderr
+    summary = json.loads((logs / "summary.json").read_text())
+    assert "attempts" not in summary and "stragglers" not in summary  # no restarts asked for, no torch
+    assert summary["end"] == "job failed: rank 1 (local 1) on localhost exited with code 3"
+    assert summary["root_cause"] == {"reason": "rank 1 (local 1) on localhost exited with code 3",
+                                     "host": "localhost", "rank": 1, "exit_code": 3}
+    assert summary["exit_code"] == 3 and summary["interrupted_by"] is None
+
+
 def test_local_a_rank_that_always_fails_stops_after_n_restarts_with_its_code(tmp_path):
     done = xrun(tmp_path, "--max_restarts", "2", "--min_attempt_s", "0", env={"FAILS": "99"})
     assert done.returncode == 3, done.stderr

@@ -234,6 +234,14 @@ def test_a_local_job_names_its_straggler(tmp_path):
     [named] = [line for line in err.splitlines() if "straggler: rank" in line]
     assert named.startswith("xrun[localhost]: straggler: rank 1 (localhost) enters collectives "), named
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
+    # the job's summary.json has the section a connected job's has (issue 38): every rank scored, rank 1 named
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["end"] is None, summary
+    stragglers = summary["stragglers"]
+    assert set(stragglers) == {"late_floor_ms", "collectives_scored", "ranks"}, stragglers
+    scores = {s["rank"]: s for s in stragglers["ranks"]}
+    assert sorted(scores) == [0, 1, 2] and {s["host"] for s in scores.values()} == {"localhost"}, scores
+    assert scores[1]["straggler"] and not scores[0]["straggler"] and not scores[2]["straggler"], scores
 
 
 GLOO_MISMATCH = """

@@ -21,6 +21,7 @@ class LocalView:
         self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
         doctor.link = self
         doctor.on_samples = self._sampled
+        doctor.group.stragglers = self._stragglers  # the scores go into the node's result, for the job's summary
 
     def _sampled(self, samples: list[EntryTimes]) -> None:
         for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xrun.launch.output.status import say
@@ -40,9 +40,17 @@ class JobFigures:
         else:
             sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
         if log_dir is not None:
-            data = {**summary_json(self.ranks, exit_code=exit_code), **verdict_json(verdict)}
-            if verdict.attempts:
-                data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
-            if stragglers is not None and stragglers.get("ranks"):
-                data["stragglers"] = dict(stragglers)
-            write_json(os.path.join(log_dir, "summary.json"), data)
+            write_job_summary(log_dir, self.ranks, verdict, stragglers)
+
+
+def write_job_summary(log_dir: str, ranks: Sequence[RankFigures], verdict: Verdict,
+                      stragglers: Mapping[str, Any] | None = None) -> None:
+    """``{log_dir}/summary.json``, the job's: every rank's figures, how the job ended, its attempts (with
+    ``--max_restarts``) and the ranks' straggler scores (when any was scored). The local run writes the same
+    (``xrun.runner.backends.local_job``)."""
+    data = {**summary_json(ranks, exit_code=verdict.exit_code), **verdict_json(verdict)}
+    if verdict.attempts:
+        data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
+    if stragglers is not None and stragglers.get("ranks"):
+        data["stragglers"] = dict(stragglers)
+    write_json(os.path.join(log_dir, "summary.json"), data)

@@ -1,6 +1,8 @@
-"""The local backend's whole-job restarts (``--max_restarts`` on a static job, issue 23): the agent runs in xrun's
-own process, so the attempts are a loop around it. The rules (restart? exhausted? no progress?) are the head's
-(``xrun.runner.job.attempts``); each attempt's ranks see ``TORCHELASTIC_RESTART_COUNT`` and a fresh port.
+"""The local run's job-level part: its whole-job restarts (``--max_restarts`` on a static job, issue 23) and the
+job's ``summary.json``. The agent runs in xrun's own process, so the attempts are a loop around it. The rules
+(restart? exhausted? no progress?), the verdict's words and the summary are the head's (``xrun.runner.job``):
+a local job's ``{log_dir}/summary.json`` has the sections a connected job's has (how it ended, its attempts, its
+ranks' straggler scores). Each attempt's ranks see ``TORCHELASTIC_RESTART_COUNT`` and a fresh port.
 
 Ctrl-C during an attempt stops its ranks and ends the loop (130); between attempts no rank runs, and the
 ``KeyboardInterrupt`` ends xrun the same way.
@@ -14,10 +16,12 @@ from typing import TYPE_CHECKING
 from xrun.launch.agent import check_helper, run_node_result
 from xrun.launch.output.status import say
 from xrun.launch.result.outcome import HANG_EXIT, NodeResult
+from xrun.launch.result.summary import RankFigures
 from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.net import free_port
 from xrun.runner.job.attempts import Attempts, Ending
-from xrun.runner.job.events import Failure, RankExited
+from xrun.runner.job.events import Failure, RankExited, Verdict
+from xrun.runner.job.figures import write_job_summary
 from xrun.runner.job.verdict import RootCause, rank_failure
 from xrun.runner.plan import Plan, PortChoice
 
@@ -38,6 +42,34 @@ def node_failure(result: NodeResult, spec: NodeSpec) -> Failure | None:
     return None
 
 
+def attempt_cause(result: NodeResult, spec: NodeSpec, began: float) -> RootCause:
+    """One attempt's root cause and the signal that stopped it, as the head records them."""
+    cause = RootCause(elastic=spec.elastic is not None)
+    if result.interrupted_by is not None:
+        cause.interrupted(result.interrupted_by)
+    failure = node_failure(result, spec)
+    if failure is not None:
+        runtime = result.root_cause.runtime_s if result.root_cause is not None else time.monotonic() - began
+        cause.failed(failure, began + runtime)
+    return cause
+
+
+def sum_up(plan: Plan, code: int, result: NodeResult, cause: RootCause) -> None:
+    """The job's ``summary.json`` under ``--log_dir`` (the node's own is written beside it, in its folder)."""
+    log_dir = plan.request.options.log_dir
+    if log_dir is None:
+        return
+    verdict = Verdict(code, cause.failure, cause.interrupted_by, attempts=cause.attempts,
+                      restart_lines=cause.restart_lines)
+    write_job_summary(log_dir, [RankFigures.of(o) for o in result.outcomes], verdict, result.stragglers)
+
+
+def run_once(plan: Plan, code: int, result: NodeResult, began: float) -> int:
+    """A local run without restarts is over: its summary; its exit code."""
+    sum_up(plan, code, result, attempt_cause(result, plan.nodes[0], began))
+    return code
+
+
 def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
     """Run the one node's ranks, again after each failure while the restart rules allow; the last exit code. With
     ``preload`` every attempt's ranks are forked from it; one that died meanwhile ends the job (``check_helper``)."""
@@ -47,22 +79,18 @@ def run_attempts(plan: Plan, *, preload: PreloadHelper | None = None) -> int:
     while True:
         began = time.monotonic()
         code, result = run_node_result(spec, preload=preload)
-        cause = RootCause(elastic=False)
-        if result.interrupted_by is not None:
-            cause.interrupted(result.interrupted_by)
-        failure = node_failure(result, spec)
-        if failure is not None:
-            runtime = result.root_cause.runtime_s if result.root_cause is not None else time.monotonic() - began
-            cause.failed(failure, began + runtime)
+        cause = attempt_cause(result, spec, began)
         ending = attempts.over(cause, began, time.monotonic())
         if ending is not Ending.RESTART:
             for line in cause.restart_lines:
                 say(line)
+            sum_up(plan, code, result, cause)
             return code
         if preload is not None:
             check_helper(preload)
         attempt = attempts.begin_next(time.monotonic())
-        say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} (after: {failure and failure.reason})")
+        say(f"restarting the job: attempt {attempt} of {policy.max_restarts + 1} "
+            f"(after: {cause.failure and cause.failure.reason})")
         spec = with_rendezvous(node, plan.rendezvous.known_master_addr, _port(plan), attempt)
 
 
@@ -71,4 +99,3 @@ def _port(plan: Plan) -> int:
     if plan.request.master_port_choice is PortChoice.GIVEN and plan.rendezvous.master_port:
         return plan.rendezvous.master_port
     return free_port(plan.rendezvous.known_master_addr)
-
