@@ -44,8 +44,8 @@ from xrun.errors import XrunError
 from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
 from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
-from xrun.launch.output.logfiles import open_filtered_logs, open_logs
-from xrun.launch.output.streams import Console, LineCopy, RankStream, grow_pipe, notice
+from xrun.launch.output.logfiles import FilteredLogs, open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
 from xrun.launch.ranks.binding import format_cpus
 from xrun.launch.ranks.devices import VISIBILITY, detect_devices
@@ -190,8 +190,8 @@ class OutputRelay:
                                 merge_as=host if merge else None, host=host,
                                 ranks_shown=shows if options.console_ranks is None else None)
         # torchrun's duplicate filters: one node file per stream, appended to across attempts
-        self._copies = open_filtered_logs(options.log_dir, host,
-                                          (options.duplicate_stdout_filters, options.duplicate_stderr_filters))
+        self._filtered = FilteredLogs(options.log_dir, host,
+                                      (options.duplicate_stdout_filters, options.duplicate_stderr_filters))
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self.exit_times: dict[int, float] = {}  # local rank -> time.time() of its exit, this attempt
@@ -204,8 +204,7 @@ class OutputRelay:
                 fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
                 grow_pipe(fd)
                 stream = RankStream(fd, console, keep_tail=console == 2)
-                if console in self._copies:
-                    stream.copy = LineCopy(*self._copies[console])
+                stream.copy = self._filtered.copy(console)
                 self.streams[(local_rank, console)] = stream
                 self.paths[(local_rank, console)] = path
                 self._sel.register(fd, selectors.EVENT_READ, stream)
@@ -263,8 +262,7 @@ class OutputRelay:
         self._console.written()  # before the report; a console that stopped reading costs at most its stall
         for stream in self.streams.values():
             stream.close_fd()
-        for fd, _ in self._copies.values():
-            os.close(fd)
+        self._filtered.close()
         self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)

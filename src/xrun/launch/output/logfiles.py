@@ -15,6 +15,8 @@ import stat
 import time
 from collections.abc import Iterable
 
+from xrun.launch.output.streams import LineCopy
+
 LOG_NAMES = ("stdout", "stderr")
 # in the node's folder, beside its ranks' folders: xrun.launch.result.failure_report replaces them at the end
 FAILURE_JSON, SUMMARY_JSON = "failure.json", "summary.json"
@@ -159,19 +161,30 @@ def host_log_dir(log_dir: str, host: str) -> str:
     return os.path.join(log_dir, name if name not in ("", ".", "..") else "_")
 
 
-def open_filtered_logs(log_dir: str | None, host: str, filters: tuple[tuple[str, ...], tuple[str, ...]],
-                       ) -> dict[int, tuple[int, tuple[bytes, ...]]]:
-    """The node's ``filtered_stdout.log`` and ``filtered_stderr.log`` for torchrun's duplicate filters (appended to
-    across attempts and restarts), by the console fd they copy from; none without filters or a log directory."""
-    if log_dir is None:
-        return {}
-    copies = {}
-    stdout_words, stderr_words = filters
-    for fd_no, name, words in ((1, "stdout", stdout_words), (2, "stderr", stderr_words)):
-        if words:
-            directory = host_log_dir(log_dir, host)
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(os.path.join(directory, f"filtered_{name}.log"),
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            copies[fd_no] = (fd, tuple(w.encode("utf-8", "surrogateescape") for w in words))
-    return copies
+class FilteredLogs:
+    """The node's ``filtered_stdout.log`` and ``filtered_stderr.log`` for torchrun's duplicate filters, appended to
+    across attempts and restarts: opened and closed by whoever supervises the node's ranks (the rank group, or the
+    elastic adapter), each rank stream's copy (``LineCopy``) writing to the file of its console stream. None
+    without filters or a log directory."""
+
+    def __init__(self, log_dir: str | None, host: str, filters: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        self._files: dict[int, tuple[int, tuple[bytes, ...]]] = {}  # console fd (1, 2) -> (file, words)
+        if log_dir is None:
+            return
+        for console, name, words in ((1, "stdout", filters[0]), (2, "stderr", filters[1])):
+            if words:
+                directory = host_log_dir(log_dir, host)
+                os.makedirs(directory, exist_ok=True)
+                fd = os.open(os.path.join(directory, f"filtered_{name}.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                self._files[console] = (fd, tuple(w.encode("utf-8", "surrogateescape") for w in words))
+
+    def copy(self, console: int) -> LineCopy | None:
+        """A rank stream's copy into the file of its console stream (1 or 2), if that stream has filters."""
+        opened = self._files.get(console)
+        return LineCopy(*opened) if opened is not None else None
+
+    def close(self) -> None:
+        files, self._files = self._files, {}
+        for fd, _ in files.values():
+            os.close(fd)

@@ -14,11 +14,10 @@ import os
 import selectors
 import subprocess
 import time
-from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.logfiles import open_logs
-from xrun.launch.output.streams import Console, LineCopy, RankStream, grow_pipe
+from xrun.launch.output.logfiles import FilteredLogs, open_logs
+from xrun.launch.output.streams import Console, RankStream, grow_pipe
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
 from xrun.launch.spec import LocalEcho
@@ -70,7 +69,7 @@ def watch_output(
     *,
     console_ranks: frozenset[int] | None,
     local_echo: LocalEcho,
-    copies: Mapping[int, tuple[int, tuple[bytes, ...]]] | None = None,
+    filtered: FilteredLogs | None = None,
 ) -> None:
     """Register the rank's stdout and stderr pipes with the loop, as ``RankStream``s of ``console``."""
     assert rank.pipes is not None
@@ -82,8 +81,8 @@ def watch_output(
         stream = RankStream(fd, fd_no, log=log, keep_tail=fd_no == 2, file=pipe, rank=rank.spec.rank)
         stream.echo = ((console_ranks is None or rank.spec.rank in console_ranks)
                        and local_echo.echoes(rank.spec.local_rank, fd_no))
-        if copies and fd_no in copies:  # torchrun's duplicate filters
-            stream.copy = LineCopy(*copies[fd_no])
+        if filtered is not None:  # torchrun's duplicate filters
+            stream.copy = filtered.copy(fd_no)
         rank.streams.append(stream)
         sel.register(fd, selectors.EVENT_READ, functools.partial(console.read, stream))
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xrun.launch.output.logfiles import open_filtered_logs
+from xrun.launch.output.logfiles import FilteredLogs
 from xrun.launch.output.streams import Console, flush_python_output, notice
 from xrun.launch.procs import proctable
 from xrun.launch.procs.posix import signal_name
@@ -109,8 +109,7 @@ class RankGroup:
         self._loop = GroupLoop()
         self._ran = False
         self._console = _console(procs, options, on_close=self._loop.unregister)
-        # fd 1 and 2 -> (file, words) of the duplicate filters
-        self._copies = open_filtered_logs(options.log_dir, options.host, options.duplicate_filters)
+        self._filtered = FilteredLogs(options.log_dir, options.host, options.duplicate_filters)
         self._reaper = Reaper(self._ranks, options.host, self._console, on_leftovers_gone=self._leftovers_gone)
         self._teardown = Teardown(
             self._reaper, host=options.host, shutdown_timeout=options.shutdown_timeout,
@@ -244,7 +243,7 @@ class RankGroup:
             self._watchdog.watch(rank.pid)
         assert self._loop.sel is not None
         watch_output(self._loop.sel, self._console, rank, logs, console_ranks=options.console_ranks,
-                     local_echo=options.local_echo, copies=self._copies)
+                     local_echo=options.local_echo, filtered=self._filtered)
         self._reaper.watch(rank, self._collect_exits)
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -345,9 +344,7 @@ class RankGroup:
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order
-        for fd, _ in self._copies.values():
-            os.close(fd)
-        self._copies = {}
+        self._filtered.close()
         for rank in self._ranks:
             for stream in rank.streams:
                 stream.close_fd()
