@@ -32,7 +32,7 @@ from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknow
 from xrun.errors import UsageError, XrunError
 from xrun.hostlist import address_problem
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.printable import one_line
+from xrun.printable import columns, one_line
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.hosts.this_machine import local_pool
@@ -237,20 +237,19 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
     return reports
 
 
-def format_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
+def format_host_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
     header = ("host", "reachable", "interface", "python", "version", "xrun", "torch", "accel/slots", "gpus",
               "problems")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for r in reports:
         f = r.facts
         count = f.get("accelerators")
         accel = f"{count}/{len(r.slots)}" + (" (cpu)" if count == 0 else "") if f else "-"
-        rows.append((r.host, "yes" if r.reachable else "NO", f.get("interface") or "-", f.get("python", "-"),
-                     f.get("version", "-"), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
+        rows.append((r.host, "yes" if r.reachable else "NO", str(f.get("interface") or "-"), str(f.get("python", "-")),
+                     str(f.get("version", "-")), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
                      gpu_summary(f.get("gpus")), "; ".join(r.problems) or "ok"))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     # a host's answers are its own strings: control characters shown escaped (issue 22 §6)
-    lines = [one_line("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1]) for row in rows]
+    lines = [one_line(line) for line in columns(rows)]
     if reports and master_port:
         free = reports[0].facts.get("port_free")
         state = "free" if free else "IN USE" if free is False else "unknown"
@@ -328,7 +327,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"xrun check: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     reports = assess(world, probes, ns.master_port if given else 0)
-    print(format_table(reports, ns.master_port, given=given))
+    print(format_host_table(reports, ns.master_port, given=given))
     bad = [r.host for r in reports if r.problems]
     if bad:
         print(f"xrun check: {len(bad)} of {len(reports)} host(s) need attention: {', '.join(bad)}", file=sys.stderr)

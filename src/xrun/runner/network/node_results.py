@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.printable import columns
 from xrun.runner.network.node_verdicts import RULE, NodeVerdict, Verdict
 
 
@@ -91,8 +92,7 @@ def format_table(rows: Sequence[NodeRow]) -> str:
         reduce = (f"{f.allreduce_mbs:.1f}" if f and f.allreduce_mbs is not None else "-",) if reduces else ()
         table.append((r.host, r.interface or "-", r.address or "-", f"{f.latency_ms:.3f}" if f else "-",
                       f"{f.throughput_mbs:.1f}" if f else "-", *reduce, verdict))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in table)
+    return "\n".join(columns(table))
 
 
 def format_json(rows: Sequence[NodeRow], elapsed: float) -> str:
