@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.printable import columns
-from xrun.runner.network.node_verdicts import RULE, NodeVerdict, Verdict
+from xrun.runner.network.node_verdicts import RULE, LinkVerdict, NodeVerdict
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class PrecheckResult:
     @property
     def bad(self) -> tuple[BadNode, ...]:
         return tuple(BadNode(rank, row) for rank, row in zip(self.ranks, self.rows)
-                     if row.result.verdict is not Verdict.OK)
+                     if row.result.verdict is not LinkVerdict.OK)
 
     def table(self) -> list[str]:
         """The check's table (as ``xrun check --network`` prints it) and its rule, to show before a failure."""
@@ -77,7 +77,7 @@ def node_rows(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]],
 
 
 def bad(rows: Sequence[NodeRow]) -> list[NodeRow]:
-    return [r for r in rows if r.result.verdict is not Verdict.OK]
+    return [r for r in rows if r.result.verdict is not LinkVerdict.OK]
 
 
 def format_table(rows: Sequence[NodeRow]) -> str:
