@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
-from xrun.runner.ssh_connections import Connected, close_all, connect_all
+from xrun.runner.ssh_connections import Connected, close_all, connect_all, openssh_unless_paramiko
 from xrun.shell import render
 from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
@@ -144,11 +143,8 @@ def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[
     """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
     commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0, hosts[0]) for i, h in enumerate(hosts)}
     settings = ssh_settings(ns)
-    try:
-        import paramiko  # noqa: F401
-    except ImportError:
-        return _probe_openssh(commands, settings)
-    return _probe_paramiko(commands, settings)
+    ssh = openssh_unless_paramiko()
+    return _probe_paramiko(commands, settings) if ssh is None else _probe_openssh(ssh, commands, settings)
 
 
 def probe_here(host: str, ns: argparse.Namespace) -> Probes:
@@ -181,10 +177,7 @@ def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str
         close_all(results)
 
 
-def _probe_openssh(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client")
+def _probe_openssh(ssh: str, commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
     base = [ssh, *openssh_args(settings)]
 
     def one(host: str) -> tuple[str, tuple[bool, str, str]]:
