@@ -5,12 +5,14 @@
 Without a hostfile it checks this machine (its local slots, as ``xrun`` without ``-H`` would use them), by
 running the probe directly: no ssh (issue 13).
 
-For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
-version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does not hold
-the others up), accelerators found vs slots asked, each GPU's name, memory and driver (nvidia-smi), and on the
-master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and
-consistent (same Python and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given
-master port free), else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one
+For each selected host (the probe: ``python -m xrun.launch.check_probe`` with the job's interpreter, as the network
+check runs ``python -m xrun.launch.network``): reachable over ssh?, the interpreter (``--python``, default this
+one's path) and its version, xrun's version, torch's version (read from package metadata, not imported, so a slow
+import does not hold the others up), accelerators found vs slots asked, each GPU's name, memory and driver
+(nvidia-smi), and on the master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when
+everything is reachable and consistent (same Python and torch everywhere, the runner's xrun version everywhere,
+enough accelerators, a given master port free), else 1. A busy default port is only noted: a job without
+``--master_port`` takes a free one
 (issue 17).
 """
 
@@ -43,56 +45,8 @@ from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
 PROBE_TIMEOUT = 30.0
 
-# Runs on every node with the job's interpreter; stdlib only, prints one JSON object.
-PROBE = r"""
-import json, os, shutil, socket, subprocess, sys
-from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-def accelerators():
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    except Exception:
-        return 0
-def gpus():
-    # name, memory and driver as the driver reports them (nvidia-smi: the probe imports nothing but the stdlib)
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
-        out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
-    except Exception:
-        return []
-    rows = [[f.strip() for f in line.rsplit(",", 2)] for line in out.splitlines()]
-    return [{"name": r[0], "memory_mib": int(r[1]), "driver": r[2]} for r in rows if len(r) == 3 and r[1].isdigit()]
-def port_free(port):
-    if port <= 0:
-        return None
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
-def interface(toward):
-    try:
-        from xrun.launch.network.interfaces import interface_toward
-        return interface_toward(toward).interface
-    except Exception:
-        return None
-print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
-    "version": sys.version.split()[0], "xrun": version("xrun"), "torch": version("torch"),
-    "accelerators": accelerators(), "gpus": gpus(), "port_free": port_free(int(sys.argv[1])),
-    "interface": interface(sys.argv[2])}))
-"""
+# Runs on every node with the job's interpreter and prints one JSON object (its doc has the fields).
+PROBE_MODULE = "xrun.launch.check_probe"
 
 
 @dataclass
@@ -135,13 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def probe_command(python: str, master_port: int, master: str) -> str:
-    return render([python, "-c", PROBE, str(master_port), master])
+def probe_argv(python: str, master_port: int, master: str) -> list[str]:
+    return [python, "-m", PROBE_MODULE, str(master_port), master]
 
 
 def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
     """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
-    commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0, hosts[0]) for i, h in enumerate(hosts)}
+    commands = {h: render(probe_argv(ns.python, ns.master_port if i == 0 else 0, hosts[0]))
+                for i, h in enumerate(hosts)}
     settings = ssh_settings(ns)
     ssh = openssh_unless_paramiko()
     return _probe_paramiko(commands, settings) if ssh is None else _probe_openssh(ssh, commands, settings)
@@ -150,7 +105,7 @@ def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[
 def probe_here(host: str, ns: argparse.Namespace) -> Probes:
     """This machine: the probe as a child process, no ssh."""
     try:
-        done = subprocess.run([ns.python, "-c", PROBE, str(ns.master_port), host], capture_output=True, text=True,
+        done = subprocess.run(probe_argv(ns.python, ns.master_port, host), capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return {host: (True, "", f"cannot run {ns.python}: {err}")}
