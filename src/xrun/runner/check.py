@@ -165,7 +165,10 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
         if not reachable:
             report.problems.append(f"unreachable: {error}")
         elif not report.facts:
-            report.problems.append(f"the probe did not run: {error or 'no output'}")
+            # the probe is xrun's own module: an interpreter without xrun (or with one older than the probe)
+            # cannot run it, which is the same advice as a version that differs
+            missing = f"; install xrun {__version__} there" if "No module named" in error else ""
+            report.problems.append(f"the probe did not run: {error or 'no output'}{missing}")
         reports.append(report)
     ok = [r for r in reports if r.facts]
     for key, what in (("version", "Python"), ("torch", "torch")):
