@@ -12,8 +12,7 @@ import does not hold the others up), accelerators found vs slots asked, each GPU
 (nvidia-smi), and on the master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when
 everything is reachable and consistent (same Python and torch everywhere, the runner's xrun version everywhere,
 enough accelerators, a given master port free), else 1. A busy default port is only noted: a job without
-``--master_port`` takes a free one
-(issue 17).
+``--master_port`` takes a free one (issue 17).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class _Rank:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[2]))
-    arm = die_with_parent(signal.SIGKILL, int(sys.argv[3]))  # the agent: gone already, this dies at once
+    arm = die_with_parent(signal.SIGKILL, int(sys.argv[3]))  # the agent; dead already: SIGKILL at once
     if arm is not None:
         arm()
     try:

@@ -140,13 +140,14 @@ class EngineBackend:
         endpoint = one_endpoint(plan, endpoints)
         argv = self.engine_argv(plan, endpoint)
         env = self.engine_env(endpoint.token)
+        # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise wait in
+        # the queue and start agents with no runner to talk to).
+        preexec = die_with_parent(signal.SIGTERM, os.getpid())
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
-            # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
-            # wait in the queue and start agents with no runner to talk to).
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent(signal.SIGTERM, os.getpid()))  # noqa: PLW1509 - async-signal-safe calls only
+                                    preexec_fn=preexec)  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
         return EngineSession(proc, program, LaunchedHosts.of(plan))
