@@ -47,8 +47,7 @@ from xrun.runner.job.last_words import report_lines, verdict_json
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
-from xrun.runner.network.node_verdicts import Figures, NodeVerdict
-from xrun.runner.network.node_verdicts import Verdict as Health
+from xrun.runner.network.node_verdicts import Figures, LinkVerdict, NodeVerdict
 from xrun.runner.restart_options import RestartPolicy
 
 HOSTS = ("a", "b", "c")
@@ -75,9 +74,9 @@ STOPPED = [Done(0, 143), Done(1, 7), Done(2, 143)]  # after rank 2 on b exited w
 
 
 # --precheck's verdicts on a node, and a result over the agents (the world's a, b, c, then the spares d, e)
-OK = NodeVerdict(Health.OK, Figures(0.05, 900.0))
-SLOW = NodeVerdict(Health.SLOW, Figures(0.06, 0.5), "throughput 0.5 MB/s < 0.5 x median 900.0")
-GONE = NodeVerdict(Health.UNREACHABLE, None, "refuses connections: connection to 10.0.0.3:4000 refused")
+OK = NodeVerdict(LinkVerdict.OK, Figures(0.05, 900.0))
+SLOW = NodeVerdict(LinkVerdict.SLOW, Figures(0.06, 0.5), "throughput 0.5 MB/s < 0.5 x median 900.0")
+GONE = NodeVerdict(LinkVerdict.UNREACHABLE, None, "refuses connections: connection to 10.0.0.3:4000 refused")
 
 
 def checked(*verdicts):

@@ -203,7 +203,7 @@ RANKS = {
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
         {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.command", "xrun.launch.engine_env",
-         "xrun.launch.preflight"},
+         "xrun.launch.preflight", "xrun.launch.check_probe"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [

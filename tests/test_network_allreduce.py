@@ -20,7 +20,15 @@ from xrun.launch.network.probe_server import ProbeServer
 from xrun.runner.network import node_results
 from xrun.runner.network.check_command import check_torch
 from xrun.runner.network.coordinate import ALLREDUCE, MEASURE, REACH, Check, Request
-from xrun.runner.network.node_verdicts import Figures, NodeVerdict, Probe, Verdict, best_figures, judge, pair_figures
+from xrun.runner.network.node_verdicts import (
+    Figures,
+    LinkVerdict,
+    NodeVerdict,
+    Probe,
+    best_figures,
+    judge,
+    pair_figures,
+)
 from xrun.runner.network.ssh_probes import LinkProber
 
 # -- the verdict with all-reduce figures ---------------------------------------------------------------------------
@@ -45,15 +53,15 @@ def test_each_node_keeps_its_best_all_reduce():
 def test_slow_by_all_reduce_below_half_the_median_even_with_good_tcp():
     best = {0: Figures(0.1, 800.0, 300.0), 1: Figures(0.1, 800.0, 140.0), 2: Figures(0.1, 800.0, 310.0)}
     verdicts = judge(best, {}, [0, 1, 2])
-    assert [verdicts[n].verdict for n in range(3)] == [Verdict.OK, Verdict.SLOW, Verdict.OK]
+    assert [verdicts[n].verdict for n in range(3)] == [LinkVerdict.OK, LinkVerdict.SLOW, LinkVerdict.OK]
     assert "all-reduce 140.0 MB/s < 0.5 x median 300.0" in verdicts[1].reason
     best[1] = Figures(0.1, 800.0, 151.0)  # 151 >= 0.5 x 300: ok
-    assert judge(best, {}, [0, 1, 2])[1].verdict is Verdict.OK
+    assert judge(best, {}, [0, 1, 2])[1].verdict is LinkVerdict.OK
 
 
 def test_tcp_figures_alone_still_judge_by_tcp():
     best = {0: Figures(0.1, 800.0), 1: Figures(0.1, 100.0), 2: Figures(0.1, 810.0)}
-    assert [v.verdict for v in judge(best, {}, [0, 1, 2]).values()] == [Verdict.OK, Verdict.SLOW, Verdict.OK]
+    assert [v.verdict for v in judge(best, {}, [0, 1, 2]).values()] == [LinkVerdict.OK, LinkVerdict.SLOW, LinkVerdict.OK]
 
 
 # -- the backend and the commands ----------------------------------------------------------------------------------
@@ -122,7 +130,7 @@ class FakeNet:
 def test_one_all_reduce_per_pair_and_a_healthy_network_is_ok(count):
     net = FakeNet()
     outcome = Check(range(count), allreduce=True).run(net)
-    assert {v.verdict for v in outcome.verdicts.values()} == {Verdict.OK}
+    assert {v.verdict for v in outcome.verdicts.values()} == {LinkVerdict.OK}
     assert all(v.figures.allreduce_mbs == 300.0 for v in outcome.verdicts.values())
     reduced = sorted(sorted((r.src, r.dst)) for r in net.requests if r.mode == ALLREDUCE)
     measured = sorted(sorted((r.src, r.dst)) for r in net.requests if r.mode == MEASURE)
@@ -132,15 +140,15 @@ def test_one_all_reduce_per_pair_and_a_healthy_network_is_ok(count):
 @pytest.mark.parametrize("count,bad", [(3, 1), (4, 0), (5, 4), (8, 3)])
 def test_a_node_with_a_slow_all_reduce_is_named_slow_and_no_other(count, bad):
     verdicts = Check(range(count), allreduce=True).run(FakeNet(slow={bad})).verdicts
-    assert {n for n, v in verdicts.items() if v.verdict is not Verdict.OK} == {bad}
-    assert verdicts[bad].verdict is Verdict.SLOW and "all-reduce" in verdicts[bad].reason
+    assert {n for n, v in verdicts.items() if v.verdict is not LinkVerdict.OK} == {bad}
+    assert verdicts[bad].verdict is LinkVerdict.SLOW and "all-reduce" in verdicts[bad].reason
 
 
 @pytest.mark.parametrize("count,bad", [(3, 1), (4, 0), (5, 4)])
 def test_a_node_whose_groups_cannot_form_is_unreachable_and_no_other(count, bad):
     verdicts = Check(range(count), allreduce=True).run(FakeNet(split={bad})).verdicts
-    assert {n for n, v in verdicts.items() if v.verdict is not Verdict.OK} == {bad}
-    assert verdicts[bad].verdict is Verdict.UNREACHABLE
+    assert {n for n, v in verdicts.items() if v.verdict is not LinkVerdict.OK} == {bad}
+    assert verdicts[bad].verdict is LinkVerdict.UNREACHABLE
 
 
 def test_the_tcp_mode_asks_for_no_all_reduce():
@@ -156,13 +164,13 @@ def test_a_node_without_torch_is_one_line_naming_it():
 
 
 def test_the_report_carries_the_all_reduce_figure():
-    rows = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0, 300.0))),
-            node_results.NodeRow("n2", "lo", "127.0.0.2", NodeVerdict(Verdict.SLOW, Figures(0.1, 800.0, 10.0), "why"))]
+    rows = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(LinkVerdict.OK, Figures(0.1, 800.0, 300.0))),
+            node_results.NodeRow("n2", "lo", "127.0.0.2", NodeVerdict(LinkVerdict.SLOW, Figures(0.1, 800.0, 10.0), "why"))]
     table = node_results.format_table(rows).splitlines()
     assert "allreduce MB/s" in table[0] and "300.0" in table[1] and "10.0" in table[2]
     assert [n["allreduce_mbs"] for n in json.loads(node_results.format_json(rows, 1.0))["nodes"]] == [300.0, 10.0]
     assert "all-reduce 10.0 MB/s" in node_results.BadNode(1, rows[1]).describe()
-    tcp = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(Verdict.OK, Figures(0.1, 800.0)))]
+    tcp = [node_results.NodeRow("n1", "lo", "127.0.0.1", NodeVerdict(LinkVerdict.OK, Figures(0.1, 800.0)))]
     assert "allreduce" not in node_results.format_table(tcp)
 
 

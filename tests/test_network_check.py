@@ -20,7 +20,7 @@ from xrun.launch.network.tcp_probe import measure, reach
 from xrun.launch.spec import AgentOptions, NodeSpec
 from xrun.runner.network import rounds
 from xrun.runner.network.coordinate import REACH, Check, Request
-from xrun.runner.network.node_verdicts import Figures, Probe, Verdict, best_figures, blame, judge, pair_figures
+from xrun.runner.network.node_verdicts import Figures, LinkVerdict, Probe, best_figures, blame, judge, pair_figures
 
 # -- the round planner -------------------------------------------------------------------------------------------
 
@@ -84,24 +84,24 @@ def test_each_node_keeps_its_best():
 def test_slow_by_throughput_below_half_the_median():
     best = {0: Figures(0.1, 800.0), 1: Figures(0.1, 390.0), 2: Figures(0.1, 810.0), 3: Figures(0.1, 790.0)}
     verdicts = judge(best, {}, [0, 1, 2, 3])
-    assert [verdicts[n].verdict for n in range(4)] == [Verdict.OK, Verdict.SLOW, Verdict.OK, Verdict.OK]
+    assert [verdicts[n].verdict for n in range(4)] == [LinkVerdict.OK, LinkVerdict.SLOW, LinkVerdict.OK, LinkVerdict.OK]
     assert "390.0 MB/s" in verdicts[1].reason
     best[1] = Figures(0.1, 401.0)  # 401 >= 0.5 x median 795: ok
-    assert judge(best, {}, [0, 1, 2, 3])[1].verdict is Verdict.OK
+    assert judge(best, {}, [0, 1, 2, 3])[1].verdict is LinkVerdict.OK
 
 
 def test_slow_by_latency_above_twice_the_median_plus_the_floor():
     best = {0: Figures(1.0, 800.0), 1: Figures(7.5, 800.0), 2: Figures(1.0, 800.0)}
-    assert judge(best, {}, [0, 1, 2])[1].verdict is Verdict.SLOW  # 7.5 > 2 x 1 + 5
+    assert judge(best, {}, [0, 1, 2])[1].verdict is LinkVerdict.SLOW  # 7.5 > 2 x 1 + 5
     best[1] = Figures(6.9, 800.0)
-    assert judge(best, {}, [0, 1, 2])[1].verdict is Verdict.OK
+    assert judge(best, {}, [0, 1, 2])[1].verdict is LinkVerdict.OK
 
 
 def test_unreachable_and_bare_nodes():
     best = {0: Figures(0.1, 800.0), 2: Figures(0.1, 800.0)}
     verdicts = judge(best, {1: "refuses connections"}, [0, 1, 2, 3])
-    assert verdicts[1].verdict is Verdict.UNREACHABLE and verdicts[1].reason == "refuses connections"
-    assert verdicts[3].verdict is Verdict.UNREACHABLE and "no pair" in verdicts[3].reason
+    assert verdicts[1].verdict is LinkVerdict.UNREACHABLE and verdicts[1].reason == "refuses connections"
+    assert verdicts[3].verdict is LinkVerdict.UNREACHABLE and "no pair" in verdicts[3].reason
 
 
 def test_blame_asks_a_third_node():

@@ -15,7 +15,7 @@ from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.result.summary import RankFigures, table_lines
 from xrun.printable import each_line, one_line
-from xrun.runner.check import HostReport, format_table
+from xrun.runner.check import HostReport, format_host_table
 from xrun.runner.job.events import AgentError, Done, HelloReceived, RankExited, Ready
 from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job, JobConfig
@@ -81,4 +81,4 @@ def test_tables_of_peers_answers_are_escaped():
                            status=f"exit {EVIL}", ok=False)]
     assert all(control_free(line) for line in table_lines(figures))
     report = HostReport(host="h", slots=(0,), reachable=True, facts={"python": f"/usr/bin/python{EVIL}"})
-    assert control_free(format_table([report], 0)) and SHOWN in format_table([report], 0)
+    assert control_free(format_host_table([report], 0)) and SHOWN in format_host_table([report], 0)

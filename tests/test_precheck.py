@@ -15,7 +15,7 @@ from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.runner.job.events import Done, PrecheckDone, RunPrecheck, SendStart, SendStop, ShowLine, Tick
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import NodeRow, PrecheckResult
-from xrun.runner.network.node_verdicts import Verdict
+from xrun.runner.network.node_verdicts import LinkVerdict
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.network.precheck_decision import decide, passed_line
 from xrun.runner.network.probe_requests import probe_budget
@@ -47,7 +47,7 @@ def test_a_bad_node_ends_the_job_naming_it_and_its_figures():
 def test_every_bad_node_is_named_with_its_rank_for_the_spares_to_replace():
     bad = result(OK, SLOW, GONE)
     assert [(node.rank, node.row.host, node.row.result.verdict) for node in bad.bad] == [
-        (1, "b", Verdict.SLOW), (2, "c", Verdict.UNREACHABLE)]
+        (1, "b", LinkVerdict.SLOW), (2, "c", LinkVerdict.UNREACHABLE)]
     nodes_bad = decide(bad)
     assert nodes_bad is not None and nodes_bad.hosts == ("b", "c")
     assert "c unreachable: refuses connections: connection to 10.0.0.3:4000 refused (no pair with it succeeded)" \

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
+from xrun import __version__
 from xrun.errors import SelectionError, UnknownHostError, UsageError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import AgentCommand, agent_argv
@@ -47,6 +48,7 @@ from xrun.launch.result.hints import (
 from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.routes import peer_address
+from xrun.runner.check import assess
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.job.events import Failure, Verdict
@@ -711,6 +713,14 @@ def test_check_without_a_hostfile_checks_this_machine_without_ssh():
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].startswith("localhost  yes")
     assert "1 host(s) reachable and consistent" in result.stdout
+
+
+def test_check_names_the_fix_when_a_nodes_python_has_no_xrun():
+    # the probe is python -m xrun.launch.check_probe: an interpreter without xrun cannot run it
+    error = ("/usr/bin/python3: Error while finding module specification for 'xrun.launch.check_probe' "
+             "(ModuleNotFoundError: No module named 'xrun')")
+    [report] = assess({"a": (0,)}, {"a": (True, "", error)}, 0)
+    assert report.problems == [f"the probe did not run: {error}; install xrun {__version__} there"]
 
 
 def test_an_unresolvable_host_is_named_not_a_flag():

@@ -3,12 +3,14 @@
 Whatever a message quotes goes through ``shown`` (``repr``, truncated), and the entry points print through
 ``one_line``, so an error never spans two lines whatever bytes it quotes; so do the lines of the head and the
 agents (``say``, ``notice``, the reports): only the ranks' own output passes through as it is (issue 12, issue 22
-§6). Shared by both layers and the channel.
+§6). ``columns`` lays out every table xrun prints (``xrun check``'s hosts, ``--network``'s nodes, the ranks'
+figures). Shared by both layers and the channel.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _SHOWN = 60  # characters of a bad value quoted in an error
 _CONTROL = r"[\x00-\x1f\x7f-\x9f\u2028\u2029]"
@@ -30,3 +32,10 @@ def one_line(text: str) -> str:
 def each_line(text: str) -> str:
     """``one_line`` for each line of ``text``: its line breaks kept, every other control character escaped."""
     return "\n".join(one_line(line) for line in text.split("\n"))
+
+
+def columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """``rows`` (a header first) as lines: every column but the last padded to its widest cell, two spaces
+    apart; the last one as it is, so a long note neither widens the table nor ends in spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]

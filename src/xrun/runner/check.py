@@ -5,13 +5,14 @@
 Without a hostfile it checks this machine (its local slots, as ``xrun`` without ``-H`` would use them), by
 running the probe directly: no ssh (issue 13).
 
-For each selected host: reachable over ssh?, the interpreter (``--python``, default this one's path) and its
-version, xrun's version, torch's version (read from package metadata, not imported, so a slow import does not hold
-the others up), accelerators found vs slots asked, each GPU's name, memory and driver (nvidia-smi), and on the
-master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when everything is reachable and
-consistent (same Python and torch everywhere, the runner's xrun version everywhere, enough accelerators, a given
-master port free), else 1. A busy default port is only noted: a job without ``--master_port`` takes a free one
-(issue 17).
+For each selected host (the probe: ``python -m xrun.launch.check_probe`` with the job's interpreter, as the network
+check runs ``python -m xrun.launch.network``): reachable over ssh?, the interpreter (``--python``, default this
+one's path) and its version, xrun's version, torch's version (read from package metadata, not imported, so a slow
+import does not hold the others up), accelerators found vs slots asked, each GPU's name, memory and driver
+(nvidia-smi), and on the master (node 0) whether ``--master_port`` (default 29500) is free. Exit 0 only when
+everything is reachable and consistent (same Python and torch everywhere, the runner's xrun version everywhere,
+enough accelerators, a given master port free), else 1. A busy default port is only noted: a job without
+``--master_port`` takes a free one (issue 17).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -32,68 +32,20 @@ from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknow
 from xrun.errors import UsageError, XrunError
 from xrun.hostlist import address_problem
 from xrun.launch.spec import DEFAULT_MASTER_PORT
-from xrun.printable import one_line
+from xrun.printable import columns, one_line
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.selection import Selection, select
 from xrun.runner.hosts.this_machine import local_pool
 from xrun.runner.network.check_command import check_hosts, check_mode, run_network_check
 from xrun.runner.remote_options import SshSettings, add_remote_flags, openssh_args, ssh_settings
-from xrun.runner.ssh_connections import Connected, close_all, connect_all
+from xrun.runner.ssh_connections import Connected, close_all, connect_all, openssh_unless_paramiko
 from xrun.shell import render
 from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST, int_arg, port_arg
 
 PROBE_TIMEOUT = 30.0
 
-# Runs on every node with the job's interpreter; stdlib only, prints one JSON object.
-PROBE = r"""
-import json, os, shutil, socket, subprocess, sys
-from importlib import metadata
-def version(name):
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-def accelerators():
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    except Exception:
-        return 0
-def gpus():
-    # name, memory and driver as the driver reports them (nvidia-smi: the probe imports nothing but the stdlib)
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
-        out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
-    except Exception:
-        return []
-    rows = [[f.strip() for f in line.rsplit(",", 2)] for line in out.splitlines()]
-    return [{"name": r[0], "memory_mib": int(r[1]), "driver": r[2]} for r in rows if len(r) == 3 and r[1].isdigit()]
-def port_free(port):
-    if port <= 0:
-        return None
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
-def interface(toward):
-    try:
-        from xrun.launch.network.interfaces import interface_toward
-        return interface_toward(toward).interface
-    except Exception:
-        return None
-print(json.dumps({"hostname": socket.gethostname(), "python": sys.executable,
-    "version": sys.version.split()[0], "xrun": version("xrun"), "torch": version("torch"),
-    "accelerators": accelerators(), "gpus": gpus(), "port_free": port_free(int(sys.argv[1])),
-    "interface": interface(sys.argv[2])}))
-"""
+# Runs on every node with the job's interpreter and prints one JSON object (its doc has the fields).
+PROBE_MODULE = "xrun.launch.check_probe"
 
 
 @dataclass
@@ -136,25 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def probe_command(python: str, master_port: int, master: str) -> str:
-    return render([python, "-c", PROBE, str(master_port), master])
+def probe_argv(python: str, master_port: int, master: str) -> list[str]:
+    return [python, "-m", PROBE_MODULE, str(master_port), master]
 
 
 def run_probes(hosts: Sequence[str], ns: argparse.Namespace) -> dict[str, tuple[bool, str, str]]:
     """host -> (reachable, stdout, error): native ssh when paramiko is installed, else OpenSSH's client."""
-    commands = {h: probe_command(ns.python, ns.master_port if i == 0 else 0, hosts[0]) for i, h in enumerate(hosts)}
+    commands = {h: render(probe_argv(ns.python, ns.master_port if i == 0 else 0, hosts[0]))
+                for i, h in enumerate(hosts)}
     settings = ssh_settings(ns)
-    try:
-        import paramiko  # noqa: F401
-    except ImportError:
-        return _probe_openssh(commands, settings)
-    return _probe_paramiko(commands, settings)
+    ssh = openssh_unless_paramiko()
+    return _probe_paramiko(commands, settings) if ssh is None else _probe_openssh(ssh, commands, settings)
 
 
 def probe_here(host: str, ns: argparse.Namespace) -> Probes:
     """This machine: the probe as a child process, no ssh."""
     try:
-        done = subprocess.run([ns.python, "-c", PROBE, str(ns.master_port), host], capture_output=True, text=True,
+        done = subprocess.run(probe_argv(ns.python, ns.master_port, host), capture_output=True, text=True,
                               timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return {host: (True, "", f"cannot run {ns.python}: {err}")}
@@ -181,10 +131,7 @@ def _probe_paramiko(commands: dict[str, str], settings: SshSettings) -> dict[str
         close_all(results)
 
 
-def _probe_openssh(commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client")
+def _probe_openssh(ssh: str, commands: dict[str, str], settings: SshSettings) -> dict[str, tuple[bool, str, str]]:
     base = [ssh, *openssh_args(settings)]
 
     def one(host: str) -> tuple[str, tuple[bool, str, str]]:
@@ -217,7 +164,10 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
         if not reachable:
             report.problems.append(f"unreachable: {error}")
         elif not report.facts:
-            report.problems.append(f"the probe did not run: {error or 'no output'}")
+            # the probe is xrun's own module: an interpreter without xrun (or with one older than the probe)
+            # cannot run it, which is the same advice as a version that differs
+            missing = f"; install xrun {__version__} there" if "No module named" in error else ""
+            report.problems.append(f"the probe did not run: {error or 'no output'}{missing}")
         reports.append(report)
     ok = [r for r in reports if r.facts]
     for key, what in (("version", "Python"), ("torch", "torch")):
@@ -237,20 +187,19 @@ def assess(world: dict[str, tuple[int, ...]], probes: Probes, master_port: int) 
     return reports
 
 
-def format_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
+def format_host_table(reports: list[HostReport], master_port: int, *, given: bool = True) -> str:
     header = ("host", "reachable", "interface", "python", "version", "xrun", "torch", "accel/slots", "gpus",
               "problems")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for r in reports:
         f = r.facts
         count = f.get("accelerators")
         accel = f"{count}/{len(r.slots)}" + (" (cpu)" if count == 0 else "") if f else "-"
-        rows.append((r.host, "yes" if r.reachable else "NO", f.get("interface") or "-", f.get("python", "-"),
-                     f.get("version", "-"), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
+        rows.append((r.host, "yes" if r.reachable else "NO", str(f.get("interface") or "-"), str(f.get("python", "-")),
+                     str(f.get("version", "-")), str(f.get("xrun") or "-"), str(f.get("torch") or "-"), accel,
                      gpu_summary(f.get("gpus")), "; ".join(r.problems) or "ok"))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
     # a host's answers are its own strings: control characters shown escaped (issue 22 §6)
-    lines = [one_line("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1]) for row in rows]
+    lines = [one_line(line) for line in columns(rows)]
     if reports and master_port:
         free = reports[0].facts.get("port_free")
         state = "free" if free else "IN USE" if free is False else "unknown"
@@ -328,7 +277,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"xrun check: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     reports = assess(world, probes, ns.master_port if given else 0)
-    print(format_table(reports, ns.master_port, given=given))
+    print(format_host_table(reports, ns.master_port, given=given))
     bad = [r.host for r in reports if r.problems]
     if bad:
         print(f"xrun check: {len(bad)} of {len(reports)} host(s) need attention: {', '.join(bad)}", file=sys.stderr)

@@ -10,13 +10,14 @@ paramiko does not read ``/etc/ssh/ssh_config`` drop-ins (``Include``), so pass `
 setting lives only there. Failures are data: ``connect_all`` returns one ``Connected`` or ``Unreachable`` per
 host, and the caller closes what did connect when anything did not. ``SshSettings`` come from the command line
 (``xrun.runner.remote_options``), where ``openssh_args`` renders the same settings for OpenSSH's client (pdsh,
-``xrun check`` without paramiko).
+``xrun check`` without paramiko: ``openssh_unless_paramiko`` makes that choice for both kinds of check).
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import socket
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +70,20 @@ def import_paramiko() -> Any:
             "needs paramiko: pip install 'xrun[ssh]' (or apt-get install pdsh and use --launcher pdsh)",
         ) from None
     return paramiko
+
+
+def openssh_unless_paramiko() -> str | None:
+    """The one choice of ssh client for ``xrun check`` and ``xrun check --network``: None when paramiko is
+    installed (native connections, ``connect_all``), else the path of OpenSSH's ``ssh`` (run with
+    ``openssh_args``); neither is a usage error."""
+    try:
+        import paramiko  # noqa: F401
+    except ImportError:
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client") from None
+        return ssh
+    return None
 
 
 def load_config(settings: SshSettings) -> Any:

@@ -9,7 +9,7 @@ code, and forks on the agent's order); ``become`` is what a forked copy of it do
 that the ranks' interpreter can find the modules, without importing them. The rank group
 (xrun.launch.ranks) supervises a forked rank as it supervises a started one: see docs/preload.md.
 
-Imports only the standard library, ``xrun.launch.procs`` and telemetry's in-rank module
+Imports only the standard library, ``xrun.launch.procs``, ``xrun.parent_death`` and telemetry's in-rank module
 (``xrun.launch.telemetry.site``, standard library only: a forked rank does its ``sitecustomize``'s work itself):
 the helper process loads this package, so it must stay light and load nothing a rank would then carry without
 having asked for it.

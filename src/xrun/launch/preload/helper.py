@@ -3,7 +3,8 @@
 Started by the agent (xrun.launch.preload.client) as ``PYTHON OPTIONS -c BOOT ROOT FD AGENT_PID``: the ranks'
 own interpreter with the ranks' own options, so ``sys.flags`` and ``sys.executable`` are theirs. It
 
-* dies with the agent (``PR_SET_PDEATHSIG``, and an end of file on its socket: it then just exits);
+* dies with the agent (``PR_SET_PDEATHSIG``, ``xrun.parent_death``; and an end of file on its socket: it then
+  just exits);
 * imports the modules it is told, in order, and nothing else; never runs user code;
 * refuses, in one line (exit 2), a module that cannot be imported, one whose import initialised CUDA (a fork
   after that breaks every rank's GPU: "Cannot re-initialize CUDA in forked subprocess"), and one that leaves a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import signal
 import socket
 import struct
 import sys
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from xrun.launch.preload import become, kernel, wire
 from xrun.launch.preload.argv import NotForkable, parse_python_argv
+from xrun.parent_death import die_with_parent
 
 _PID = struct.Struct("=i")
 
@@ -45,8 +48,9 @@ class _Rank:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[2]))
-    if not kernel.die_with_parent(int(sys.argv[3])):
-        os._exit(0)
+    arm = die_with_parent(signal.SIGKILL, int(sys.argv[3]))  # the agent; dead already: SIGKILL at once
+    if arm is not None:
+        arm()
     try:
         preload, _ = wire.recv(sock)
     except wire.Gone:

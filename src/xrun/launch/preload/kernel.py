@@ -9,8 +9,6 @@ rank's words come out one by one, whatever their length. It needs no privilege w
 ``CONFIG_CHECKPOINT_RESTORE`` (every major distribution's; CRIU uses it the same way) and only changes what this
 process reports about itself. ``PR_SET_NAME`` sets the short name (``comm``) that exec would have set.
 
-``die_with_parent``: the helper gets SIGKILL when the agent that started it dies, ``kill -9`` included.
-
 ``bind_memory``: what ``numactl --membind=NODE`` does before it executes a rank (``set_mempolicy(MPOL_BIND)``),
 for a rank forked from the helper, which has no command of its own to prefix (``--bind_cores_to_rank``).
 """
@@ -19,11 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import struct
 from collections.abc import Iterable
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
@@ -78,12 +74,6 @@ def show_as(argv: list[str] | tuple[str, ...], env: dict[str, str]) -> str | Non
 def _block(words: Iterable[bytes]) -> ctypes.Array[ctypes.c_char]:
     data = b"".join(w + b"\0" for w in words)
     return ctypes.create_string_buffer(data, len(data))
-
-
-def die_with_parent(parent: int) -> bool:
-    """SIGKILL this process when its parent dies; False if the parent is not ``parent`` any more (it died first)."""
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    return os.getppid() == parent
 
 
 def bind_memory(node: int) -> str | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.result.outcome import RankOutcome, describe_status
-from xrun.printable import one_line
+from xrun.printable import columns, one_line
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,7 @@ def table_lines(figures: Sequence[RankFigures]) -> list[str]:
         rss = "-" if f.peak_rss_bytes is None else format_bytes(f.peak_rss_bytes)
         # escaped: on the head, the host and status are what each agent reported (issue 22 §6)
         rows.append((str(f.rank), one_line(f.host), str(f.local_rank), seconds(f.wall_s), cpu, rss, one_line(f.status)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
+    return ["  " + line for line in columns(rows)]
 
 
 def summary_json(figures: Sequence[RankFigures], *, exit_code: int) -> dict[str, Any]:

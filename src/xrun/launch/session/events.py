@@ -74,7 +74,10 @@ class Start(NamedTuple):
     restart_count: int | None = None
 
 
-class Stop(NamedTuple):
+class StopOrder(NamedTuple):
+    """The runner's ``stop``: end this node's ranks with ``signum`` (the head's own stop is
+    ``xrun.runner.job.stop.Stop``)."""
+
     signum: int
     reason: str
     stacks: bool = False  # another node failed first: take this node's stacks before the stop, for the report
@@ -87,9 +90,10 @@ class Restart(NamedTuple):
     port: PortRule | None = None
 
 
-class Verdict(NamedTuple):
-    """How the job ended: pod mode's exit code for every node, the end of head mode's restarts. ``line``: the
-    root cause as node 0 puts it, for every other node's console (pod mode)."""
+class JobEnded(NamedTuple):
+    """The runner's ``verdict``: how the job ended (``xrun.runner.job.events.Verdict``, as a node hears it): pod
+    mode's exit code for every node, the end of head mode's restarts. ``line``: the root cause as node 0 puts it,
+    for every other node's console (pod mode)."""
 
     exit_code: int
     line: str | None = None
@@ -169,7 +173,7 @@ class Tick(NamedTuple):
     """Time passed (the machine's ``wake_at`` came)."""
 
 
-Event = Union[Spec, SpecUnusable, Accept, Waiting, Start, Stop, Restart, Verdict, Probe, Ping, Dump, Signal,
+Event = Union[Spec, SpecUnusable, Accept, Waiting, Start, StopOrder, Restart, JobEnded, Probe, Ping, Dump, Signal,
               OtherMessage, LinkLost, Shutdown, PreflightPassed, PreflightFailed, AttemptEnded, Delivered, Tick]
 
 # -- actions --------------------------------------------------------------------------------------------------
@@ -270,13 +274,13 @@ def message_event(msg: Message, *, clock_ns: int | None = None) -> Event:
         return Start(str(addr) if addr is not None else None, _int(msg.get("master_port")) or None,
                      _int(msg.get("restart_count")))
     if kind == Kind.STOP.value:
-        return Stop(_int(msg.get("signal")) or signal.SIGTERM, str(msg.get("reason") or "the runner asked to stop"),
-                    stacks=bool(msg.get("stacks")))
+        reason = str(msg.get("reason") or "the runner asked to stop")
+        return StopOrder(_int(msg.get("signal")) or signal.SIGTERM, reason, stacks=bool(msg.get("stacks")))
     if kind == Kind.RESTART.value:
         return Restart(_int(msg.get("attempt")), port_rule(msg))
     if kind == Kind.VERDICT.value:
         code, line = _int(msg.get("exit_code")), msg.get("line")
-        return Verdict(NODE_FAILURE_EXIT if code is None else code, line if isinstance(line, str) else None)
+        return JobEnded(NODE_FAILURE_EXIT if code is None else code, line if isinstance(line, str) else None)
     if kind in (Kind.PROBE_OPEN.value, Kind.PROBE.value):
         return Probe(msg)
     if kind == Kind.DUMP.value:

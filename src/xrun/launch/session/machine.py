@@ -47,6 +47,7 @@ from xrun.launch.session.events import (
     Event,
     Exit,
     ForwardSignal,
+    JobEnded,
     JoinAgain,
     LinkLost,
     OtherMessage,
@@ -66,11 +67,10 @@ from xrun.launch.session.events import (
     Spec,
     SpecUnusable,
     Start,
-    Stop,
+    StopOrder,
     StopRanks,
     TakeStacks,
     Tick,
-    Verdict,
     Waiting,
 )
 from xrun.launch.spec import NodeSpec, with_rendezvous
@@ -83,10 +83,10 @@ TURNED_AWAY = ("node 0 turned this node away without a word (its old connection 
                "hello again until --join_timeout")
 NOT_ACCEPTED = ("the runner did not accept this agent ({}): the job was already ending, another agent holds this "
                 "node's place, or the token is stale or wrong")
-FROM_RUNNER = (Spec, SpecUnusable, Accept, Waiting, Start, Stop, Restart, Verdict, Probe, Ping, Dump, Signal,
+FROM_RUNNER = (Spec, SpecUnusable, Accept, Waiting, Start, StopOrder, Restart, JobEnded, Probe, Ping, Dump, Signal,
                OtherMessage)
-KIND = {Accept: Kind.ACCEPT, Waiting: Kind.WAITING, Start: Kind.START, Stop: Kind.STOP, Restart: Kind.RESTART,
-        Verdict: Kind.VERDICT, Ping: Kind.PING, Dump: Kind.DUMP, Signal: Kind.SIGNAL}
+KIND = {Accept: Kind.ACCEPT, Waiting: Kind.WAITING, Start: Kind.START, StopOrder: Kind.STOP, Restart: Kind.RESTART,
+        JobEnded: Kind.VERDICT, Ping: Kind.PING, Dump: Kind.DUMP, Signal: Kind.SIGNAL}
 
 
 class Phase(enum.Enum):
@@ -104,7 +104,7 @@ class Phase(enum.Enum):
 # it is still its time). What the running ranks act on; what a preflight that waits (for the preload helper's
 # imports, which may take minutes) acts on. Anything else waits while the preflight or the ranks run.
 _ANSWERS = (PreflightPassed, PreflightFailed, AttemptEnded, Delivered, Tick)
-_RUNNING_OWN = (Stop, Signal, Dump, Ping, LinkLost, Shutdown)
+_RUNNING_OWN = (StopOrder, Signal, Dump, Ping, LinkLost, Shutdown)
 _PREFLIGHT_OWN = (Ping, LinkLost)
 
 
@@ -243,7 +243,7 @@ class AgentMachine:
         self._lost = self._signalled = None
         self._out.append(RunAttempt(spec))
 
-    def _on_stop(self, event: Stop) -> None:
+    def _on_stop(self, event: StopOrder) -> None:
         if self.phase is Phase.RUNNING:
             self._out.append(StopRanks(event.signum, event.reason, event.stacks))
         elif self.phase is Phase.STANDBY:
@@ -252,7 +252,7 @@ class AgentMachine:
             self._done_here(128 + event.signum)  # refused, or another node failed or was lost first
         # BETWEEN: stale (sent to every node after this one's failure)
 
-    def _on_verdict(self, event: Verdict) -> None:
+    def _on_verdict(self, event: JobEnded) -> None:
         pod = self.pod
         if pod is not None:
             self._exit(event.exit_code, event.line if pod.node_rank != 0 else None)  # node 0's server reports
@@ -442,9 +442,9 @@ _HANDLERS: dict[type, Callable[[AgentMachine, Any], None]] = {  # each handler t
     Accept: AgentMachine._on_accept,
     Waiting: AgentMachine._on_waiting,
     Start: AgentMachine._on_start,
-    Stop: AgentMachine._on_stop,
+    StopOrder: AgentMachine._on_stop,
     Restart: AgentMachine._on_restart,
-    Verdict: AgentMachine._on_verdict,
+    JobEnded: AgentMachine._on_verdict,
     Probe: AgentMachine._on_probe,
     Ping: AgentMachine._on_ping,
     Dump: AgentMachine._on_dump,

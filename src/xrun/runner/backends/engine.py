@@ -21,8 +21,6 @@ Subclasses override data (program names, rank variables) and one pure ``engine_a
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shutil
 import signal
@@ -32,6 +30,7 @@ from typing import Any, Callable
 
 from xrun.errors import UsageError
 from xrun.launch.command import connect_argv, token_from_env
+from xrun.parent_death import die_with_parent
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
@@ -141,36 +140,17 @@ class EngineBackend:
         endpoint = one_endpoint(plan, endpoints)
         argv = self.engine_argv(plan, endpoint)
         env = self.engine_env(endpoint.token)
+        # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise wait in
+        # the queue and start agents with no runner to talk to).
+        preexec = die_with_parent(signal.SIGTERM, os.getpid())
         try:
             # Own session: a terminal's Ctrl-C reaches xrun only, which stops the nodes over the channel.
-            # Parent-death signal: if xrun is SIGKILLed, the engine still ends (a pending srun would otherwise
-            # wait in the queue and start agents with no runner to talk to).
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, start_new_session=True,
-                                    preexec_fn=die_with_parent())  # noqa: PLW1509 - async-signal-safe calls only
+                                    preexec_fn=preexec)  # noqa: PLW1509 - async-signal-safe calls only
         except OSError as err:
             raise UsageError("--launcher", f"cannot run {program}: {err.strerror}") from None
         return EngineSession(proc, program, LaunchedHosts.of(plan))
-
-
-_PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get ``signum`` when xrun dies (Linux); None elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        if os.getppid() != parent:  # xrun died between fork and prctl
-            os.kill(os.getpid(), signum)
-
-    return preexec
 
 
 class EngineSession(LauncherProcess):

@@ -2,7 +2,7 @@
 
 Each node runs ``PYTHON -u -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-`` and reads the run
 token from the session's stdin, so the token is in no argv on any machine. Everything else travels over the
-control channel (``xrun.runner.job.control_server``). Connection settings: ``xrun.runner.backends.sshconn``.
+control channel (``xrun.runner.job.control_server``). Connection settings: ``xrun.runner.ssh_connections``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.runner.network.node_verdicts import RULE, NodeVerdict, Verdict
+from xrun.printable import columns
+from xrun.runner.network.node_verdicts import RULE, LinkVerdict, NodeVerdict
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class PrecheckResult:
     @property
     def bad(self) -> tuple[BadNode, ...]:
         return tuple(BadNode(rank, row) for rank, row in zip(self.ranks, self.rows)
-                     if row.result.verdict is not Verdict.OK)
+                     if row.result.verdict is not LinkVerdict.OK)
 
     def table(self) -> list[str]:
         """The check's table (as ``xrun check --network`` prints it) and its rule, to show before a failure."""
@@ -76,7 +77,7 @@ def node_rows(hosts: Sequence[str], hellos: Mapping[int, Mapping[str, Any]],
 
 
 def bad(rows: Sequence[NodeRow]) -> list[NodeRow]:
-    return [r for r in rows if r.result.verdict is not Verdict.OK]
+    return [r for r in rows if r.result.verdict is not LinkVerdict.OK]
 
 
 def format_table(rows: Sequence[NodeRow]) -> str:
@@ -91,8 +92,7 @@ def format_table(rows: Sequence[NodeRow]) -> str:
         reduce = (f"{f.allreduce_mbs:.1f}" if f and f.allreduce_mbs is not None else "-",) if reduces else ()
         table.append((r.host, r.interface or "-", r.address or "-", f"{f.latency_ms:.3f}" if f else "-",
                       f"{f.throughput_mbs:.1f}" if f else "-", *reduce, verdict))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in table)
+    return "\n".join(columns(table))
 
 
 def format_json(rows: Sequence[NodeRow], elapsed: float) -> str:

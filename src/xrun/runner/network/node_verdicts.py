@@ -27,7 +27,9 @@ RULE = (f"slow: best throughput < {SLOW_FRACTION:g} x the median of the nodes' b
         "(a third node decides which side)")
 
 
-class Verdict(Enum):
+class LinkVerdict(Enum):
+    """The network check's word on one node's links (not the job's ``xrun.runner.job.events.Verdict``)."""
+
     OK = "ok"
     SLOW = "slow"
     UNREACHABLE = "unreachable"
@@ -55,7 +57,7 @@ class Figures:
 
 @dataclass(frozen=True)
 class NodeVerdict:
-    verdict: Verdict
+    verdict: LinkVerdict
     figures: Figures | None
     reason: str = ""
 
@@ -116,18 +118,18 @@ def judge(best: Mapping[int, Figures], unreachable: Mapping[int, str], nodes: Se
         figures = best.get(node)
         if node in unreachable or figures is None:
             reason = unreachable.get(node, "no pair with it succeeded")
-            verdicts[node] = NodeVerdict(Verdict.UNREACHABLE, figures, reason)
+            verdicts[node] = NodeVerdict(LinkVerdict.UNREACHABLE, figures, reason)
         elif figures.allreduce_mbs is not None and figures.allreduce_mbs < SLOW_FRACTION * median_reduce:
-            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"all-reduce {figures.allreduce_mbs:.1f} MB/s < "
+            verdicts[node] = NodeVerdict(LinkVerdict.SLOW, figures, f"all-reduce {figures.allreduce_mbs:.1f} MB/s < "
                                          f"{SLOW_FRACTION:g} x median {median_reduce:.1f}")
         elif figures.throughput_mbs < SLOW_FRACTION * median_rate:
-            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"throughput {figures.throughput_mbs:.1f} MB/s < "
+            verdicts[node] = NodeVerdict(LinkVerdict.SLOW, figures, f"throughput {figures.throughput_mbs:.1f} MB/s < "
                                          f"{SLOW_FRACTION:g} x median {median_rate:.1f}")
         elif figures.latency_ms > LATENCY_FACTOR * median_latency + LATENCY_FLOOR_MS:
-            verdicts[node] = NodeVerdict(Verdict.SLOW, figures, f"latency {figures.latency_ms:.2f} ms > "
+            verdicts[node] = NodeVerdict(LinkVerdict.SLOW, figures, f"latency {figures.latency_ms:.2f} ms > "
                                          f"{LATENCY_FACTOR:g} x median {median_latency:.2f} + {LATENCY_FLOOR_MS:g}")
         else:
-            verdicts[node] = NodeVerdict(Verdict.OK, figures)
+            verdicts[node] = NodeVerdict(LinkVerdict.OK, figures)
     return verdicts
 
 

@@ -2,8 +2,9 @@
 the ``Prober`` that drives them (``LinkProber``).
 
 Each runs for the whole check; the head writes JSON-line commands to its stdin (``probe_requests``) and reads one
-answer line per command (the node side's doc has the protocol). OpenSSH's client by default; paramiko when the
-check would use it (installed). A node whose probe does not come up is data (``Down``), not an exception.
+answer line per command (the node side's doc has the protocol). Over paramiko or OpenSSH's client, as ``xrun
+check`` chooses (``xrun.runner.ssh_connections.openssh_unless_paramiko``). A node whose probe does not come up
+is data (``Down``), not an exception.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import queue
-import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,12 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from xrun.errors import UsageError
 from xrun.runner.network.coordinate import Request
 from xrun.runner.network.node_verdicts import Probe
 from xrun.runner.network.probe_requests import command_for, probe_budget, probe_from
 from xrun.runner.remote_options import SshSettings, openssh_args
-from xrun.runner.ssh_connections import Connected, connect_all
+from xrun.runner.ssh_connections import Connected, connect_all, openssh_unless_paramiko
 from xrun.shell import render
 
 HELLO_TIMEOUT = 30.0  # ssh handshake + interpreter start on a loaded node
@@ -110,12 +109,8 @@ def probe_command(python: str, toward: str) -> str:
 def start_links(hosts: Sequence[str], python: str, settings: SshSettings) -> list[Link | Down]:
     """One probe process per host, all at once; each reports toward ``hosts[0]`` (the job's master)."""
     command = probe_command(python, hosts[0])
-    try:
-        import paramiko  # noqa: F401
-    except ImportError:
-        links = _openssh_links(hosts, command, settings)
-    else:
-        links = _paramiko_links(hosts, command, settings)
+    ssh = openssh_unless_paramiko()
+    links = _paramiko_links(hosts, command, settings) if ssh is None else _openssh_links(ssh, hosts, command, settings)
     with ThreadPoolExecutor(max_workers=min(64, len(links))) as pool:
         return list(pool.map(_greet, links))
 
@@ -131,10 +126,7 @@ def _greet(link: Link | Down) -> Link | Down:
     return link
 
 
-def _openssh_links(hosts: Sequence[str], command: str, settings: SshSettings) -> list[Link | Down]:
-    ssh = shutil.which("ssh")
-    if ssh is None:
-        raise UsageError("xrun check", "needs paramiko (pip install 'xrun[ssh]') or an ssh client")
+def _openssh_links(ssh: str, hosts: Sequence[str], command: str, settings: SshSettings) -> list[Link | Down]:
     links: list[Link | Down] = []
     for host in hosts:
         proc = subprocess.Popen([ssh, *openssh_args(settings), "--", host, command], stdin=subprocess.PIPE,

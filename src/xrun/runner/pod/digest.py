@@ -21,7 +21,7 @@ In the digest (the same on every node of a correctly started job):
 Out, because they differ between the nodes of a good job or belong to the node, not the job: this node's rank
 and host name, the working directory, the interpreter path (venvs live in different places), environment
 values, the agent's display and log options (``--log_dir``, ``--no_prefix``, ``--quiet``, binding), and the
-run id (it is half of the channel key instead: ``xrun.runner.pod.secret.channel_key``).
+run id (it is half of the channel key instead: ``xrun.runner.pod.secret.pod_key``).
 """
 
 from __future__ import annotations
