@@ -14,6 +14,7 @@ import pytest
 from tests.cluster.harness import processes_with_marker
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
+from tests.test_frtrace import torchfrtrace
 from tests.test_hang_doctor import start_xrun
 from xrun.channel import STOP_STACKS, Kind, message
 from xrun.launch.output.status import STRAGGLERS_EVERY, PlainStatus
@@ -158,6 +159,12 @@ def test_a_rank_that_never_enters_the_all_reduce_is_the_root_cause_of_a_local_jo
     assert f"xrun[localhost]:   {root}" in err.splitlines(), err  # the hang's view
     assert f"    {root}" in err.splitlines()  # the node's failure report
     assert failure["collectives"]["findings"]["root_cause"] == root and failure["collectives"]["file"]
+    # torch's own analyser reads the same dumps and names the same rank and collective (issue 40 §4)
+    folder = failure["collectives"]["torchfrtrace"]
+    assert folder == failure["collectives"]["file"].removesuffix(".json") and f"torchfrtrace reads {folder}" in err
+    said = torchfrtrace(folder)
+    assert "sequence number: 2" in said and "collective: gloo:all_reduce" in said, said
+    assert "missing ranks: {2}" in said, said
 
 
 def hang_of_a_local_job(tmp_path, nproc, env, script):

@@ -8,6 +8,7 @@ a rank that fails on one node brings every node's stacks into its failure report
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 
@@ -15,6 +16,7 @@ import pytest
 
 from tests.cluster.jobs import read_lines, wait_for
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
+from tests.test_frtrace import torchfrtrace
 from tests.test_telemetry_ranks import SKIPS_ONE
 from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
 
@@ -112,4 +114,14 @@ def test_a_hang_reads_every_nodes_collectives(job, backend, python):  # noqa: F8
     assert sorted(last) == list(range(6)), last
     assert last[3] == (5, "job.py:7 evaluate")
     assert all(last[r] == (6, "job.py:19 <module>") for r in (0, 1, 2, 4, 5)), last
+    # each node's dumps for torch's analyser, put into one folder, are read as one job's (issue 40 §4)
+    together = job.tmp / "frtrace"
+    together.mkdir()
+    for folder in logs.glob("xrun-collectives-*"):
+        if folder.is_dir():
+            for dump in folder.iterdir():
+                shutil.copy(dump, together / dump.name)
+    assert sorted(p.name for p in together.iterdir()) == [f"rank_{r}" for r in range(6)]
+    said = torchfrtrace(str(together))
+    assert "sequence number: 6" in said and "missing ranks: {3}" in said, said
     job.assert_clean()

@@ -38,6 +38,7 @@ from xrun.launch.output.streams import notice
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import full_text, merge, render
 from xrun.launch.spec import AgentOptions
+from xrun.launch.telemetry.frtrace import write_analyser_folder
 from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
@@ -210,11 +211,16 @@ class NodeDoctor:
             return reading
         text = json.dumps({"host": self.host, "ranks": {str(r): v for r, v in sorted(reading.full.items())}})
         try:
-            return replace(reading, full={}, file=write_dump_file(self.options.log_dir, text, kind="collectives",
-                                                                  suffix=".json"))
+            file = write_dump_file(self.options.log_dir, text, kind="collectives", suffix=".json")
         except OSError as err:
             notice(self.host, f"the ranks' full collective records not written: {err.strerror or err}")
             return replace(reading, full={})
+        try:
+            folder = write_analyser_folder(file, reading.full)
+        except OSError as err:
+            notice(self.host, f"the ranks' Flight Recorder dumps for torchfrtrace not written: {err.strerror or err}")
+            folder = None
+        return replace(reading, full={}, file=file, folder=folder)
 
     def _sample(self) -> None:
         """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""

@@ -100,6 +100,7 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         # and what they say compared (xrun.launch.result.collectiveview)
         "collectives": None if result.collectives is None else {
             "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file,
+            "torchfrtrace": result.collectives.folder,  # the same dumps for torch's analyser (telemetry.frtrace)
             "findings": find_hang(result.collectives.collectives).to_json()},
     }
 

@@ -43,6 +43,7 @@ class Reading:
     collectives: tuple[RankCollectives, ...]
     full: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # rank -> dump and stacks: node only
     file: str | None = None  # where ``full`` was written on this node, once it is
+    folder: str | None = None  # and the same dumps for torch's analyser, one per rank (xrun.launch.telemetry.frtrace)
     at_exit: tuple[int, ...] = ()  # ranks read from what they left at their exit (their socket was gone)
     no_group: frozenset[int] = frozenset()  # ranks known to have had no process group (never served, or none made)
 
@@ -59,8 +60,9 @@ class Reading:
             problems = sorted({c.problem for c in self.collectives if c.problem})
             return f"no collective records from the ranks: {problems[0] if problems else 'nothing was recorded'}"
         left = f", {len(self.at_exit)} of them as left at their exit" if self.at_exit else ""
+        analyser = f"; torchfrtrace reads {self.folder}" if self.folder is not None else ""
         return (f"collective records of {len(recorded)} of {len(self.collectives)} ranks (torch's Flight Recorder"
-                f"{left}) in {self.file}")
+                f"{left}) in {self.file}{analyser}")
 
     def report(self, dump_id: int | str) -> CollectivesReport:
         """The part that crosses the channel: the records and where the full answers are on the node."""
