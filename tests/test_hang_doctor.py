@@ -46,8 +46,9 @@ from xrun.launch.doctor.stackdump import (
 )
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
+from xrun.launch.ranks.supervise import DumpTarget
 from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
+from xrun.launch.result.stacks import Frame, RankStack, ThreadStack
 from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.runner.job.config import JobConfig

@@ -42,9 +42,8 @@ from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
     from xrun.launch.doctor.background import InBackground
-    from xrun.launch.ranks.supervise import RankGroup
+    from xrun.launch.ranks.supervise import DumpTarget, RankGroup
     from xrun.launch.result.outcome import RankOutcome
-    from xrun.launch.result.stacks import DumpTarget
     from xrun.launch.telemetry.endpoints import Endpoints
     from xrun.launch.telemetry.records import EntryTimes
 
