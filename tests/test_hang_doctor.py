@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import pytest
 from hypothesis import given
@@ -33,7 +34,14 @@ from xrun.channel import Kind, message
 from xrun.errors import XrunError
 from xrun.launch.agent_cli import parse_agent_argv
 from xrun.launch.command import agent_argv
-from xrun.launch.doctor.node_doctor import SAMPLE_EVERY, QuietWatch, Silence, until_the_next_sample
+from xrun.launch.doctor.node_doctor import (
+    READERS_AFTER,
+    SAMPLE_EVERY,
+    NodeDoctor,
+    QuietWatch,
+    Silence,
+    until_the_next_sample,
+)
 from xrun.launch.doctor.stackdump import (
     EXITED,
     PTRACE_HINT,
@@ -46,8 +54,10 @@ from xrun.launch.doctor.stackdump import (
 )
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.rankplan import LaunchOptions
+from xrun.launch.ranks.plugins import Plugins
+from xrun.launch.ranks.supervise import DumpTarget
 from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
+from xrun.launch.result.stacks import Frame, RankStack, ThreadStack
 from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
 from xrun.launch.spec import AgentOptions, HangAction
 from xrun.runner.job.config import JobConfig
@@ -206,6 +216,22 @@ def test_quiet_watch_reports_one_silence_and_its_end():
     assert QuietWatch(0.4, now=0).interval == 0.1
 
 
+@pytest.mark.parametrize("failure_stacks", [True, False])
+def test_the_doctor_loads_its_readers_half_a_second_into_a_run_not_at_its_start(failure_stacks, monkeypatch):
+    # issue 38: nothing reads a rank at a fan-out's start; a run that lasts loads the readers before a failure's
+    # stop would wait for them (--failure_stacks), and without that, at the first dump or sample only
+    group = types.SimpleNamespace(plugins=Plugins())
+    doctor = NodeDoctor("h", AgentOptions(failure_stacks=failure_stacks))
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    doctor.attach(group)
+    assert doctor._dumps is None and group.plugins.timers.timeout(None) == (READERS_AFTER if failure_stacks else None)
+    clock[0] += READERS_AFTER
+    group.plugins.timers.run()
+    assert (doctor._dumps is not None) is failure_stacks
+    assert group.plugins.timers.timeout(None) is None  # loaded once; the timer is done
+
+
 def head(hang_timeout=None, action=HangAction.DUMP, tmp_path=None):
     return HeadDoctor(("a", "b", "c").__getitem__, hang_timeout=hang_timeout, hang_action=action,
                       log_dir=str(tmp_path) if tmp_path else None)
@@ -232,7 +258,7 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 
 
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
-    from xrun.launch.doctor.node_doctor import write_dump_file
+    from xrun.launch.doctor.dumps import write_dump_file
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # without --log_dir: the temporary directory
     monkeypatch.chdir(tmp_path / "..")  # never the working directory

@@ -183,6 +183,21 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
     assert out.strip() == "[]"
 
 
+def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
+    # issue 38: nothing reads a rank before its first sample, Ctrl-\, silence or failure; the hang doctor's dumps
+    # and telemetry's readers load then (xrun.launch.doctor.dumps), not at each of a fan-out's agents' start
+    code = (
+        "import sys\n"
+        "import xrun.launch.procs.posix, xrun.launch.session.main\n"  # what python -m xrun.launch --connect loads
+        "readers = ('xrun.launch.doctor.dumps', 'xrun.launch.doctor.stackdump', 'xrun.launch.telemetry.reads',\n"
+        "           'xrun.launch.telemetry.records', 'xrun.launch.telemetry.client', 'xrun.launch.result.stacks',\n"
+        "           'xrun.launch.result.stackview', 'xrun.launch.result.collectiveview', 'xrun.launch.result.stragglers')\n"
+        "print(sorted(m for m in readers if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "[]"
+
+
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
 # Each layer's units, lowest first: a unit may import (at module level, or for type checking) only units of a
 # lower or the same rank; function-level imports count the same (issue 30 §6). A folder is one unit; a top-level

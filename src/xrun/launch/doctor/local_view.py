@@ -1,11 +1,13 @@
 """The link of a node that is the whole job (the local backend, a stand-alone agent): it shows the merged stacks
 and the collectives' findings itself, acts on a hang (``--hang_action``) and scores its ranks' stragglers on one
-clock (xrun.launch.doctor.node_doctor has the doctor; under a head, the driver is the link and the head compares).
+clock (xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; under a head, the driver
+is the link and the head compares).
 """
 
 from __future__ import annotations
 
-from xrun.launch.doctor.node_doctor import Diagnosis, NodeDoctor, show_stacks
+from xrun.launch.doctor.dumps import Diagnosis, show_stacks
+from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.output.streams import notice
 from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores

@@ -9,9 +9,9 @@
 * at the first failure, before the others are stopped: their stacks within ``FAILURE_BUDGET`` seconds go into
   the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off);
 * with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
-  py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and a
-  link that scores stragglers (the head's: ``on_samples``) gets every ``SAMPLE_EVERY`` seconds the ranks'
-  entry times.
+  py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and
+  whoever scores stragglers gets every ``SAMPLE_EVERY`` seconds the ranks' entry times: a link that scores them
+  itself (``on_samples``), or the head, as ``entry_times`` messages (``send_samples``).
 
 The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local backend, a stand-alone
 agent) this node is the whole job: the doctor takes the stacks, prints the merged view
@@ -20,32 +20,31 @@ agent) this node is the whole job: the doctor takes the stacks, prints the merge
 (xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
 to the head, which alone sees every node, and ``dump`` answers the head's request. Where no stack can be taken
 (py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
+
+Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
+parsed and summed up, the stacks as data and their merged view, the worker thread) is
+``xrun.launch.doctor.dumps``, loaded at the first dump, sample or failure the doctor acts on, or ``READERS_AFTER``
+into a run with ``--failure_stacks``, so that a failure's stop does not wait for the import (issue 38: nothing reads
+a rank before its first sample; a fan-out's no-op ranks end before either).
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, ON_DEMAND_BUDGET, pyspy_path, stack_problem
-from xrun.launch.output.streams import notice
-from xrun.launch.result.stacks import RankStack
-from xrun.launch.result.stackview import full_text, merge, render
+from xrun.launch.doctor.pyspy import ON_DEMAND_BUDGET
 from xrun.launch.spec import AgentOptions
-from xrun.launch.telemetry.frtrace import write_analyser_folder
-from xrun.launch.telemetry.reads import RankReads, Reading
 
 if TYPE_CHECKING:
-    from xrun.launch.doctor.background import InBackground
+    from xrun.channel import Message
+    from xrun.launch.doctor.dumps import DumpDone, NodeDumps
     from xrun.launch.ranks.supervise import RankGroup
     from xrun.launch.result.outcome import RankOutcome
-    from xrun.launch.result.stacks import DumpTarget
     from xrun.launch.telemetry.endpoints import Endpoints
     from xrun.launch.telemetry.records import EntryTimes
 
@@ -54,7 +53,11 @@ _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be not
 # (xrun.launch.result.stragglers), 3 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-40 s
 # at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
-SAMPLE_BUDGET = 2.0  # a rank that has not answered by then sits this sample out
+# A rank group still running this long after its start is a job, not a fan-out's no-op ranks: with --failure_stacks
+# (the default) its readers are loaded then, in the loop's idle time, so that a failure's stop does not wait for
+# their import (a connected agent's stop of the survivors, no py-spy, 15 paired rounds: 5.9 -> 26.6 ms median when
+# they load at the failure); a job that ends sooner loads them only where it needs them (bench's failures: at 1 s)
+READERS_AFTER = 0.5
 
 
 def until_the_next_sample(wall_now: float) -> float:
@@ -63,19 +66,6 @@ def until_the_next_sample(wall_now: float) -> float:
     job enters more in a period than a buffer keeps (an FSDP job's hundreds a second)."""
     wait = SAMPLE_EVERY - wall_now % SAMPLE_EVERY
     return wait if wait >= SAMPLE_EVERY / 2 else wait + SAMPLE_EVERY
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """What a dump found: the ranks' stacks, or why there are none; their collective records (None: telemetry
-    is off)."""
-
-    stacks: Sequence[RankStack]
-    problem: str | None
-    reading: Reading | None = None
-
-
-DumpDone = Callable[[Diagnosis], None]
 
 
 class DoctorLink(Protocol):
@@ -127,13 +117,16 @@ class NodeDoctor:
         self.host = host
         self.options = options
         self._environ = environ
-        self._pyspy = pyspy_path(environ)
-        self._reads = RankReads(host, endpoints, world_size) if endpoints is not None else None
-        self._worker: InBackground | None = None  # dumps and samples: made at the first
+        self._endpoints = endpoints  # None: no telemetry, no records read and no straggler sample
+        self._world_size = world_size
+        self._dumps: NodeDumps | None = None  # made at the first dump, sample or failure (``_hands``)
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
-        self.on_samples: Callable[[list[EntryTimes]], None] | None = None  # a link that scores stragglers
+        # who scores the stragglers of the samples: a link that does it itself (this node is the whole job,
+        # xrun.launch.doctor.local_view), or a head, which they reach as ``entry_times`` messages through send_samples
+        self.on_samples: Callable[[list[EntryTimes]], None] | None = None
+        self.send_samples: Callable[[Message], None] | None = None
         # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
         self.link: DoctorLink | None = None
 
@@ -145,14 +138,16 @@ class NodeDoctor:
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
         if self.options.failure_stacks:
             group.plugins.before_failure_stop = self.take_stop_stacks
-        if self._reads is not None:
+            readers_at = time.monotonic() + READERS_AFTER
+            group.plugins.timers.add(lambda: readers_at if self._dumps is None else None, self._ready_for_a_failure)
+        if self._endpoints is not None:
             group.plugins.before_result = self._settle
             self._next_sample = time.monotonic() + until_the_next_sample(time.time())
-            group.plugins.timers.add(lambda: self._next_sample if self.on_samples is not None else None, self._sample)
+            group.plugins.timers.add(lambda: self._next_sample if self._scored() else None, self._sample)
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
+        if self._dumps is not None:
+            self._dumps.close()
 
     @property
     def group(self) -> RankGroup:
@@ -161,79 +156,34 @@ class NodeDoctor:
 
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
         """Take every live rank's stack (and collective records) in the background; ``on_done`` runs in the loop."""
-        targets, ranks = self.group.live_targets(), self.group.ranks
-        if not self._background().start(lambda: self._diagnose(targets, budget, ranks), on_done):
-            notice(self.host, "a stack dump is already running; this request is dropped")
+        self._hands().dump(on_done, budget)
 
-    def _background(self) -> InBackground:
-        """The background worker, made and watched by the loop at the first dump or sample."""
-        if self._worker is None:
-            from xrun.launch.doctor.background import InBackground  # lazy: a run that never dumps makes no thread
+    def _hands(self) -> NodeDumps:
+        """What reads the ranks (xrun.launch.doctor.dumps), made at the first dump, sample or failure."""
+        if self._dumps is None:
+            # Lazy (issue 38): py-spy's runner, the records' parsing and summaries, the stacks as data and their
+            # view, the worker thread: 12-17 ms of python -X importtime after the connected agent's own imports
+            # (median of 11), which nothing needs before a rank's first sample, Ctrl-\, silence or failure.
+            from xrun.launch.doctor.dumps import NodeDumps
 
-            self._worker = InBackground("xrun-doctor")
-            self.group.add_reader(self._worker, self._worker.ready)
-        return self._worker
+            self._dumps = NodeDumps(self.host, self.options, self.group, environ=self._environ,
+                                    endpoints=self._endpoints, world_size=self._world_size)
+        return self._dumps
 
-    def _diagnose(self, targets: Sequence[DumpTarget], budget: float, ranks: Sequence[int], *,
-                  keep: bool = False) -> Diagnosis:
-        """The stacks of the live ``targets`` with py-spy and, while its processes work, the collective records of
-        every rank of the node (blocking): an ended rank's are those it left at its exit. ``keep``: the records'
-        full answers are kept, not written yet (``_settle`` does, once the ranks have ended)."""
-        reading: Reading | None = None
+    def _ready_for_a_failure(self) -> None:
+        """``READERS_AFTER`` into the run: the readers, loaded before a failure's stop has to wait for them."""
+        self._hands()
 
-        def read() -> None:
-            nonlocal reading
-            if self._reads is not None and ranks:
-                live = [t.rank for t in targets]
-                found = self._reads.reading(live, budget, ended=[r for r in ranks if r not in live])
-                reading = found if keep else self._written(found)
-
-        problem = stack_problem(self.host, self._environ)
-        if not targets:
-            read()
-            return Diagnosis([], problem, reading)
-        if self._pyspy is None or problem is not None:
-            read()
-            return Diagnosis([], problem, reading)
-        # Lazy: py-spy's runner (threads, subprocess parsing) is some 7 ms of the agent's imports
-        # (python -X importtime); only a run that takes stacks loads it.
-        from xrun.launch.doctor.stackdump import dump_ranks
-
-        return Diagnosis(dump_ranks(self.host, targets, budget=budget, pyspy=self._pyspy, meanwhile=read), None,
-                         reading)
-
-    def _written(self, reading: Reading) -> Reading | None:
-        """The ranks' records, their full answers written to a file on this node (and left out of the result);
-        None when no rank had a process group: no collective to report (issue 37 §6)."""
-        if not reading.grouped:
-            return None
-        if not reading.full:
-            return reading
-        text = json.dumps({"host": self.host, "ranks": {str(r): v for r, v in sorted(reading.full.items())}})
-        try:
-            file = write_dump_file(self.options.log_dir, text, kind="collectives", suffix=".json")
-        except OSError as err:
-            notice(self.host, f"the ranks' full collective records not written: {err.strerror or err}")
-            return replace(reading, full={})
-        try:
-            folder = write_analyser_folder(file, reading.full)
-        except OSError as err:
-            notice(self.host, f"the ranks' Flight Recorder dumps for torchfrtrace not written: {err.strerror or err}")
-            folder = None
-        return replace(reading, full={}, file=file, folder=folder)
+    def _scored(self) -> bool:
+        return self.on_samples is not None or self.send_samples is not None
 
     def _sample(self) -> None:
         """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""
         self._next_sample = time.monotonic() + until_the_next_sample(time.time())
-        reads = self._reads
-        if reads is None or self.group.stopping:
+        if self._endpoints is None or self.group.stopping:
             return
         ranks = [t.rank for t in self.group.live_targets()]
-        self._background().start(lambda: reads.sample(ranks, SAMPLE_BUDGET), self._sampled)
-
-    def _sampled(self, samples: list[EntryTimes]) -> None:
-        if samples and self.on_samples is not None and not self.group.stopping:
-            self.on_samples(samples)
+        self._hands().sample(ranks, score=self.on_samples, send=self.send_samples)
 
     def take_stop_stacks(self) -> None:
         """The live ranks' stacks (and collective records), now and within FAILURE_BUDGET (blocking: they are about
@@ -241,31 +191,13 @@ class NodeDoctor:
         group = self.group
         if not self.options.failure_stacks or group.stacks or group.stopping:
             return
-        targets = group.live_targets()
-        found = self._diagnose(targets, FAILURE_BUDGET, group.ranks, keep=True)
-        group.collectives = found.reading  # the ended ranks' too, what they left at their exit; settled at the end
-        if not targets:
-            return
-        if found.problem is not None or self._pyspy is None:  # the report's view says why, in one line
-            why = found.problem or "py-spy is missing"
-            group.stacks = tuple(RankStack(self.host, t.rank, t.local_rank, t.pid, error=why) for t in targets)
-            return
-        # a rank that ended on its own meanwhile was not part of the failure: its missing stack is no news
-        group.stacks = tuple(s for s in found.stacks if s.error != EXITED)
+        self._hands().stop_stacks()
 
     def _settle(self, outcomes: Sequence[RankOutcome]) -> None:
-        """Once every rank has ended: the failure's reading (taken before the stop, not written yet) with the last
-        word of each rank that exited on its own, what it left at its exit, then written (issue 37 §2).
-
-        When gloo's timeout fails every rank waiting in a collective at once, the agent reads them while they fail:
-        one still answers, its collective retired by gloo as if done, one has just taken its socket away. What each
-        left at its exit says which collective it died in (``records.with_failure``); a rank xrun stopped keeps
-        what it said before the stop (where it was, not where the stop found it)."""
-        reading, reads = self.group.collectives, self._reads
-        if reading is None or reading.file is not None or reads is None:
-            return
-        ended = [o.rank for o in outcomes if o.started and not o.stopped_by_xrun]
-        self.group.collectives = self._written(reads.settle(reading, ended))
+        """Once every rank has ended: the failure's reading, settled and written (``NodeDumps.settle``); nothing to
+        do where no reading was taken."""
+        if self.group.collectives is not None:
+            self._hands().settle(outcomes)
 
     def _link(self) -> DoctorLink:
         assert self.link is not None, "a doctor's link is set before its group runs (xrun.launch.agent)"
@@ -283,39 +215,3 @@ class NodeDoctor:
             self._link().quiet(now - self._watch.last_output)
         elif change is Silence.SPOKE:
             self._link().spoke()
-
-
-def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:
-    """The lines that show a dump: the headline naming the file with the full dumps, then the merged view.
-    Writes that file (under ``log_dir``, else the working directory)."""
-    if problem is not None:
-        return [problem]
-    if not stacks:
-        return [f"{reason}: no rank is running, no stacks to take"]
-    try:
-        path = write_dump_file(log_dir, full_text(stacks, title=f"xrun: stacks of {len(stacks)} ranks ({reason})"))
-        where = f"full dumps in {path}"
-    except OSError as err:
-        where = f"full dumps not written: {err.strerror or err}"
-    lines = [f"{reason}: stacks of {len(stacks)} rank{'s' if len(stacks) != 1 else ''}, outliers first; {where}"]
-    return lines + [f"  {line}" for line in render(merge(stacks))]
-
-
-def write_dump_file(log_dir: str | None, text: str, *, kind: str = "stacks", suffix: str = ".txt") -> str:
-    """``{log_dir or the temporary directory}/xrun-{kind}-YYYYmmdd-HHMMSS-<random>{suffix}``, mode 0600; returns its
-    absolute path (the lines that announce it name it).
-
-    Never the working directory: a job without ``--log_dir`` is not asked to leave files where it was started.
-    Stacks and collective records show what the ranks hold (arguments, paths, tensor shapes): the file is
-    readable by its owner only, and made with ``mkstemp`` (O_CREAT|O_EXCL|O_NOFOLLOW, a name nobody can guess
-    ahead), so a link another user put in a shared directory such as ``/tmp`` is never followed (issue 22 §6)."""
-    import tempfile  # lazy: it loads random and shutil, needed only when a dump is written
-
-    directory = os.path.abspath(log_dir if log_dir is not None else tempfile.gettempdir())
-    os.makedirs(directory, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
-
-    fd, path = tempfile.mkstemp(prefix=f"xrun-{kind}-{stamp}-", suffix=suffix, dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path

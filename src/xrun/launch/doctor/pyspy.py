@@ -1,6 +1,6 @@
-"""Where py-spy is, and why no stack can be taken on a node: what a node agent checks at every start, kept apart
-from ``xrun.launch.doctor.stackdump`` (subprocess, threads, the stacks as data), which is loaded only when a
-dump is taken (issue 25 §4: the agent's start path)."""
+"""Where py-spy is, and why no stack can be taken on a node (checked by xrun.launch.doctor.dumps when the doctor
+first acts), and the budgets of a dump, which the node doctor every agent loads at its start needs: kept apart from
+``xrun.launch.doctor.stackdump`` (subprocess, threads, the stacks as data) (issue 25 §4: the agent's start path)."""
 
 from __future__ import annotations
 

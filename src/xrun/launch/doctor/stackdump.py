@@ -34,7 +34,8 @@ from xrun.launch.doctor.pyspy import PYSPY_ENV as PYSPY_ENV
 from xrun.launch.doctor.pyspy import pyspy_path as pyspy_path
 from xrun.launch.doctor.pyspy import stack_problem as stack_problem
 from xrun.launch.procs.proctable import read_proc
-from xrun.launch.result.stacks import DumpTarget, Frame, RankStack, ThreadStack
+from xrun.launch.ranks.supervise import DumpTarget
+from xrun.launch.result.stacks import Frame, RankStack, ThreadStack
 
 _PRELOAD = os.path.dirname(os.path.abspath(preload.__file__))
 

@@ -27,11 +27,9 @@ from xrun.launch.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
 from xrun.launch.output.streams import notice
 from xrun.launch.output.writer import writer
 from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.collectiveview import find_hang, view_lines
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
-from xrun.launch.result.stackview import merge, render
 from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.printable import each_line, one_line
 
@@ -69,12 +67,7 @@ def format_failure_report(result: NodeResult) -> str:
     if ok:
         lines.append(f"  {ok} rank{'s' if ok != 1 else ''} exited with code 0")
     lines.extend(table_lines([RankFigures.of(o) for o in result.outcomes]))
-    if result.stacks:
-        lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
-        lines.extend(f"    {line}" for line in render(merge(result.stacks)))
-    if result.collectives is not None:
-        lines.extend(f"  {line}" for line in view_lines(find_hang(result.collectives.collectives)))
-        lines.append(f"  {result.collectives.line()}")
+    lines.extend(_taken_before_the_stop(result)[0])
     if root is not None:
         if root.error is not None:
             lines.extend(f"  {line}" for line in error_lines(root.rank, root.error))
@@ -101,8 +94,31 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "collectives": None if result.collectives is None else {
             "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file,
             "torchfrtrace": result.collectives.folder,  # the same dumps for torch's analyser (telemetry.frtrace)
-            "findings": find_hang(result.collectives.collectives).to_json()},
+            "findings": _taken_before_the_stop(result)[1]},
     }
+
+
+def _taken_before_the_stop(result: NodeResult) -> tuple[list[str], dict[str, Any] | None]:
+    """What the hang doctor took before the stop: the report's lines (the ranks' stacks merged, outliers first;
+    what their collective records say compared, and where the full records are) and the records' findings for
+    ``failure.json`` (None: no records were read)."""
+    if not result.stacks and result.collectives is None:
+        return [], None
+    # Lazy (issue 38): the merged view and the comparison are 5 ms of python -X importtime where the doctor's dumps
+    # are loaded, 13 ms with the records and stacks they load where not (median of 11); only a result the hang doctor
+    # took something for needs them, and the doctor that took it has loaded the rest.
+    from xrun.launch.result import collectiveview, stackview
+
+    lines = []
+    if result.stacks:
+        lines.append(f"  stacks of {len(result.stacks)} rank(s) taken before the stop, outliers first:")
+        lines.extend(f"    {line}" for line in stackview.render(stackview.merge(result.stacks)))
+    if result.collectives is None:
+        return lines, None
+    findings = collectiveview.find_hang(result.collectives.collectives)
+    lines.extend(f"  {line}" for line in collectiveview.view_lines(findings))
+    lines.append(f"  {result.collectives.line()}")
+    return lines, findings.to_json()
 
 
 def write_failure_json(path: str, result: NodeResult) -> None:

@@ -25,13 +25,6 @@ class ThreadStack:
 
 
 @dataclass(frozen=True)
-class DumpTarget:
-    rank: int
-    local_rank: int
-    pid: int
-
-
-@dataclass(frozen=True)
 class RankStack:
     """One rank's stack (its main thread first), or why there is none."""
 

@@ -42,7 +42,6 @@ from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, m
 from xrun.channel.link import Credentials, Link
 from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
-from xrun.launch.doctor.node_doctor import Diagnosis, NodeDoctor
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.output.consoleroute import Route, routed
 from xrun.launch.output.status import PlainStatus, make_status, say
@@ -78,11 +77,12 @@ from xrun.launch.session.events import (
     Tick,
 )
 from xrun.launch.session.machine import AgentMachine
-from xrun.launch.telemetry.records import collectives_message, entry_times_message
 from xrun.net import master_port
 from xrun.printable import one_line
 
 if TYPE_CHECKING:
+    from xrun.launch.doctor.dumps import Diagnosis
+    from xrun.launch.doctor.node_doctor import NodeDoctor
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.session.pod import PodNode
     from xrun.launch.spec import NodeSpec
@@ -332,16 +332,18 @@ class Driver:
         self._group.request_stop(action.signum, action.reason)
 
     def _dump(self, dump_id: int | str) -> None:
+        if self._doctor is None:  # --elastic: torch's agent owns the workers
+            self._send(message(Kind.STACKS, id=dump_id, stacks=[],
+                               problem=f"no stacks from {socket.gethostname()}: not taken under --elastic"))
+            return
+
         def answer(found: Diagnosis) -> None:
             if found.reading is not None:  # the ranks' collective records, the same id, first (issue 31)
-                self._send(collectives_message(found.reading.report(dump_id)))
+                self._send(found.reading.message(dump_id))
             self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in found.stacks],
                                problem=found.problem))
 
-        if self._doctor is None:  # --elastic: torch's agent owns the workers
-            answer(Diagnosis([], f"no stacks from {socket.gethostname()}: not taken under --elastic"))
-        else:
-            self._doctor.dump(answer)
+        self._doctor.dump(answer)
 
     # -- an attempt: the rank group's link to the runner (xrun.launch.agent.AgentHooks, DoctorLink) ------------
 
@@ -369,7 +371,7 @@ class Driver:
         self._group, self._doctor = group, doctor
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
-            doctor.on_samples = lambda samples: self._send(entry_times_message(samples))  # stragglers (issue 31)
+            doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()
         self._send(message(Kind.STARTED))
@@ -394,7 +396,7 @@ class Driver:
 
     def on_result(self, result: NodeResult) -> None:
         if result.collectives is not None:  # first: the stacks complete the node's answer (issue 31)
-            self._send(collectives_message(result.collectives.report(STOP_STACKS)))
+            self._send(result.collectives.message(STOP_STACKS))
         if result.stacks:  # taken before the stop: the head merges every node's into its failure report
             self._send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
         root = result.root_cause.rank if result.root_cause is not None else None

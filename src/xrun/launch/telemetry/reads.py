@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xrun.launch.telemetry.client import ENDPOINT_GONE, MAX_BODY, NO_ENDPOINT, Reply, ask
 from xrun.launch.telemetry.endpoints import Endpoints
@@ -24,6 +24,7 @@ from xrun.launch.telemetry.records import (
     EntrySampler,
     EntryTimes,
     RankCollectives,
+    collectives_message,
     parse_dump,
     parse_left_records,
     picked_per_sample,
@@ -31,6 +32,9 @@ from xrun.launch.telemetry.records import (
     where_from_traceback,
     with_failure,
 )
+
+if TYPE_CHECKING:
+    from xrun.channel import Message
 
 FLIGHT_RECORDER = "fr_trace_json"
 TRACEBACK = "dump_traceback"  # every thread's Python stack, taken inside the rank (it needs the GIL)
@@ -64,9 +68,10 @@ class Reading:
         return (f"collective records of {len(recorded)} of {len(self.collectives)} ranks (torch's Flight Recorder"
                 f"{left}) in {self.file}{analyser}")
 
-    def report(self, dump_id: int | str) -> CollectivesReport:
-        """The part that crosses the channel: the records and where the full answers are on the node."""
-        return CollectivesReport(dump_id, self.collectives, self.file)
+    def message(self, dump_id: int | str) -> Message:
+        """The part that crosses the channel, as the ``collectives`` message of the dump ``dump_id``: the records and
+        where the full answers are on the node."""
+        return collectives_message(CollectivesReport(dump_id, self.collectives, self.file))
 
 
 class RankReads:

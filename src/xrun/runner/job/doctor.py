@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
-from xrun.launch.doctor.node_doctor import show_stacks
+from xrun.launch.doctor.dumps import show_stacks
 from xrun.launch.doctor.stackdump import ON_DEMAND_BUDGET
 from xrun.launch.result.collectiveview import HangFindings, find_hang, view_lines
 from xrun.launch.result.stacks import RankStack
