@@ -268,6 +268,45 @@ def test_a_gloo_job_of_4_ranks_meets_through_the_agent_store(store):
     assert any(key.startswith(b"/default_pg/") for key in keys) and not any(b"attempt_" in key for key in keys)
 
 
+# -- the agent hosts it: a local xrun job, restarted -------------------------------------------------------------
+
+ATTEMPTS = textwrap.dedent(
+    """
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+
+    attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=30))
+    print("leftover", attempt, rank, store.check(["from_attempt_0"]), flush=True)
+    if attempt == 0:
+        store.barrier("checked", 2)
+        if rank == 0:
+            store.set("from_attempt_0", b"stale address")
+            time.sleep(60)  # stopped when rank 1 fails
+        store.wait(["from_attempt_0"])
+        sys.exit(3)
+    dist.init_process_group("gloo", init_method="env://")
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    print("sum", attempt, rank, int(value.item()), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path):
+    script = tmp_path / "attempts.py"
+    script.write_text(ATTEMPTS)
+    done = subprocess.run([sys.executable, "-m", "xrun", "--num_gpus", "2", "--no_local_rank", "--max_restarts", "1",
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] " in line)
+    assert said == ["leftover 0 0 False", "leftover 0 1 False", "leftover 1 0 False", "leftover 1 1 False",
+                    "sum 1 0 3", "sum 1 1 3"]
+
+
 # -- the server's life ---------------------------------------------------------------------------------------------
 
 
