@@ -21,7 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from xrun.errors import PortBusyError
+from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.launch.spec import ElasticOptions, NodeSpec
 from xrun.launch.store import Limits, StoreServer
+from xrun.launch.store.agent_store import agent_store, store_port
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import (
     MAX_KEY_BYTES,
@@ -305,6 +309,37 @@ def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path):
     said = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] " in line)
     assert said == ["leftover 0 0 False", "leftover 0 1 False", "leftover 1 0 False", "leftover 1 1 False",
                     "sum 1 0 3", "sum 1 1 3"]
+
+
+def node_spec(node_rank: int, port: int, **fields) -> NodeSpec:
+    world = {"a": (0, 1), "b": (0, 1)}
+    ranks = node_ranks(world, node_rank, Rendezvous("127.0.0.1", port, "job"), LaunchOptions(python="py"), "t.py", ())
+    return NodeSpec(["a", "b"][node_rank], node_rank, ranks, **fields)
+
+
+def test_only_the_node_of_rank_0_hosts_a_store_and_only_on_the_static_path():
+    assert all(r.env["TORCHELASTIC_USE_AGENT_STORE"] == "True" for r in node_spec(1, 1234).ranks)
+    assert store_port(node_spec(0, 1234)) == 1234
+    assert store_port(node_spec(1, 1234)) is None
+    assert store_port(node_spec(0, 1234, elastic=ElasticOptions())) is None  # torch's agent decides
+    with agent_store(node_spec(1, 1234)) as none:
+        assert none is None
+
+
+def test_the_agent_store_is_up_inside_its_block_and_gone_after():
+    port = free_port("127.0.0.1")
+    with agent_store(node_spec(0, port)) as server:
+        assert server is not None and server.port == port
+        roundtrip(port, b"inside")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_a_store_port_taken_meanwhile_is_port_busy():
+    with StoreServer("", free_port("127.0.0.1")) as holder:
+        with pytest.raises(PortBusyError, match=f"port {holder.port} is already in use on a"):
+            with agent_store(node_spec(0, holder.port)):
+                pass
 
 
 # -- the server's life ---------------------------------------------------------------------------------------------
