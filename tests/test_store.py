@@ -459,6 +459,28 @@ def test_connections_past_the_bound_are_closed():
         assert second.get(b"/k") == b"v"
 
 
+def test_requests_in_progress_are_bounded_all_together():
+    with StoreServer("", free_port("127.0.0.1"), limits=Limits(max_pending_bytes=1 << 20)) as server:
+        halves = [Raw(server.port) for _ in range(3)]
+        for half in halves:  # each under the bound for one request, together over the bound for all
+            half.send(bytes([Query.SET]), s(b"/half"), u64(1 << 20), b"x" * 400_000)
+        assert sum(half.closed(within=1) for half in halves) == 1
+        roundtrip(server.port, b"fits")
+
+
+def test_keys_waited_for_are_bounded_all_together():
+    table = validated_table(1, 2)
+    table._max_waits = 3
+    answers_of(table, 1, Query.WAIT, [b"a", b"b"])
+    with pytest.raises(Refused, match="over 3 keys waited for"):
+        answers_of(table, 2, Query.WAIT, [b"c", b"d"])
+    answers_of(table, 2, Query.SET, [b"a"], [b"1"])  # one of connection 1's keys arrived: room for one more
+    assert answers_of(table, 2, Query.WAIT, [b"c"]) == []
+    table.forget(1)
+    table.forget(2)
+    assert table._waits == 0
+
+
 def test_a_full_store_refuses_the_writer_only():
     with StoreServer("", free_port("127.0.0.1"), limits=Limits(max_store_bytes=4096)) as server:
         hog = Raw(server.port)

@@ -7,9 +7,10 @@ job's attempt gets a new one (torch's ``TORCHELASTIC_USE_AGENT_STORE`` contract;
 The socket is open to anyone who can reach the port, as torch's own store is, so a connection costs only itself:
 a request over its bounds (``wire.py``), one the table refuses (``table.py``), bytes that are no request, or an
 exception of any kind closes that connection and nothing else. Memory is bounded: a request in progress by
-``max_request_bytes``, the store by ``max_store_bytes``, an answer by ``max_answer_bytes``, connections by
-``max_connections``; a client that does not read its answers stops being read once its unsent answers pass
-``out_high_water``, and every client once all unsent answers together pass ``max_unsent_bytes``.
+``max_request_bytes`` (all of them together by ``max_pending_bytes``), the store by ``max_store_bytes``, an
+answer by ``max_answer_bytes``, the keys waited for by ``max_waits``, connections by ``max_connections``. A
+client that does not read its answers stops being read once its unsent answers pass ``out_high_water``, and
+every client once all unsent answers together pass ``max_unsent_bytes``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Limits:
     max_connections: int = 65536
     max_store_bytes: int = 1 << 30
     max_request_bytes: int = 4 * MAX_VALUE_BYTES + 8 * MAX_KEYS  # a MULTI_SET of a few large values
+    max_pending_bytes: int = 256 << 20  # requests in progress, all connections together
+    max_waits: int = 1 << 20  # keys waited for, all connections together
     max_answer_bytes: int = 64 << 20
     out_high_water: int = 1 << 20
     max_unsent_bytes: int = 256 << 20
@@ -48,6 +51,7 @@ class _Conn:
     reader: Reader = field(default_factory=Reader)
     out: bytearray = field(default_factory=bytearray)
     events: int = selectors.EVENT_READ
+    pending: int = 0  # its reader's bytes, as counted in the server's total
 
 
 class StoreServer:
@@ -55,7 +59,8 @@ class StoreServer:
 
     def __init__(self, host: str, port: int, *, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self._table = Table(max_bytes=self.limits.max_store_bytes, max_answer=self.limits.max_answer_bytes)
+        self._table = Table(max_bytes=self.limits.max_store_bytes, max_answer=self.limits.max_answer_bytes,
+                            max_waits=self.limits.max_waits)
         self._listener = _listen(host, port)
         self.port: int = self._listener.getsockname()[1]
         self._selector = selectors.DefaultSelector()
@@ -67,6 +72,7 @@ class StoreServer:
         self._conns: dict[int, _Conn] = {}
         self._next_ident = 0
         self._unsent = 0
+        self._pending = 0  # bytes of requests read and not yet served, all connections together
         self._paused: set[int] = set()  # connections not read until their answers (or everyone's) drain
         self._listener_back_at: float | None = None  # resting after EMFILE: listening again at
         self._closing = threading.Event()
@@ -188,6 +194,7 @@ class StoreServer:
         self._table.forget(conn.ident)
         self._paused.discard(conn.ident)
         self._unsent -= len(conn.out)
+        self._pending -= conn.pending
         if conn.events:
             self._selector.unregister(conn.sock)
         conn.sock.close()
@@ -220,8 +227,10 @@ class StoreServer:
                 self._send(ident, data)
             if conn.ident not in self._conns:
                 return  # its own answer could not be sent
-        if conn.reader.pending > self.limits.max_request_bytes:
-            self._drop(conn)
+        self._pending += conn.reader.pending - conn.pending
+        conn.pending = conn.reader.pending
+        if conn.pending > self.limits.max_request_bytes or self._pending > self.limits.max_pending_bytes:
+            self._drop(conn)  # the one whose request would pass the bound
             return
         if self._over(conn):
             self._paused.add(conn.ident)

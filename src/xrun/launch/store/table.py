@@ -42,8 +42,10 @@ class Refused(Exception):
 class Table:
     """The keys, the queues, and the connections waiting for keys."""
 
-    def __init__(self, *, max_bytes: int, max_answer: int) -> None:
+    def __init__(self, *, max_bytes: int, max_answer: int, max_waits: int = 1 << 20) -> None:
         self._max_bytes = max_bytes
+        self._max_waits = max_waits  # (connection, key) pairs waited for, all connections together
+        self._waits = 0
         self._max_answer = max_answer
         self._size = 0
         self._values: dict[bytes, bytes] = {}
@@ -223,12 +225,17 @@ class Table:
             raise Refused(f"an answer of {size} bytes (at most {self._max_answer})")
 
     def _await(self, conn: int, keys: set[bytes]) -> None:
+        if self._waits + len(keys) > self._max_waits:
+            raise Refused(f"over {self._max_waits} keys waited for")
+        self._waits += len(keys)
         self._awaiting[conn] = keys
         for key in keys:
             self._waiters.setdefault(key, {})[conn] = None
 
     def _clear_wait(self, conn: int) -> None:
-        for key in self._awaiting.pop(conn, ()):
+        keys = self._awaiting.pop(conn, set())
+        self._waits -= len(keys)
+        for key in keys:
             waiting = self._waiters[key]
             del waiting[conn]
             if not waiting:
@@ -237,6 +244,7 @@ class Table:
     def _arrived(self, conn: int, key: bytes) -> list[Answer]:
         keys = self._awaiting[conn]
         keys.discard(key)
+        self._waits -= 1
         if keys:
             return []
         del self._awaiting[conn]
