@@ -500,7 +500,7 @@ def test_fuzzed_bytes_never_disturb_a_good_client(store, noise, validated, leave
     good.close()
     if not leave_open:
         bad.close()
-    assert store._thread is not None and store._thread.is_alive()
+    assert store._thread is not None and store._thread.is_alive() and store.loop_error is None
 
 
 # -- the wire and the table, pure ----------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class StoreServer:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.loop_error: Exception | None = None  # the last error the loop itself met (never one of a connection's)
 
     # -- life -----------------------------------------------------------------------------------------------------
 
@@ -113,7 +114,11 @@ class StoreServer:
     def _run(self) -> None:
         try:
             while not self._closing.is_set():
-                self._turn()
+                try:
+                    self._turn()
+                except Exception as err:  # noqa: BLE001 - each connection's own errors end it in _serve; what is
+                    # left here is a bug of the loop's, and the ranks' store outlives it: kept, the next turn goes on
+                    self.loop_error = err
         finally:
             self._shutdown()
 
@@ -166,12 +171,16 @@ class StoreServer:
             if len(self._conns) >= self.limits.max_connections:
                 sock.close()
                 continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._next_ident += 1
-            conn = _Conn(sock, self._next_ident)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._next_ident += 1
+                conn = _Conn(sock, self._next_ident)
+                self._selector.register(sock, conn.events, conn)
+            except (OSError, ValueError):
+                sock.close()  # gone before it was served (a reset, a descriptor the selector refuses)
+                continue
             self._conns[conn.ident] = conn
-            self._selector.register(sock, conn.events, conn)
 
     def _rest_listener(self) -> None:
         # the pending connection stays in the backlog and the listener stays readable: not listening for a while
