@@ -211,7 +211,7 @@ POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.ru
 RANKS = {
     "xrun.launch": [
         {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
-         "xrun.launch.telemetry", "xrun.launch.preload"},
+         "xrun.launch.telemetry", "xrun.launch.preload", "xrun.launch.store"},
         {"xrun.launch.output"},
         {"xrun.launch.result"},
         {"xrun.launch.ranks"},

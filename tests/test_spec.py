@@ -87,6 +87,7 @@ def test_env_contract_node_1():
         "TORCHELASTIC_RUN_ID": "job-1",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
     assert ranks[2].argv == ("py", "-u", "train.py", "--local_rank=2", "--lr", "3e-4")
 

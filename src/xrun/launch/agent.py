@@ -1,10 +1,11 @@
 """The node agent: one NodeSpec in, supervised rank processes, one exit code out.
 
 Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding, a per-run directory of
-``TORCHELASTIC_ERROR_FILE``s) -> RankGroup (xrun.launch.ranks.supervise: own
-sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch) or, with ``--elastic``, torch's agent
-(xrun.launch.elastic.run) -> NodeResult -> the GPUs released (xrun.launch.ranks.gpu_release) -> report
-(xrun.launch.result.failure_report.conclude) -> exit code. Imports no torch; the elastic path loads only when asked for.
+``TORCHELASTIC_ERROR_FILE``s; on rank 0's node the attempt's store, xrun.launch.store) -> RankGroup
+(xrun.launch.ranks.supervise: own sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch)
+or, with ``--elastic``, torch's agent (xrun.launch.elastic.run) -> NodeResult -> the GPUs released
+(xrun.launch.ranks.gpu_release) -> report (xrun.launch.result.failure_report.conclude) -> exit code. Imports no
+torch; the elastic path loads only when asked for.
 
 With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
 ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
@@ -31,6 +32,7 @@ from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.result.failure_report import conclude
 from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.launch.spec import NodeSpec
+from xrun.launch.store.agent_store import agent_store
 from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
 
 if TYPE_CHECKING:
@@ -97,7 +99,8 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
     doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints, world_size=spec.world_size)
     try:
         # a kill -9 of this agent leaves no directory
-        with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])):
+        with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])), \
+                agent_store(spec):  # the node of rank 0: the attempt's own store, up before its ranks (issue 39)
             group = RankGroup(
                 rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),

@@ -204,6 +204,8 @@ def rank_env(
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": _number(max_restarts),
+        # rank 0's agent hosts the store at MASTER_PORT, a new one each attempt (xrun.launch.store; issue 39)
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
     })
     return env
 

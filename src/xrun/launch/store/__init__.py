@@ -1,0 +1,12 @@
+"""The store torchrun's agent gives its workers (issue 39 §1): a server of torch's c10d TCPStore protocol, in
+pure Python, so that ranks started with ``TORCHELASTIC_USE_AGENT_STORE=True`` (and any script that opens
+``TCPStore(MASTER_ADDR, MASTER_PORT, is_master=False)``) find a store at ``MASTER_ADDR:MASTER_PORT``.
+
+``wire`` (the requests and answers as bytes; pure), ``table`` (what the store holds and what each request does to
+it; pure), ``server`` (``StoreServer``: the selector loop on its own thread). Standard library only, no torch: it
+sits at the bottom of the node layer, beside ``procs``, and imports nothing of ``xrun`` but itself.
+"""
+
+from xrun.launch.store.server import Limits, StoreServer
+
+__all__ = ["Limits", "StoreServer"]
