@@ -25,7 +25,7 @@ from xrun.errors import PortBusyError
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.launch.spec import ElasticOptions, NodeSpec
 from xrun.launch.store import Limits, StoreServer
-from xrun.launch.store.agent_store import agent_store, store_port
+from xrun.launch.store.agent_store import agent_store, store_endpoint
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import (
     MAX_KEY_BYTES,
@@ -319,11 +319,41 @@ def node_spec(node_rank: int, port: int, **fields) -> NodeSpec:
 
 def test_only_the_node_of_rank_0_hosts_a_store_and_only_on_the_static_path():
     assert all(r.env["TORCHELASTIC_USE_AGENT_STORE"] == "True" for r in node_spec(1, 1234).ranks)
-    assert store_port(node_spec(0, 1234)) == 1234
-    assert store_port(node_spec(1, 1234)) is None
-    assert store_port(node_spec(0, 1234, elastic=ElasticOptions())) is None  # torch's agent decides
+    assert store_endpoint(node_spec(0, 1234)) == ("127.0.0.1", 1234)
+    assert store_endpoint(node_spec(1, 1234)) is None
+    assert store_endpoint(node_spec(0, 1234, elastic=ElasticOptions())) is None  # torch's agent decides
     with agent_store(node_spec(1, 1234)) as none:
         assert none is None
+
+
+@pytest.mark.parametrize(("master", "bound"), [("127.0.0.1", "127.0.0.1"), ("127.0.1.1", "127.0.1.1"), ("::1", "::1"),
+                                               ("10.1.2.3", ""), ("node0", ""), ("localhost", "")])
+def test_a_loopback_master_keeps_the_store_on_loopback_else_every_address(master, bound):
+    """A local run's ranks all reach 127.0.0.1: its store is not open to the network (torch's own listens on every
+    address); a master on the network, or a name, which may resolve to another address of this node than the
+    others reach, gets every address."""
+    world = {"a": (0, 1)}
+    ranks = node_ranks(world, 0, Rendezvous(master, 1234, "job"), LaunchOptions(python="py"), "t.py", ())
+    assert store_endpoint(NodeSpec("a", 0, ranks)) == (bound, 1234)
+
+
+def test_a_local_runs_store_cannot_be_reached_from_the_network():
+    port = free_port("127.0.0.1")
+    with agent_store(node_spec(0, port)) as server:
+        assert server is not None
+        roundtrip(port, b"loopback")
+        outside = [a for a in _addresses() if not a.startswith("127.")]
+        if not outside:
+            pytest.skip("this machine has no address besides loopback to try the store from")
+        for address in outside:  # this machine's own other addresses: not listening there
+            with pytest.raises(OSError):
+                socket.create_connection((address, port), timeout=2).close()
+
+
+def _addresses() -> list[str]:
+    """This machine's IPv4 addresses (``ip -4 -o addr``), loopback included."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
 
 
 def test_the_agent_store_is_up_inside_its_block_and_gone_after():

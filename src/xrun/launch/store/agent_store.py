@@ -10,6 +10,7 @@ Under ``--elastic`` torch's own agent decides (xrun.launch.elastic.run).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,27 +22,38 @@ from xrun.net import port_holder
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def store_port(spec: NodeSpec) -> int | None:
-    """The port of the store this node hosts: rank 0's ``MASTER_PORT`` where this node runs rank 0 and the
-    ranks are told to use the agent's store; None elsewhere."""
+def store_endpoint(spec: NodeSpec) -> tuple[str, int] | None:
+    """Where this node hosts the store: at rank 0's ``MASTER_PORT`` where this node runs rank 0 and the ranks are
+    told to use the agent's store (None elsewhere); on ``MASTER_ADDR`` alone when it is a loopback address (every
+    rank runs on this machine, as in a local run: nobody else need reach a store without authentication), else on
+    every address, as torch's own store listens (a master name may resolve to another of this node's addresses
+    here than on the other nodes)."""
     if spec.elastic is not None:
         return None
     for rank in spec.ranks:
         if rank.rank == 0 and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT"):
-            return int(rank.env["MASTER_PORT"])
+            return (_loopback_or_every(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
     return None
+
+
+def _loopback_or_every(master: str) -> str:
+    try:
+        return master if ipaddress.ip_address(master).is_loopback else ""
+    except ValueError:  # a name: it may resolve differently on each node
+        return ""
 
 
 @contextmanager
 def agent_store(spec: NodeSpec) -> Iterator[StoreServer | None]:
-    """The attempt's store, listening on every address at rank 0's ``MASTER_PORT`` (as torch's own store listens),
-    for the ``with`` block; None on a node that hosts none. A port taken meanwhile is ``PortBusyError``."""
-    port = store_port(spec)
-    if port is None:
+    """The attempt's store, listening where ``store_endpoint`` says, for the ``with`` block; None on a node that
+    hosts none. A port taken meanwhile is ``PortBusyError``."""
+    endpoint = store_endpoint(spec)
+    if endpoint is None:
         yield None
         return
+    host, port = endpoint
     try:
-        server = StoreServer("", port)
+        server = StoreServer(host, port)
     except OSError as err:
         raise PortBusyError(spec.host, port, port_holder(port)) from err
     with server.start():
