@@ -660,3 +660,36 @@ def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, mon
     monkeypatch.setattr(preflight.os, "mkdir", racing_mkdir)
     preflight.check_log_dir(str(target))
     assert target.is_dir()  # not ours to remove: the other agent's
+
+
+def test_a_log_dir_another_node_makes_and_removes_meanwhile_is_no_error(tmp_path, monkeypatch):
+    """CI saw it with pdsh (all agents at once): another agent's check made the directory and removed it again
+    between this agent's look and its mkdir; it was said to exist and not be a directory, and the job ended."""
+    from xrun.launch import preflight
+
+    target = tmp_path / "logs"
+    real_mkdir, raced = os.mkdir, []
+
+    def made_and_removed_meanwhile(path, *args):
+        if not raced:
+            raced.append(path)
+            raise FileExistsError(17, "File exists", path)  # it was there a moment ago, and is gone now
+        real_mkdir(path, *args)
+
+    monkeypatch.setattr(preflight.os, "mkdir", made_and_removed_meanwhile)
+    preflight.check_log_dir(str(target))
+    assert raced and not target.exists()  # made on the second try, then removed: the check leaves nothing
+
+
+def test_a_log_dir_that_is_a_file_or_a_dangling_link_is_named(tmp_path, monkeypatch):
+    from xrun.launch import preflight
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "alink").symlink_to(tmp_path / "nowhere")
+    for name in ("afile", "alink"):
+        with pytest.raises(XrunError, match=f"^--log_dir: '{name}' exists and is not a directory$"):
+            preflight.check_log_dir(name)
+    with pytest.raises(XrunError, match="^--log_dir: 'afile' exists and is not a directory$"):
+        preflight.check_log_dir("afile/run")  # an ancestor that is a file is named itself
+    assert (tmp_path / "afile").read_text() == "x" and not (tmp_path / "nowhere").exists()

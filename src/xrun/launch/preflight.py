@@ -219,7 +219,11 @@ def _is_this_python(python: str) -> bool:
 
 
 def check_log_dir(path: str) -> None:
-    """``path`` is (or can be made) a writable directory; what this creates to find out, it removes."""
+    """``path`` is (or can be made) a writable directory; what this creates to find out, it removes.
+
+    Every node's agent runs this at once on a shared filesystem, each making and removing what is missing: what a
+    path is gets decided by ``mkdir`` itself (``_made``), never by a look before it, which another agent's
+    directory, made or removed in between, would make wrong (a directory seen as "not a directory")."""
     if len(os.fsencode(os.path.abspath(path))) > _PATH_MAX - _LOG_FILE_ROOM:
         raise UsageError("--log_dir", f"{shown(path)} is too long for the log files under it "
                          f"(at most {_PATH_MAX - _LOG_FILE_ROOM} bytes)")
@@ -227,19 +231,12 @@ def check_log_dir(path: str) -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise UsageError("--log_dir", f"{shown(path)} is not writable")
         return
-    if os.path.lexists(path):
-        raise UsageError("--log_dir", f"{shown(path)} exists and is not a directory")
     missing = _missing_dirs(os.path.abspath(path))
     created: list[str] = []
     try:
         for directory in missing:
-            try:
-                os.mkdir(directory)
-            except FileExistsError:
-                if not os.path.isdir(directory):
-                    raise
-                continue  # another node's agent on a shared filesystem made it just now: not ours to remove
-            created.append(directory)
+            if _made(directory, shown(path if directory == missing[-1] else _as_typed(directory, path))):
+                created.append(directory)
     except OSError as err:
         reason = "path too long" if err.errno == errno.ENAMETOOLONG else err.strerror or str(err)
         raise UsageError("--log_dir", f"cannot create {shown(path)}: {reason}") from None
@@ -249,6 +246,31 @@ def check_log_dir(path: str) -> None:
                 os.rmdir(directory)
             except OSError:  # another agent's files are in it already, or it removed it: either way, leave it
                 pass
+
+
+def _as_typed(directory: str, path: str) -> str:
+    """An ancestor of ``path`` (absolute) as the user would name it: relative where ``path`` was."""
+    return directory if os.path.isabs(path) else os.path.relpath(directory)
+
+
+_MKDIR_TRIES = 5  # another node's agent may make and remove the same directory meanwhile, each time
+
+
+def _made(directory: str, named: str) -> bool:
+    """Make ``directory``: True if this call made it, False if it is one already (another node's agent made it
+    just now: not ours to remove). Something else by that name is a ``UsageError`` naming it as ``named``."""
+    for _ in range(_MKDIR_TRIES):
+        try:
+            os.mkdir(directory)
+            return True
+        except FileExistsError:
+            if os.path.isdir(directory):
+                return False
+            if os.path.lexists(directory):  # a file, or a link to nothing
+                raise UsageError("--log_dir", f"{named} exists and is not a directory") from None
+            # it was there at mkdir and is gone now: another agent removed what it had made; try again
+    os.mkdir(directory)  # the last try: what it raises is the caller's
+    return True
 
 
 def _missing_dirs(path: str) -> list[str]:
