@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,3 +73,13 @@ def run_xrun(*args, env=None, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL):
         timeout=timeout,
         stdin=stdin,
     )
+
+
+def eventually(condition, within: float = 5.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``within`` seconds pass (False)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -171,31 +171,27 @@ def test_no_cycle_of_any_kind_function_level_imports_counted():
     assert cycles(internal_graph(import_edges(), set(Level))) == []
 
 
+def loaded_by(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
+    check = f"import sys\n{code}\nprint(sorted(m for m in {modules!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    return ast.literal_eval(out.strip())
+
+
 def test_reading_every_backends_traits_loads_nothing_heavy():
-    code = (
-        "import sys\n"
-        "from xrun.runner.backends import backend_traits, known_backends\n"
-        "traits = {name: backend_traits(name) for name in known_backends()}\n"
-        "heavy = ('paramiko', 'psutil', 'rich', 'torch', 'xrun.runner.job.control_server')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out.strip() == "[]"
+    code = ("from xrun.runner.backends import backend_traits, known_backends\n"
+            "traits = {name: backend_traits(name) for name in known_backends()}")
+    assert loaded_by(code, ("paramiko", "psutil", "rich", "torch", "xrun.runner.job.control_server")) == []
 
 
 def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
     # issue 38: nothing reads a rank before its first sample, Ctrl-\, silence or failure; the hang doctor's dumps
     # and telemetry's readers load then (xrun.launch.doctor.dumps), not at each of a fan-out's agents' start
-    code = (
-        "import sys\n"
-        "import xrun.launch.procs.posix, xrun.launch.session.main\n"  # what python -m xrun.launch --connect loads
-        "readers = ('xrun.launch.doctor.dumps', 'xrun.launch.doctor.stackdump', 'xrun.launch.telemetry.reads',\n"
-        "           'xrun.launch.telemetry.records', 'xrun.launch.telemetry.client', 'xrun.launch.result.stacks',\n"
-        "           'xrun.launch.result.stackview', 'xrun.launch.result.collectiveview', 'xrun.launch.result.stragglers')\n"
-        "print(sorted(m for m in readers if m in sys.modules))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out.strip() == "[]"
+    readers = ("xrun.launch.doctor.dumps", "xrun.launch.doctor.stackdump", "xrun.launch.telemetry.reads",
+               "xrun.launch.telemetry.records", "xrun.launch.telemetry.client", "xrun.launch.result.stacks",
+               "xrun.launch.result.stackview", "xrun.launch.result.collectiveview", "xrun.launch.result.stragglers")
+    # what python -m xrun.launch --connect loads
+    assert loaded_by("import xrun.launch.procs.posix, xrun.launch.session.main", readers) == []
 
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import eventually
 from xrun.errors import PortBusyError
 from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.launch.spec import ElasticOptions, NodeSpec
@@ -101,15 +102,6 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def eventually(condition, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture

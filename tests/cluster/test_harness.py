@@ -7,11 +7,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import eventually
 
 from . import conftest, harness
 from .harness import Cluster, ClusterBusy
@@ -35,15 +36,6 @@ def _connects(address: str, port: int = 22, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def _wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # -- the shared cluster ------------------------------------------------------------------------------------------
@@ -126,7 +118,7 @@ def test_marked_process_started_over_ssh_is_found_on_its_node(cluster):
     marker = _marker()
     started = cluster.ssh("node3", f"{marker} nohup sleep 300 >/dev/null 2>&1 &")
     assert started.returncode == 0, started.stderr
-    assert _wait_for(lambda: len(cluster.processes_with_marker(marker)) == 1)
+    assert eventually(lambda: len(cluster.processes_with_marker(marker)) == 1)
     (pid,) = cluster.processes_with_marker(marker)
     assert pid in cluster.pids("node3")
     assert pid not in cluster.pids("node1")
@@ -136,7 +128,7 @@ def test_kill_node_kills_everything_on_it_and_revive_restarts_sshd(cluster):
     marker = _marker()
     sleeper = cluster.popen_on("node3", ["sleep", "300"], env=_env_with(marker))
     assert cluster.ssh("node3", f"{marker} nohup sleep 300 >/dev/null 2>&1 &").returncode == 0
-    assert _wait_for(lambda: len(cluster.processes_with_marker(marker)) == 2)
+    assert eventually(lambda: len(cluster.processes_with_marker(marker)) == 2)
 
     cluster.kill_node("node3")
 
