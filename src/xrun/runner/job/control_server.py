@@ -109,6 +109,7 @@ from xrun.runner.job.gate import Gate
 from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
@@ -152,6 +153,8 @@ class ControlServer:
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
         self._begin_attempt()
+        log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
+        self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic()) if log_dir else None
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -231,6 +234,9 @@ class ControlServer:
         try:
             with self.loop.owning(owned):
                 self.add_timer(self.console.next_deadline, lambda: self.console.flush(time.monotonic()))
+                record = self.record
+                if record is not None:
+                    self.add_timer(record.due, lambda: record.tick(time.monotonic(), self.stragglers))
                 sessions.register(self)
                 while not self._finished(sessions):
                     self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.doctor.deadline()])
@@ -250,7 +256,8 @@ class ControlServer:
             for line in self.doctor.stop_stack_lines():
                 say(line)
         log_dir = self.plan.request.options.log_dir
-        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json())
+        recorded = None if self.record is None else self.record.close(verdict, time.monotonic())
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
         findings = self.doctor.findings
         if verdict.exit_code != 0 and findings is not None and log_dir is not None:
             write_json(os.path.join(log_dir, "failure.json"), {
@@ -348,9 +355,13 @@ class ControlServer:
             elif kind == Kind.COLLECTIVES.value:
                 self.doctor.collectives(node, msg)
             elif kind == Kind.ENTRY_TIMES.value:
-                for line in self.stragglers.add(self._host(node), self.clocks.of(node), read_entry_times(msg)):
+                offset, samples = self.clocks.of(node), read_entry_times(msg)
+                lines = self.stragglers.add(self._host(node), offset, samples)
+                for line in lines:
                     self.status.line(line)
                 self.status.stragglers(self.stragglers.status(), now)
+                if self.record is not None:
+                    self.record.sampled(node, offset, samples, self.stragglers, changed=bool(lines), now=now)
             elif kind == Kind.PONG.value:
                 problem = fields_error(msg, PONG_FIELDS)
                 if problem is not None:
@@ -366,6 +377,8 @@ class ControlServer:
                 self.precheck.message(node, msg, now)
         except ValueError as err:
             raise ChannelError(f"{kind}: {err}") from None
+        if self.record is not None:
+            self.record.heard(node, msg, now)
         self.feed(agent_event(node, msg))
 
     def _closed(self, conn: Conn, reason: str) -> None:
@@ -392,7 +405,11 @@ class ControlServer:
         self.feeding = True
         try:
             while self.events:
-                for action in self.job.handle(self.events.popleft(), time.monotonic()):
+                event, now = self.events.popleft(), time.monotonic()
+                actions = self.job.handle(event, now)
+                if self.record is not None:
+                    self.record.fed(event, actions, now)
+                for action in actions:
                     self._carry_out(action)
         finally:
             self.feeding = False
@@ -503,7 +520,7 @@ class ControlServer:
                 for line in step.lines:
                     say(line)
             elif isinstance(step, Hang):
-                self.feed(Hung(step.reason, restart=step.restart))
+                self.feed(Hung(step.reason, restart=step.restart, root_cause=step.root_cause))
 
     def _running(self) -> list[int]:
         return [n.agent for n in self.job.nodes if n.state is NodeState.RUNNING and n.connected]

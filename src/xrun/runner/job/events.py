@@ -106,6 +106,7 @@ class Hung:
 
     reason: str
     restart: bool = False  # --hang_action restart: a failure like any other (with --max_restarts)
+    root_cause: str | None = None  # the hang doctor's: the collective held and the rank that never entered
 
 
 @dataclass(frozen=True)
