@@ -47,7 +47,8 @@ class EventsFile:
         self._lock = threading.Lock()  # the two counts below, shared with the thread
         self._lagged = 0  # lines in pieces dropped because the thread lagged BACKLOG_BYTES behind
         self._backlog = 0  # bytes handed to the thread, not yet written
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._gap = 0  # lines dropped since the last piece handed over: the next one carries the count
+        self._queue: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
         self.error: str | None = None  # the thread's failed open or write
         self._thread = threading.Thread(target=self._run, name="xrun-events", daemon=True)
         self._thread.start()
@@ -84,10 +85,13 @@ class EventsFile:
         piece, self._lines = b"".join(self._lines), []
         with self._lock:
             if self._backlog + len(piece) > self.backlog_bytes:
-                self._lagged += piece.count(b"\n")
+                lines = piece.count(b"\n")
+                self._lagged += lines
+                self._gap += lines
                 return
             self._backlog += len(piece)
-        self._queue.put(piece)
+        self._queue.put((self._gap, piece))
+        self._gap = 0
 
     def close(self, *, wait: float = CLOSE_WAIT) -> bool:
         """The last lines, and the thread's end awaited up to ``wait`` seconds; False: the disk did not finish."""
@@ -101,16 +105,13 @@ class EventsFile:
         self._lines.append(line)
 
     def _run(self) -> None:
-        said = 0  # lagged lines already said in a ``dropped`` line
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # the head need not run on a node
             with open(self.path, "ab", buffering=0) as out:
-                while (piece := self._queue.get()) is not None:
-                    with self._lock:
-                        lagged = self._lagged
-                    if lagged > said:  # where the gap is: a tool reading the file knows lines are missing here
-                        out.write(encode({"event": "dropped", "lines": lagged - said}))
-                        said = lagged
+                while (item := self._queue.get()) is not None:
+                    gap, piece = item
+                    if gap:  # where the gap is: a tool reading the file knows lines are missing here
+                        out.write(encode({"event": "dropped", "lines": gap}))
                     out.write(piece)
                     with self._lock:
                         self._backlog -= len(piece)
