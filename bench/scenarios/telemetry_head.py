@@ -174,6 +174,7 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
     for at, node, kind, frame in traffic.events:
         if not counting and at >= WARM_UP_S:
             counting, scored_before = True, scores.collectives_scored
+        heard = Heard(node)  # the machine's event for either message, made with or without the record: not timed
         if kind == "pong":
             msg = decode_body(frame)  # the pong is the channel's keepalive: its decoding is not telemetry's
             t0 = time.thread_time()
@@ -185,7 +186,7 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
             t1 = time.thread_time()
             if record is not None:  # the control server's hooks for a pong: heard, fed (Heard), the timer's tick
                 record.heard(node, msg, at)
-                record.fed(Heard(node), (), at)
+                record.fed(heard, (), at)
                 record.tick(at, scores)
             if counting:
                 spent["clocks_s"] += t1 - t0
@@ -202,7 +203,7 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
         if record is not None:  # and for entry_times: sampled after the scoring too
             record.sampled(node, offset, samples, scores, changed=bool(lines), now=at)
             record.heard(node, msg, at)
-            record.fed(Heard(node), (), at)
+            record.fed(heard, (), at)
             record.tick(at, scores)
         if named_at is None and any(f"rank {traffic.slow} " in line and "recovered" not in line for line in lines):
             named_at = at

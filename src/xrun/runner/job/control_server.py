@@ -27,7 +27,8 @@ doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here li
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
 xrun.launch.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay).
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
+(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest

@@ -30,6 +30,7 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Drop,
     Event,
+    Heard,
     Hung,
     RankExited,
     Ready,
@@ -46,6 +47,7 @@ from xrun.runner.plan import Plan
 
 EVENTS_FILE = "events.jsonl"
 SAMPLE_EVERY = 60.0  # seconds between samples: a week is 10,080 lines, a few hundred bytes each when healthy
+_STARTED, _RANK_EXITED = Kind.STARTED.value, Kind.RANK_EXITED.value  # the kinds ``heard`` reads, looked up once
 _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a failure's stop (a lost node too)
 
 
@@ -61,6 +63,7 @@ class JobRecord:
         self.goodput = Goodput()
         self.next_sample = now + SAMPLE_EVERY
         self.next_flush = now + FLUSH_EVERY
+        self._due = min(self.next_sample, self.next_flush)
         # what of the machine's history is already written (compared by identity after each event)
         self._failure: object = None
         self._attempts_over = 0
@@ -94,6 +97,8 @@ class JobRecord:
 
     def fed(self, event: Event, actions: Iterable[Action], now: float) -> None:
         """The machine took ``event`` at ``now`` and answered ``actions``."""
+        if type(event) is Heard:
+            return  # a pong or a sample (it is alive): the most frequent event by far, and nothing to write
         on_event = self._on_event.get(type(event))
         if on_event is not None:
             on_event(event, now)
@@ -122,6 +127,7 @@ class JobRecord:
             ending = job.attempts.ending.value if job.attempts.ending is not None else None
             self.put(now, "attempt_ended", {**attempt.to_json(), "ending": ending})
             self._lost.clear()
+            self._named = {}  # the next attempt's scores begin anew (the control server's ``_begin_attempt``)
         self._attempts_over = len(history)
 
     def _ready(self, event: Ready, now: float) -> None:
@@ -186,10 +192,10 @@ class JobRecord:
     def heard(self, node: int, msg: Message, now: float) -> None:
         """An admitted agent's message, before the machine's event: a node's ranks started, a rank's figures."""
         kind = msg.get("type")
-        if kind == Kind.STARTED.value:
+        if kind == _STARTED:
             self.write(now, "node_started", attempt=self.job.attempts.number, node=self._rank_of(node),
                        host=self._host(node))
-        elif kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
+        elif kind == _RANK_EXITED and msg.get("figures") is not None:
             figures = RankFigures.from_json(msg["figures"])
             self._figures[(node, figures.rank)] = figures
 
@@ -220,10 +226,13 @@ class JobRecord:
     # -- the loop's timer, and the end ---------------------------------------------------------------------------
 
     def due(self) -> float:
-        return min(self.next_sample, self.next_flush)
+        return self._due
 
     def tick(self, now: float, scores: StragglerScores) -> None:
-        """The periodic sample of the ranks' lateness, and the flush to the writing thread."""
+        """The periodic sample of the ranks' lateness, and the flush to the writing thread (called after every
+        wake-up of the loop: one comparison until one is due)."""
+        if now < self._due:
+            return
         if now >= self.next_sample:
             self.next_sample = now + SAMPLE_EVERY
             late = scores.late_now()
@@ -233,6 +242,7 @@ class JobRecord:
         if now >= self.next_flush:
             self.next_flush = now + FLUSH_EVERY
             self.file.flush()
+        self._due = min(self.next_sample, self.next_flush)
 
     def close(self, verdict: Verdict, now: float) -> dict[str, Any]:
         """The job's end line, the file's last write awaited; the goodput and the record's own figures, for
