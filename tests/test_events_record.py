@@ -36,6 +36,25 @@ def test_a_line_is_compact_json_with_t_and_event_first(tmp_path):
     assert list(json.loads(text)) == ["t", "event", "host", "node"]
 
 
+def test_a_rerun_into_the_same_folder_sets_the_earlier_record_aside(tmp_path):
+    for run in (1, 2):
+        record = EventsFile(str(tmp_path / "events.jsonl"))
+        record.write({"t": 0, "event": "job_started", "run": run})
+        assert record.close() and record.error is None
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 2 and files[1] == "events.jsonl" and files[0].startswith("events.2"), files
+    assert [read(tmp_path / name)[0]["run"] for name in files] == [1, 2]
+
+
+def test_a_link_in_the_records_place_is_not_written_through(tmp_path):
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "events.jsonl").symlink_to(tmp_path / "elsewhere")
+    record = EventsFile(str(tmp_path / "events.jsonl"))
+    record.write({"t": 0, "event": "job_started"})
+    assert record.close()
+    assert "symbolic link" in record.error and (tmp_path / "elsewhere").read_text() == ""
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 300), st.booleans()), max_size=60))
 def test_the_file_never_passes_its_cap_and_samples_go_first(tmp_path_factory, lines):
@@ -58,12 +77,19 @@ def test_the_file_never_passes_its_cap_and_samples_go_first(tmp_path_factory, li
     assert not record.capped or got[-1]["event"] == "capped"
 
 
+class IntoAFifo(EventsFile):
+    """Written into a FIFO: its open blocks until a reader comes, as a disk that does not answer."""
+
+    def _open(self):
+        return open(self.path, "wb", buffering=0)
+
+
 def test_a_stalled_disk_never_holds_the_writer_and_the_gap_is_said(tmp_path):
     """The thread blocks opening a FIFO nobody reads (a disk that does not answer): writes and flushes return at
     once, pieces past the backlog are dropped and counted, and once the disk answers the file says where."""
     fifo = tmp_path / "events.jsonl"
     os.mkfifo(fifo)
-    record = EventsFile(str(fifo), backlog_bytes=100)
+    record = IntoAFifo(str(fifo), backlog_bytes=100)
     for t in range(10):
         record.write({"t": t, "event": "x", "pad": "p" * 30})
         record.flush()  # one piece a line: the first fits the backlog, the rest are dropped

@@ -18,7 +18,9 @@ import json
 import os
 import queue
 import threading
-from typing import Any
+from typing import Any, BinaryIO
+
+from xrun.launch.output.logfiles import open_new, set_aside
 
 FLUSH_EVERY = 2.0  # seconds: how stale the file may be while the job runs (a tool tailing it sees this lag)
 MAX_BYTES = 256 << 20  # the file's cap
@@ -33,7 +35,8 @@ def encode(fields: dict[str, Any]) -> bytes:
 
 
 class EventsFile:
-    """The record's file at ``path`` (opened by the thread: an open that fails is ``error``, and the job goes on)."""
+    """The record's file at ``path``, made new by the thread (an earlier run's set aside with its time, as the
+    ranks' logs are; an open that fails is ``error``, and the job goes on)."""
 
     def __init__(self, path: str, *, max_bytes: int = MAX_BYTES, samples_up_to: int = SAMPLES_UP_TO,
                  backlog_bytes: int = BACKLOG_BYTES) -> None:
@@ -104,10 +107,15 @@ class EventsFile:
         self.size += len(line)
         self._lines.append(line)
 
+    def _open(self) -> BinaryIO:
+        """The file, made new (in the thread: a slow disk's ``open`` holds nothing else)."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # the head need not run on a node
+        set_aside(self.path)  # a rerun into the same DIR: the earlier run's record keeps its own file
+        return os.fdopen(open_new(self.path), "wb", buffering=0)
+
     def _run(self) -> None:
         try:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # the head need not run on a node
-            with open(self.path, "ab", buffering=0) as out:
+            with self._open() as out:
                 while (item := self._queue.get()) is not None:
                     gap, piece = item
                     if gap:  # where the gap is: a tool reading the file knows lines are missing here
