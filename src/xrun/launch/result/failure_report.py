@@ -46,10 +46,10 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
         if log_dir is not None:
             write_failure_json(os.path.join(host_log_dir(log_dir, result.host), FAILURE_JSON), result)
     elif announce and result.exit_code == 0 and figures:
-        notice(result.host, success_line(figures))
+        notice(result.host, success_line(figures, result.lost))
     if log_dir is not None:
         write_json(os.path.join(host_log_dir(log_dir, result.host), SUMMARY_JSON),
-                   summary_json(figures, exit_code=result.exit_code))
+                   summary_json(figures, exit_code=result.exit_code, lost=result.lost))
     return result.exit_code
 
 
