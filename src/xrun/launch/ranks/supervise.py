@@ -338,8 +338,8 @@ class RankGroup:
         if self._options.on_rank_exit is not OnRankExit.KEEP or not others or self._teardown.signum is not None:
             return False
         self._console.flush_held()
-        notice(self._options.host, f"rank {outcome.rank} {describe(outcome)}; {others} rank{'s' if others != 1 else ''}"
-                                   " of this node go on (--on_rank_exit keep)")
+        go_on = f"{others} ranks of this node go on" if others != 1 else "1 rank of this node goes on"
+        notice(self._options.host, f"rank {outcome.rank} {describe(outcome)}; {go_on} (--on_rank_exit keep)")
         return True
 
     def _fail_first(self, rank: RankState, outcome: RankOutcome) -> None:
