@@ -109,7 +109,7 @@ def test_pbs_allocation_is_the_pool():
 
 
 def test_announcement_names_overriding_flags():
-    line = placed(["--node_rank", "0", "--num_nodes", "2", "--master_port", "1"], PAI).announcement
+    line = placed(["--node_rank", "0", "--num_nodes", "2", "--master_port", "2"], PAI).announcement
     assert line.endswith("; overridden by --node_rank, --num_nodes, --master_port")
     assert placed([], PAI).announcement.count("\n") == 0
     assert placed(["--platform", "none"], PAI).announcement is None

@@ -24,9 +24,13 @@ state = {"step": 0, "resumed_at": [], "worlds": []}  # lives across the Wrapper'
 
 
 
+AGENT_STORE = os.environ.get("NVRX_STORE") == "agent"
+
+
 @inprocess.Wrapper(
-    # the Wrapper's store at MASTER_PORT + 2, the application's at MASTER_PORT + 1, as NVRx's example does
-    store_kwargs={"port": int(os.environ["MASTER_PORT"]) + 2},
+    # the Wrapper's store at MASTER_PORT + 2, the application's at MASTER_PORT + 1, as NVRx's example does; or
+    # (NVRX_STORE=agent) both in the store xrun's agent hosts at MASTER_PORT, which outlives rank 0
+    store_kwargs={} if AGENT_STORE else {"port": int(os.environ["MASTER_PORT"]) + 2},
     health_check=None,  # CPU: no CUDA health check
     soft_timeout=datetime.timedelta(seconds=30),
     hard_timeout=datetime.timedelta(seconds=40),
@@ -42,9 +46,10 @@ def train(call_wrapper: inprocess.CallWrapper = None):
     if iteration == 0:
         with open(os.path.join(OUT, f"{INITIAL_RANK}.monitor"), "w") as f:
             f.write(str(monitor.pid))
+    port = int(os.environ["MASTER_PORT"]) + (0 if AGENT_STORE else 1)
     store = torch.distributed.PrefixStore(f"app{iteration}", torch.distributed.TCPStore(
-        host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]) + 1, world_size=world,
-        is_master=rank == 0, multi_tenant=True, wait_for_workers=True, use_libuv=True))
+        host_name=os.environ["MASTER_ADDR"], port=port, world_size=world, is_master=rank == 0 and not AGENT_STORE,
+        multi_tenant=True, wait_for_workers=not AGENT_STORE, use_libuv=True))
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                          timeout=datetime.timedelta(seconds=2))
     state["resumed_at"].append(state["step"])
