@@ -278,6 +278,10 @@ def test_keep_names_the_lost_ranks_in_the_verdict_and_summary():
                    RankExited(0, 1, 1, code=0), RankExited(2, 3, 0, code=0), *ALL_DONE], config=KEEP)
     verdict = job.verdict()
     assert verdict.exit_code == 0 and verdict.failure is None and verdict.lost_ranks == (2,)
+    failed, _ = play([*STARTED, RankExited(1, rank=2, local_rank=0, code=1), RankExited(0, 0, 0, code=0),
+                      RankExited(0, 1, 1, code=0), RankExited(2, 3, 0, code=3), *ALL_DONE], config=KEEP)
+    assert report_lines(failed.verdict())[0] == ("job failed: rank 3 (local 0) on c exited with code 3; every node stopped "
+                                                 "0.00 s later; rank 2 lost before it")
 
 
 def test_without_restarts_a_spare_seated_by_the_precheck_is_in_the_record_and_the_standing_spare_told_the_end():

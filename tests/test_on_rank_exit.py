@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, eventually, run_xrun
 from xrun.launch.procs import proctable
+from xrun.launch.spec import AgentOptions, NodeSpec, OnRankExit
 
 PROCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs")
 KEEP_RANK = os.path.join(PROCS, "keep_rank.py")
@@ -54,6 +55,9 @@ def test_a_failed_rank_stops_no_other_and_the_survivors_decide(tmp_path, code, e
         last = summary["root_cause"]["rank"]
         assert last in (0, 2) and summary["root_cause"]["exit_code"] == 5
         assert summary["lost_ranks"] == sorted({0, 1, 2} - {last})
+        assert f"rank {last} failed first: exit code 5" in done.stderr
+        assert f"; rank {', '.join(map(str, summary['lost_ranks']))} lost before it" in done.stderr
+        assert summary["end"] is not None and "lost before it" in summary["end"]
 
 
 def test_a_signal_to_xrun_still_stops_and_sweeps_everything(tmp_path):
@@ -71,6 +75,12 @@ def test_a_signal_to_xrun_still_stops_and_sweeps_everything(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert (tmp_path / "term.0").exists() and (tmp_path / "term.2").exists()
     assert not alive(int((tmp_path / "daemon").read_text()))
+
+
+def test_the_mode_travels_in_the_node_spec_and_stop_is_not_written():
+    keep = NodeSpec(host="h", node_rank=1, ranks=(), options=AgentOptions(on_rank_exit=OnRankExit.KEEP))
+    assert NodeSpec.from_json(json.loads(json.dumps(keep.to_json()))) == keep
+    assert "on_rank_exit" not in json.dumps(NodeSpec(host="h", node_rank=1, ranks=()).to_json())
 
 
 def test_keep_does_not_apply_with_elastic():

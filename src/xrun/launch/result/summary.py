@@ -78,6 +78,11 @@ def success_line(figures: Sequence[RankFigures], lost: Collection[int] = ()) -> 
     return line
 
 
+def lost_before(ranks: Sequence[int]) -> str:
+    """``; rank 1, 4 lost before it``: after a failure's end line, the ranks --on_rank_exit keep lost on the way."""
+    return f"; rank {', '.join(map(str, sorted(ranks)))} lost before it" if ranks else ""
+
+
 def table_lines(figures: Sequence[RankFigures]) -> list[str]:
     """Every rank, in rank order: one header and one row each, columns aligned."""
     rows = [("rank", "host", "local", "wall", "cpu", "peak RSS", "status")]
