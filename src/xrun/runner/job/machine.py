@@ -252,10 +252,12 @@ class Job:
 
     def _rank_exited(self, event: RankExited) -> None:
         failure = rank_failure(event, self.nodes.by_agent[event.node].host)
-        if self.cause.keeps(event, failure):  # --on_rank_exit keep: the others recover in place
-            assert failure is not None
+        lost = self.cause.keeps(event, failure)  # counts every exit, 0 too: keep tells the last rank by the count
+        if failure is None:
+            return
+        if lost:  # --on_rank_exit keep: the others recover in place
             self._say(f"{failure.reason}; the other ranks go on (--on_rank_exit keep)")
-        elif failure is not None:
+        else:
             self._fail(failure)
 
     def _done(self, event: Done) -> None:
