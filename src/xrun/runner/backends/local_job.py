@@ -60,7 +60,7 @@ def sum_up(plan: Plan, code: int, result: NodeResult, cause: RootCause) -> None:
     if log_dir is None:
         return
     verdict = Verdict(code, cause.failure, cause.interrupted_by, attempts=cause.attempts,
-                      restart_lines=cause.restart_lines)
+                      restart_lines=cause.restart_lines, lost_ranks=result.lost)
     write_job_summary(log_dir, [RankFigures.of(o) for o in result.outcomes], verdict, result.stragglers)
 
 

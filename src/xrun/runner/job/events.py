@@ -291,6 +291,7 @@ class Verdict:
     stopped_after: float | None = None  # seconds from the first failure until every node was over
     attempts: tuple[Attempt, ...] = ()  # --max_restarts: every attempt, the last one included
     restart_lines: tuple[str, ...] = ()  # why the restarts ended and each attempt's root cause
+    lost_ranks: tuple[int, ...] = ()  # --on_rank_exit keep: the ranks that failed while others ran on
 
 
 @dataclass(frozen=True)

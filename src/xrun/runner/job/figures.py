@@ -38,7 +38,7 @@ class JobFigures:
             return
         exit_code = verdict.exit_code
         if exit_code == 0:
-            say(success_line(self.ranks))
+            say(success_line(self.ranks, verdict.lost_ranks))
         else:
             sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
         if log_dir is not None:
@@ -50,7 +50,7 @@ def write_job_summary(log_dir: str, ranks: Sequence[RankFigures], verdict: Verdi
     """``{log_dir}/summary.json``, the job's: every rank's figures, how the job ended, its attempts (with
     ``--max_restarts``), the ranks' straggler scores (when any was scored) and the record's ``goodput`` and
     ``events`` (docs/events.md). The local run writes the same (``xrun.runner.backends.local_job``)."""
-    data = {**summary_json(ranks, exit_code=verdict.exit_code), **verdict_json(verdict)}
+    data = {**summary_json(ranks, exit_code=verdict.exit_code, lost=verdict.lost_ranks), **verdict_json(verdict)}
     if verdict.attempts:
         data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
     if stragglers is not None and stragglers.get("ranks"):
