@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
     from xrun.launch.result.stragglers import StragglerScores
-    from xrun.launch.telemetry.reads import Reading
+    from xrun.launch.telemetry.records import Reading
 
 
 @dataclass(frozen=True)
