@@ -6,14 +6,14 @@ is the link and the head compares).
 
 from __future__ import annotations
 
+from xrun.common.output.streams import notice
+from xrun.common.result.collectiveview import find_hang, view_lines
+from xrun.common.result.dumpfile import show_stacks
+from xrun.common.result.stragglers import SAME_CLOCK, StragglerScores
+from xrun.common.spec import HangAction
+from xrun.common.telemetry.records import EntryTimes
 from xrun.launch.doctor.dumps import Diagnosis
 from xrun.launch.doctor.node_doctor import NodeDoctor
-from xrun.launch.output.streams import notice
-from xrun.launch.result.collectiveview import find_hang, view_lines
-from xrun.launch.result.dumpfile import show_stacks
-from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores
-from xrun.launch.spec import HangAction
-from xrun.launch.telemetry.records import EntryTimes
 
 
 class LocalView:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from xrun.common.output.status import say
+from xrun.common.result.outcome import HANG_EXIT, NodeResult
+from xrun.common.result.summary import RankFigures
+from xrun.common.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.launch.agent import check_helper, run_node_result
-from xrun.launch.output.status import say
-from xrun.launch.result.outcome import HANG_EXIT, NodeResult
-from xrun.launch.result.summary import RankFigures
-from xrun.launch.spec import HangAction, NodeSpec, with_rendezvous
 from xrun.net import free_port
 from xrun.runner.job.attempts import Attempts, Ending
 from xrun.runner.job.events import Failure, RankExited, Verdict
