@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
-from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_restarts import FLAKY, serve
-from xrun.common.rankplan import LaunchOptions
+from tests.test_restarts import run_flaky_logged_job
 from xrun.runner.job.record.file import EventsFile
 from xrun.runner.job.record.goodput import PHASES, Goodput, goodput_of
-from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.restart_options import RestartPolicy
 
 
 def read(path):
@@ -157,15 +152,7 @@ def test_the_phases_add_up_to_the_wall_time_and_none_is_negative(steps):
 
 
 def test_a_head_with_a_restart_records_it_in_order_and_sums_it_up(tmp_path):
-    logs = tmp_path / "logs"
-    script = tmp_path / "flaky.py"
-    script.write_text(FLAKY)
-    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         cwd=str(tmp_path), restart=RestartPolicy(2, 60.0))
-    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0, 1)}, "ssh")
-    server, sessions, _ = serve(plan)
-    assert server.run(sessions, own_signals=False) == 0
-    sessions.terminate()
+    logs = run_flaky_logged_job(tmp_path)
     events = read(logs / "events.jsonl")
     kinds = [e["event"] for e in events]
     # rank 0's exit may come after rank 1's failure and the stop it begins: the ranks' exits are checked apart

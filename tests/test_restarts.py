@@ -343,7 +343,9 @@ def test_head_restarts_exhausted_end_with_the_code_and_every_agent_exits(tmp_pat
     assert all(p.returncode is not None for p in sessions.procs.values())
 
 
-def test_head_summary_json_has_the_history(tmp_path):
+def run_flaky_logged_job(tmp_path):
+    """FLAKY at a real head with real agents, ``--max_restarts 2`` and ``--log_dir``: it succeeds on attempt 1; the
+    log directory."""
     logs = tmp_path / "logs"
     script = tmp_path / "flaky.py"
     script.write_text(FLAKY)
@@ -353,6 +355,11 @@ def test_head_summary_json_has_the_history(tmp_path):
     server, sessions, _ = serve(plan)
     assert server.run(sessions, own_signals=False) == 0
     sessions.terminate()
+    return logs
+
+
+def test_head_summary_json_has_the_history(tmp_path):
+    logs = run_flaky_logged_job(tmp_path)
     summary = json.loads((logs / "summary.json").read_text())
     assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
     assert summary["attempts"][0]["exit_code"] == 3 and summary["attempts"][1]["root_cause"] is None
