@@ -226,6 +226,7 @@ def test_a_busy_rank_and_a_big_rank_show_in_the_samples(tmp_path, monkeypatch):
     sessions.terminate()
     events = read(logs / "events.jsonl")
     assert events[0]["sample_every_s"] == 0.5
+    assert events[0]["usage_every"] == 1  # every sample has them
     samples = [e for e in events if e["event"] == "sample" and e["cpu_pct"]]
     assert len(samples) >= 2, [e for e in events if e["event"] == "sample"]
     for sample in samples:

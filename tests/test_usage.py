@@ -1,11 +1,13 @@
-"""Each rank's CPU and RSS while it runs (issue 40 §1): the ``usage`` message's checks against hostile input, and the
-node's one read per rank of ``/proc`` (xrun.common.telemetry.usage, xrun.launch.telemetry.usage).
+"""Each rank's CPU and RSS while it runs (issue 40 §1): the ``usage`` message's checks against hostile input, the
+node's one read per rank of ``/proc``, and the head's record's samples of the readings (xrun.common.telemetry.usage,
+xrun.launch.telemetry.usage, xrun.runner.job.record.head).
 
 The record of a real head with real agents, whose busy rank and allocating rank show in its samples, is in
 tests/test_events_record.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from hypothesis import strategies as st
 from xrun.channel import Kind, decode_body, encode
 from xrun.channel.fields import MAX_RANK
 from xrun.channel.framing import HEADER
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.result.stragglers import StragglerScores
 from xrun.common.telemetry.usage import (
     MAX_CPU_PCT,
     MAX_RSS_KIB,
@@ -29,6 +33,11 @@ from xrun.common.telemetry.usage import (
     usage_message,
 )
 from xrun.launch.telemetry.usage import UsageReader, cpu_pct, read_stat
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.events import RankExited
+from xrun.runner.job.machine import Job
+from xrun.runner.job.record.head import JobRecord
+from xrun.runner.plan import JobRequest, make_plan
 
 
 def wire(msg):
@@ -128,3 +137,45 @@ def test_a_busy_rank_and_a_big_rank_read_as_such():
     assert abs(by_rank[0].cpu_pct - 100 * spent / seconds) <= 10, (by_rank, spent, seconds)
     assert by_rank[0].cpu_pct > by_rank[1].cpu_pct + 10, by_rank
     assert abs(by_rank[1].rss_kib - (rss >> 10)) < 1024 and by_rank[1].rss_kib >= 190 << 10 > by_rank[0].rss_kib, by_rank
+
+
+def read_lines(record, log_dir):
+    assert record.file.close()
+    return [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
+
+
+def record_of(world_size, log_dir):
+    """The head's record of a plan with ``world_size`` ranks over 8-rank nodes (bench telemetry_head's way)."""
+    world = {f"node{n}": tuple(range(8)) for n in range(world_size // 8)}
+    plan = make_plan(JobRequest(script="train.py", launch=LaunchOptions(python=sys.executable)), world, "ssh")
+    return JobRecord(plan, Job(JobConfig.from_plan(plan, join_timeout=60.0), now=0.0), log_dir=str(log_dir), now=0.0)
+
+
+def test_the_samples_carry_the_latest_recent_reading_of_each_live_rank(tmp_path):
+    record, scores = record_of(16, tmp_path), StragglerScores(world_size=16)
+    assert record.usage_stride == 1
+    record.used([RankUsage(3, 99, 3 << 20), RankUsage(0, 5, 1 << 10)], 10.0)
+    record.used([RankUsage(3, 250, 5 << 20)], 50.0)  # the latest wins
+    record.tick(60.0, scores)
+    record.fed(RankExited(0, 3, 3, 0, None, False), (), 70.0)  # rank 3 (node 0) ended: its reading with it
+    record.tick(120.0, scores)
+    record.used([RankUsage(1, 7, 1 << 20)], 130.0)
+    record.tick(180.0, scores)
+    record.tick(400.0, scores)  # rank 1's reading is over two periods old: not in this sample
+    samples = [line for line in read_lines(record, tmp_path) if line["event"] == "sample"]
+    assert [(s["cpu_pct"], s["rss_mib"]) for s in samples] == [
+        ([5, None, None, 250], [1, None, None, 5120]), ([5], [1]), ([None, 7], [None, 1024]), ([], [])]
+
+
+def test_a_big_job_carries_cpu_and_rss_in_every_kth_sample(tmp_path):
+    record, scores = record_of(2400, tmp_path), StragglerScores(world_size=2400)
+    assert record.usage_stride == 3
+    for minute in range(1, 7):
+        record.used([RankUsage(rank, 100, 1 << 20) for rank in range(2400)], minute * 60.0 - 1)
+        record.tick(minute * 60.0, scores)
+    lines = read_lines(record, tmp_path)
+    assert lines[0]["usage_every"] == 3
+    assert ["cpu_pct" in s for s in lines if s["event"] == "sample"] == [False, False, True, False, False, True]
+    full = [s for s in lines if "cpu_pct" in s]
+    assert full[0]["cpu_pct"] == [100] * 2400 and full[0]["rss_mib"] == [1024] * 2400
+    assert len(json.dumps(full[0], separators=(",", ":"))) < 10 * 2400  # about 10 bytes a rank

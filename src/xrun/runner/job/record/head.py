@@ -50,6 +50,10 @@ from xrun.runner.plan import Plan
 EVENTS_FILE = "events.jsonl"
 # a rank's reading stays in the samples this many periods after it came (a lost node's ranks drop out after it)
 USAGE_KEPT_FOR = 2
+# the ranks' CPU and RSS cost ~10 bytes a rank in a sample: a bigger job has them in every k-th sample only,
+# k = world size / this (rounded up), so that a week's samples stay well under the file's samples_up_to (8,000
+# ranks: every 8th minute, ~80 KB each, ~100 MB a week)
+USAGE_RANKS_PER_SAMPLE = 1000
 _STARTED, _RANK_EXITED = Kind.STARTED.value, Kind.RANK_EXITED.value  # the kinds ``heard`` reads, looked up once
 _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a failure's stop (a lost node too)
 
@@ -65,6 +69,8 @@ class JobRecord:
         self.file = EventsFile(os.path.join(log_dir, EVENTS_FILE))
         self.goodput = Goodput()
         self.every = sample_every()  # SAMPLE_EVERY (60 s); tests set XRUN_SAMPLE_EVERY_S
+        self.usage_stride = -(-plan.world_size // USAGE_RANKS_PER_SAMPLE)  # the samples that carry CPU and RSS
+        self._samples = 0
         self.next_sample = now + self.every
         self.next_flush = now + FLUSH_EVERY
         self._due = min(self.next_sample, self.next_flush)
@@ -87,7 +93,7 @@ class JobRecord:
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
                    max_restarts=job.config.restart.max_restarts, hang_timeout=options.hang_timeout,
-                   sample_every_s=self.every)
+                   sample_every_s=self.every, usage_every=self.usage_stride)
 
     def write(self, now: float, event: str, *, sample: bool = False, **fields: Any) -> None:
         self.put(now, event, fields, sample=sample)
@@ -260,10 +266,13 @@ class JobRecord:
         if now >= self.next_sample:
             self.next_sample = now + self.every
             late = scores.late_now()
-            cpu, rss = self._usage_now(now)
+            self._samples += 1
+            usage = {}
+            if self._samples % self.usage_stride == 0:
+                usage["cpu_pct"], usage["rss_mib"] = self._usage_now(now)
             self.write(now, "sample", sample=True, attempt=self.job.attempts.number,
                        collectives_scored=scores.collectives_scored, stragglers=sorted(self._named),
-                       late_ms={str(rank): round(ms, 1) for rank, ms in late.items()}, cpu_pct=cpu, rss_mib=rss)
+                       late_ms={str(rank): round(ms, 1) for rank, ms in late.items()}, **usage)
         if now >= self.next_flush:
             self.next_flush = now + FLUSH_EVERY
             self.file.flush()
