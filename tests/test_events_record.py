@@ -182,3 +182,46 @@ def test_a_head_with_a_restart_records_it_in_order_and_sums_it_up(tmp_path):
 def failed_reason(events):
     return next(e["reason"] for e in events if e["event"] == "failure")
 
+
+
+BUSY_AND_BIG = """
+import os, time
+end = time.monotonic() + 3.0
+if os.environ["RANK"] == "0":
+    while time.monotonic() < end:  # busy
+        pass
+else:
+    big = bytearray(200 << 20)
+    big[::4096] = b"x" * (50 << 10)  # touched: resident
+    time.sleep(end - time.monotonic())
+"""
+
+
+def test_a_busy_rank_and_a_big_rank_show_in_the_samples(tmp_path, monkeypatch):
+    """Each rank's CPU and RSS reach the head's samples from the agents' readings (issue 40 §1), at the test's
+    sample period (XRUN_SAMPLE_EVERY_S: the head and its agents read it alike)."""
+    monkeypatch.setenv("XRUN_SAMPLE_EVERY_S", "0.5")
+    logs = tmp_path / "logs"
+    script = tmp_path / "busy_and_big.py"
+    script.write_text(BUSY_AND_BIG)
+    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
+                         cwd=str(tmp_path))
+    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0,), "b": (0,)},
+                     "ssh")
+    server, sessions, _ = serve(plan)
+    assert server.run(sessions, own_signals=False) == 0
+    sessions.terminate()
+    events = read(logs / "events.jsonl")
+    assert events[0]["sample_every_s"] == 0.5
+    assert events[0]["usage_every"] == 1  # every sample has them
+    samples = [e for e in events if e["event"] == "sample" and e["cpu_pct"]]
+    assert len(samples) >= 2, [e for e in events if e["event"] == "sample"]
+    for sample in samples:
+        assert len(sample["cpu_pct"]) == len(sample["rss_mib"]) <= 2
+    full = [s for s in samples if len(s["cpu_pct"]) == 2 and None not in s["cpu_pct"]]
+    assert full, samples
+    # a shared machine may give the busy loop less than a core, never as little as the sleeper's (whose first
+    # reading holds its start and its allocation: some CPU)
+    assert max(s["cpu_pct"][0] for s in full) >= 30 and min(s["cpu_pct"][1] for s in full) <= 10, full
+    assert all(s["cpu_pct"][0] > s["cpu_pct"][1] for s in full), full
+    assert max(s["rss_mib"][1] for s in full) >= 190 and all(s["rss_mib"][0] < 100 for s in full), full
