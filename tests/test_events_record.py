@@ -10,7 +10,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_restarts import run_flaky_logged_job
+from tests.test_restarts import run_flaky_logged_job, run_logged_job
 from xrun.runner.job.record.file import EventsFile
 from xrun.runner.job.record.goodput import PHASES, Goodput, goodput_of
 
@@ -201,16 +201,7 @@ def test_a_busy_rank_and_a_big_rank_show_in_the_samples(tmp_path, monkeypatch):
     """Each rank's CPU and RSS reach the head's samples from the agents' readings (issue 40 §1), at the test's
     sample period (XRUN_SAMPLE_EVERY_S: the head and its agents read it alike)."""
     monkeypatch.setenv("XRUN_SAMPLE_EVERY_S", "0.5")
-    logs = tmp_path / "logs"
-    script = tmp_path / "busy_and_big.py"
-    script.write_text(BUSY_AND_BIG)
-    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         cwd=str(tmp_path))
-    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0,), "b": (0,)},
-                     "ssh")
-    server, sessions, _ = serve(plan)
-    assert server.run(sessions, own_signals=False) == 0
-    sessions.terminate()
+    logs = run_logged_job(tmp_path, BUSY_AND_BIG, {"a": (0,), "b": (0,)})
     events = read(logs / "events.jsonl")
     assert events[0]["sample_every_s"] == 0.5
     assert events[0]["usage_every"] == 1  # every sample has them
