@@ -167,16 +167,16 @@ def test_the_ranks_of_a_node_throttled_by_a_cgroup_are_named_stragglers_then_rec
     job.assert_clean()
 
 
-HEALTHY_FOR_S = 180
+HEALTHY_FOR_S = 120  # 180 until CI neared its 45 minutes; the counts below were measured at 180
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_a_healthy_job_trains_for_minutes_and_nobody_is_named(job, python):  # noqa: F811
-    """The same training as the throttled node's, on healthy nodes for 3 minutes (6 ranks on 2 shared cores: the
+    """The same training as the throttled node's, on healthy nodes for 2 minutes (6 ranks on 2 shared cores: the
     machine's own jitter): no straggler line, every rank scored and none a straggler in summary.json. Measured
-    here (load 2-9): ~210-245 collectives scored, each rank late (10 ms past the others' median) in 13-24% of
-    them."""
+    here for 3 minutes (load 2-9): ~210-245 collectives scored, each rank late (10 ms past the others' median) in
+    13-24% of them."""
     proc, out, err, stop = start_training(job, python)
     try:
         wait_for(out, lambda _: sum(" joined" in line for line in out) == 6, "6 ranks joined", 120, proc=proc, err=err)
