@@ -292,11 +292,15 @@ ATTEMPTS = textwrap.dedent(
 )
 
 
-def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--elastic"]], ids=["static", "elastic"])
+def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path, mode):
+    """Rank 1 fails attempt 0 after rank 0 set a key; attempt 1 sees none of it and meets through env://. Under
+    --elastic too: torch's rendezvous picks each round's port, rank 0's agent hosts a new store there."""
     script = tmp_path / "attempts.py"
     script.write_text(ATTEMPTS)
-    done = subprocess.run([sys.executable, "-m", "xrun", "--num_gpus", "2", "--no_local_rank", "--max_restarts", "1",
-                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "xrun", *mode, "--num_gpus", "2", "--no_local_rank",
+                           "--max_restarts", "1", str(script)], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     said = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] " in line)
     assert said == ["leftover 0 0 False", "leftover 0 1 False", "leftover 1 0 False", "leftover 1 1 False",
