@@ -26,7 +26,7 @@ from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.spec import ElasticOptions, NodeSpec
 from xrun.errors import PortBusyError
 from xrun.launch.store import Limits, StoreServer
-from xrun.launch.store.agent_store import agent_store, store_endpoint
+from xrun.launch.store.agent_store import agent_store, close, hosted, store_endpoint
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import (
     MAX_KEY_BYTES,
@@ -413,6 +413,20 @@ def test_the_agent_store_is_up_inside_its_block_and_gone_after():
         roundtrip(port, b"inside")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_an_error_of_the_stores_own_loop_is_said_when_it_closes(monkeypatch):
+    """The loop outlives a bug of its own (kept as loop_error); the attempt's end says it, once, on stderr."""
+    said: list[tuple[str, str]] = []
+    monkeypatch.setattr("xrun.launch.store.agent_store.notice", lambda host, text: said.append((host, text)))
+    server = hosted("a", "127.0.0.1", free_port("127.0.0.1"))
+    close("a", server)
+    assert said == []
+    server = hosted("a", "127.0.0.1", free_port("127.0.0.1"))
+    server.loop_error = ValueError("a bug")  # what _run keeps when a turn raises: no real bug to call on
+    close("a", server)
+    assert said == [("a", f"the store at port {server.port} met an error of its own and went on serving: "
+                          "ValueError: a bug (please report it)")]
 
 
 def test_a_store_port_taken_meanwhile_is_port_busy():

@@ -16,6 +16,7 @@ import ipaddress
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from xrun.common.output.streams import notice
 from xrun.common.spec import NodeSpec
 from xrun.errors import PortBusyError
 from xrun.launch.store.server import StoreServer
@@ -55,8 +56,11 @@ def agent_store(spec: NodeSpec) -> Iterator[StoreServer | None]:
     if endpoint is None:
         yield None
         return
-    with hosted(spec.host, *endpoint) as server:
+    server = hosted(spec.host, *endpoint)
+    try:
         yield server
+    finally:
+        close(spec.host, server)
 
 
 def hosted(node: str, address: str, port: int) -> StoreServer:
@@ -66,6 +70,15 @@ def hosted(node: str, address: str, port: int) -> StoreServer:
     except OSError as err:
         raise PortBusyError(node, port, port_holder(port)) from err
     return server.start()
+
+
+def close(node: str, server: StoreServer) -> None:
+    """Close an attempt's store, saying so if its loop met an error of its own on the way (it went on serving: a
+    bug of xrun's, worth a report; the ranks' own errors never count)."""
+    server.close()
+    if server.loop_error is not None:
+        notice(node, f"the store at port {server.port} met an error of its own and went on serving: "
+                     f"{type(server.loop_error).__name__}: {server.loop_error} (please report it)")
 
 
 class AttemptStores:
@@ -89,5 +102,5 @@ class AttemptStores:
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.close()
+            close(self.node, self.server)
             self.server = None
