@@ -2,7 +2,8 @@
 
 ``TRAIN``: real torch gloo ranks that checkpoint every step to a file (the nodes share the filesystem) and resume
 from it; its environment picks the failure: ``CRASH_RANK`` exits 5 at step 3 of attempt 0, ``ALWAYS_FAIL`` exits 6
-in every attempt, ``STEP_S`` paces the steps, ``STEPS`` (6) ends the run. Every process of a job carries
+in every attempt, ``STEP_S`` paces the steps, ``STEPS`` (6) ends the run. A rank that finds a key of an earlier attempt in the store
+at ``MASTER_ADDR:MASTER_PORT`` exits 9 (``LEFTOVER``): each attempt's store is a new one. Every process of a job carries
 ``MARK=<the job's own value>`` in its environment, so a test finds whatever the job left on the nodes.
 """
 
@@ -24,6 +25,12 @@ print("STARTED", attempt, os.environ["RANK"], repr(time.time()), flush=True)
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, ckpt = dist.get_rank(), os.environ["CKPT"]
+# the agent's store at MASTER_PORT (issue 39 §1), opened as torchft's Manager does: new for every attempt
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+if any(store.check([f"attempt {a} was here"]) for a in range(attempt)):
+    print("LEFTOVER", attempt, rank, flush=True)
+    os._exit(9)
+store.set(f"attempt {attempt} was here", str(rank))
 step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 print("RESUME", attempt, rank, step, os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_MAX_RESTARTS"], flush=True)
 if os.environ.get("ALWAYS_FAIL") == str(rank):
