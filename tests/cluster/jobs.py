@@ -2,7 +2,8 @@
 
 ``TRAIN``: real torch gloo ranks that checkpoint every step to a file (the nodes share the filesystem) and resume
 from it; its environment picks the failure: ``CRASH_RANK`` exits 5 at step 3 of attempt 0, ``ALWAYS_FAIL`` exits 6
-in every attempt, ``STEP_S`` paces the steps, ``STEPS`` (6) ends the run. Every process of a job carries
+in every attempt, ``STEP_S`` paces the steps, ``STEPS`` (6) ends the run. The crashing rank leaves a key in the store at
+``MASTER_ADDR:MASTER_PORT``; a rank that finds it at its start exits 9 (``LEFTOVER``): each attempt's store is new. Every process of a job carries
 ``MARK=<the job's own value>`` in its environment, so a test finds whatever the job left on the nodes.
 """
 
@@ -24,6 +25,11 @@ print("STARTED", attempt, os.environ["RANK"], repr(time.time()), flush=True)
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, ckpt = dist.get_rank(), os.environ["CKPT"]
+# the agent's store at MASTER_PORT (issue 39 §1), opened as torchft's Manager does: new for every attempt
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+if store.check(["a rank crashed"]):
+    print("LEFTOVER", attempt, rank, store.get("a rank crashed").decode(), flush=True)
+    os._exit(9)
 step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
 print("RESUME", attempt, rank, step, os.environ["MASTER_PORT"], os.environ["TORCHELASTIC_MAX_RESTARTS"], flush=True)
 if os.environ.get("ALWAYS_FAIL") == str(rank):
@@ -38,6 +44,7 @@ while step < int(os.environ.get("STEPS", "6")):
         os.replace(ckpt + ".tmp", ckpt)
     dist.barrier()
     if attempt == 0 and step == 3 and rank == int(os.environ.get("CRASH_RANK", "-1")):
+        store.set("a rank crashed", socket.gethostname())
         print("CRASH", rank, socket.gethostname(), repr(time.time()), flush=True)
         sys.stdout.flush()
         os._exit(5)

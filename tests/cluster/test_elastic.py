@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.jobs import TRAIN
 from tests.conftest import ROOT
 
 from .slurm import slurm  # noqa: F401 - fixture
@@ -119,6 +120,24 @@ def test_rank_crash_restarts_the_group_and_it_resumes_from_the_checkpoint(job):
     # (The restart count is each agent's own: the nodes whose ranks only lost a peer may restart by membership.)
     done = done_line(out)
     assert (done["resumed_from"], done["world"]) == (4, 3)
+    assert_no_ranks_left(job)
+
+
+def test_a_restarted_round_meets_in_a_new_store_that_holds_nothing_of_the_last(job):
+    """Issue 39 §1 under --elastic (ssh, 3 nodes): the ranks open the store at MASTER_ADDR:MASTER_PORT as clients
+    (tests/cluster/jobs.py's TRAIN); rank 1 leaves a key there and crashes at step 3; the next round's ranks, on
+    every node, find a store without it (a rank that finds it exits 9) and finish from the checkpoint."""
+    script = job.tmp / "train.py"
+    script.write_text(TRAIN)
+    env = {"CKPT": str(job.tmp / "ckpt"), "CRASH_RANK": "1", "GLOO_SOCKET_IFNAME": "xceth0"}
+    # not 29500: the rendezvous store's connections linger on node1 after the job (tests/cluster/test_pod_restarts.py)
+    proc = job.start("--launcher", "ssh", "--elastic", "--master_port", "29531", "--max_restarts", "1", "--export", "CKPT",
+                     "--export", "CRASH_RANK", script=str(script), extra_env=env)
+    code, out = job.finish(proc, 180)
+    assert code == 0 and "LEFTOVER" not in out, out[-6000:]
+    assert re.search(r"\] CRASH 1 node\d", out), out[-6000:]
+    assert sorted(line.split("] DONE ", 1)[1].split()[1:] for line in out.splitlines() if "] DONE " in line) == [
+        ["0", "6"], ["1", "6"], ["2", "6"]], out[-6000:]
     assert_no_ranks_left(job)
 
 

@@ -44,7 +44,11 @@ import os, socket, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print("SUM", dist.get_rank(), socket.gethostname(), int(t.item()), flush=True)
+# the agent's store on rank 0's node (issue 39 §1), opened by hand as torchft's Manager does
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+if dist.get_rank() == 0:
+    store.set("set by rank 0 on", socket.gethostname())
+print("SUM", dist.get_rank(), socket.gethostname(), int(t.item()), store.get("set by rank 0 on").decode(), flush=True)
 dist.destroy_process_group()
 # torch 2.13's gloo can abort at interpreter teardown after a clean destroy_process_group() (examples/train_ddp.py):
 # the work is done and flushed, so leave without those destructors; xrun's handling of a crash is tested elsewhere
@@ -199,7 +203,7 @@ def test_gloo_allreduce_across_nodes(job, backend):
     code, out, err = job.run(backend, "--master_port", "0", env=env, script_path=script, timeout=120)
     assert code == 0, err
     sums = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "] SUM " in line)
-    expected = sorted(f"SUM {r} node{r // 2 + 1} 21" for r in range(6))  # 1+2+...+6
+    expected = sorted(f"SUM {r} node{r // 2 + 1} 21 node1" for r in range(6))  # 1+2+...+6, rank 0's key
     assert sums == expected, out + err
     job.assert_clean()
 

@@ -53,12 +53,14 @@ from xrun.common.spec import AgentOptions, ElasticOptions, NodeSpec
 from xrun.errors import XrunError
 from xrun.launch.elastic import torch_agent as elastic_agent
 from xrun.launch.ranks.processes import bind_ranks, rank_environment, with_network
+from xrun.launch.store.agent_store import USE_AGENT_STORE, AttemptStores
 from xrun.shell import render
 
 EXIT_RENDEZVOUS = 1  # the rendezvous failed (timed out, closed, store unreachable): no rank to blame
 # torch >= 2.4 lets the workers share the rendezvous' TCPStore server across restarts without a per-attempt
 # key prefix: a restarted group reads the previous attempt's gloo/NCCL addresses and fails to connect
-# (torchrun 2.13 shows it too: its first restart fails). Opting out gives each attempt a fresh store.
+# (torchrun 2.13 shows it too: its first restart fails). Opting out gives each round a fresh port on rank 0's node,
+# where xrun's agent hosts a fresh store (AttemptStores) and tells the workers TORCHELASTIC_USE_AGENT_STORE=True.
 TORCH_ENV_DEFAULTS = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -329,10 +331,15 @@ class _NodeRun:
         self.pids: dict[int, int] = {}
         self.failures: dict[int, Any] = {}  # global rank -> torch ProcessFailure, this attempt
         self.started = time.monotonic()
+        self.stores = AttemptStores(spec.host)  # the workers' store at MASTER_PORT, where this node hosts it
 
     def attempt_starting(self, group: Any) -> None:
         self.ranks = {w.local_rank: w.global_rank for w in group.workers}
         self.failures = {}
+        # torch hosts the workers' store itself where it shares its own (static, or the user's
+        # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0): xrun hosts it only where torch would leave it to rank 0
+        self.stores.next_round(rank_0_here=group.group_rank == 0 and not group.spec.rdzv_handler.use_agent_store,
+                               master_addr=str(group.master_addr), master_port=int(group.master_port))
         self.relay.new_attempt(self.ranks)
 
     def attempt_started(self, group: Any, ids: Mapping[int, Any], restarts: int) -> None:
@@ -387,6 +394,7 @@ def write_rank_scripts(spec: NodeSpec, workdir: str, relay: OutputRelay) -> None
         env = {k: merged[k] for k in VISIBILITY.values() if k in merged}  # the contract's, or the user's -1
         env.update(b.extra_env)
         env.update({k: merged[k] for k in IFNAME_VARIABLES if k in merged})  # --network_interface (issue 24)
+        env[USE_AGENT_STORE] = "True"  # an agent hosts it: xrun's (AttemptStores) or torch's own where it shares one
         text = rank_script(b.argv, env, stdout=relay.fifo(local_rank, 1), stderr=relay.fifo(local_rank, 2),
                            cpus=b.cpus, taskset=taskset, setpriv=setpriv)
         with open(os.path.join(workdir, f"rank{local_rank}.sh"), "w", encoding="utf-8") as f:
@@ -457,6 +465,7 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
                 stopped = result.interrupted_by is not None
             finally:
                 bridge.close()
+                node.stores.close()
     except (t["RendezvousError"], RuntimeError, TimeoutError) as err:  # store timeouts are RuntimeErrors
         said = str(err) or ("not every node joined within --join_timeout" if "Timeout" in type(err).__name__ else "")
         notice(spec.host, f"rendezvous failed: {type(err).__name__}{': ' + said if said else ''}")

@@ -5,7 +5,9 @@ torchrun's contract: its agent hosts a TCPStore at ``MASTER_ADDR:MASTER_PORT`` a
 (torch/distributed/rendezvous.py, ``_create_c10d_store``). xrun's static path keeps it with a new, empty store for
 each attempt: up before this node starts a rank, closed when the attempt's ranks are gone, so a restarted group
 reads nothing of the attempt before (torch 2.13 puts no attempt prefix on the keys, and torchft's carry none).
-Under ``--elastic`` torch's own agent decides (xrun.launch.elastic.run).
+Under ``--elastic`` each rendezvous round decides rank 0's node and its port: ``AttemptStores`` hosts a new store
+there for every round (xrun.launch.elastic.run). One store is one ``StoreServer`` on one port: a job of several
+groups (replica groups, issue 39 §2) hosts one per group.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ipaddress
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from xrun.common.output.streams import notice
 from xrun.common.spec import NodeSpec
 from xrun.errors import PortBusyError
 from xrun.launch.store.server import StoreServer
@@ -32,11 +35,13 @@ def store_endpoint(spec: NodeSpec) -> tuple[str, int] | None:
         return None
     for rank in spec.ranks:
         if rank.rank == 0 and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT"):
-            return (_loopback_or_every(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
+            return (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
     return None
 
 
-def _loopback_or_every(master: str) -> str:
+def listen_address(master: str) -> str:
+    """Where a store for ranks told ``MASTER_ADDR=master`` listens: that address when it is a loopback one, else
+    every address (``""``)."""
     try:
         return master if ipaddress.ip_address(master).is_loopback else ""
     except ValueError:  # a name: it may resolve differently on each node
@@ -51,10 +56,51 @@ def agent_store(spec: NodeSpec) -> Iterator[StoreServer | None]:
     if endpoint is None:
         yield None
         return
-    host, port = endpoint
+    server = hosted(spec.host, *endpoint)
     try:
-        server = StoreServer(host, port)
-    except OSError as err:
-        raise PortBusyError(spec.host, port, port_holder(port)) from err
-    with server.start():
         yield server
+    finally:
+        close(spec.host, server)
+
+
+def hosted(node: str, address: str, port: int) -> StoreServer:
+    """A new, empty store listening at ``address:port``, started; a port taken is ``PortBusyError`` on ``node``."""
+    try:
+        server = StoreServer(address, port)
+    except OSError as err:
+        raise PortBusyError(node, port, port_holder(port)) from err
+    return server.start()
+
+
+def close(node: str, server: StoreServer) -> None:
+    """Close an attempt's store, saying so if its loop met an error of its own on the way (it went on serving: a
+    bug of xrun's, worth a report; the ranks' own errors never count)."""
+    server.close()
+    if server.loop_error is not None:
+        notice(node, f"the store at port {server.port} met an error of its own and went on serving: "
+                     f"{type(server.loop_error).__name__}: {server.loop_error} (please report it)")
+
+
+class AttemptStores:
+    """``--elastic``: the store of each rendezvous round, on the node that is rank 0's in that round.
+
+    torch's rendezvous (c10d, etcd) picks rank 0's node and, with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, a free
+    port of that node as ``MASTER_PORT``, anew each round; its workers would then host their own store in rank 0
+    (``TORCHELASTIC_USE_AGENT_STORE=False``). xrun's agents instead host it, as for a static job: each round closes
+    this node's store of the round before and, on rank 0's node, opens a new, empty one at the round's port before
+    its workers start, so a restarted group reads nothing of the last (torch's shared store, kept across rounds,
+    would hand it every key of the attempts before)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.server: StoreServer | None = None
+
+    def next_round(self, *, rank_0_here: bool, master_addr: str, master_port: int) -> None:
+        self.close()
+        if rank_0_here:
+            self.server = hosted(self.node, listen_address(master_addr), master_port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            close(self.node, self.server)
+            self.server = None
