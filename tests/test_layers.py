@@ -237,7 +237,7 @@ RANKS = {
     ],
     "xrun.launch": [
         {"xrun.launch.procs", "xrun.launch.network", "xrun.launch.telemetry", "xrun.launch.preload",
-         "xrun.launch.store"},
+         "xrun.launch.store", "xrun.launch.replicas"},
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},

@@ -9,6 +9,7 @@ from xrun.common.command import agent_argv
 from xrun.common.ranks.cpusets import gpu_nodes, plan_bindings
 from xrun.common.spec import NodeSpec
 from xrun.launch.agent import preloaded, run_node_result
+from xrun.launch.replicas.lighthouse import lighthouse
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
@@ -48,7 +49,8 @@ class LocalBackend:
         # The job-level part (xrun.runner.backends.local_job: the head's restart rules, verdict and summary) loads
         # before the ranks start only with restarts: it is 31 modules, ~2 MiB of RSS that each rank's process
         # would inherit at fork (tests/test_summary.py measures it).
-        with preloaded(plan.nodes[0]) as helper:  # --preload: one helper for every attempt
+        # --preload: one helper for every attempt; --replica_groups: torchft's Lighthouse, up before any rank
+        with preloaded(plan.nodes[0]) as helper, lighthouse(plan.nodes[0]):
             if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
                 from xrun.runner.backends.local_job import run_attempts  # lazy: see above
 
