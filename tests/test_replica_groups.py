@@ -12,7 +12,7 @@ from tests.conftest import ROOT, eventually, run_xrun
 from tests.test_store import torchft_missing
 from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.common.spec import NodeSpec, ReplicaGroups
+from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
 from xrun.errors import UsageError
 from xrun.launch.replicas import lighthouse
 from xrun.runner.backends import Invocation
@@ -73,6 +73,14 @@ def test_a_channel_plan_leaves_addresses_to_the_barrier_and_node_spec_round_trip
     spec = NodeSpec("a", 0, ranks, replicas=groups)
     assert NodeSpec.from_json(spec.to_json()) == spec
     assert spec.world_size == 2  # the job's ranks, not the group's
+
+
+def test_a_restart_keeps_each_groups_port_and_counts_the_attempt():
+    """--max_restarts: the next attempt's ranks keep their group's port (the local run's restarts pass one port)."""
+    node = plan(2).nodes[0]
+    again = with_rendezvous(node, "127.0.0.1", 7777, 1)
+    assert [(r.env["MASTER_PORT"], r.env["TORCHELASTIC_RESTART_COUNT"]) for r in again.ranks] == [
+        ("6000", "1"), ("6000", "1"), ("6001", "1"), ("6001", "1")]
 
 
 def plan(groups, *, ports=(), world=None, backend="local", master_port=6000):

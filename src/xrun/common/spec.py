@@ -289,10 +289,11 @@ def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_
     """``spec`` with what the start barrier decided filled in (a channel backend's plan has no MASTER_ADDR, and its
     port is only node 0's first try) and, with --max_restarts, the attempt (torch's contract:
     ``TORCHELASTIC_RESTART_COUNT``)."""
+    # --replica_groups (a local run only, for now): each group keeps the address and port planned for it
+    meet = {} if spec.replicas is not None else {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
     ranks = tuple(
         RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
-                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                      "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+                 env={**r.env, **meet, "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
         for r in spec.ranks
     )
     return replace(spec, ranks=ranks)
