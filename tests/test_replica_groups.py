@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, eventually, run_xrun
-from tests.test_store import torchft_missing
+from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, eventually, run_xrun
+from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.spec import ElasticOptions, NodeSpec, ReplicaGroups
 from xrun.errors import PortBusyError
@@ -309,18 +309,6 @@ def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path, mode)
 
 
 TORCHFT_JOB = os.path.join(ROOT, "tests", "procs", "torchft_job.py")
-
-
-def torchft_missing() -> str | None:
-    """Why the torchft test cannot run here; CI installs torchft==0.2.0 (.ci/run) and sets XRUN_REQUIRE_TORCHFT."""
-    try:
-        import numpy  # noqa: F401  - torchft needs it and does not declare it
-        import torchft  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("XRUN_REQUIRE_TORCHFT"):
-            raise
-        return f"torchft is not installed ({err}): pip install torchft==0.2.0 numpy"
-    return None
 
 
 @pytest.fixture
