@@ -248,7 +248,7 @@ RANKS = {
         {"xrun.runner.hosts", "xrun.runner.torchrun"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
          "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", *POD_PLANNING},
-        {"xrun.runner.network"},
+        {"xrun.runner.network", "xrun.runner.report"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},
         {"xrun.runner.backends"},

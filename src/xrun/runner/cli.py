@@ -160,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xrun.runner.check import main as check_main
 
         return check_main(args[1:])
+    if args and args[0] == "report":
+        from xrun.runner.report.command import main as report_main  # lazy, as xrun check's
+
+        return report_main(args[1:])
     try:
         request, dry_run = parse_request(args)
         plan = plan_job(request)

@@ -117,6 +117,7 @@ from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
+from xrun.runner.report.command import write_report
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -265,6 +266,8 @@ class ControlServer:
             write_json(os.path.join(log_dir, "failure.json"), {
                 "exit_code": verdict.exit_code, "headline": headline(verdict),
                 "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
+        if self.record is not None and log_dir is not None:
+            write_report(log_dir)  # report.html (issue 40 §2): the record drawn, once every file above is written
         return verdict.exit_code
 
     def close(self) -> None:

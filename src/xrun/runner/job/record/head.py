@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from xrun import __version__
 from xrun.channel import Kind, Message
+from xrun.common.output.logfiles import EVENTS_FILE
 from xrun.common.output.status import say
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.stragglers import ClockOffset, StragglerScores
@@ -47,7 +48,6 @@ from xrun.runner.job.record.file import FLUSH_EVERY, EventsFile
 from xrun.runner.job.record.goodput import Goodput
 from xrun.runner.plan import Plan
 
-EVENTS_FILE = "events.jsonl"
 # a rank's reading stays in the samples this many periods after it came (a lost node's ranks drop out after it)
 USAGE_KEPT_FOR = 2
 # the ranks' CPU and RSS cost ~10 bytes a rank in a sample: a bigger job has them in every k-th sample only,
@@ -93,7 +93,7 @@ class JobRecord:
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
                    max_restarts=job.config.restart.max_restarts, hang_timeout=options.hang_timeout,
-                   sample_every_s=self.every, usage_every=self.usage_stride)
+                   sample_every_s=self.every, usage_every=self.usage_stride, **_contract(plan))
 
     def write(self, now: float, event: str, *, sample: bool = False, **fields: Any) -> None:
         self.put(now, event, fields, sample=sample)
@@ -311,3 +311,10 @@ class JobRecord:
         node = self.job.nodes.by_agent.get(agent)
         return None if node is None else node.rank
 
+
+def _contract(plan: Plan) -> dict[str, Any]:
+    """``job_started``'s ``run_id``, ``command`` (rank 0's argv), ``env`` (the env contract rank 0 got on top of
+    its node's environment) and ``local_ranks`` (each node's count, by node rank): what report.html shows."""
+    first = plan.nodes[0].ranks[0] if plan.nodes and plan.nodes[0].ranks else None
+    return {"run_id": plan.request.run_id, "command": None if first is None else list(first.argv),
+            "env": None if first is None else dict(first.env), "local_ranks": [len(n.ranks) for n in plan.nodes]}

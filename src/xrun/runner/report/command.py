@@ -1,0 +1,70 @@
+"""``xrun report DIR`` (a run in progress, or one that died) and the head's ``write_report`` at a run's end."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+from xrun.common.output.logfiles import REPORT_HTML
+from xrun.common.output.status import say
+from xrun.errors import RecordError, UsageError, XrunError
+from xrun.printable import one_line
+from xrun.runner.report.model import report_of
+from xrun.runner.report.page import render
+from xrun.runner.report.record import read_run
+
+USAGE = "usage: xrun report DIR (a run's --log_dir): writes DIR/report.html from DIR/events.jsonl (docs/report.md)"
+
+
+def main(args: Sequence[str]) -> int:
+    if list(args) in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        if len(args) != 1 or args[0].startswith("-"):
+            raise UsageError("xrun report", f"give one directory, a run's --log_dir ({USAGE})")
+        path = report(args[0])
+    except XrunError as err:
+        print(f"xrun: {one_line(str(err))}", file=sys.stderr)
+        return err.exit_code
+    print(path)
+    return 0
+
+
+def report(log_dir: str) -> str:
+    """Write ``log_dir``'s report.html from its record; its path."""
+    run = read_run(log_dir)
+    page = render(report_of(run.lines, summary=run.summary, failure=run.failure, torn=run.torn), plotly_js())
+    path = os.path.join(log_dir, REPORT_HTML)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+        os.replace(tmp, path)  # a reader (a browser reloading it) never sees half a page
+    except OSError as err:
+        raise RecordError(path, None, f"cannot write it: {err.strerror or err}") from None
+    return path
+
+
+def write_report(log_dir: str) -> None:
+    """The head's, at the end of a run with ``--log_dir``: the page, or one line saying why not (the job's end and
+    its exit code stand)."""
+    try:
+        report(log_dir)
+    except XrunError as err:
+        say(f"no {REPORT_HTML}: {one_line(str(err))}")
+
+
+def plotly_js() -> str | None:
+    """plotly.js as Python's ``plotly`` package ships it (``pip install 'xrun[report]'``), found without importing
+    plotly (its import costs more than the page); None when it is not installed."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
