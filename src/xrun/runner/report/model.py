@@ -38,6 +38,8 @@ class Outcome(Enum):
 
 @dataclass(frozen=True)
 class Span:
+    """A stretch of a lane: an attempt of the job, of a node on its host, of a rank to its exit."""
+
     lane: str
     start: float
     end: float
@@ -76,8 +78,8 @@ class Report:
     facts: tuple[tuple[str, str], ...]
     command: tuple[str, ...] | None
     env: tuple[tuple[str, str], ...]
-    lanes: tuple[str, ...]  # top to bottom
-    spans: tuple[Span, ...]
+    lanes: tuple[str, ...]  # the timeline's, top to bottom
+    spans: tuple[Span, ...]  # every one (the timeline draws those on its lanes; the table lists all)
     marks: tuple[Mark, ...]
     attempts: tuple[tuple[str, ...], ...]  # rows of ATTEMPT_COLUMNS
     charts: tuple[Chart, ...]  # lateness, CPU, memory
@@ -123,9 +125,10 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
     _close_open_spans(fold)
     world = _int(fold.started.get("world_size")) or 0
     shown_ranks = _shown_ranks(fold, world)
-    labels = _labels(fold, shown_ranks)
-    spans = tuple(span_with(span, labels[lane]) for lane, span in fold.spans if lane in labels)
-    marks = tuple(mark_with(mark, labels[lane]) for lane, mark in fold.marks if lane in labels)
+    labels = _labels(fold, set(range(world)) | {lane[1] for lane, _ in (*fold.spans, *fold.marks) if lane[0] == "rank"})
+    shown = [lane for lane in labels if lane[0] != "rank" or lane[1] in shown_ranks]
+    spans = tuple(span_with(span, labels[lane]) for lane, span in fold.spans)
+    marks = tuple(mark_with(mark, labels[lane]) for lane, mark in fold.marks)
     notes = []
     if torn:
         notes.append("The record's last line was cut (the run was still writing it, or was killed): it is left out.")
@@ -141,7 +144,7 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
         command=None if not isinstance(fold.started.get("command"), list)
         else tuple(_text(a) for a in fold.started["command"]),
         env=tuple(sorted((_text(k), _text(v)) for k, v in _mapping(fold.started.get("env")).items())),
-        lanes=tuple(labels[lane] for lane in sorted(labels, key=_lane_order(fold))),
+        lanes=tuple(labels[lane] for lane in sorted(shown, key=_lane_order(fold))),
         spans=spans,
         marks=marks,
         attempts=tuple(fold.attempts),
@@ -195,8 +198,7 @@ def _rank_exited(fold: _Fold, line: Mapping[str, Any]) -> None:
     else:
         outcome = Outcome.OK if code == 0 else Outcome.FAILED
     fold.exited.add((attempt, rank))
-    fold.spans.append((("rank", rank), Span("", start, t, outcome,
-                                            f"rank {rank} on {host}, attempt {attempt}: {said} at {t:g} s")))
+    fold.spans.append((("rank", rank), Span("", start, t, outcome, f"attempt {attempt} on {host}: {said}")))
 
 
 def _failure(fold: _Fold, line: Mapping[str, Any]) -> None:
@@ -280,7 +282,7 @@ def _attempt_ended(fold: _Fold, line: Mapping[str, Any]) -> None:
             host = fold.node_hosts.get(node, ["?"])[-1]
             fold.spans.append((("node", node), Span(
                 "", start, lost if lost is not None else t, Outcome.LOST if lost is not None else outcome,
-                f"node {node} on {host}, attempt {attempt}: " + ("lost" if lost is not None else said))))
+                f"attempt {attempt} on {host}: " + ("lost" if lost is not None else said))))
     replaced = "; ".join(f"{_text(r.get('spare_host'))} for {_text(r.get('lost_host'))} as node "
                          f"{_text(r.get('node_rank'))}" for r in line.get("replaced") or () if isinstance(r, Mapping))
     fold.attempts.append((str(attempt), f"{began:g}", f"{t:g}", _text(line.get("ran_s")), ending, said,
@@ -314,14 +316,13 @@ def _close_open_spans(fold: _Fold) -> None:
                 continue
             host = fold.node_hosts.get(node, ["?"])[-1]
             fold.spans.append((("node", node), Span("", start, end, Outcome.RUNNING,
-                                                    f"node {node} on {host}, attempt {attempt}: no end in the record")))
+                                                    f"attempt {attempt} on {host}: no end in the record")))
             for rank in firsts.get(node, ()):
                 if (attempt, rank) not in fold.exited:
                     fold.rank_node.setdefault(rank, node)
                     fold.rank_host.setdefault(rank, host)
                     fold.spans.append((("rank", rank), Span("", start, end, Outcome.RUNNING,
-                                                            f"rank {rank} on {host}, attempt {attempt}: no exit "
-                                                            f"in the record")))
+                                                            f"attempt {attempt} on {host}: no exit in the record")))
 
 
 def _first_ranks(local_ranks: Any) -> dict[int, range]:
@@ -338,6 +339,7 @@ def _first_ranks(local_ranks: Any) -> dict[int, range]:
 # -- lanes --------------------------------------------------------------------------------------------------------
 
 def _shown_ranks(fold: _Fold, world: int) -> set[int]:
+    """The ranks with a lane: every one up to RANK_LANES_UP_TO, else those with a mark or a failed span."""
     ranks = set(range(world)) | {lane[1] for lane, _ in fold.spans if lane[0] == "rank"}
     if len(ranks) <= RANK_LANES_UP_TO:
         return ranks

@@ -99,12 +99,13 @@ def render(report: Report, plotly_js: str | None) -> str:
 
 def _timeline(report: Report) -> dict[str, Any]:
     data: list[dict[str, Any]] = []
+    lanes = set(report.lanes)
     for outcome in Outcome:
-        spans = [s for s in report.spans if s.outcome is outcome]
+        spans = [s for s in report.spans if s.outcome is outcome and s.lane in lanes]
         if spans:
             data.append(_bars(outcome, spans))
     kinds: dict[str, list[Mark]] = {}
-    for mark in report.marks:
+    for mark in (m for m in report.marks if m.lane in lanes):
         kinds.setdefault(mark.kind, []).append(mark)
     for kind, marks in kinds.items():
         labelled = len(marks) <= MARK_LABELS_UP_TO
@@ -119,13 +120,14 @@ def _timeline(report: Report) -> dict[str, Any]:
         "xaxis": {"title": {"text": "seconds since the job's start"}, "rangemode": "tozero"},
         "yaxis": {"type": "category", "categoryorder": "array", "categoryarray": [_plot(x) for x in report.lanes],
                   "autorange": "reversed", "automargin": True},
-        "legend": {"orientation": "h"}}}
+        "showlegend": True, "legend": {"orientation": "h"}}}
 
 
 def _bars(outcome: Outcome, spans: Sequence[Span]) -> dict[str, Any]:
     return {"type": "bar", "orientation": "h", "name": _plot(outcome.value), "y": [_plot(s.lane) for s in spans],
             "base": [s.start for s in spans], "x": [max(s.end - s.start, 1e-3) for s in spans],
-            "hovertext": [_plot(s.text) for s in spans], "hoverinfo": "text", "width": 0.6,
+            "hovertext": [_plot(f"{s.lane}, {s.text} ({s.start:g}-{s.end:g} s)") for s in spans], "hoverinfo": "text",
+            "width": 0.6,
             "marker": {"color": COLOURS[outcome]}}
 
 
