@@ -20,7 +20,8 @@ CHROMIUM = "/usr/bin/chromium"
 
 @dataclass(frozen=True)
 class Drawn:
-    """What the browser shows: the timeline's lanes (its y axis), every text on the page, the seconds to draw."""
+    """What the browser shows: the timeline's lanes (its y axis), the page's text (not its scripts), the seconds
+    from the page's load to every chart drawn, and the screenshot."""
 
     lanes: tuple[str, ...]
     text: str
@@ -75,7 +76,9 @@ def open_report(page_path: Path, shot_dir: Path, name: str) -> Drawn:
             seconds = time.monotonic() - began
             lanes = tuple(page.eval_on_selector_all("#timeline .yaxislayer-above .ytick text",
                                                     "els => els.map(e => e.textContent)"))
-            text = page.inner_text("body")
+            # the DOM's text, folded tables included (what grep and a screen reader that opens them read)
+            text = page.evaluate("Array.from(document.body.children).filter(e => e.tagName !== 'SCRIPT')"
+                                 ".map(e => e.textContent).join('\\n')")
             svg_text = " ".join(page.eval_on_selector_all("svg text", "els => els.map(e => e.textContent)"))
             shot = shot_dir / f"{name}.png"
             page.screenshot(path=str(shot), full_page=True)

@@ -38,7 +38,7 @@ def record(*, hosts=("a", "b"), ranks=2, samples=0, cause="rank 1 (local 1) on a
         lines += [{"t": t0 + 0.1, "event": "node_started", "attempt": attempt, "node": n,
                    "host": "spare" if attempt and n == 1 else h} for n, h in enumerate(hosts)]
         if attempt == 0:
-            lines.append({"t": 2.0, "event": "straggler_named", "attempt": 0, "rank": 2, "host": hosts[1],
+            lines.append({"t": 2.0, "event": "straggler_named", "attempt": 0, "rank": 2, "host": hosts[2 // ranks],
                           "late_ms": 180.0})
             for i in range(samples):
                 lines.append({"t": 2.0 + i * 6 / max(samples, 1), "event": "sample", "attempt": 0,

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.headserver import console_of
+from tests.report_browser import open_report
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
 from xrun.common.output.status import PlainStatus
@@ -368,3 +369,8 @@ def test_head_summary_json_has_the_history(tmp_path):
     summary = json.loads((logs / "summary.json").read_text())
     assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
     assert summary["attempts"][0]["exit_code"] == 3 and summary["attempts"][1]["root_cause"] is None
+    # the head drew it (issue 40 §2): in a real browser, a lane per rank and the restart with its cause
+    drawn = open_report(logs / "report.html", tmp_path, "restart")
+    assert sorted(drawn.lanes) == ["job", "node 0 (a)", "rank 0 (a)", "rank 1 (a)"]
+    cause = "restart after attempt 0: rank 1 (local 1) on a exited with code 3"
+    assert cause in drawn.svg_text and cause in drawn.text  # beside its mark, and in the marks' table

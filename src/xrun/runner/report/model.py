@@ -96,9 +96,10 @@ class _Fold:
     started: dict[str, Any] = field(default_factory=dict)
     node_hosts: dict[int, list[str]] = field(default_factory=dict)
     rank_node: dict[int, int] = field(default_factory=dict)
-    rank_host: dict[int, str] = field(default_factory=dict)
+    rank_hosts: dict[int, list[str]] = field(default_factory=dict)
     attempt_t: dict[int, float] = field(default_factory=dict)
     node_t: dict[tuple[int, int], float] = field(default_factory=dict)  # (attempt, node) -> its ranks started
+    node_ran_on: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, node) -> the host it ran on
     node_end: dict[tuple[int, int], float] = field(default_factory=dict)  # (attempt, node) -> lost at
     exited: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank)
     spans: list[tuple[Lane, Span]] = field(default_factory=list)
@@ -179,6 +180,7 @@ def _node_started(fold: _Fold, line: Mapping[str, Any]) -> None:
     if node is not None:
         _host_of(fold, node, _text(line.get("host")))
         fold.node_t[(attempt, node)] = _t(line)
+        fold.node_ran_on[(attempt, node)] = _text(line.get("host"))
 
 
 def _rank_exited(fold: _Fold, line: Mapping[str, Any]) -> None:
@@ -186,7 +188,7 @@ def _rank_exited(fold: _Fold, line: Mapping[str, Any]) -> None:
     if rank is None:
         return
     host = _text(line.get("host"))
-    fold.rank_host[rank] = host
+    _add_host(fold.rank_hosts, rank, host)
     if node is not None:
         fold.rank_node[rank] = node
     t = _t(line)
@@ -247,7 +249,7 @@ def _straggler(fold: _Fold, line: Mapping[str, Any]) -> None:
     if rank is None:
         return
     host = _text(line.get("host"))
-    fold.rank_host.setdefault(rank, host)
+    fold.rank_hosts.setdefault(rank, [host])
     if line["event"] == "straggler_named":
         mark = Mark("", _t(line), "straggler", f"straggler: rank {rank} ({host}) +{_text(line.get('late_ms'))} ms")
     else:
@@ -279,10 +281,11 @@ def _attempt_ended(fold: _Fold, line: Mapping[str, Any]) -> None:
     for (a, node), start in fold.node_t.items():
         if a == attempt:
             lost = fold.node_end.get((a, node))
-            host = fold.node_hosts.get(node, ["?"])[-1]
+            host = fold.node_ran_on[(a, node)]
             fold.spans.append((("node", node), Span(
                 "", start, lost if lost is not None else t, Outcome.LOST if lost is not None else outcome,
                 f"attempt {attempt} on {host}: " + ("lost" if lost is not None else said))))
+            _unexited_ranks(fold, attempt, node, start, lost if lost is not None else t, Outcome.LOST)
     replaced = "; ".join(f"{_text(r.get('spare_host'))} for {_text(r.get('lost_host'))} as node "
                          f"{_text(r.get('node_rank'))}" for r in line.get("replaced") or () if isinstance(r, Mapping))
     fold.attempts.append((str(attempt), f"{began:g}", f"{t:g}", _text(line.get("ran_s")), ending, said,
@@ -303,26 +306,29 @@ _ON_LINE = {
 
 
 def _close_open_spans(fold: _Fold) -> None:
-    """An attempt the record never ended (a run still going, or its head killed): its spans run to the last line,
-    and each rank of its started nodes that has no exit yet gets one too."""
+    """An attempt the record never ended (a run still going, or its head killed): its spans run to the last line."""
     end = fold.last_t
-    firsts = _first_ranks(fold.started.get("local_ranks"))
     for attempt, began in fold.attempt_t.items():
         if attempt in fold.ended:
             continue
         fold.spans.append((JOB, Span("", began, end, Outcome.RUNNING, f"attempt {attempt}: no end in the record")))
         for (a, node), start in fold.node_t.items():
-            if a != attempt:
-                continue
-            host = fold.node_hosts.get(node, ["?"])[-1]
-            fold.spans.append((("node", node), Span("", start, end, Outcome.RUNNING,
-                                                    f"attempt {attempt} on {host}: no end in the record")))
-            for rank in firsts.get(node, ()):
-                if (attempt, rank) not in fold.exited:
-                    fold.rank_node.setdefault(rank, node)
-                    fold.rank_host.setdefault(rank, host)
-                    fold.spans.append((("rank", rank), Span("", start, end, Outcome.RUNNING,
-                                                            f"attempt {attempt} on {host}: no exit in the record")))
+            if a == attempt:
+                host = fold.node_ran_on[(a, node)]
+                fold.spans.append((("node", node), Span("", start, end, Outcome.RUNNING,
+                                                        f"attempt {attempt} on {host}: no end in the record")))
+                _unexited_ranks(fold, attempt, node, start, end, Outcome.RUNNING)
+
+
+def _unexited_ranks(fold: _Fold, attempt: int, node: int, start: float, end: float, outcome: Outcome) -> None:
+    """A span for each rank of ``node`` with no exit in ``attempt``: still running, or gone with its lost node."""
+    host = fold.node_ran_on[(attempt, node)]
+    for rank in _first_ranks(fold.started.get("local_ranks")).get(node, ()):
+        if (attempt, rank) not in fold.exited:
+            fold.rank_node.setdefault(rank, node)
+            _add_host(fold.rank_hosts, rank, host)
+            said = "no exit in the record" + (" (its node was lost)" if outcome is Outcome.LOST else "")
+            fold.spans.append((("rank", rank), Span("", start, end, outcome, f"attempt {attempt} on {host}: {said}")))
 
 
 def _first_ranks(local_ranks: Any) -> dict[int, range]:
@@ -353,8 +359,8 @@ def _labels(fold: _Fold, ranks: Iterable[int]) -> dict[Lane, str]:
     for node in set(range(nodes)) | set(fold.node_hosts):
         labels[("node", node)] = f"node {node} ({' → '.join(fold.node_hosts.get(node, ['?']))})"
     for rank in ranks:
-        host = fold.rank_host.get(rank)
-        labels[("rank", rank)] = f"rank {rank}" + (f" ({host})" if host is not None else "")
+        hosts = fold.rank_hosts.get(rank)
+        labels[("rank", rank)] = f"rank {rank}" + (f" ({' → '.join(hosts)})" if hosts else "")
     return labels
 
 
@@ -374,7 +380,12 @@ def _lane_order(fold: _Fold) -> Any:
 
 
 def _host_of(fold: _Fold, node: int, host: str) -> None:
-    hosts = fold.node_hosts.setdefault(node, [])
+    _add_host(fold.node_hosts, node, host)
+
+
+def _add_host(hosts_of: dict[int, list[str]], key: int, host: str) -> None:
+    """A node's or a rank's hosts in order (a spare swap adds one)."""
+    hosts = hosts_of.setdefault(key, [])
     if not hosts or hosts[-1] != host:
         hosts.append(host)
 

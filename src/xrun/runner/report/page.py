@@ -28,8 +28,10 @@ COLOURS = {Outcome.OK: "#4c9a2a", Outcome.FAILED: "#d62728", Outcome.STOPPED: "#
 SYMBOLS = {"restart": "triangle-left", "failure": "x", "spare swap": "star", "node lost": "x-thin-open",
            "hang": "hourglass", "stop": "square", "straggler": "diamond", "recovered": "diamond-open",
            "first collective": "circle-open"}
-# where a kind's label sits beside its mark: marks of the same moment (a failure, its stop, the restart) apart
-PLACES = {"stop": "bottom left", "failure": "bottom right", "hang": "bottom left", "node lost": "bottom left"}
+# the kinds written beside their mark (the others: on hover and in the marks' table), and where: marks of the same
+# moment (a failure, the restart that follows it) apart
+PLACES = {"restart": "top right", "spare swap": "top right", "straggler": "top right", "hang": "bottom right",
+          "failure": "bottom right"}
 MARK_LABELS_UP_TO = 40  # marks of one kind written beside their symbol (more: on hover and in the table only)
 LANE_PX = 22
 
@@ -108,7 +110,7 @@ def _timeline(report: Report) -> dict[str, Any]:
     for mark in (m for m in report.marks if m.lane in lanes):
         kinds.setdefault(mark.kind, []).append(mark)
     for kind, marks in kinds.items():
-        labelled = len(marks) <= MARK_LABELS_UP_TO
+        labelled = kind in PLACES and len(marks) <= MARK_LABELS_UP_TO
         data.append({"type": "scatter", "name": _plot(kind), "mode": "markers+text" if labelled else "markers",
                      "x": [m.t for m in marks], "y": [_plot(m.lane) for m in marks],
                      "text": [_plot(m.text) for m in marks], "textposition": PLACES.get(kind, "top right"),
@@ -134,7 +136,7 @@ def _bars(outcome: Outcome, spans: Sequence[Span]) -> dict[str, Any]:
 def _chart(chart: Chart) -> dict[str, Any]:
     return {"data": [{"type": "scatter", "mode": "lines+markers", "name": _plot(s.name), "x": list(chart.t),
                       "y": list(s.values)} for s in chart.series],
-            "layout": {"title": {"text": _plot(chart.title)}, "height": 320,
+            "layout": {"title": {"text": _plot(chart.title)}, "height": 320, "showlegend": True,
                        "xaxis": {"title": {"text": "seconds since the job's start"}},
                        "yaxis": {"title": {"text": _plot(chart.unit)}, "rangemode": "tozero"}}}
 
