@@ -4,7 +4,9 @@ from setuptools import find_packages, setup
 # instead of the newest CUDA build (several GB). numpy: without it every torch rank warns "Failed to initialize
 # NumPy" twice (issue 13).
 # setuptools and wheel: tests/test_packaging.py builds the wheel from the tree, as `pip install .` does.
-TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
+# plotly and playwright: report.html's charts and the tests that open it in Chromium (issue 40 §2).
+REPORT = ["plotly>=5"]
+TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5", *REPORT, "playwright>=1.40"]
 
 setup(
     name="xrun",
@@ -28,6 +30,7 @@ setup(
         # NVML's reading of who holds GPU memory after an attempt (xrun.launch.ranks.gpu_release); without it
         # xrun asks nvidia-smi
         "gpu": ["nvidia-ml-py>=12"],
+        "report": REPORT,  # report.html's charts: plotly.js, as the plotly package ships it (docs/report.md)
         "test": TEST,
         "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],

@@ -1,11 +1,12 @@
 #!/bin/sh
 # Install what the network-namespace test cluster (tests/cluster) needs: sshd/ssh for the nodes, pdsh,
-# OpenMPI + MPICH, Slurm + munge, and the iproute2/iptables/procps tools the harness drives.
+# OpenMPI + MPICH, Slurm + munge, and the iproute2/iptables/procps tools the harness drives; chromium, the browser
+# that opens report.html in its tests (driven by playwright with the system browser: no `playwright install`).
 # Idempotent: installs nothing (and skips `apt-get update`) when every package is already present.
 set -eu
 
 PACKAGES="openssh-server openssh-client pdsh openmpi-bin libopenmpi-dev mpich numactl slurm-wlm munge
-iproute2 iptables procps"
+iproute2 iptables procps chromium"
 
 missing=""
 for pkg in $PACKAGES; do
