@@ -201,3 +201,13 @@ def test_the_page_of_a_job_whose_head_was_killed(tmp_path):
     assert set(drawn.lanes) == {"job", "node 0 (127.0.0.1)", "rank 0 (127.0.0.1)", "rank 1 (127.0.0.1)"}
     assert "no end in the record: the run is still going, or its head died" in drawn.text
     assert "running at the last line" in drawn.svg_text  # the legend of the spans that never ended
+
+
+def test_a_link_planted_where_the_page_goes_is_replaced_not_written_through(tmp_path):
+    logs = write_record(tmp_path / "logs", record())
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs")
+    (logs / "report.html").symlink_to(target)
+    report(str(logs))
+    assert target.read_text() == "theirs" and not (logs / "report.html").is_symlink()
+    assert [p.name for p in logs.iterdir() if p.name.endswith(".tmp")] == []

@@ -117,7 +117,6 @@ from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
-from xrun.runner.report.command import write_report
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -267,6 +266,10 @@ class ControlServer:
                 "exit_code": verdict.exit_code, "headline": headline(verdict),
                 "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         if self.record is not None and log_dir is not None:
+            # Lazy: the page's modules (~1.3 MiB of RSS with hashlib) are needed once, at the end; pod mode's node 0
+            # forks its ranks from this process.
+            from xrun.runner.report.command import write_report
+
             write_report(log_dir)  # report.html (issue 40 §2): the record drawn, once every file above is written
         return verdict.exit_code
 

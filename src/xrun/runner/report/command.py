@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from xrun.common.output.logfiles import REPORT_HTML
@@ -38,11 +39,17 @@ def report(log_dir: str) -> str:
     run = read_run(log_dir)
     page = render(report_of(run.lines, summary=run.summary, failure=run.failure, torn=run.torn), plotly_js())
     path = os.path.join(log_dir, REPORT_HTML)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(tmp, path)  # a reader (a browser reloading it) never sees half a page
+        # a new file of a random name (O_EXCL: a link planted there is never written through; 0600 as summary.json),
+        # renamed over the page: a reader (a browser reloading it) never sees half a page, a link there is replaced
+        fd, tmp = tempfile.mkstemp(prefix=f".{REPORT_HTML}.", suffix=".tmp", dir=log_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(page)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     except OSError as err:
         raise RecordError(path, None, f"cannot write it: {err.strerror or err}") from None
     return path
