@@ -266,8 +266,8 @@ class ControlServer:
                 "exit_code": verdict.exit_code, "headline": headline(verdict),
                 "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         if self.record is not None and log_dir is not None:
-            # Lazy: the page's modules (~1.3 MiB of RSS with hashlib) are needed once, at the end; pod mode's node 0
-            # forks its ranks from this process.
+            # Lazy: the page's modules (~1.3 MiB of RSS, hashlib's OpenSSL among them) are needed once, at the end:
+            # the head does not carry them while the job runs.
             from xrun.runner.report.command import write_report
 
             write_report(log_dir)  # report.html (issue 40 §2): the record drawn, once every file above is written
