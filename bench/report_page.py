@@ -18,11 +18,12 @@ from typing import Any
 
 
 def synthetic_record(nodes: int, ranks: int, minutes: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """The lines of a job that fails once (rank 5), restarts, loses node 3 to a spare, and has rank 9 late."""
+    """The lines of a job that fails once (rank 0), restarts, loses node 3 to a spare, and has rank 9 late."""
     rng = random.Random(seed)
     world = nodes * ranks
     hosts = [f"node{n:04d}" for n in range(nodes)]
     stride = -(-world // 1000)
+    late, swapped = min(9, world - 1), min(3, nodes - 1)  # the straggler rank, the node the spare replaces
     lines: list[dict[str, Any]] = [{
         "t": 0.0, "event": "job_started", "unix_ns": 1796554073869735566, "xrun": "0.1.0", "nodes": nodes,
         "world_size": world, "hosts": [*hosts, "spare0"], "spares": 1, "max_restarts": 2, "hang_timeout": 600.0,
@@ -38,26 +39,26 @@ def synthetic_record(nodes: int, ranks: int, minutes: int, *, seed: int = 0) -> 
                       "master_addr": "10.0.0", "master_port": 29500})
         for n, host in enumerate(hosts):
             lines.append({"t": began + 1, "event": "node_started", "attempt": attempt, "node": n,
-                          "host": "spare0" if attempt and n == 3 else host})
-        lines.append({"t": began + 60, "event": "straggler_named", "attempt": attempt, "rank": 9, "host": hosts[1],
-                      "late_ms": 180.0})
+                          "host": "spare0" if attempt and n == swapped else host})
+        lines.append({"t": began + 60, "event": "straggler_named", "attempt": attempt, "rank": late,
+                      "host": hosts[late // ranks], "late_ms": 180.0})
         t = began + 60
         while t < ends[attempt] - 60:
             t += 60
             sample: dict[str, Any] = {"t": t, "event": "sample", "attempt": attempt, "collectives_scored": int(t * 10),
-                                      "stragglers": [9], "late_ms": {"9": 180.0 + rng.random() * 20}}
+                                      "stragglers": [late], "late_ms": {str(late): 180.0 + rng.random() * 20}}
             if int(t / 60) % stride == 0:
                 sample["cpu_pct"] = [rng.randint(90, 110) for _ in range(world)]
                 sample["rss_mib"] = [rng.randint(3000, 3100) for _ in range(world)]
             lines.append(sample)
         end = ends[attempt]
         if attempt == 0:
-            lines.append({"t": end, "event": "rank_exited", "attempt": 0, "node": 0, "host": hosts[0], "rank": 5,
-                          "local_rank": 5, "code": 1, "signal": None, "stopped": False})
-            lines.append({"t": end, "event": "failure", "attempt": 0, "reason": "rank 5 (local 5) exited with code 1",
-                          "host": hosts[0], "rank": 5, "exit_code": 1})
+            lines.append({"t": end, "event": "rank_exited", "attempt": 0, "node": 0, "host": hosts[0], "rank": 0,
+                          "local_rank": 0, "code": 1, "signal": None, "stopped": False})
+            lines.append({"t": end, "event": "failure", "attempt": 0, "reason": "rank 0 (local 0) exited with code 1",
+                          "host": hosts[0], "rank": 0, "exit_code": 1})
         for rank in range(world):
-            if attempt == 0 and rank == 5:
+            if attempt == 0 and rank == 0:
                 continue
             lines.append({"t": end + 2, "event": "rank_exited", "attempt": attempt, "node": rank // ranks,
                           "host": hosts[rank // ranks], "rank": rank, "local_rank": rank % ranks,
@@ -65,14 +66,14 @@ def synthetic_record(nodes: int, ranks: int, minutes: int, *, seed: int = 0) -> 
                           "stopped": attempt == 0})
         lines.append({"t": end + 5, "event": "attempt_ended", "attempt": attempt, "began_at_s": began,
                       "ran_s": end - began, "ended_at_s": end + 5,
-                      "root_cause": "rank 5 (local 5) exited with code 1" if attempt == 0 else None, "host": None,
+                      "root_cause": "rank 0 (local 0) exited with code 1" if attempt == 0 else None, "host": None,
                       "rank": None, "exit_code": 1 if attempt == 0 else None, "replaced": [],
                       "ending": "restart" if attempt == 0 else "final"})
         if attempt == 0:
-            lines.append({"t": end + 10, "event": "node_lost", "attempt": 0, "node": 3, "host": hosts[3],
+            lines.append({"t": end + 10, "event": "node_lost", "attempt": 0, "node": swapped, "host": hosts[swapped],
                           "reason": "its agent's connection dropped"})
-            lines.append({"t": end + 12, "event": "spare_swapped", "attempt": 1, "node": 3, "lost_host": hosts[3],
-                          "spare_host": "spare0"})
+            lines.append({"t": end + 12, "event": "spare_swapped", "attempt": 1, "node": swapped,
+                          "lost_host": hosts[swapped], "spare_host": "spare0"})
     lines.append({"t": ends[1] + 6, "event": "job_ended", "exit_code": 0, "root_cause": None, "interrupted_by": None,
                   "attempts": 2})
     return lines
@@ -102,7 +103,8 @@ def main() -> None:
     if ns.browser:
         from tests.report_browser import open_report
 
-        result["draw_s"] = round(open_report(page, out, "report-scale").seconds, 2)
+        drawn = open_report(page, out, "report-scale")
+        result["draw_s"], result["busy_s"] = round(drawn.seconds, 2), round(drawn.busy_s, 2)
     print(json.dumps(result))
 
 

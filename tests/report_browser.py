@@ -27,6 +27,7 @@ class Drawn:
     text: str
     svg_text: str  # the charts' own text (labels beside the marks, legends, axis ticks)
     seconds: float
+    busy_s: float  # the renderer's main thread busy meanwhile (Chromium's TaskDuration): less the machine's load
     screenshot: Path
 
 
@@ -70,10 +71,13 @@ def open_report(page_path: Path, shot_dir: Path, name: str) -> Drawn:
                     r.abort()
 
             page.route("**/*", route)
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
             began = time.monotonic()
             page.goto(page_path.resolve().as_uri())
             page.wait_for_selector("body[data-drawn]", timeout=30_000)
             seconds = time.monotonic() - began
+            metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
             lanes = tuple(page.eval_on_selector_all("#timeline .yaxislayer-above .ytick text",
                                                     "els => els.map(e => e.textContent)"))
             # the DOM's text, folded tables included (what grep and a screen reader that opens them read)
@@ -89,4 +93,4 @@ def open_report(page_path: Path, shot_dir: Path, name: str) -> Drawn:
         shutil.copy(shot, os.path.join(os.environ["XRUN_ARTIFACTS"], shot.name))
     assert not errors, errors
     assert not requests, requests
-    return Drawn(lanes, text, svg_text, seconds, shot)
+    return Drawn(lanes, text, svg_text, seconds, metrics.get("TaskDuration", 0.0), shot)

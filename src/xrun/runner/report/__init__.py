@@ -5,9 +5,8 @@
 * ``model.report_of``: pure, the lines turned into what the page shows: the lanes (the job, each node, each rank)
   with their spans and marks, the lateness, CPU and memory series (thinned to a bound), the root cause in words,
   the command and the env contract;
-* ``page.render``: the page itself: the charts drawn by plotly.js (read from the installed ``plotly`` package,
-  ``pip install 'xrun[report]'``, and embedded whole), every fact also in its text and tables, every string from
-  the record escaped;
+* ``page.render``: the page itself: the charts drawn by plotly.js (its basic bundle, vendored in ``vendor/`` with
+  its licence, embedded whole), every fact also in its text and tables, every string from the record escaped;
 * ``command``: ``xrun report DIR`` and the head's ``write_report`` at the end of every run with ``--log_dir``.
 
 May import ``xrun.common``; the control server (``xrun.runner.job.control_server``) and the command line import

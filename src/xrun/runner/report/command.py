@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from xrun.runner.report.model import report_of
 from xrun.runner.report.page import render
 from xrun.runner.report.record import read_run
 
+PLOTLY_JS = "plotly-basic.min.js"
 USAGE = "usage: xrun report DIR (a run's --log_dir): writes DIR/report.html from DIR/events.jsonl (docs/report.md)"
 
 
@@ -64,14 +64,8 @@ def write_report(log_dir: str) -> None:
         say(f"no {REPORT_HTML}: {one_line(str(err))}")
 
 
-def plotly_js() -> str | None:
-    """plotly.js as Python's ``plotly`` package ships it (``pip install 'xrun[report]'``), found without importing
-    plotly (its import costs more than the page); None when it is not installed."""
-    spec = importlib.util.find_spec("plotly")
-    if spec is None or spec.origin is None:
-        return None
-    try:
-        with open(os.path.join(os.path.dirname(spec.origin), "package_data", "plotly.min.js"), encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return None
+def plotly_js() -> str:
+    """plotly.js's basic bundle (bar and scatter traces, all the page draws), vendored beside this module with its
+    MIT licence: plotly.js-basic-dist-min 4.1.1 from npm (docs/report.md says why and how to update it)."""
+    with open(os.path.join(os.path.dirname(__file__), "vendor", PLOTLY_JS), encoding="utf-8") as f:
+        return f.read()

@@ -1,8 +1,8 @@
 """report.html: a ``model.Report`` as one self-contained page (docs/report.md).
 
-The charts are plotly.js's (made for timelines and line charts; Python's ``plotly`` package ships the whole
-library as one file, so nothing is fetched from a CDN: clusters have no internet); the page embeds it whole
-and hands it the figures as JSON: no chart code here, only the figures' data. Every fact a chart draws is also
+The charts are plotly.js's (made for timelines and line charts; its basic bundle is vendored in the package, so
+nothing is fetched from a CDN: clusters have no internet); the page embeds it whole and hands it the figures as
+JSON: no chart code here, only the figures' data. Every fact a chart draws is also
 in the page's text (titles, tables), so a screen reader, ``grep`` and a test read the same.
 
 Everything from the record (hostnames, reasons, the command) is hostile input: the page's text is escaped as
@@ -51,15 +51,13 @@ pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap;word-break:break-all}.n
 .cause{font-size:1.1em}details{margin:.4em 0 1.2em}"""
 
 
-def render(report: Report, plotly_js: str | None) -> str:
-    """The page; ``plotly_js`` None (the ``report`` extra not installed): the text and tables only, and a line
-    that says how to get the charts."""
+def render(report: Report, plotly_js: str) -> str:
+    """The page, with ``plotly_js`` (the library's source) embedded."""
     figures = {"timeline": _timeline(report),
                **{f"chart{i}": _chart(c) for i, c in enumerate(report.charts) if c.series}}
-    scripts = [] if plotly_js is None else [plotly_js, GLUE]
+    scripts = [plotly_js, GLUE]
     hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
-    csp = (f"default-src 'none'; script-src {hashes or chr(39) + 'none' + chr(39)}; style-src 'unsafe-inline'; "
-           f"img-src data:; font-src data:")
+    csp = f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data:; font-src data:"
     e = _escape
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -89,12 +87,8 @@ def render(report: Report, plotly_js: str | None) -> str:
         f'<pre id="command">{e(shlex.join(report.command)) if report.command else "not in the record"}</pre>',
         _table(("variable", "value"), report.env, id_="env"), "</section>",
     ]
-    if plotly_js is None:
-        parts.append('<p class="note">No charts: the plotly package is not installed where this page was written '
-                     "(pip install 'xrun[report]'); every fact is in the tables above.</p>")
-    else:
-        parts.append(f'<script type="application/json" id="xrun-figures">{_json(figures)}</script>')
-        parts.extend(f"<script>{s}</script>" for s in scripts)
+    parts.append(f'<script type="application/json" id="xrun-figures">{_json(figures)}</script>')
+    parts.extend(f"<script>{s}</script>" for s in scripts)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 
