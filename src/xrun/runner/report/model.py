@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from statistics import median
 from typing import Any
@@ -94,6 +94,7 @@ class _Fold:
     """The state of the fold over the lines (private to ``report_of``)."""
 
     started: dict[str, Any] = field(default_factory=dict)
+    ranks_of: dict[int, range] = field(default_factory=dict)  # node -> its global ranks (job_started's local_ranks)
     node_hosts: dict[int, list[str]] = field(default_factory=dict)
     rank_node: dict[int, int] = field(default_factory=dict)
     rank_hosts: dict[int, list[str]] = field(default_factory=dict)
@@ -117,7 +118,7 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
               failure: Mapping[str, Any] | None = None, torn: bool = False) -> Report:
     """The page's content from the record's ``lines`` (the first is ``job_started``) and, when written,
     ``summary.json`` and ``failure.json``."""
-    fold = _Fold(started=dict(lines[0]))
+    fold = _Fold(started=dict(lines[0]), ranks_of=_ranks_of(lines[0].get("local_ranks")))
     for line in lines:
         fold.last_t = max(fold.last_t, _t(line))
         on_line = _ON_LINE.get(str(line.get("event")))
@@ -128,8 +129,8 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
     shown_ranks = _shown_ranks(fold, world)
     labels = _labels(fold, set(range(world)) | {lane[1] for lane, _ in (*fold.spans, *fold.marks) if lane[0] == "rank"})
     shown = [lane for lane in labels if lane[0] != "rank" or lane[1] in shown_ranks]
-    spans = tuple(span_with(span, labels[lane]) for lane, span in fold.spans)
-    marks = tuple(mark_with(mark, labels[lane]) for lane, mark in fold.marks)
+    spans = tuple(replace(span, lane=labels[lane]) for lane, span in fold.spans)
+    marks = tuple(replace(mark, lane=labels[lane]) for lane, mark in fold.marks)
     notes = []
     if torn:
         notes.append("The record's last line was cut (the run was still writing it, or was killed): it is left out.")
@@ -152,14 +153,6 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
         charts=_charts(fold.samples, world),
         notes=tuple(notes),
     )
-
-
-def span_with(span: Span, lane: str) -> Span:
-    return Span(lane, span.start, span.end, span.outcome, span.text)
-
-
-def mark_with(mark: Mark, lane: str) -> Mark:
-    return Mark(lane, mark.t, mark.kind, mark.text)
 
 
 # -- the lines, one handler an event ---------------------------------------------------------------------------------
@@ -323,7 +316,7 @@ def _close_open_spans(fold: _Fold) -> None:
 def _unexited_ranks(fold: _Fold, attempt: int, node: int, start: float, end: float, outcome: Outcome) -> None:
     """A span for each rank of ``node`` with no exit in ``attempt``: still running, or gone with its lost node."""
     host = fold.node_ran_on[(attempt, node)]
-    for rank in _first_ranks(fold.started.get("local_ranks")).get(node, ()):
+    for rank in fold.ranks_of.get(node, ()):
         if (attempt, rank) not in fold.exited:
             fold.rank_node.setdefault(rank, node)
             _add_host(fold.rank_hosts, rank, host)
@@ -331,7 +324,7 @@ def _unexited_ranks(fold: _Fold, attempt: int, node: int, start: float, end: flo
             fold.spans.append((("rank", rank), Span("", start, end, outcome, f"attempt {attempt} on {host}: {said}")))
 
 
-def _first_ranks(local_ranks: Any) -> dict[int, range]:
+def _ranks_of(local_ranks: Any) -> dict[int, range]:
     """Each node's global ranks from ``job_started``'s ``local_ranks`` (ranks are consecutive in node order)."""
     out: dict[int, range] = {}
     first = 0
@@ -366,8 +359,7 @@ def _labels(fold: _Fold, ranks: Iterable[int]) -> dict[Lane, str]:
 
 def _lane_order(fold: _Fold) -> Any:
     """The job on top, then each node followed by its ranks."""
-    firsts = _first_ranks(fold.started.get("local_ranks"))
-    node_of = {rank: node for node, ranks in firsts.items() for rank in ranks} | fold.rank_node
+    node_of = {rank: node for node, ranks in fold.ranks_of.items() for rank in ranks} | fold.rank_node
 
     def key(lane: Lane) -> tuple[int, int, int]:
         if lane[0] == "job":
