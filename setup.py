@@ -4,7 +4,8 @@ from setuptools import find_packages, setup
 # instead of the newest CUDA build (several GB). numpy: without it every torch rank warns "Failed to initialize
 # NumPy" twice (issue 13).
 # setuptools and wheel: tests/test_packaging.py builds the wheel from the tree, as `pip install .` does.
-TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
+METRICS = ["prometheus_client>=0.17"]  # --metrics_port (issue 40): imported only when the flag is given
+TEST = METRICS + ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
 
 setup(
     name="xrun",
@@ -30,6 +31,7 @@ setup(
         "gpu": ["nvidia-ml-py>=12"],
         "test": TEST,
         "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
+        "metrics": METRICS,
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13", "nvidia-ml-py>=12"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },

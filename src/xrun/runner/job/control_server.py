@@ -28,7 +28,8 @@ xrun asks it for a job-wide dump, and a stop after a failure asks the agents for
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
 xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
 ``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
-(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
+(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine; with
+``--metrics_port`` (``xrun.runner.metrics``) the record is kept without a file if need be, and Prometheus reads it.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -56,7 +57,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
@@ -118,6 +119,9 @@ from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
 
+if TYPE_CHECKING:
+    from xrun.runner.metrics.exporter import MetricsServer
+
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
 
@@ -155,8 +159,20 @@ class ControlServer:
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
         self._begin_attempt()
+        self.metrics: MetricsServer | None = None
+        if plan.request.metrics is not None:
+            # Lazy: prometheus_client loads only with --metrics_port (the launch path stays lean). Bound before the
+            # record opens its file: a port refused costs nothing else.
+            from xrun.runner.metrics.exporter import MetricsServer
+
+            self.metrics = MetricsServer(plan, plan.request.metrics)
         log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
-        self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic()) if log_dir else None
+        self.record: JobRecord | None = None
+        if log_dir or self.metrics is not None:  # the metrics read the record's folds (no log_dir: no file)
+            folds = () if self.metrics is None else (self.metrics.tally,)
+            self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic(), folds=folds)
+        if self.metrics is not None and self.record is not None:
+            self.metrics.serve(self.job, self.record, lambda: self.stragglers)
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -268,6 +284,8 @@ class ControlServer:
         return verdict.exit_code
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for sock in self.listeners:
             self.remove_reader(sock)
             sock.close()
