@@ -1,4 +1,4 @@
-"""Live metrics (issue 40 §3, xrun.runner.metrics): the exposition of a synthetic record parsed back with
+"""Live metrics (issue 40 §3, xrun.runner.job.metrics): the exposition of a synthetic record parsed back with
 prometheus_client's own parser, the flags' one-line errors, and a real head with real agents scraped over HTTP
 while its job runs (a real Prometheus scrapes a cluster job: tests/cluster/test_restarts.py)."""
 
@@ -21,10 +21,10 @@ from xrun.common.telemetry.usage import RankUsage
 from xrun.errors import UsageError
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics.exporter import JobCollector, MetricsServer
+from xrun.runner.job.metrics.tally import RecordTally
 from xrun.runner.job.record.head import JobRecord
-from xrun.runner.metrics.exporter import JobCollector, MetricsServer
-from xrun.runner.metrics.options import MetricsOptions
-from xrun.runner.metrics.tally import RecordTally
+from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.restart_options import RestartPolicy
 

@@ -31,7 +31,7 @@ from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import count_accelerators
-from xrun.runner.metrics.options import add_metrics_flags, metrics_options
+from xrun.runner.metrics_options import add_metrics_flags, metrics_options
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request

@@ -25,7 +25,7 @@ from xrun.errors import UsageError
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import LOCAL_ADDR
-from xrun.runner.metrics.options import MetricsOptions
+from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.restart_options import RestartPolicy

@@ -25,7 +25,7 @@ from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_file
 from xrun.net import master_port
 from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits
-from xrun.runner.metrics.options import check_listen
+from xrun.runner.metrics_options import check_listen
 from xrun.runner.plan import Plan, PortChoice
 
 

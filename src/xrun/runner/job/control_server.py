@@ -29,7 +29,7 @@ ranks' collective records come with the stacks), the straggler samples (``entry_
 xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
 ``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
 (``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine; with
-``--metrics_port`` (``xrun.runner.metrics``) the record is kept without a file if need be, and Prometheus reads it.
+``--metrics_port`` (``xrun.runner.job.metrics``) the record is kept without a file if need be, and Prometheus reads it.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -120,7 +120,7 @@ from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
 
 if TYPE_CHECKING:
-    from xrun.runner.metrics.exporter import MetricsServer
+    from xrun.runner.job.metrics.exporter import MetricsServer
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -163,7 +163,7 @@ class ControlServer:
         if plan.request.metrics is not None:
             # Lazy: prometheus_client loads only with --metrics_port (the launch path stays lean). Bound before the
             # record opens its file: a port refused costs nothing else.
-            from xrun.runner.metrics.exporter import MetricsServer
+            from xrun.runner.job.metrics.exporter import MetricsServer
 
             self.metrics = MetricsServer(plan, plan.request.metrics)
         log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen

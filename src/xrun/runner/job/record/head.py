@@ -59,7 +59,7 @@ _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a fai
 
 
 class Fold(Protocol):
-    """What else reads every line as it is made (``--metrics_port``'s tally, xrun.runner.metrics)."""
+    """What else reads every line as it is made (``--metrics_port``'s tally, xrun.runner.job.metrics)."""
 
     def add(self, line: Mapping[str, Any]) -> None: ...
 

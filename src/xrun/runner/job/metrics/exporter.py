@@ -26,11 +26,11 @@ from prometheus_client.registry import Collector
 from xrun import __version__
 from xrun.common.result.stragglers import StragglerScores
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics.tally import CAUSES, STATES, RecordTally
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.record.goodput import PHASES
 from xrun.runner.job.record.head import JobRecord
-from xrun.runner.metrics.options import MetricsOptions, listen_error
-from xrun.runner.metrics.tally import CAUSES, STATES, RecordTally
+from xrun.runner.metrics_options import MetricsOptions, listen_error
 from xrun.runner.plan import Plan
 
 T = TypeVar("T")
