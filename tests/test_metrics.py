@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_restarts import serve
@@ -21,7 +22,7 @@ from xrun.common.telemetry.usage import RankUsage
 from xrun.errors import UsageError
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.machine import Job
-from xrun.runner.job.metrics.exporter import JobCollector, MetricsServer
+from xrun.runner.job.metrics.exporter import JobPage, MetricsServer, WideFamilies
 from xrun.runner.job.metrics.tally import RecordTally
 from xrun.runner.job.record.head import JobRecord
 from xrun.runner.metrics_options import MetricsOptions
@@ -70,10 +71,7 @@ def synthetic(scores):
         t += 1.0
         record.write(t, line[0], **line[1])
     record.used([RankUsage(0, 150, 2048), RankUsage(3, 20, 1024)], t)
-    collector = JobCollector(plan, job, record, tally, lambda: scores, clock=lambda: t + 1.0)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return generate_latest(registry).decode()
+    return JobPage(plan, job, record, tally, lambda: scores, clock=lambda: t + 1.0).render().decode()
 
 
 def test_the_exposition_of_a_synthetic_record():
@@ -114,6 +112,46 @@ def test_the_series_are_bounded_per_rank_by_rank_and_node_labels_only():
                 assert set(s.labels) == {"rank", "node"}
     # no collective scored yet: no lateness series (0 would claim every rank was measured on time)
     assert "xrun_rank_lateness_seconds{" not in text
+
+
+def test_the_wide_families_are_what_prometheus_client_writes_for_the_same_samples():
+    """WideFamilies writes its 25,000 lines at 1,000 nodes x 8 ranks by hand (its module says why): what
+    ``generate_latest`` makes of the same families, odd values and an odd host included, as prometheus_client's own
+    parser reads both."""
+    plan = make_plan(JobRequest(script="t.py"), {"a": (0, 1, 2), "b": (0, 1, 2)}, "ssh")
+    job = Job(JobConfig.from_plan(plan, join_timeout=30.0), now=0.0)
+    job.nodes[1].host = 'a "b"\\c\nd'  # as a spare's might read once seated (the line is written anew)
+    record = JobRecord(plan, job, log_dir=None, now=0.0)
+    readings = [RankUsage(0, 0, 0), RankUsage(1, 1, 1), RankUsage(4, 12345, 1 << 40), RankUsage(5, 3, 7)]
+    record.used(readings, 1.0)
+    late = {1: 0.1, 2: 1234.5678, 5: 1e9}
+    wide = WideFamilies(plan, job, record, lambda: Scores(late))
+    wide.render(2.0)
+    job.nodes[0].host = "spare1"
+    mine = wide.render(2.0)
+
+    class Same:
+        def collect(self):
+            info = GaugeMetricFamily("xrun_node_info", WideFamilies.HEAD["xrun_node_info"], labels=["node", "host"])
+            for node in job.nodes:
+                info.add_metric([str(node.rank), node.host], 1)
+            yield info
+            for name, values in (("xrun_rank_lateness_seconds", {r: late.get(r, 0.0) / 1e3 for r in range(6)}),
+                                 ("xrun_rank_cpu_cores", {u.rank: u.cpu_pct / 100 for u in readings}),
+                                 ("xrun_rank_resident_memory_bytes", {u.rank: u.rss_kib * 1024 for u in readings})):
+                family = GaugeMetricFamily(name, WideFamilies.HEAD[name], labels=["rank", "node"])
+                for rank, value in values.items():
+                    family.add_metric([str(rank), str(rank // 3)], value)
+                yield family
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Same())
+    theirs = generate_latest(registry).decode()  # labels sorted, Go's float spelling: the same figures
+    parsed = lambda text: [(f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])  # noqa: E731
+                           for f in text_string_to_metric_families(text)]
+    assert parsed(mine.decode()) == parsed(theirs) and len(parsed(theirs)) == 4
+    assert 'xrun_node_info{node="0",host="spare1"} 1.0' in mine.decode()
+    assert mine.count(b"\n") == theirs.count("\n") and not mine.startswith(b"\n") and mine.endswith(b"\n")
 
 
 # -- the flags -------------------------------------------------------------------------------------------------
