@@ -27,9 +27,8 @@ doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here li
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
 xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
-(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine; with
-``--metrics_port`` (``xrun.runner.job.metrics``) the record is kept without a file if need be, and Prometheus reads it.
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay). The job's record (``--log_dir``,
+``--metrics_port``: ``xrun.runner.job.record``) is handed each event fed with its actions and what is read beside it.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -37,10 +36,9 @@ is the next to time out; the machine keeps counts), and a burst of connecting ag
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays what its own streams carry to the job's console (``console``) through this loop and reports sessions that
-end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
-(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
-on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
+end. ``run`` takes over SIGINT, SIGTERM and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the
+``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its
+ranks; the job goes on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
@@ -57,7 +55,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
@@ -111,16 +109,13 @@ from xrun.runner.job.figures import JobFigures
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics import record_and_metrics
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
-
-if TYPE_CHECKING:
-    from xrun.runner.job.metrics.exporter import MetricsServer
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -159,20 +154,7 @@ class ControlServer:
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
         self._begin_attempt()
-        self.metrics: MetricsServer | None = None
-        if plan.request.metrics is not None:
-            # Lazy: prometheus_client loads only with --metrics_port (the launch path stays lean). Bound before the
-            # record opens its file: a port refused costs nothing else.
-            from xrun.runner.job.metrics.exporter import MetricsServer
-
-            self.metrics = MetricsServer(plan, plan.request.metrics)
-        log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
-        self.record: JobRecord | None = None
-        if log_dir or self.metrics is not None:  # the metrics read the record's folds (no log_dir: no file)
-            folds = () if self.metrics is None else (self.metrics.tally,)
-            self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic(), folds=folds)
-        if self.metrics is not None and self.record is not None:
-            self.metrics.serve(self.job, self.record, lambda: self.stragglers)
+        self.record, self.metrics = record_and_metrics(plan, self.job, lambda: self.stragglers, now=time.monotonic())
 
     # What the tests (and a curious caller) read of the outcome.
     @property
