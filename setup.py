@@ -5,7 +5,8 @@ from setuptools import find_packages, setup
 # NumPy" twice (issue 13).
 # setuptools and wheel: tests/test_packaging.py builds the wheel from the tree, as `pip install .` does.
 # playwright: the tests that open report.html in Chromium (the system browser: no `playwright install`; issue 40 §2).
-TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5", "playwright>=1.40"]
+METRICS = ["prometheus_client>=0.17"]  # --metrics_port (issue 40): imported only when the flag is given
+TEST = METRICS + ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5", "playwright>=1.40"]
 
 setup(
     name="xrun",
@@ -33,6 +34,7 @@ setup(
         "gpu": ["nvidia-ml-py>=12"],
         "test": TEST,
         "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
+        "metrics": METRICS,
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13", "nvidia-ml-py>=12"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },

@@ -247,7 +247,8 @@ RANKS = {
     "xrun.runner": [
         {"xrun.runner.hosts", "xrun.runner.torchrun"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
-         "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", *POD_PLANNING},
+         "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", "xrun.runner.metrics_options",
+         *POD_PLANNING},
         {"xrun.runner.network", "xrun.runner.report"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},

@@ -31,6 +31,7 @@ from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import count_accelerators
+from xrun.runner.metrics_options import add_metrics_flags, metrics_options
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
     add_pod_flags(parser)
     add_restart_flags(parser)
+    add_metrics_flags(parser)
     add_torchrun_flags(parser)
     return parser
 
@@ -146,6 +148,7 @@ def _request(ns: argparse.Namespace, program: str, program_args: tuple[str, ...]
         pod=pod_request(ns),
         restart=restart_policy(ns),
         torchrun=torchrun,
+        metrics=metrics_options(ns),
     )
     return request, ns.dry_run
 

@@ -27,8 +27,8 @@ doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here li
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
 xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
-(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay). The job's record (``--log_dir``,
+``--metrics_port``: ``xrun.runner.job.record``) is handed each event fed with its actions and what is read beside it.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -36,10 +36,9 @@ is the next to time out; the machine keeps counts), and a burst of connecting ag
 
 The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
 relays what its own streams carry to the job's console (``console``) through this loop and reports sessions that
-end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
-(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
-on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
+end. ``run`` takes over SIGINT, SIGTERM and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the
+``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its
+ranks; the job goes on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
@@ -49,7 +48,6 @@ may reopen) and the barrier's status (``_show_*``: sent to every node).
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import socket
 import time
@@ -65,7 +63,6 @@ from xrun.common.output.status import PlainStatus, make_status, say
 from xrun.common.output.writer import writer
 from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS
-from xrun.common.result.failure_report import write_json
 from xrun.common.result.outcome import HANG_EXIT
 from xrun.common.result.stragglers import ClockOffsets, StragglerScores
 from xrun.common.telemetry.records import read_entry_times
@@ -73,6 +70,7 @@ from xrun.common.telemetry.usage import read_usage
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
+from xrun.runner.job.end_files import write_end_files
 from xrun.runner.job.events import (
     Action,
     Admit,
@@ -110,8 +108,8 @@ from xrun.runner.job.figures import JobFigures
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics import record_and_metrics
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
@@ -155,8 +153,7 @@ class ControlServer:
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
         self._begin_attempt()
-        log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
-        self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic()) if log_dir else None
+        self.record, self.metrics = record_and_metrics(plan, self.job, lambda: self.stragglers, now=time.monotonic())
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -260,20 +257,13 @@ class ControlServer:
         log_dir = self.plan.request.options.log_dir
         recorded = None if self.record is None else self.record.close(verdict, time.monotonic())
         self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
-        findings = self.doctor.findings
-        if verdict.exit_code != 0 and findings is not None and log_dir is not None:
-            write_json(os.path.join(log_dir, "failure.json"), {
-                "exit_code": verdict.exit_code, "headline": headline(verdict),
-                "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
-        if self.record is not None and log_dir is not None:
-            # Lazy: the page's modules (~1.3 MiB of RSS, hashlib's OpenSSL among them) are needed once, at the end:
-            # the head does not carry them while the job runs.
-            from xrun.runner.report.command import write_report
-
-            write_report(log_dir)  # report.html (issue 40 §2): the record drawn, once every file above is written
+        if log_dir is not None:
+            write_end_files(log_dir, verdict, self.doctor, recorded=self.record is not None)
         return verdict.exit_code
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for sock in self.listeners:
             self.remove_reader(sock)
             sock.close()
