@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 class AgentHooks(Protocol):
     """What a control channel plugs into the agent (xrun.launch.session.driver.Driver)."""
 
+    alone: bool  # this node is the whole job (the local run): it prints its ranks' report and success line
+
     def attach(self, group: RankGroup, doctor: NodeDoctor | None = None) -> None:
         """Register readers on the group's event loop; keep the group to call request_stop(); become the
         doctor's link (stacks, silences) to the head."""
@@ -87,7 +89,8 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
         result = _run_group(spec, hooks, preload)
     # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
     wait_for_gpu_release(result)
-    code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
+    # a node of several reports its failure, the head sums up the job; the whole job's node says its success too
+    code = conclude(result, spec.options.log_dir, announce=hooks is None or hooks.alone)
     if hooks:
         hooks.on_result(result)
     return code, result

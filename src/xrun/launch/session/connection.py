@@ -65,7 +65,8 @@ def connect(server: Server, credentials: Credentials, node_rank: int, *,
         sock = _reach(server, deadline)
         left = deadline - time.monotonic()
         try:
-            return open_link(sock, credentials, node_rank, functools.partial(hello, sock=sock, extra=hello_extra),
+            return open_link(sock, credentials, node_rank,
+                             functools.partial(hello, addr=sock.getsockname()[0], extra=hello_extra),
                              timeout=max(1.0, left) if server.node0 is None else max(2.0, min(HELLO_TIMEOUT, left)))
         except ChannelError as err:
             sock.close()
@@ -137,14 +138,16 @@ def _resolvable(host: str) -> str | bytes:
     return host.encode("ascii") if host.isascii() else host
 
 
-def hello(proof_fields: Mapping[str, Any], sock: socket.socket, extra: Mapping[str, Any] | None = None) -> Message:
-    """The hello, with this connection's proof (``proof``, ``node_rank``: xrun.channel.handshake)."""
+def hello(proof_fields: Mapping[str, Any], addr: str, extra: Mapping[str, Any] | None = None) -> Message:
+    """The hello, with this connection's proof (``proof``, ``node_rank``: xrun.channel.handshake; an in-process
+    link's: ``node_rank`` alone), from ``addr``: this node's address on the route to the server, what peers can
+    use."""
     return message(
         Kind.HELLO,
         **proof_fields,
         host=socket.gethostname(),
         pid=os.getpid(),
-        addr=sock.getsockname()[0],  # this node's address on the route to the server: what peers can use
+        addr=addr,
         versions={"xrun": __version__, "spec": SPEC_VERSION, "python": sys.version.split()[0],
                   "executable": sys.executable},
         **(extra or {}),

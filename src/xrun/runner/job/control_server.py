@@ -131,6 +131,23 @@ class Sessions(Protocol):
         """End every session still open (called once, at the end)."""
 
 
+class NoSessions:
+    """No backend sessions (pod mode, the local run): the job is over once every node has closed its connection
+    (so every node's console lines are read before the report)."""
+
+    def __init__(self) -> None:
+        self.server: ControlServer | None = None
+
+    def register(self, loop: ControlServer) -> None:
+        self.server = loop
+
+    def finished(self, lost: set[str]) -> bool:
+        return self.server is not None and not self.server.node_conns
+
+    def terminate(self) -> None:
+        pass
+
+
 class ControlServer:
     """One run's loop and its connections: what arrives goes to the machine (``feed``), its actions are carried
     out (``_carry_out``)."""
@@ -151,6 +168,10 @@ class ControlServer:
         self.feeding = False
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
+        self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from the main thread
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.add_reader(self._wake_r, self._drain_wake)
         self._begin_attempt()
 
     # What the tests (and a curious caller) read of the outcome.
@@ -208,6 +229,27 @@ class ControlServer:
     def remove_reader(self, fileobj: Any) -> None:
         self.loop.remove_reader(fileobj)
 
+    def open_plain(self, sock: socket.socket, peer: str) -> None:
+        """Serve this process's own agent on ``sock``, one end of a socketpair (the local run: its one node)."""
+        conn = self.links.open_plain(sock, peer, now=time.monotonic())
+        self.add_reader(conn.sock, functools.partial(self.read_from, conn))
+
+    def post_signal(self, signum: int) -> None:
+        """The main thread's xrun got ``signum`` (called there, from the signal handler) while this loop runs on
+        another (``own_signals=False``: pod mode's node 0, the local run): the loop takes it on its next turn, as
+        its own signal (``SelectLoop.take_signals``)."""
+        self.loop.signals.append(signum)  # one append: atomic, the loop pops
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass  # closed: the job is over; or the pipe is full: a wake-up is pending anyway
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
         self.feed(SessionEnded(host, code, detail))
@@ -244,19 +286,25 @@ class ControlServer:
             self.console.close()
             writer().drain()  # every node's last lines (queued for the console) before the report
         verdict = self.job.verdict()
-        for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
+        for line in self._last_words(verdict):
             say(line)
-        if verdict.exit_code != 0:
-            for line in self.doctor.stop_stack_lines():
-                say(line)
         log_dir = self.plan.request.options.log_dir
-        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json())
+        self._sum_up(verdict, log_dir)
         findings = self.doctor.findings
         if verdict.exit_code != 0 and findings is not None and log_dir is not None:
             write_json(os.path.join(log_dir, "failure.json"), {
                 "exit_code": verdict.exit_code, "headline": headline(verdict),
                 "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         return verdict.exit_code
+
+    def _sum_up(self, verdict: Verdict, log_dir: str | None) -> None:
+        """Every rank's figures: the success line or the table, and ``summary.json``."""
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json())
+
+    def _last_words(self, verdict: Verdict) -> list[str]:
+        """The job's report (xrun.runner.job.last_words), and the stacks taken before a failure's stop."""
+        lines = report_lines(verdict, strays=self.gate.strays + self.job.strays)
+        return lines + (self.doctor.stop_stack_lines() if verdict.exit_code != 0 else [])
 
     def close(self) -> None:
         for sock in self.listeners:
@@ -266,6 +314,12 @@ class ControlServer:
         for conn in list(self.conns.values()):
             self.drop(conn)
         self.gate.close()
+        if self._wake_r >= 0:
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1  # first: post_signal then finds no fd to write to
+            self.remove_reader(wake_r)
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _on_signal_received(self, signum: int) -> None:
         if signum == signal.SIGQUIT:

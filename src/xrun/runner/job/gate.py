@@ -67,9 +67,10 @@ class Gate:
     """The control server's door: the TLS context, each connection's handshake, the keys, the bounds."""
 
     def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
-                 identity: ServerIdentity | None = None) -> None:
-        self.identity = identity if identity is not None else ServerIdentity.mint_apart()
-        self.tls = self.identity.server_context()
+                 identity: ServerIdentity | None = None, in_process: bool = False) -> None:
+        # in process: the one node's link is a socketpair (xrun.runner.backends.local): no certificate to mint
+        self.identity = None if in_process else identity if identity is not None else ServerIdentity.mint_apart()
+        self.tls = None if self.identity is None else self.identity.server_context()
         self.keys = keys
         self.prove_server = prove_server
         self.admission = Admission(limits_for(nodes, descriptor_room(nodes)))
@@ -77,12 +78,19 @@ class Gate:
         self.held: dict[int, list[tuple[Conn, Message]]] = {}  # hellos waiting for their node's announced key
         self.strays = 0
 
+    @classmethod
+    def in_process(cls) -> Gate:
+        """The door of a head whose one node is this process's own agent (the local run): no listener, no TLS; its
+        one connection is a plain one (``Connections.open_plain``) whose hello is trusted."""
+        return cls(NodeKeys(1, shared=b""), nodes=1, prove_server=False, in_process=True)  # no key awaited
+
     @property
     def fingerprint(self) -> str:
+        assert self.identity is not None, "an in-process gate has no certificate"
         return self.identity.fingerprint
 
     def handshake(self) -> ServerHandshake:
-        return ServerHandshake(self.keys.for_node, self.identity.fingerprint, prove_server=self.prove_server)
+        return ServerHandshake(self.keys.for_node, self.fingerprint, prove_server=self.prove_server)
 
     def accept(self, listener: socket.socket) -> tuple[socket.socket, str] | None:
         """The next queued connection that may come in; None when none is queued, none could be taken, or a run

@@ -1,0 +1,76 @@
+"""The local run as a one-node job (issue 38 §1): the head's control server and the node's driver, the same two as
+a multi-node job's, joined inside xrun's one process by a socketpair (no TLS, no listening socket, no second
+interpreter). Pod mode's node 0 has the same shape over loopback TCP (xrun.runner.pod.runtime).
+
+    the SignalLatch (from here on a shutdown signal is recorded, never its default action; the head is told)
+    -> socket.socketpair(): the head's end a plain connection (``ControlServer.open_plain``), the node's a plain
+       link (``xrun.launch.session.driver.run_local_node``)
+    -> ``LocalServer.run`` on a background thread (``own_signals=False``): the job state machine
+       (xrun.runner.job.machine): restarts, the stop, the verdict, ``summary.json`` (attempts, stragglers) and
+       ``failure.json``
+    -> the node's ``Driver`` on the main thread: hello, spec, preflight (the preload helper), ready, start, the
+       ranks (the rank group owns the signals while they run), done -> the server's verdict: xrun's exit code
+
+What a one-node job shows differs from a job of several only where there is nothing to say: no barrier status
+(the one node is this process), and the node's own report is the job's (its ranks' table, the success line); the
+head adds only what the restarts say.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from xrun.launch.output.status import say
+from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.launch.session.driver import run_local_node
+from xrun.runner.job.control_server import ControlServer, NoSessions
+from xrun.runner.job.events import ShowJoined, ShowStarted, ShowWaiting, Verdict
+from xrun.runner.job.figures import write_job_summary
+from xrun.runner.job.gate import Gate
+from xrun.runner.job.machine import LINGER
+from xrun.runner.plan import Plan
+
+
+class LocalServer(ControlServer):
+    """The head of a one-node job: no barrier to show; the node's report is the job's (see the module doc)."""
+
+    def _show_joined(self, action: ShowJoined) -> None:
+        pass
+
+    def _show_waiting(self, action: ShowWaiting) -> None:
+        pass
+
+    def _show_started(self, action: ShowStarted) -> None:
+        pass
+
+    def _sum_up(self, verdict: Verdict, log_dir: str | None) -> None:
+        if log_dir is not None and self.figures.ranks:  # the line or the table: the node's own report said it
+            write_job_summary(log_dir, self.figures.ranks, verdict, self.stragglers.to_json())
+
+    def _last_words(self, verdict: Verdict) -> list[str]:
+        return list(verdict.restart_lines)  # --max_restarts: why they ended, each attempt's root cause
+
+
+def run_one_node_job(plan: Plan) -> int:
+    """The local run, to the job's exit code."""
+    with SignalLatch().installed(SHUTDOWN_SIGNALS) as latch:
+        head_end, node_end = socket.socketpair()
+        server = LocalServer(plan, Gate.in_process(), join_timeout=plan.request.remote.join_timeout)
+        server.open_plain(head_end, plan.rendezvous.known_master_addr)
+        codes: list[int] = []
+        thread = threading.Thread(target=_serve, args=(server, codes), name="xrun-head", daemon=True)
+        thread.start()
+        latch.listen(server.post_signal)  # the head stops the job, as a multi-node job's does
+        try:
+            node_code = run_local_node(node_end, plan.rendezvous.known_master_addr)
+        finally:
+            thread.join(LINGER + 2.0)  # the head's last words are said before xrun exits
+        return codes[0] if codes else node_code
+
+
+def _serve(server: LocalServer, codes: list[int]) -> None:
+    try:
+        codes.append(server.run(NoSessions(), own_signals=False))
+    except Exception as err:  # noqa: BLE001 - the main thread reports it; a thread cannot raise to it
+        say(f"the job's control server failed: {err.__class__.__name__}: {err}")
