@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from xrun.errors import PreloadHelperLost
+from xrun.launch.doctor.local_view import LocalView
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.output.streams import notice
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
@@ -113,12 +114,8 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             doctor.attach(group)
             if hooks:
                 hooks.attach(group, doctor)
-            else:
-                # Lazy: only a node that is the whole job compares its ranks' stacks and collectives itself
-                # (collectiveview, stragglers: ~12 ms of a connected agent's start, python -X importtime).
-                from xrun.launch.doctor.local_view import LocalView
-
-                LocalView(doctor)
+            else:  # the stand-alone agent: the whole job, with no head
+                doctor.link = LocalView(doctor)
             return group.run()
     finally:
         doctor.close()

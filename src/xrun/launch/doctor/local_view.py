@@ -1,7 +1,7 @@
-"""The link of a node that is the whole job (the local backend, a stand-alone agent): it shows the merged stacks
-and the collectives' findings itself, acts on a hang (``--hang_action``) and scores its ranks' stragglers on one
-clock (xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; under a head, the driver
-is the link and the head compares).
+"""The link of a node that is the whole job (the local run's one-node job, the stand-alone agent): it shows the
+merged stacks and the collectives' findings itself and acts on a hang (``--hang_action``). xrun.launch.doctor.node_doctor
+has the doctor, xrun.launch.doctor.dumps its dumps; the head scores the stragglers (xrun.runner.backends.one_node);
+under the head of several nodes the driver is the link and the head compares.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from xrun.launch.doctor.dumps import Diagnosis, show_stacks
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.output.streams import notice
 from xrun.launch.result.collectiveview import find_hang, view_lines
-from xrun.launch.result.stragglers import SAME_CLOCK, StragglerScores
 from xrun.launch.spec import HangAction
-from xrun.launch.telemetry.records import EntryTimes
 
 
 class LocalView:
@@ -20,14 +18,6 @@ class LocalView:
 
     def __init__(self, doctor: NodeDoctor) -> None:
         self._doctor = doctor
-        self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
-        doctor.link = self
-        doctor.on_samples = self._sampled
-        doctor.group.stragglers = self._stragglers  # the scores go into the node's result, for the job's summary
-
-    def _sampled(self, samples: list[EntryTimes]) -> None:
-        for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):
-            notice(self._doctor.host, line)
 
     def stacks_wanted(self, reason: str) -> None:
         self._doctor.dump(lambda found: self._show(found, reason))

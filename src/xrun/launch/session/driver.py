@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
 from xrun.errors import PreloadError, PreloadHelperLost, XrunError
+from xrun.launch.doctor.local_view import LocalView
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.output.consoleroute import Route, routed
@@ -216,7 +217,10 @@ class Driver:
         with self._lock:
             pending: list[Event] = [event]
             while pending:
-                for action in self.machine.handle(pending.pop(0), time.monotonic()):
+                event = pending.pop(0)
+                if self.alone and isinstance(event, PreflightFailed):
+                    self._say(event.reason)  # the whole job's one finding, in its own words (its head adds none)
+                for action in self.machine.handle(event, time.monotonic()):
                     answer = self._carry_out(action)
                     if answer is not None:
                         pending.append(answer)
@@ -371,7 +375,9 @@ class Driver:
         """The rank group's loop takes over the inbox (woken once for what already waits)."""
         self._group, self._doctor = group, doctor
         if doctor is not None:
-            doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
+            # SIGQUIT, silence and speech go to the head, which sees every node; a one-node job's node shows its
+            # stacks and acts on its hang itself (LocalView)
+            doctor.link = LocalView(doctor) if self.alone else self
             doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()

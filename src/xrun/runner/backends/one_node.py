@@ -20,20 +20,45 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from dataclasses import replace
 
+from xrun.channel import Kind, Message
 from xrun.launch.output.status import say
+from xrun.launch.output.streams import notice
+from xrun.launch.result.stragglers import SAME_CLOCK
+from xrun.launch.telemetry.records import EntryTimes
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
 from xrun.launch.session.driver import run_local_node
+from xrun.runner.job.config import JobConfig
 from xrun.runner.job.control_server import ControlServer, NoSessions
 from xrun.runner.job.events import ShowJoined, ShowStarted, ShowWaiting, Verdict
 from xrun.runner.job.figures import write_job_summary
 from xrun.runner.job.gate import Gate
-from xrun.runner.job.machine import LINGER
-from xrun.runner.plan import Plan
+from xrun.runner.job.machine import LINGER, Job
+from xrun.runner.plan import Plan, PortChoice
 
 
 class LocalServer(ControlServer):
     """The head of a one-node job: no barrier to show; the node's report is the job's (see the module doc)."""
+
+    said_why = False  # the node's preflight failed: it said why, and that is the job's last line
+
+    def _agent_message(self, node: int, msg: Message) -> None:
+        self.said_why = self.said_why or msg.get("type") == Kind.ERROR.value
+        super()._agent_message(node, msg)
+
+    def _make_job(self, plan: Plan, join_timeout: float) -> Job:
+        """The plan drew rank 0's free port (a local run): it is the node's first try, and each restart's is a
+        fresh one its agent picks (a port the last attempt's ranks held may linger in TIME_WAIT)."""
+        config = JobConfig.from_plan(plan, join_timeout=join_timeout)
+        fresh = plan.request.master_port_choice is PortChoice.FREE and config.elastic is None
+        return Job(replace(config, pick_master_port=fresh or config.pick_master_port), now=time.monotonic())
+
+    def _score(self, node: int, samples: list[EntryTimes], now: float) -> None:
+        host = self._host(node)
+        for line in self.stragglers.add(host, SAME_CLOCK, samples):  # its ranks share this process's clock
+            notice(host, line)  # the node's words, as a one-node job's console has them
 
     def _show_joined(self, action: ShowJoined) -> None:
         pass
@@ -46,10 +71,14 @@ class LocalServer(ControlServer):
 
     def _sum_up(self, verdict: Verdict, log_dir: str | None) -> None:
         if log_dir is not None and self.figures.ranks:  # the line or the table: the node's own report said it
-            write_job_summary(log_dir, self.figures.ranks, verdict, self.stragglers.to_json())
+            # "every node stopped X s later" times a stop across nodes; the one node's report has its own times
+            write_job_summary(log_dir, self.figures.ranks, replace(verdict, stopped_after=None),
+                              self.stragglers.to_json())
 
     def _last_words(self, verdict: Verdict) -> list[str]:
-        return list(verdict.restart_lines)  # --max_restarts: why they ended, each attempt's root cause
+        # --max_restarts: why they ended, each attempt's root cause; not after a preflight's finding, which ends
+        # the run in its one line (xrun.launch.session.driver.Driver.alone)
+        return [] if self.said_why else list(verdict.restart_lines)
 
 
 def run_one_node_job(plan: Plan) -> int:

@@ -67,7 +67,7 @@ from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
 from xrun.launch.result.failure_report import write_json
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
-from xrun.launch.telemetry.records import read_entry_times
+from xrun.launch.telemetry.records import EntryTimes, read_entry_times
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
@@ -402,9 +402,7 @@ class ControlServer:
             elif kind == Kind.COLLECTIVES.value:
                 self.doctor.collectives(node, msg)
             elif kind == Kind.ENTRY_TIMES.value:
-                for line in self.stragglers.add(self._host(node), self.clocks.of(node), read_entry_times(msg)):
-                    self.status.line(line)
-                self.status.stragglers(self.stragglers.status(), now)
+                self._score(node, read_entry_times(msg), now)
             elif kind == Kind.PONG.value:
                 problem = fields_error(msg, PONG_FIELDS)
                 if problem is not None:
@@ -421,6 +419,13 @@ class ControlServer:
         except ValueError as err:
             raise ChannelError(f"{kind}: {err}") from None
         self.feed(agent_event(node, msg))
+
+    def _score(self, node: int, samples: list[EntryTimes], now: float) -> None:
+        """A node's straggler samples, scored on its clock (the pongs' offset); a rank named, or recovered, is a
+        line, and the live status holds who is named now."""
+        for line in self.stragglers.add(self._host(node), self.clocks.of(node), samples):
+            self.status.line(line)
+        self.status.stragglers(self.stragglers.status(), now)
 
     def _closed(self, conn: Conn, reason: str) -> None:
         # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
