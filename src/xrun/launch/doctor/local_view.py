@@ -1,7 +1,7 @@
 """The link of a node that is the whole job (the local run's one-node job, the stand-alone agent): it shows the
-merged stacks and the collectives' findings itself and acts on a hang (``--hang_action``). xrun.launch.doctor.node_doctor
-has the doctor, xrun.launch.doctor.dumps its dumps; the head scores the stragglers (xrun.runner.backends.one_node);
-under the head of several nodes the driver is the link and the head compares.
+merged stacks and the collectives' findings itself and acts on a hang (``--hang_action``).
+xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; the head scores the stragglers
+(xrun.runner.backends.one_node); under the head of several nodes the driver is the link and the head compares.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@
   the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off);
 * with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
   py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and
-  whoever scores stragglers gets every ``SAMPLE_EVERY`` seconds the ranks' entry times: a link that scores them
-  itself (``on_samples``), or the head, as ``entry_times`` messages (``send_samples``).
+  the head, which scores stragglers (a one-node job's too: xrun.runner.backends.one_node), gets every
+  ``SAMPLE_EVERY`` seconds the ranks' entry times as ``entry_times`` messages (``send_samples``).
 
-The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local backend, a stand-alone
-agent) this node is the whole job: the doctor takes the stacks, prints the merged view
+The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local run's one-node job, the
+stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
 (xrun.launch.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
 ``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
 (xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from xrun.launch.ranks.supervise import RankGroup
     from xrun.launch.result.outcome import RankOutcome
     from xrun.launch.telemetry.endpoints import Endpoints
-    from xrun.launch.telemetry.records import EntryTimes
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
 # the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 16 scored collectives were late
@@ -123,9 +122,7 @@ class NodeDoctor:
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
-        # who scores the stragglers of the samples: a link that does it itself (this node is the whole job,
-        # xrun.launch.doctor.local_view), or a head, which they reach as ``entry_times`` messages through send_samples
-        self.on_samples: Callable[[list[EntryTimes]], None] | None = None
+        # the head scores the stragglers of the samples, which reach it as ``entry_times`` messages
         self.send_samples: Callable[[Message], None] | None = None
         # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
         self.link: DoctorLink | None = None
@@ -175,7 +172,7 @@ class NodeDoctor:
         self._hands()
 
     def _scored(self) -> bool:
-        return self.on_samples is not None or self.send_samples is not None
+        return self.send_samples is not None
 
     def _sample(self) -> None:
         """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""
@@ -183,7 +180,8 @@ class NodeDoctor:
         if self._endpoints is None or self.group.stopping:
             return
         ranks = [t.rank for t in self.group.live_targets()]
-        self._hands().sample(ranks, score=self.on_samples, send=self.send_samples)
+        if self.send_samples is not None:
+            self._hands().sample(ranks, send=self.send_samples)
 
     def take_stop_stacks(self) -> None:
         """The live ranks' stacks (and collective records), now and within FAILURE_BUDGET (blocking: they are about

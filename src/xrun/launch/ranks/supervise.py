@@ -60,7 +60,6 @@ from xrun.launch.spec import LocalEcho
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
-    from xrun.launch.result.stragglers import StragglerScores
     from xrun.launch.telemetry.reads import Reading
 
 
@@ -125,7 +124,6 @@ class RankGroup:
         self._hang: str | None = None  # stop_hung's reason
         self.stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks before the stop, for the report
         self.collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry)
-        self.stragglers: StragglerScores | None = None  # where the node is the whole job: it scores them itself
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -338,8 +336,7 @@ class RankGroup:
             self.plugins.before_result(outcomes)
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
-                           stacks=self.stacks, collectives=self.collectives,
-                           stragglers=self.stragglers.to_json() if self.stragglers is not None else None)
+                           stacks=self.stacks, collectives=self.collectives)
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order

@@ -14,9 +14,9 @@ phrase, for notices: "exited with code 7") and ``describe_status`` (a noun phras
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import RankError
@@ -69,9 +69,6 @@ class NodeResult:
     hang: str | None = None  # --hang_action stop stopped the node: why (the silence), for the report
     stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
     collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry; None: not read)
-    # a node that is the whole job (the local run) scores its ranks' stragglers itself: the scores, for the job's
-    # summary.json (StragglerScores.to_json; None: nobody scored here, a head did)
-    stragglers: Mapping[str, Any] | None = None
 
 
 def node_result(
@@ -83,7 +80,6 @@ def node_result(
     hang: str | None = None,
     stacks: Sequence[RankStack] = (),
     collectives: Reading | None = None,
-    stragglers: Mapping[str, Any] | None = None,
 ) -> NodeResult:
     """The node's result from its outcomes (any order; kept in rank order) with the exit code decided."""
     return NodeResult(
@@ -95,7 +91,6 @@ def node_result(
         hang=hang,
         stacks=tuple(stacks),
         collectives=collectives,
-        stragglers=stragglers,
     )
 
 

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
 from xrun.errors import PreloadError, PreloadHelperLost, XrunError
-from xrun.launch.doctor.local_view import LocalView
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.output.consoleroute import Route, routed
@@ -375,9 +374,7 @@ class Driver:
         """The rank group's loop takes over the inbox (woken once for what already waits)."""
         self._group, self._doctor = group, doctor
         if doctor is not None:
-            # SIGQUIT, silence and speech go to the head, which sees every node; a one-node job's node shows its
-            # stacks and acts on its hang itself (LocalView)
-            doctor.link = LocalView(doctor) if self.alone else self
+            doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
             doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()

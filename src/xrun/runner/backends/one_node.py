@@ -21,15 +21,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from xrun.channel import Kind, Message
 from xrun.launch.output.status import say
 from xrun.launch.output.streams import notice
-from xrun.launch.result.stragglers import SAME_CLOCK
-from xrun.launch.telemetry.records import EntryTimes
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.launch.result.stragglers import SAME_CLOCK
 from xrun.launch.session.driver import run_local_node
+from xrun.launch.telemetry.records import EntryTimes
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.control_server import ControlServer, NoSessions
 from xrun.runner.job.events import ShowJoined, ShowStarted, ShowWaiting, Verdict
@@ -55,7 +56,7 @@ class LocalServer(ControlServer):
         fresh = plan.request.master_port_choice is PortChoice.FREE and config.elastic is None
         return Job(replace(config, pick_master_port=fresh or config.pick_master_port), now=time.monotonic())
 
-    def _score(self, node: int, samples: list[EntryTimes], now: float) -> None:
+    def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
         host = self._host(node)
         for line in self.stragglers.add(host, SAME_CLOCK, samples):  # its ranks share this process's clock
             notice(host, line)  # the node's words, as a one-node job's console has them

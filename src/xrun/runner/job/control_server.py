@@ -16,8 +16,8 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   machine's; the wire format is ``xrun.channel``'s.
 
 The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
-``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` makes it ``Ready`` -> ``feed`` ->
-``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
+``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` (xrun.runner.job.wire) makes it ``Ready`` ->
+``feed`` -> ``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
 ``Conn.send`` to every node.
 
 Beside the machine, the agents' ``lines`` go to the job's console (``xrun.runner.job.relay``: every node's lines
@@ -53,7 +53,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Callable, Protocol
 
@@ -74,18 +74,13 @@ from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
 from xrun.runner.job.events import (
     Action,
     Admit,
-    AgentError,
     ConnectionLost,
-    Done,
     Drop,
     Event,
     Failure,
-    Heard,
     HelloReceived,
     Hung,
     PrecheckDone,
-    RankExited,
-    Ready,
     RunPrecheck,
     SendAccept,
     SendPing,
@@ -111,7 +106,7 @@ from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
-from xrun.runner.job.verdict import NODE_FAILURE_EXIT
+from xrun.runner.job.wire import agent_event, hello_event, verdict_message
 from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
 
@@ -420,7 +415,7 @@ class ControlServer:
             raise ChannelError(f"{kind}: {err}") from None
         self.feed(agent_event(node, msg))
 
-    def _score(self, node: int, samples: list[EntryTimes], now: float) -> None:
+    def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
         """A node's straggler samples, scored on its clock (the pongs' offset); a rank named, or recovered, is a
         line, and the live status holds who is named now."""
         for line in self.stragglers.add(self._host(node), self.clocks.of(node), samples):
@@ -571,66 +566,3 @@ class ControlServer:
         """An agent's host as the job names it: its node's (pod mode may rename it), else a hot spare's."""
         node = self.job.nodes.by_agent.get(agent)
         return node.host if node is not None else self.plan.agent_hosts[agent]
-
-
-# -- the wire as the machine sees it --------------------------------------------------------------------------
-#
-# A proven hello for a node rank of the world is a ``HelloReceived``; an admitted agent's ``ready``, ``rank_exited``,
-# ``done`` and ``error`` are their events, any other kind (``started``, ``pong``, a kind a newer agent added) is
-# ``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the connection it
-# came on. The verdict goes back as a message (pod mode, restarts).
-
-
-def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:
-    """A well-formed hello for one of ``nodes`` as the machine's event (key unchecked); None otherwise."""
-    rank = msg.get("node_rank")
-    if msg.get("type") != Kind.HELLO.value or not isinstance(rank, int) or not 0 <= rank < nodes:
-        return None
-    versions = msg.get("versions")
-    version = versions.get("xrun") if isinstance(versions, dict) else None
-    addr = str(msg.get("addr") or peer)
-    host = msg.get("host")
-    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version,
-                         host=host if isinstance(host, str) and host else None)
-
-
-def agent_event(node: int, msg: Message) -> Event:
-    """An admitted agent's message as the machine's event; a malformed field is a protocol error."""
-    kind = msg.get("type")
-    if kind == Kind.READY.value:
-        return Ready(node, master_port=_int(msg, "master_port"))
-    if kind == Kind.RANK_EXITED.value:
-        return RankExited(
-            node, rank=_int(msg, "rank"), local_rank=_int(msg, "local_rank"), code=_int(msg, "code"),
-            signal=_int(msg, "signal"), stopped=bool(msg.get("stopped")),
-            tail=_lines(msg, "tail"),
-        )
-    if kind == Kind.DONE.value:
-        return Done(node, exit_code=_int(msg, "exit_code") or 0)
-    if kind == Kind.ERROR.value:
-        return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
-    return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
-
-
-def verdict_message(verdict: Verdict) -> Message:
-    failure = verdict.failure
-    return message(
-        Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
-        stopped_after=verdict.stopped_after, host=failure.host if failure else None,
-        rank=failure.rank if failure else None, reason=failure.reason if failure else None,
-        line=headline(verdict),  # pod mode: what every node but node 0 prints
-    )
-
-
-def _lines(msg: Message, key: str) -> tuple[str, ...]:
-    value = msg.get(key) or []
-    if not isinstance(value, list):
-        raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not a list of lines")
-    return tuple(str(line) for line in value)
-
-
-def _int(msg: Message, key: str) -> int | None:
-    value = msg.get(key)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not an integer")

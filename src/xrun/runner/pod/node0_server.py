@@ -36,11 +36,12 @@ from xrun.channel import ChannelError, Kind, Message, message
 from xrun.launch.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
-from xrun.runner.job.control_server import ControlServer, NoSessions, hello_event
+from xrun.runner.job.control_server import ControlServer, NoSessions
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
+from xrun.runner.job.wire import hello_event
 from xrun.runner.plan import Plan
 from xrun.runner.pod.digest import PlanDigest, PlanDigestError
 from xrun.runner.pod.hello import PodHello
