@@ -82,7 +82,8 @@ def check_spec(spec: NodeSpec) -> None:
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
         module = len(argv) >= 4 and argv[2] == "-m"
         mode = PythonMode.MODULE if module else PythonMode.SCRIPT
-        check_node(argv[0], mode, argv[3] if module else argv[2], spec.options.log_dir)
+        dashed = not module and len(argv) >= 4 and argv[2] == "--"  # a script named like an option: "-u -- -x.py"
+        check_node(argv[0], mode, argv[3] if module or dashed else argv[2], spec.options.log_dir)
     else:
         check_node(argv[0], PythonMode.NONE, argv[0], spec.options.log_dir)
     check_ranks(spec)

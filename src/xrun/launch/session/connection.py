@@ -199,8 +199,11 @@ class Connection:
                     self._link.send(msg)
         except OSError:
             self._connected = False
+            return False
         self._send_waiting()  # what the loop handed over meanwhile
-        return self._connected
+        # sent: the lines are the head's to show, even if the connection closed since (a False here had the caller
+        # write them here too: the last lines of a one-node job, and of pod mode's node 0, twice)
+        return True
 
     def close(self) -> None:
         """End the reader first, then release the socket it reads."""

@@ -366,8 +366,8 @@ class Driver:
         node's lines; in pod mode with ``--dedupe`` across nodes to node 0 too, which shows every node's lines
         merged, and node 0 shows its own only there (xrun.launch.output.consoleroute)."""
         pod, connection = self.machine.pod, self._connection
-        if connection is None or (pod is not None and not pod.forward_console):
-            return None
+        if connection is None or self.alone or (pod is not None and not pod.forward_console):
+            return None  # alone: this process's console is the job's, no line needs a hop through the head
         return Route(connection.forward_lines, keep_local=pod is not None and pod.node_rank != 0)
 
     def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
