@@ -55,7 +55,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
@@ -107,8 +107,10 @@ from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.wire import agent_event, hello_event, verdict_message
-from xrun.runner.network.precheck_channel import ChannelPrecheck
 from xrun.runner.plan import Plan
+
+if TYPE_CHECKING:
+    from xrun.runner.network.precheck_channel import ChannelPrecheck
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -529,6 +531,9 @@ class ControlServer:
                                     action.pick_master_port, master_port=action.master_port if node0 else 0))
 
     def _run_precheck(self, action: RunPrecheck) -> None:
+        # Lazy: the network check's coordinator loads only with --precheck (not at a one-node job's start)
+        from xrun.runner.network.precheck_channel import ChannelPrecheck
+
         self.precheck = ChannelPrecheck(
             action.nodes, action.hosts, toward=action.toward, now=time.monotonic(), send=self.send,
             add_timer=self.add_timer, stopping=lambda: self.job.stopping,

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 from xrun.channel import Message
 from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.handshake import ServerHandshake
-from xrun.channel.tls_server import ServerIdentity  # cryptography: loaded with the server, only for a real run
 from xrun.runner.job.keys import NodeKeys
 
 if TYPE_CHECKING:
+    from xrun.channel.tls_server import ServerIdentity
     from xrun.runner.job.connections import Conn
 
 PENDING_TOTAL = 512  # strangers at once, all sources: a few MiB of buffers at most
@@ -63,13 +63,21 @@ def descriptor_room(nodes: int) -> int | None:
     return fd_headroom(soft, in_use, keep=KEEP_DESCRIPTORS + nodes)
 
 
+def _mint() -> ServerIdentity:
+    # Lazy: the certificate's module (and, in a forked child, cryptography) loads only for a head that listens,
+    # never for the local run's one-node job (~7 ms of its start, python -X importtime)
+    from xrun.channel.tls_server import ServerIdentity
+
+    return ServerIdentity.mint_apart()
+
+
 class Gate:
     """The control server's door: the TLS context, each connection's handshake, the keys, the bounds."""
 
     def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
                  identity: ServerIdentity | None = None, in_process: bool = False) -> None:
-        # in process: the one node's link is a socketpair (xrun.runner.backends.local): no certificate to mint
-        self.identity = None if in_process else identity if identity is not None else ServerIdentity.mint_apart()
+        # in process: the one node's link is a socketpair (xrun.runner.backends.one_node): no certificate to mint
+        self.identity = None if in_process else identity if identity is not None else _mint()
         self.tls = None if self.identity is None else self.identity.server_context()
         self.keys = keys
         self.prove_server = prove_server
