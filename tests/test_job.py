@@ -55,6 +55,7 @@ STATIC = JobConfig(hosts=HOSTS, join_timeout=30.0, shutdown_timeout=10.0, world_
 SHORT_JOIN = replace(STATIC, join_timeout=8.0)  # within the keepalive's DEAD_AFTER: no pongs needed
 ELASTIC = replace(STATIC, master_port=29500, elastic=ElasticRule(min_nodes=2, master_addr="a"))
 RESTARTS = replace(STATIC, restart=RestartPolicy(max_restarts=1, min_attempt_s=0.0))
+KEEP = replace(STATIC, keep_survivors=True)  # --on_rank_exit keep (issue 39 §3)
 POD_LATE = replace(STATIC, verdict_to_nodes=True)  # pod mode: the verdict (or the stop) goes to every node
 # --precheck --spares 1 without --max_restarts (issue 33): the spare d (agent 3) only replaces a node found bad
 PRECHECK_SPARE = replace(STATIC, precheck=True, restart=RestartPolicy(spares=1), spares=("d",))
@@ -242,6 +243,19 @@ CASES = [
      [SessionEnded("c", 255, "ssh connection lost")],
      [ShowLine("the session to c exited with code 255 before its agent connected (ssh connection lost); the "
                "elastic job goes on without it")], None),
+    # -- --on_rank_exit keep: a rank lost while others run stops nobody; the last rank's failure is one ----------
+    ("keep: a lost rank stops no node, its node's code is not read", KEEP, STARTED,
+     [RankExited(1, rank=2, local_rank=0, signal=int(signal.SIGKILL)), Done(1, 137), RankExited(0, 0, 0, code=0),
+      RankExited(0, 1, 1, code=0), RankExited(2, 3, 0, code=0), Done(0), Done(2)],
+     [ShowLine("rank 2 (local 0) on b was killed by SIGKILL; the other ranks go on (--on_rank_exit keep)")], 0),
+    ("keep: the job's last rank failing is the root cause", KEEP, STARTED,
+     [RankExited(1, rank=2, local_rank=0, code=1), Done(1, 1), RankExited(0, 0, 0, code=0),
+      RankExited(0, 1, 1, code=0), Done(0), RankExited(2, 3, 0, code=5), Done(2, 5)],
+     [ShowLine("rank 2 (local 0) on b exited with code 1; the other ranks go on (--on_rank_exit keep)"),
+      stop((2,), "rank 3 (local 0) on c exited with code 5")], 5),
+    ("keep: a lost node still stops the job", KEEP, STARTED,
+     [ConnectionLost(1, "connection closed"), Done(0, 143), Done(2, 143)],
+     [stop((0, 2), "lost node b: its agent's connection dropped (connection closed)")], 1),
     ("elastic: the done nodes' exit code", ELASTIC, [*STARTED, ConnectionLost(2, "connection closed")],
      [Done(0, 0), Done(1, 0)], [], 0),
 ]
@@ -257,6 +271,17 @@ def test_event_sequences(config, before, steps, expected, exit_code):
         assert job.all_over_at is None
     else:
         assert job.all_over_at is not None and job.verdict().exit_code == exit_code
+
+
+def test_keep_names_the_lost_ranks_in_the_verdict_and_summary():
+    job, _ = play([*STARTED, RankExited(1, rank=2, local_rank=0, code=1), RankExited(0, 0, 0, code=0),
+                   RankExited(0, 1, 1, code=0), RankExited(2, 3, 0, code=0), *ALL_DONE], config=KEEP)
+    verdict = job.verdict()
+    assert verdict.exit_code == 0 and verdict.failure is None and verdict.lost_ranks == (2,)
+    failed, _ = play([*STARTED, RankExited(1, rank=2, local_rank=0, code=1), RankExited(0, 0, 0, code=0),
+                      RankExited(0, 1, 1, code=0), RankExited(2, 3, 0, code=3), *ALL_DONE], config=KEEP)
+    assert report_lines(failed.verdict())[0] == ("job failed: rank 3 (local 0) on c exited with code 3; every node stopped "
+                                                 "0.00 s later; rank 2 lost before it")
 
 
 def test_without_restarts_a_spare_seated_by_the_precheck_is_in_the_record_and_the_standing_spare_told_the_end():

@@ -109,7 +109,7 @@ def test_pbs_allocation_is_the_pool():
 
 
 def test_announcement_names_overriding_flags():
-    line = placed(["--node_rank", "0", "--num_nodes", "2", "--master_port", "1"], PAI).announcement
+    line = placed(["--node_rank", "0", "--num_nodes", "2", "--master_port", "2"], PAI).announcement
     assert line.endswith("; overridden by --node_rank, --num_nodes, --master_port")
     assert placed([], PAI).announcement.count("\n") == 0
     assert placed(["--platform", "none"], PAI).announcement is None
@@ -137,7 +137,7 @@ def test_announcement_names_overriding_flags():
         (["--hosts", "a_b:c"], {}, "--hosts: 'a_b:c': 'a_b:c' is not a host name"),
         (["--num_gpus", "0", "--hosts", "a"], {}, "--num_gpus '0': must be in 1..1024"),
         (["--num_nodes", "0"], PAI, "--num_nodes '0': must be in 1..65536"),
-        ([], dict(PAI, MASTER_PORT="65535"), "--control_port: the default, --master_port + 1, is 65536"),
+        ([], dict(PAI, MASTER_PORT="1"), "--control_port: the default, --master_port - 1, is 0"),
         (["--control_port", "23456"], PAI, "--control_port: 23456 is the master port too"),
         ([], dict(PAI, RANK="x"), "RANK='x': a node rank must be a whole number"),
     ],
@@ -206,7 +206,7 @@ def test_pod_setup(monkeypatch):
     plan = plan_in(monkeypatch, KUBEFLOW, [])
     setup = pod_setup(plan, token="s3cr3t")
     assert (setup.node_rank, setup.num_nodes, setup.master_addr, setup.master_port, setup.control_addr,
-            setup.control_port) == (2, 4, "job-master-0", 23456, "job-master-0", 23457)
+            setup.control_port) == (2, 4, "job-master-0", 23456, "job-master-0", 23455)
     assert dict(setup.world) == {f"node{k}": tuple(range(8)) for k in range(4)}
     assert "s3cr3t" not in repr(setup)
     other = pod_setup(plan_in(monkeypatch, dict(KUBEFLOW, PET_NODE_RANK="0"), []), token=None)
@@ -253,7 +253,7 @@ def test_dry_run_json_on_a_pytorchjob_pod():
     assert (data["backend"], data["world_size"], data["master_addr"], data["master_port"]) == (
         "no_ssh", 6, "dlc1-master-0", 23456)
     assert data["platform"]["name"] == "pytorchjob" and data["platform"]["node_rank"] == 1
-    assert data["pod"]["node_rank"] == 1 and data["pod"]["control_port"] == 23457 and len(data["pod"]["digest"]) == 64
+    assert data["pod"]["node_rank"] == 1 and data["pod"]["control_port"] == 23455 and len(data["pod"]["digest"]) == 64
     node = data["nodes"][1]
     assert node["command"] is not None and "--node_rank=1" in node["command"]
     assert [r["env"]["RANK"] for r in node["ranks"]] == ["2", "3"]  # xrun's ranks, not the platform's RANK=1
@@ -263,7 +263,7 @@ def test_dry_run_text_shows_the_platform():
     result = run_xrun("--dry-run", "--num_gpus", "1", "train.py", env=KUBEFLOW)
     assert result.returncode == 0, result.stderr
     assert "platform: Kubeflow (PET_NNODES, PET_NODE_RANK): node 2 of 4, master job-master-0:23456" in result.stdout
-    assert "pod: node 2 of 4, control job-master-0:23457, plan digest " in result.stdout
+    assert "pod: node 2 of 4, control job-master-0:23455, plan digest " in result.stdout
     assert result.stderr.startswith("xrun: Kubeflow") and result.stderr.count("\n") == 1
 
 

@@ -14,20 +14,25 @@ and enters every collective 50 ms late after it: ``named_after_s`` is how long t
 The messages are encoded with the channel's own ``encode`` before the clock starts; timed is what the head does
 with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channel's frame -> message),
 ``read_entry_times``, the node's clock offset and ``StragglerScores.add``; for a pong ``fields_error`` and
-``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping. The first minute fills the head's state and is not
-counted; the next ``minutes`` are, on this thread's CPU clock (``time.thread_time``). Figures per minute:
+``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping. With ``record`` (1, the default: as with ``--log_dir``)
+the job's record (issue 40, xrun.runner.job.record) takes each message as the control server hands it over
+(``heard``, ``fed`` with the message's ``Heard`` event, ``sampled`` after the scoring) and its timer's ``tick``
+after each, writing ``events.jsonl`` to a temporary folder: ``record_s``. The first minute fills the head's state
+and is not counted; the next ``minutes`` are, on this thread's CPU clock (``time.thread_time``). Figures per minute:
 ``cpu_s`` (all of it), ``decode_s`` (the frames' decoding alone: the channel's part), ``scored`` (collectives
 scored), ``named`` (1 when the slow rank, and only it, was named a straggler by the end) and ``named_after_s``
 (from the warm-up's end, when it became slow, to the line that names it; the issue's bound: 60 s).
 
 Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2),
-``phases`` (``aligned``, ``spread``).
+``phases`` (``aligned``, ``spread``), ``record`` (1; 0: without the job's record).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -37,6 +42,7 @@ from xrun.channel import PING_INTERVAL, Kind, Message, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.channel.framing import HEADER, decode_body, encode
 from xrun.launch.doctor.node_doctor import SAMPLE_EVERY
+from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
 from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
 from xrun.launch.telemetry.records import (
@@ -47,13 +53,18 @@ from xrun.launch.telemetry.records import (
     picked_per_sample,
     read_entry_times,
 )
+from xrun.runner.job.config import JobConfig
+from xrun.runner.job.events import Heard
+from xrun.runner.job.machine import Job
+from xrun.runner.job.record.head import JobRecord
+from xrun.runner.plan import JobRequest, make_plan
 
 NAME = "telemetry_head"
 TITLE = "Scale C. The head's telemetry: entry_times and pongs of N nodes × 8 ranks, CPU per minute"
 TABLE = {
     "metrics": [["cpu_s", "head CPU per minute", "s"], ["decode_s", "decoding entry_times frames", "s"],
                 ["read_s", "reading the samples", "s"], ["score_s", "scoring", "s"],
-                ["clocks_s", "clock offsets (pongs)", "s"],
+                ["clocks_s", "clock offsets (pongs)", "s"], ["record_s", "the job's record (events.jsonl)", "s"],
                 ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""],
                 ["named_after_s", "slow rank named after", "s"]],
     "references": [],
@@ -69,17 +80,18 @@ def run(ctx: Context) -> dict[str, Any]:
     rate = ctx.option("rate", 20.0, 20.0)
     minutes = ctx.option("minutes", 1, 2)
     phases = ctx.option("phases", "aligned", "aligned")
+    record = ctx.option("record", 1, 1)
     if phases not in ("aligned", "spread"):
         raise ValueError(f"telemetry_head: phases={phases!r}: use aligned (as the nodes sample) or spread")
     rounds = ctx.rounds(1, 3)
     sec = section(NAME, TITLE, params={"nodes": nodes, "ranks": ranks, "rate": rate, "minutes": minutes,
-                                       "phases": phases, "rounds": rounds}, skipped={}, table=TABLE, groups=[],
-                  targets=[])
+                                       "phases": phases, "record": record, "rounds": rounds}, skipped={}, table=TABLE,
+                  groups=[], targets=[])
     traffic = Traffic(nodes, ranks, rate, WARM_UP_S + 60.0 * minutes, seed=ctx.rng.randrange(1 << 30),
                       spread=phases == "spread")
 
     def trial(variant: str) -> harness.Trial:
-        return harness.Trial(metrics=head_minute(traffic, minutes), exit_code=0)
+        return harness.Trial(metrics=head_minute(traffic, minutes, record=bool(record)), exit_code=0)
 
     results = harness.run_rounds(["xrun"], rounds, trial, rng=ctx.rng, label=NAME)
     group = {"label": f"{nodes} nodes × {ranks} ranks, {rate:g} collectives/s", "params": {"nodes": nodes},
@@ -138,17 +150,31 @@ def _frame(msg: Message) -> bytes:
     return encode(msg)[HEADER.size:]
 
 
-def head_minute(traffic: Traffic, minutes: int) -> dict[str, float | None]:
+def head_minute(traffic: Traffic, minutes: int, *, record: bool = True) -> dict[str, float | None]:
     """Feed the head's code all of ``traffic``; the CPU of the minutes after the warm-up, per minute."""
+    with tempfile.TemporaryDirectory(prefix="xrun-bench-record-") as log_dir:
+        return _head_minute(traffic, minutes, _record(traffic, log_dir) if record else None)
+
+
+def _record(traffic: Traffic, log_dir: str) -> JobRecord:
+    """The job's record of a plan of ``traffic``'s nodes and ranks, as the control server makes it (time 0)."""
+    world = {f"node{n}": tuple(range(traffic.ranks)) for n in range(traffic.nodes)}
+    request = JobRequest(script="train.py", launch=LaunchOptions(python=sys.executable))
+    plan = make_plan(request, world, "ssh")
+    return JobRecord(plan, Job(JobConfig.from_plan(plan, join_timeout=60.0), now=0.0), log_dir=log_dir, now=0.0)
+
+
+def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> dict[str, float | None]:
     clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
     hosts = [f"node{n}" for n in range(traffic.nodes)]
-    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0}
+    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0, "record_s": 0.0}
     scored_before = 0
     counting = False
     named_at = None
     for at, node, kind, frame in traffic.events:
         if not counting and at >= WARM_UP_S:
             counting, scored_before = True, scores.collectives_scored
+        heard = Heard(node)  # the machine's event for either message, made with or without the record: not timed
         if kind == "pong":
             msg = decode_body(frame)  # the pong is the channel's keepalive: its decoding is not telemetry's
             t0 = time.thread_time()
@@ -157,21 +183,35 @@ def head_minute(traffic: Traffic, minutes: int) -> dict[str, float | None]:
             head_ns = T0 + int(at * 1e9)
             clocks.sent(node, head_ns - 1_000_000)
             clocks.pong(node, head_ns, msg.get("clock_ns"))
+            t1 = time.thread_time()
+            if record is not None:  # the control server's hooks for a pong: heard, fed (Heard), the timer's tick
+                record.heard(node, msg, at)
+                record.fed(heard, (), at)
+                record.tick(at, scores)
             if counting:
-                spent["clocks_s"] += time.thread_time() - t0
+                spent["clocks_s"] += t1 - t0
+                spent["record_s"] += time.thread_time() - t1
             continue
         t0 = time.thread_time()
         msg = decode_body(frame)
         t1 = time.thread_time()
         samples = read_entry_times(msg)
         t2 = time.thread_time()
-        lines = scores.add(hosts[node], clocks.of(node), samples)
+        offset = clocks.of(node)
+        lines = scores.add(hosts[node], offset, samples)
+        t3 = time.thread_time()
+        if record is not None:  # and for entry_times: sampled after the scoring too
+            record.sampled(node, offset, samples, scores, changed=bool(lines), now=at)
+            record.heard(node, msg, at)
+            record.fed(heard, (), at)
+            record.tick(at, scores)
         if named_at is None and any(f"rank {traffic.slow} " in line and "recovered" not in line for line in lines):
             named_at = at
         if counting:
             spent["decode_s"] += t1 - t0
             spent["read_s"] += t2 - t1
-            spent["score_s"] += time.thread_time() - t2
+            spent["score_s"] += t3 - t2
+            spent["record_s"] += time.thread_time() - t3
     named = [s.rank for s in scores.scores() if s.straggler]
     return {"cpu_s": sum(spent.values()) / minutes, **{k: v / minutes for k, v in spent.items()},
             "scored": (scores.collectives_scored - scored_before) / minutes,

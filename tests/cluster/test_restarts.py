@@ -10,6 +10,7 @@ is a wrapper that puts this tree first on PYTHONPATH (over ssh nothing else woul
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -54,9 +55,12 @@ def lines_of(out, word):
 
 @pytest.mark.parametrize("backend", ["ssh", "pdsh"])
 def test_a_rank_crash_restarts_every_node_and_resumes_from_the_checkpoint(cluster, tmp_path, python, backend):
-    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "2", env={"CRASH_RANK": "1"})
+    logs = tmp_path / "logs"
+    proc, mark = start(cluster, tmp_path, python, backend, "--max_restarts", "2", "--log_dir", str(logs),
+                       env={"CRASH_RANK": "1"})
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
+    assert_recorded_a_restart(logs, [n.name for n in cluster.nodes[:3]])
     resumed = sorted(tuple(words[:3]) for words in lines_of(out, "RESUME"))
     assert resumed == [("0", "0", "0"), ("0", "1", "0"), ("0", "2", "0"), ("1", "0", "3"), ("1", "1", "3"),
                        ("1", "2", "3")], out  # attempt 1 resumed from step 3 on every node
@@ -73,6 +77,43 @@ def test_a_rank_crash_restarts_every_node_and_resumes_from_the_checkpoint(cluste
     print(f"{backend}: first failure -> every rank of attempt 1 started: {restarted - crashed:.2f} s")
     assert restarted - crashed < 10.0
     assert_nothing_left(cluster, mark)
+
+
+def assert_recorded_a_restart(logs, hosts):
+    """events.jsonl (docs/events.md) of a 3-node job whose rank 1 (node2) exits 5 in attempt 0: in order, with
+    its content, and the goodput in summary.json the same as its last line's."""
+    events = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+    main = [k for k in kinds if k in ("job_started", "attempt_started", "failure", "stop_requested", "attempt_ended",
+                                      "job_ended")]
+    assert main == ["job_started", "attempt_started", "failure", "stop_requested", "attempt_ended",
+                    "attempt_started", "attempt_ended", "job_ended"], kinds
+    first, restart = kinds.index("attempt_started"), kinds.index("attempt_started", kinds.index("failure"))
+    assert sorted(e["host"] for e in events[:first] if e["event"] == "node_joined") == hosts
+    assert sorted(e["host"] for e in events[:first] if e["event"] == "node_ready") == hosts
+    assert sorted(e["host"] for e in events[restart:] if e["event"] == "node_started") == hosts
+    failure = events[kinds.index("failure")]
+    assert (failure["attempt"], failure["rank"], failure["host"], failure["exit_code"]) == (0, 1, hosts[1], 5)
+    crashed = [e for e in events if e["event"] == "rank_exited" and e["code"] == 5]
+    assert [(e["attempt"], e["rank"], e["host"], e["stopped"]) for e in crashed] == [(0, 1, hosts[1], False)]
+    assert crashed[0]["cpu_s"] > 0 and crashed[0]["peak_rss_bytes"] > 0
+    stop = events[kinds.index("stop_requested")]
+    assert (stop["by"], stop["reason"], stop["nodes"]) == ("failure", failure["reason"], 3)
+    assert [(e["attempt"], e["ending"]) for e in events if e["event"] == "attempt_ended"] == [(0, "restart"),
+                                                                                             (1, "final")]
+    finished = [e for e in events[restart:] if e["event"] == "rank_exited"]
+    assert sorted((e["rank"], e["code"]) for e in finished) == [(0, 0), (1, 0), (2, 0)]
+    end = events[-1]
+    assert (end["event"], end["exit_code"], end["attempts"]) == ("job_ended", 0, 2)
+    goodput = json.loads((logs / "summary.json").read_text())["goodput"]
+    assert goodput == end["goodput"]
+    lost = goodput["lost_s"]
+    assert goodput["wall_s"] == end["t"] and 0 < goodput["share"] < 1
+    assert abs(goodput["training_s"] + sum(lost.values()) - goodput["wall_s"]) < 0.01
+    assert lost["startup"] == events[first]["t"]
+    assert abs(lost["restarts"] - (events[restart]["t"] - crashed[0]["t"])) < 0.002  # the crash ended the training
+    assert lost["hang"] == 0
 
 
 def test_a_rank_that_always_fails_stops_after_n_restarts_with_its_code(cluster, tmp_path, python):

@@ -59,6 +59,19 @@ def test_a_killed_node_is_replaced_by_the_hot_spare_and_the_job_finishes(cluster
     summary = json.loads((logs / "summary.json").read_text())
     assert [a["replaced"] for a in summary["attempts"]] == [
         [], [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 1}]]
+    # the record (docs/events.md): the spare joined, node2 lost, the spare swapped in before attempt 1 started
+    events = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert [e["host"] for e in events if e["event"] == "spare_joined"] == ["node3"]
+    lost = [(e["attempt"], e["host"]) for e in events if e["event"] == "node_lost"]
+    assert lost == [(0, "node2")], lost
+    swap = events[kinds.index("spare_swapped")]
+    assert (swap["attempt"], swap["node"], swap["lost_host"], swap["spare_host"]) == (1, 1, "node2", "node3")
+    assert kinds.index("node_lost") < kinds.index("spare_swapped") < kinds.index("attempt_started", kinds.index(
+        "spare_swapped"))
+    assert sorted(e["host"] for e in events if e["event"] == "node_started" and e["attempt"] == 1) == ["node1",
+                                                                                                      "node3"]
+    assert summary["goodput"]["lost_s"]["restarts"] > 0
     assert_nothing_left(cluster, mark)
 
 

@@ -68,7 +68,17 @@ def test_the_rank_that_never_entered_is_named_across_nodes(job, python):  # noqa
     assert f"xrun:   {root}" in err.splitlines(), err
     failure = json.loads((job.tmp / "logs" / "failure.json").read_text())
     assert failure["collectives"]["findings"]["root_cause"] == root
+    events = recorded(job.tmp / "logs")  # the record (docs/events.md) names it too, and counts the silence as lost to the hang
+    hang = next(e for e in events if e["event"] == "hang_detected")
+    assert (hang["root_cause"], hang["action"], hang["silent_s"]) == (root, "stop", 25)
+    assert [e["by"] for e in events if e["event"] == "stop_requested"] == ["hang"]
+    goodput = json.loads((job.tmp / "logs" / "summary.json").read_text())["goodput"]
+    assert goodput["lost_s"]["hang"] == 25 and goodput == events[-1]["goodput"]
     job.assert_clean()
+
+
+def recorded(logs):
+    return [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -83,6 +93,11 @@ def test_a_slow_rank_is_named_a_straggler_across_nodes(job, python, backend):  #
     assert any(line.startswith(f"xrun: straggler: rank 5 ({node}) enters collectives ") for line in err.splitlines()), err
     scores = json.loads((job.tmp / "logs" / "summary.json").read_text())["stragglers"]["ranks"]
     assert [s["rank"] for s in scores if s["straggler"]] == [5], scores
+    events = recorded(job.tmp / "logs")
+    named = [(e["rank"], e["host"]) for e in events if e["event"] == "straggler_named"]
+    assert named == [(5, node)], named
+    first = next(e for e in events if e["event"] == "first_collective")
+    assert first["attempt"] == 0 and (first["entered_t"] is None or 0 < first["entered_t"] < first["t"]), first
     job.assert_clean()
 
 

@@ -69,6 +69,7 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         forward_signals=frozenset(options.forward_signals),
         duplicate_filters=(options.duplicate_stdout_filters, options.duplicate_stderr_filters),
         local_echo=options.local_echo,
+        on_rank_exit=options.on_rank_exit,
     )
 
 

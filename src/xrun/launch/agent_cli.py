@@ -36,6 +36,7 @@ from xrun.launch.spec import (
     AgentOptions,
     ElasticOptions,
     HangAction,
+    OnRankExit,
     PythonMode,
     local_echo,
     parse_filter_list,
@@ -114,6 +115,10 @@ def add_agent_flags(parser: argparse.ArgumentParser) -> None:
     add(*spellings("--hang_action"), choices=[a.value for a in HangAction], metavar="dump|stop|restart",
         help="with --hang_timeout: dump (default) prints the stacks and goes on; stop also stops the job "
         f"(exit code {HANG_EXIT}); restart stops it as a failure that --max_restarts restarts")
+    add(*spellings("--on_rank_exit"), choices=[a.value for a in OnRankExit], metavar="stop|keep",
+        help="stop (default): the first rank that fails stops the others; keep: for in-process recovery (NVRx's "
+        "inprocess.Wrapper), a rank's exit signals no other rank, the job ends with its last rank and the "
+        "survivors' exit codes decide (docs/in-process-recovery.md)")
     add(*spellings("--no_failure_stacks"), action="store_true",
         help="when a rank fails, do not put the other ranks' stacks in the failure report")
     add(*spellings("--no_telemetry"), action="store_true",
@@ -240,6 +245,8 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         raise UsageError("--hang_timeout", f"must be more than 0 seconds, not {ns.hang_timeout:g}")
     if ns.hang_action is not None and ns.hang_timeout is None:
         raise UsageError("--hang_action", "only applies with --hang_timeout")
+    if ns.on_rank_exit == OnRankExit.KEEP.value and getattr(ns, "elastic", False):
+        raise UsageError("--on_rank_exit", "keep does not apply with --elastic (torch's agent owns the workers)")
     if ns.hang_timeout is not None and getattr(ns, "elastic", False):
         raise UsageError("--hang_timeout", "does not apply with --elastic (torch's agent owns the workers)")
     stdout_words = parse_filter_list(ns.duplicate_stdout_filters or "")
@@ -267,6 +274,7 @@ def agent_options(ns: argparse.Namespace) -> AgentOptions:
         ),
         hang_timeout=ns.hang_timeout,
         hang_action=HangAction(ns.hang_action or HangAction.DUMP.value),
+        on_rank_exit=OnRankExit(ns.on_rank_exit or OnRankExit.STOP.value),
         failure_stacks=not ns.no_failure_stacks,
         network_interface=check_mode("--network_interface", ns.network_interface or AUTO),
         telemetry=not ns.no_telemetry,

@@ -51,6 +51,13 @@ class HangAction(enum.Enum):
     RESTART = "restart"  # as stop, then the hang is a failure like any other: --max_restarts may restart the job
 
 
+class OnRankExit(enum.Enum):
+    """``--on_rank_exit``: what a rank's failure does to the others (issue 39 §3)."""
+
+    STOP = "stop"  # the first rank that fails stops every other rank (torchrun's rule)
+    KEEP = "keep"  # in-process recovery (NVRx's Wrapper): nobody is signalled, the job ends with its last rank
+
+
 @dataclass(frozen=True)
 class LocalEcho:
     """torchrun's console rules, by local rank and the same on every node (issue 41): ``--local-ranks-filter`` echoes
@@ -122,6 +129,7 @@ class AgentOptions:
     forward_signals: tuple[int, ...] = DEFAULT_FORWARD_SIGNALS  # passed on to every rank, the job goes on
     hang_timeout: float | None = None  # --hang_timeout: seconds of silence from every rank that make a hang
     hang_action: HangAction = HangAction.DUMP
+    on_rank_exit: OnRankExit = OnRankExit.STOP  # --on_rank_exit keep: a failed rank stops no other (issue 39 §3)
     failure_stacks: bool = True  # the survivors' stacks in the failure report (--no_failure_stacks: off)
     network_interface: str = "auto"  # --network_interface NAME|auto|none: the ranks' *_SOCKET_IFNAME (issue 24)
     telemetry: bool = True  # every rank's collective records on a Unix socket (issue 31); --no_telemetry: off
@@ -139,6 +147,7 @@ class AgentOptions:
         object.__setattr__(self, "duplicate_stdout_filters", tuple(self.duplicate_stdout_filters))
         object.__setattr__(self, "duplicate_stderr_filters", tuple(self.duplicate_stderr_filters))
         object.__setattr__(self, "hang_action", HangAction(self.hang_action))  # a plain string from JSON
+        object.__setattr__(self, "on_rank_exit", OnRankExit(self.on_rank_exit))  # the same
         if self.console_ranks is not None:  # a JSON list when the options come from the node spec
             object.__setattr__(self, "console_ranks", tuple(self.console_ranks))
         object.__setattr__(self, "forward_signals", tuple(signal.Signals(s) for s in self.forward_signals))
@@ -280,6 +289,7 @@ def _options_to_json(options: AgentOptions) -> dict[str, Any]:
         else {}
     ) | ({"hang_timeout": options.hang_timeout, "hang_action": options.hang_action.value}
          if options.hang_timeout is not None else {}) | (
+        {} if options.on_rank_exit is OnRankExit.STOP else {"on_rank_exit": options.on_rank_exit.value}) | (
         {} if options.failure_stacks else {"failure_stacks": False}) | (
         {} if options.network_interface == "auto" else {"network_interface": options.network_interface}
     ) | ({} if options.telemetry else {"telemetry": False}) | (

@@ -58,9 +58,9 @@ def open_logs(log_dir: str, host: str, rank: int) -> tuple[int, int]:
     try:
         for name in LOG_NAMES:
             path = os.path.join(directory, f"{name}.log")
-            _rotate(path, name)
+            set_aside(path)
             try:
-                fds.append(os.open(path, _NEW_LOG, 0o644))
+                fds.append(open_new(path))
             except FileExistsError:  # a link (or a file) put there since the rename: not ours to write into
                 raise LogFileRefused(path, _IN_THE_WAY) from None
     except OSError:
@@ -130,9 +130,10 @@ def _refuse_foreign_link(path: str) -> None:
         raise LogFileRefused(path, f"a symbolic link of another user (uid {info.st_uid}); choose another --log_dir")
 
 
-def _rotate(path: str, name: str) -> None:
-    """Rename an existing ``stdout.log`` to ``stdout.<its mtime as YYYYmmdd-HHMMSS>.log``; a symbolic link in its
-    place is not an earlier run's file: ``LogFileRefused``."""
+def set_aside(path: str) -> None:
+    """Rename an earlier run's file (``stdout.log``, ``events.jsonl``) to ``stdout.<its mtime as
+    YYYYmmdd-HHMMSS>.log``; a symbolic link or another file in its place is not an earlier run's file:
+    ``LogFileRefused``."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -140,13 +141,18 @@ def _rotate(path: str, name: str) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise LogFileRefused(path, _IN_THE_WAY)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(info.st_mtime))
-    directory = os.path.dirname(path)
-    target = os.path.join(directory, f"{name}.{stamp}.log")
+    directory, (name, ext) = os.path.dirname(path), os.path.splitext(os.path.basename(path))
+    target = os.path.join(directory, f"{name}.{stamp}{ext}")
     n = 1
     while os.path.lexists(target):  # two runs in the same second
-        target = os.path.join(directory, f"{name}.{stamp}.{n}.log")
+        target = os.path.join(directory, f"{name}.{stamp}.{n}{ext}")
         n += 1
     os.rename(path, target)
+
+
+def open_new(path: str) -> int:
+    """``path`` created new, never through a link (a file put there since ``set_aside``: FileExistsError)."""
+    return os.open(path, _NEW_LOG, 0o644)
 
 
 def rank_log_dir(log_dir: str, host: str, rank: int) -> str:

@@ -10,10 +10,13 @@
   * readers, signals and timers the caller adds (the control channel; the hang doctor, xrun.launch.doctor.node_doctor:
     SIGQUIT, py-spy's results, the silence check).
 
-The first rank that fails on its own stops the rest (after ``before_failure_stop``, where the doctor takes the
-survivors' stacks): its siblings' process groups get SIGTERM, everything is
-given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main process is gone,
-the members of their sessions that are still alive (a leaked DataLoader worker, torch_shm_manager) are
+The first rank that fails on its own stops the rest, unless ``--on_rank_exit keep`` (in-process recovery, issue 39
+§3: NVRx's ``inprocess.Wrapper`` rebuilds its group without the rank): then a rank that fails while another still
+runs is *lost*: recorded and named, nobody is signalled, and what it started (NVRx's monitor daemons) is left alone
+until the last rank ends; the last one's failure is the root cause. Otherwise the first failure stops the rest
+(after ``before_failure_stop``, where the doctor takes the survivors' stacks): its siblings' process groups get
+SIGTERM, everything is given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main
+process is gone, the members of their sessions that are still alive (a leaked DataLoader worker, torch_shm_manager) are
 stopped the same way and reported as leftovers, so the agent never hangs on them. The result is a
 ``NodeResult`` (xrun.launch.result.outcome), the same type the elastic adapter returns.
 
@@ -55,7 +58,7 @@ from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.launch.spec import LocalEcho
+from xrun.launch.spec import LocalEcho, OnRankExit
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
@@ -78,6 +81,7 @@ class SuperviseOptions:
     # torchrun's --duplicate-std{out,err}-filters: lines holding one of these copied to {log_dir}/{host}/filtered_*.log
     duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     local_echo: LocalEcho = LocalEcho()  # torchrun's --local-ranks-filter and --redirects: streams echoed by local rank
+    on_rank_exit: OnRankExit = OnRankExit.STOP  # --on_rank_exit keep: a failed rank stops no other
 
 
 class RankGroup:
@@ -119,6 +123,7 @@ class RankGroup:
         self._interrupted_by: int | None = None  # the signal that told the agent to stop (or request_stop's)
         self._sigints = 0
         self._root: RankState | None = None  # the first rank that failed on its own
+        self._lost: list[int] = []  # --on_rank_exit keep: ranks that failed while others ran on
         self._progress = False  # something besides output happened: _check_progress() has work
         self.plugins = Plugins()  # what the hang doctor adds (set before run())
         self._hang: str | None = None  # stop_hung's reason
@@ -317,12 +322,30 @@ class RankGroup:
         self._progress = True
         outcome = self._reaper.finish(rank, stopped=stopped)
         if outcome.failed and not stopped and self._root is None:
-            self._root = rank
-            if self.plugins.before_failure_stop is not None and self._teardown.signum is None:
-                self.plugins.before_failure_stop()
-            self._teardown.begin(signal.SIGTERM, f"rank {rank.spec.rank} {describe(outcome)}")
+            if self._keeps(outcome):
+                self._lost.append(outcome.rank)
+            else:
+                self._fail_first(rank, outcome)
         if self._on_rank_exit is not None:
             self._on_rank_exit(outcome)
+
+    def _keeps(self, outcome: RankOutcome) -> bool:
+        """--on_rank_exit keep: a rank that failed while another still runs is lost and stops nobody (the others
+        recover in place); said in one line."""
+        others = len(self._reaper.running())
+        if self._options.on_rank_exit is not OnRankExit.KEEP or not others or self._teardown.signum is not None:
+            return False
+        self._console.flush_held()
+        go_on = f"{others} ranks of this node go on" if others != 1 else "1 rank of this node goes on"
+        notice(self._options.host, f"rank {outcome.rank} {describe(outcome)}; {go_on} (--on_rank_exit keep)")
+        return True
+
+    def _fail_first(self, rank: RankState, outcome: RankOutcome) -> None:
+        """The first rank that failed on its own is the root cause: the doctor looks, then every other rank stops."""
+        self._root = rank
+        if self.plugins.before_failure_stop is not None and self._teardown.signum is None:
+            self.plugins.before_failure_stop()
+        self._teardown.begin(signal.SIGTERM, f"rank {rank.spec.rank} {describe(outcome)}")
 
     def _leftovers_gone(self) -> None:
         self._progress = True
@@ -336,7 +359,7 @@ class RankGroup:
             self.plugins.before_result(outcomes)
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
-                           stacks=self.stacks, collectives=self.collectives)
+                           lost=tuple(self._lost), stacks=self.stacks, collectives=self.collectives)
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order

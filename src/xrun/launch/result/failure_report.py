@@ -30,7 +30,7 @@ from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.errorfile import error_lines
 from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
 from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
-from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.launch.result.summary import RankFigures, lost_before, success_line, summary_json, table_lines
 from xrun.printable import each_line, one_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
@@ -46,10 +46,10 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
         if log_dir is not None:
             write_failure_json(os.path.join(host_log_dir(log_dir, result.host), FAILURE_JSON), result)
     elif announce and result.exit_code == 0 and figures:
-        notice(result.host, success_line(figures))
+        notice(result.host, success_line(figures, result.lost))
     if log_dir is not None:
         write_json(os.path.join(host_log_dir(log_dir, result.host), SUMMARY_JSON),
-                   summary_json(figures, exit_code=result.exit_code))
+                   summary_json(figures, exit_code=result.exit_code, lost=result.lost))
     return result.exit_code
 
 
@@ -164,7 +164,8 @@ def _headline(result: NodeResult) -> str:
     root = result.root_cause
     if root is not None:
         teardown = f", {IN_TEARDOWN}" if aborted_in_teardown(exit_code_of(root), root.stderr_tail) else ""
-        return f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s{teardown}"
+        return (f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s{teardown}"
+                f"{lost_before(result.lost)}")
     if result.interrupted_by is not None:
         return f"stopped by {signal_name(result.interrupted_by)}"
     failed = sum(1 for o in result.outcomes if o.failed)

@@ -67,6 +67,7 @@ class NodeResult:
     interrupted_by: int | None  # the signal that told the agent to stop (or request_stop's)
     exit_code: int
     hang: str | None = None  # --hang_action stop stopped the node: why (the silence), for the report
+    lost: tuple[int, ...] = ()  # --on_rank_exit keep: ranks that failed while others ran on (not the exit code's)
     stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
     collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry; None: not read)
 
@@ -78,6 +79,7 @@ def node_result(
     interrupted_by: int | None,
     *,
     hang: str | None = None,
+    lost: tuple[int, ...] = (),
     stacks: Sequence[RankStack] = (),
     collectives: Reading | None = None,
 ) -> NodeResult:
@@ -87,8 +89,9 @@ def node_result(
         outcomes=tuple(sorted(outcomes, key=lambda o: o.rank)),
         root_cause=root_cause,
         interrupted_by=interrupted_by,
-        exit_code=node_exit_code(outcomes, root_cause, interrupted_by, hang=hang),
+        exit_code=node_exit_code([o for o in outcomes if o.rank not in lost], root_cause, interrupted_by, hang=hang),
         hang=hang,
+        lost=lost,
         stacks=tuple(stacks),
         collectives=collectives,
     )
@@ -102,7 +105,8 @@ def node_exit_code(
     hang: str | None = None,
 ) -> int:
     """HANG_EXIT when the hang watchdog stopped the node; else the root cause's code; else 128 + the signal that
-    stopped the node; else 1 if any rank failed; else 0."""
+    stopped the node; else 1 if any rank failed; else 0. ``outcomes`` leaves out the ranks lost under
+    ``--on_rank_exit keep``: the survivors decide."""
     if hang is not None:
         return HANG_EXIT
     if root_cause is not None:

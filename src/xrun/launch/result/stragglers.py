@@ -232,6 +232,16 @@ class StragglerScores:
         return "straggler: " + ", ".join(
             f"rank {n} ({self._ranks[n].host}) +{_ms(_late_by_ms(self._ranks[n]))}" for n in sorted(self._named))
 
+    def named(self) -> dict[int, tuple[str, float]]:
+        """The ranks named stragglers now: each one's host and its lateness (ms, as ``status`` shows it)."""
+        return {n: (self._ranks[n].host, _late_by_ms(self._ranks[n])) for n in sorted(self._named)}
+
+    def late_now(self) -> dict[int, float]:
+        """The ranks late in some of their last ``DECIDE_OVER`` collectives (a healthy job: a few), each with the
+        median of its lateness there, ms; every other rank was on time lately."""
+        ranks = self._ranks
+        return {n: _late_by_ms(ranks[n]) for n in sorted(self._watched) if ranks[n].late_at}
+
     def to_json(self) -> dict[str, Any]:
         return {"late_floor_ms": LATE_FLOOR_NS / 1e6, "collectives_scored": self.collectives_scored,
                 "ranks": [s.to_json() for s in self.scores()]}

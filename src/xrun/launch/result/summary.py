@@ -12,7 +12,7 @@ Pure wording, no I/O: ``success_line`` is the one line of a run that succeeded
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,15 +63,24 @@ class RankFigures:
             raise ValueError(f"malformed rank figures: {err}") from None
 
 
-def success_line(figures: Sequence[RankFigures]) -> str:
-    """``16 ranks ok in 312 s; peak RSS 4.1 GiB (rank 3)``: the wall time is the longest rank's."""
-    count = len(figures)
+def success_line(figures: Sequence[RankFigures], lost: Collection[int] = ()) -> str:
+    """``16 ranks ok in 312 s; peak RSS 4.1 GiB (rank 3)``: the wall time is the longest rank's. The ranks ``lost``
+    under --on_rank_exit keep are named: ``15 ranks ok in 312 s, rank 3 lost on the way (signal SIGKILL (9))``."""
+    count = len(figures) - len(lost)
     line = f"{count} rank{'s' if count != 1 else ''} ok in {seconds(max((f.wall_s for f in figures), default=0.0))}"
+    gone = [f for f in sorted(figures, key=lambda f: f.rank) if f.rank in lost]
+    if gone:
+        line += ", " + ", ".join(f"rank {f.rank} ({one_line(f.status)})" for f in gone) + " lost on the way"
     known = [f for f in figures if f.peak_rss_bytes is not None]
     if known:
         peak = max(known, key=lambda f: (f.peak_rss_bytes, -f.rank))
         line += f"; peak RSS {format_bytes(peak.peak_rss_bytes or 0)} (rank {peak.rank})"
     return line
+
+
+def lost_before(ranks: Sequence[int]) -> str:
+    """``; rank 1, 4 lost before it``: after a failure's end line, the ranks --on_rank_exit keep lost on the way."""
+    return f"; rank {', '.join(map(str, sorted(ranks)))} lost before it" if ranks else ""
 
 
 def table_lines(figures: Sequence[RankFigures]) -> list[str]:
@@ -85,13 +94,14 @@ def table_lines(figures: Sequence[RankFigures]) -> list[str]:
     return ["  " + line for line in columns(rows)]
 
 
-def summary_json(figures: Sequence[RankFigures], *, exit_code: int) -> dict[str, Any]:
-    """What ``summary.json`` holds: the exit code, the success line's facts, every rank's figures."""
+def summary_json(figures: Sequence[RankFigures], *, exit_code: int, lost: Collection[int] = ()) -> dict[str, Any]:
+    """What ``summary.json`` holds: the exit code, the success line's facts, every rank's figures; with
+    --on_rank_exit keep, the ranks lost on the way (``lost_ranks``: their numbers, where there were any)."""
     return {
         "exit_code": exit_code,
         "ranks_ok": sum(1 for f in figures if f.ok),
         "ranks": [f.to_json() for f in sorted(figures, key=lambda f: f.rank)],
-    }
+    } | ({"lost_ranks": sorted(lost)} if lost else {})
 
 
 def seconds(value: float) -> str:

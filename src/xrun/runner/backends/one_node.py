@@ -21,16 +21,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from xrun.channel import Kind, Message
 from xrun.launch.output.status import say
 from xrun.launch.output.streams import notice
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
-from xrun.launch.result.stragglers import SAME_CLOCK
+from xrun.launch.result.stragglers import SAME_CLOCK, ClockOffset
 from xrun.launch.session.driver import run_local_node
-from xrun.launch.telemetry.records import EntryTimes
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.control_server import ControlServer, NoSessions
 from xrun.runner.job.events import ShowJoined, ShowStarted, ShowWaiting, Verdict
@@ -56,10 +56,12 @@ class LocalServer(ControlServer):
         fresh = plan.request.master_port_choice is PortChoice.FREE and config.elastic is None
         return Job(replace(config, pick_master_port=fresh or config.pick_master_port), now=time.monotonic())
 
-    def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
-        host = self._host(node)
-        for line in self.stragglers.add(host, SAME_CLOCK, samples):  # its ranks share this process's clock
-            notice(host, line)  # the node's words, as a one-node job's console has them
+    def _clock_of(self, node: int) -> ClockOffset:
+        return SAME_CLOCK  # its ranks share this process's clock
+
+    def _say_stragglers(self, node: int, lines: Sequence[str], now: float) -> None:
+        for line in lines:
+            notice(self._host(node), line)  # the node's words, as a one-node job's console has them
 
     def _show_joined(self, action: ShowJoined) -> None:
         pass
@@ -70,11 +72,11 @@ class LocalServer(ControlServer):
     def _show_started(self, action: ShowStarted) -> None:
         pass
 
-    def _sum_up(self, verdict: Verdict, log_dir: str | None) -> None:
+    def _sum_up(self, verdict: Verdict, log_dir: str | None, recorded: Mapping[str, Any] | None) -> None:
         if log_dir is not None and self.figures.ranks:  # the line or the table: the node's own report said it
             # "every node stopped X s later" times a stop across nodes; the one node's report has its own times
             write_job_summary(log_dir, self.figures.ranks, replace(verdict, stopped_after=None),
-                              self.stragglers.to_json())
+                              self.stragglers.to_json(), recorded)
 
     def _last_words(self, verdict: Verdict) -> list[str]:
         # --max_restarts: why they ended, each attempt's root cause; not after a preflight's finding, which ends

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from xrun.launch.spec import OnRankExit
 from xrun.runner.restart_options import RestartPolicy
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class JobConfig:
     numbered: bool = False  # pod mode without host names: a node goes by the host name its hello reports
     precheck: bool = False  # --precheck (issue 24): the network check across the nodes before any rank starts
     spares: tuple[str, ...] = ()  # --spares: the hot spares' hosts, whose agent ids follow the world's
+    keep_survivors: bool = False  # --on_rank_exit keep: a rank's failure stops no other (issue 39 §3)
 
     @property
     def rejoins(self) -> bool:
@@ -58,4 +60,5 @@ class JobConfig:
             numbered=plan.request.pod.numbered,
             precheck=plan.request.remote.precheck,
             spares=plan.spares,
+            keep_survivors=plan.request.options.on_rank_exit is OnRankExit.KEEP,
         )

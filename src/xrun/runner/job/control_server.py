@@ -27,7 +27,8 @@ doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here li
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
 xrun.launch.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay).
+``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
+(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -53,7 +54,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -66,7 +67,7 @@ from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
 from xrun.launch.result.failure_report import write_json
 from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
+from xrun.launch.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
 from xrun.launch.telemetry.records import EntryTimes, read_entry_times
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
@@ -104,6 +105,7 @@ from xrun.runner.job.gate import Gate
 from xrun.runner.job.last_words import headline, report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
+from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
 from xrun.runner.job.wire import agent_event, hello_event, verdict_message
@@ -170,6 +172,8 @@ class ControlServer:
         os.set_blocking(self._wake_w, False)
         self.add_reader(self._wake_r, self._drain_wake)
         self._begin_attempt()
+        log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
+        self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic()) if log_dir else None
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -270,6 +274,9 @@ class ControlServer:
         try:
             with self.loop.owning(owned):
                 self.add_timer(self.console.next_deadline, lambda: self.console.flush(time.monotonic()))
+                record = self.record
+                if record is not None:
+                    self.add_timer(record.due, lambda: record.tick(time.monotonic(), self.stragglers))
                 sessions.register(self)
                 while not self._finished(sessions):
                     self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.doctor.deadline()])
@@ -286,7 +293,8 @@ class ControlServer:
         for line in self._last_words(verdict):
             say(line)
         log_dir = self.plan.request.options.log_dir
-        self._sum_up(verdict, log_dir)
+        recorded = None if self.record is None else self.record.close(verdict, time.monotonic())
+        self._sum_up(verdict, log_dir, recorded)
         findings = self.doctor.findings
         if verdict.exit_code != 0 and findings is not None and log_dir is not None:
             write_json(os.path.join(log_dir, "failure.json"), {
@@ -294,9 +302,9 @@ class ControlServer:
                 "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
         return verdict.exit_code
 
-    def _sum_up(self, verdict: Verdict, log_dir: str | None) -> None:
-        """Every rank's figures: the success line or the table, and ``summary.json``."""
-        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json())
+    def _sum_up(self, verdict: Verdict, log_dir: str | None, recorded: Mapping[str, Any] | None) -> None:
+        """Every rank's figures: the success line or the table, and ``summary.json`` (with the record's goodput)."""
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
 
     def _last_words(self, verdict: Verdict) -> list[str]:
         """The job's report (xrun.runner.job.last_words), and the stacks taken before a failure's stop."""
@@ -415,12 +423,26 @@ class ControlServer:
                 self.precheck.message(node, msg, now)
         except ValueError as err:
             raise ChannelError(f"{kind}: {err}") from None
+        if self.record is not None:
+            self.record.heard(node, msg, now)
         self.feed(agent_event(node, msg))
 
     def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
-        """A node's straggler samples, scored on its clock (the pongs' offset); a rank named, or recovered, is a
-        line, and the live status holds who is named now."""
-        for line in self.stragglers.add(self._host(node), self.clocks.of(node), samples):
+        """A node's straggler samples, scored on its clock; a rank named, or recovered, is a line (and a record's
+        event)."""
+        offset = self._clock_of(node)
+        lines = self.stragglers.add(self._host(node), offset, samples)
+        self._say_stragglers(node, lines, now)
+        if self.record is not None:
+            self.record.sampled(node, offset, samples, self.stragglers, changed=bool(lines), now=now)
+
+    def _clock_of(self, node: int) -> ClockOffset | None:
+        """A node's clock against this one: the pongs' offset."""
+        return self.clocks.of(node)
+
+    def _say_stragglers(self, node: int, lines: Sequence[str], now: float) -> None:
+        """Each line on the console; the live status holds who is named now."""
+        for line in lines:
             self.status.line(line)
         self.status.stragglers(self.stragglers.status(), now)
 
@@ -448,7 +470,11 @@ class ControlServer:
         self.feeding = True
         try:
             while self.events:
-                for action in self.job.handle(self.events.popleft(), time.monotonic()):
+                event, now = self.events.popleft(), time.monotonic()
+                actions = self.job.handle(event, now)
+                if self.record is not None:
+                    self.record.fed(event, actions, now)
+                for action in actions:
                     self._carry_out(action)
         finally:
             self.feeding = False
@@ -562,7 +588,7 @@ class ControlServer:
                 for line in step.lines:
                     say(line)
             elif isinstance(step, Hang):
-                self.feed(Hung(step.reason, restart=step.restart))
+                self.feed(Hung(step.reason, restart=step.restart, root_cause=step.root_cause))
 
     def _running(self) -> list[int]:
         return [n.agent for n in self.job.nodes if n.state is NodeState.RUNNING and n.connected]

@@ -57,6 +57,7 @@ class Hang:
 
     reason: str
     restart: bool = False
+    root_cause: str | None = None  # the collectives' finding, when the ranks' records came with the stacks
 
 
 Step = Union[Send, Show, Hang]
@@ -197,5 +198,7 @@ class HeadDoctor:
         steps: list[Step] = [Show(tuple(lines + problems))]
         if collection.hang and self._hang_action is not HangAction.DUMP:
             action = self._hang_action
-            steps.append(Hang(f"{collection.reason}; --hang_action {action.value}", action is HangAction.RESTART))
+            root = self.findings.root_cause if collection.collectives and self.findings is not None else None
+            steps.append(Hang(f"{collection.reason}; --hang_action {action.value}", action is HangAction.RESTART,
+                              root))
         return steps

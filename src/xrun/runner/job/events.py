@@ -106,6 +106,7 @@ class Hung:
 
     reason: str
     restart: bool = False  # --hang_action restart: a failure like any other (with --max_restarts)
+    root_cause: str | None = None  # the hang doctor's: the collective held and the rank that never entered
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,7 @@ class Verdict:
     stopped_after: float | None = None  # seconds from the first failure until every node was over
     attempts: tuple[Attempt, ...] = ()  # --max_restarts: every attempt, the last one included
     restart_lines: tuple[str, ...] = ()  # why the restarts ended and each attempt's root cause
+    lost_ranks: tuple[int, ...] = ()  # --on_rank_exit keep: the ranks that failed while others ran on
 
 
 @dataclass(frozen=True)

@@ -29,28 +29,32 @@ class JobFigures:
         """One rank's figures from its ``rank_exited``; malformed ones raise ValueError (a protocol error)."""
         self.ranks.append(RankFigures.from_json(data))
 
-    def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None) -> None:
+    def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None,
+               recorded: Mapping[str, Any] | None = None) -> None:
         """After the verdict: one line on success, the table on failure, the JSON under ``log_dir`` (with the
-        ranks' straggler scores, xrun.launch.result.stragglers, when any was scored)."""
+        ranks' straggler scores, xrun.launch.result.stragglers, when any was scored, and the job record's goodput
+        and figures, xrun.runner.job.record)."""
         if not self.ranks:
             return
         exit_code = verdict.exit_code
         if exit_code == 0:
-            say(success_line(self.ranks))
+            say(success_line(self.ranks, verdict.lost_ranks))
         else:
             sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
         if log_dir is not None:
-            write_job_summary(log_dir, self.ranks, verdict, stragglers)
+            write_job_summary(log_dir, self.ranks, verdict, stragglers, recorded)
 
 
 def write_job_summary(log_dir: str, ranks: Sequence[RankFigures], verdict: Verdict,
-                      stragglers: Mapping[str, Any] | None = None) -> None:
+                      stragglers: Mapping[str, Any] | None = None, recorded: Mapping[str, Any] | None = None) -> None:
     """``{log_dir}/summary.json``, the job's: every rank's figures, how the job ended, its attempts (with
-    ``--max_restarts``) and the ranks' straggler scores (when any was scored). The local run's head writes it
-    without the line (xrun.runner.backends.one_node)."""
-    data = {**summary_json(ranks, exit_code=verdict.exit_code), **verdict_json(verdict)}
+    ``--max_restarts``), the ranks' straggler scores (when any was scored) and the record's ``goodput`` and
+    ``events`` (docs/events.md). The local run's head writes it without the line (xrun.runner.backends.one_node)."""
+    data = {**summary_json(ranks, exit_code=verdict.exit_code, lost=verdict.lost_ranks), **verdict_json(verdict)}
     if verdict.attempts:
         data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]
     if stragglers is not None and stragglers.get("ranks"):
         data["stragglers"] = dict(stragglers)
+    if recorded is not None:
+        data.update(recorded)
     write_json(os.path.join(log_dir, "summary.json"), data)

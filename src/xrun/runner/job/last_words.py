@@ -5,7 +5,8 @@ say it; ``, then stopped by SIGINT while stopping every node`` after the cause w
 had begun) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
 ``stopped by SIGINT (exit code 130)``; after either, with ``--max_restarts``, why the restarts ended and each
 attempt's root cause; before either, how many connections were turned away for not presenting
-the run's token. A job that succeeded says nothing. ``verdict_json``: the same facts for ``summary.json``.
+the run's token; under ``--on_rank_exit keep``, the ranks lost before the failure. A job that succeeded says
+nothing. ``verdict_json``: the same facts for ``summary.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from xrun.launch.procs.posix import signal_name
 from xrun.launch.result.hints import failure_hint
+from xrun.launch.result.summary import lost_before
 from xrun.runner.job.events import Verdict
 
 TAIL_SHOWN = 10  # of the failing rank's last output lines
@@ -34,7 +36,8 @@ def headline(verdict: Verdict) -> str | None:
     # a failure beside a signal came first (RootCause records none after one): the signal only hurried the stop
     then = "" if signum is None else f", then stopped by {signal_name(signum)} while stopping every node"
     stopped = "" if verdict.stopped_after is None else f"; every node stopped {verdict.stopped_after:.2f} s later"
-    return f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{then}{stopped}"
+    lost = lost_before(verdict.lost_ranks)  # --on_rank_exit keep
+    return f"job failed: {failure.reason}{_exit_code(failure.reason, code)}{then}{stopped}{lost}"
 
 
 def report_lines(verdict: Verdict, *, strays: int = 0) -> list[str]:

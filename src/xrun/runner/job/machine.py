@@ -121,7 +121,8 @@ class Job:
         # --spares: agent ids after the world's
         self.spares = Spares(config.spares, first_agent=len(config.hosts), restarts=config.restart.restarts)
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
-        self.cause = RootCause(elastic=config.elastic is not None)
+        self.cause = RootCause(elastic=config.elastic is not None, keep_survivors=config.keep_survivors,
+                               world_size=config.world_size)
         self.stop = Stop(config, self.nodes, self.cause)  # the first failure, a signal, a lost node: every node stops
         self.now = now
         self.all_over_at: float | None = None
@@ -251,14 +252,20 @@ class Job:
 
     def _rank_exited(self, event: RankExited) -> None:
         failure = rank_failure(event, self.nodes.by_agent[event.node].host)
-        if failure is not None:
+        lost = self.cause.keeps(event, failure)  # counts every exit, 0 too: keep tells the last rank by the count
+        if failure is None:
+            return
+        if lost:  # --on_rank_exit keep: the others recover in place
+            self._say(f"{failure.reason}; the other ranks go on (--on_rank_exit keep)")
+        else:
             self._fail(failure)
 
     def _done(self, event: Done) -> None:
         node = self.nodes.by_agent[event.node]
         node.state, node.exit_code = NodeState.DONE, event.exit_code
         failure = done_failure(event, node.host)
-        if failure is not None and not self.stopping:
+        # --on_rank_exit keep: the node's ranks' own exits, heard one by one, decide (a lost rank is no failure)
+        if failure is not None and not self.stopping and not self.config.keep_survivors:
             self._fail(failure)
 
     def _agent_error(self, event: AgentError) -> None:

@@ -8,6 +8,11 @@ any failure it is the cause (128 + the signal, and no later failure counts); aft
 the job for a lost node) it only hurried the stop, so the failure stays the root cause and its code the job's, as
 a node's own verdict has it (``xrun.launch.result.outcome.node_exit_code``), and the end line says both in their
 order (issue 37 §4). Pure: no clock, no I/O.
+
+``--on_rank_exit keep`` (in-process recovery, issue 39 §3): a rank that fails while another rank of the job still
+runs is *lost*, not a failure: the others recover in place and nothing stops. Only the last rank's failure (the
+job's last rank to end) is one. The survivors decide: exit 0 when they all finish 0; a node's own exit code is not
+read (its ranks' exits said it all); a lost node, an agent error or a hang still end the job as always.
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ REFUSED_EXIT = 2  # a node the hello policy refused: the job was started inconsi
 class RootCause:
     """The first failure and the signal that stopped the job; the verdict, fixed once every node is over."""
 
-    def __init__(self, *, elastic: bool) -> None:
+    def __init__(self, *, elastic: bool, keep_survivors: bool = False, world_size: int = 0) -> None:
         self.elastic = elastic
+        self.keep_survivors = keep_survivors  # --on_rank_exit keep
+        self.world_size = world_size
+        self.ended: set[int] = set()  # the attempt's ranks whose exit was heard
+        self.lost: list[int] = []  # --on_rank_exit keep: the attempt's ranks lost while others ran on
         self.failure: Failure | None = None
         self.failure_at: float | None = None
         self.interrupted_by: int | None = None
@@ -41,6 +50,18 @@ class RootCause:
     def next_attempt(self) -> None:
         """--max_restarts: the attempt over was retried; the next one's first failure is its own root cause."""
         self.failure = self.failure_at = None
+        self.ended, self.lost = set(), []
+
+    def keeps(self, event: RankExited, failure: Failure | None) -> bool:
+        """--on_rank_exit keep: ``failure`` (``event``'s) lost a rank while others of the job still run: recorded,
+        and no failure. The last rank's failure (or one with no rank number) is a failure like any other."""
+        if event.rank is None:
+            return False
+        self.ended.add(event.rank)
+        if not self.keep_survivors or failure is None or len(self.ended) >= self.world_size:
+            return False
+        self.lost.append(event.rank)
+        return True
 
     def failed(self, failure: Failure, now: float) -> None:
         if self.failure is None and self.interrupted_by is None:  # the first one is the root cause
@@ -55,17 +76,20 @@ class RootCause:
         stopped_after = None
         if self.failure_at is not None and all_over_at is not None:
             stopped_after = all_over_at - self.failure_at
-        code = exit_code(nodes, self.failure, self.interrupted_by, elastic=self.elastic)
-        return Verdict(code, self.failure, self.interrupted_by, stopped_after, self.attempts, self.restart_lines)
+        code = exit_code(nodes, self.failure, self.interrupted_by, elastic=self.elastic,
+                         keep_survivors=self.keep_survivors)
+        return Verdict(code, self.failure, self.interrupted_by, stopped_after, self.attempts, self.restart_lines,
+                       tuple(sorted(self.lost)))
 
     def fix(self, nodes: Sequence[Node], all_over_at: float) -> Verdict:
         self.fixed = self.decide(nodes, all_over_at)
         return self.fixed
 
 
-def exit_code(nodes: Sequence[Node], failure: Failure | None, interrupted_by: int | None, *, elastic: bool) -> int:
+def exit_code(nodes: Sequence[Node], failure: Failure | None, interrupted_by: int | None, *, elastic: bool,
+              keep_survivors: bool = False) -> int:
     """The root cause's code (a failure is only recorded before any stop signal), else 128 + the signal that
-    stopped the job, else what the nodes finished with."""
+    stopped the job, else what the nodes finished with (--on_rank_exit keep: 0, the lost ranks do not count)."""
     if failure is not None:
         return failure.exit_code or NODE_FAILURE_EXIT
     if interrupted_by is not None:
@@ -75,6 +99,8 @@ def exit_code(nodes: Sequence[Node], failure: Failure | None, interrupted_by: in
         return max(done)  # a lost node was torch's to handle
     if any(n.state is NodeState.LOST for n in nodes):
         return NODE_FAILURE_EXIT
+    if keep_survivors:
+        return 0
     return max((n.exit_code or 0 for n in nodes), default=0)
 
 

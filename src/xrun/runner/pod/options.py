@@ -41,7 +41,7 @@ class PodRequest:
     # --hosts PATTERN; for a batch allocation (PBS, LSF) the planner writes its hosts here, comma-separated,
     # so that the request says where the world came from.
     hosts: str | None = None
-    control_port: int | None = None  # None: master port + 1
+    control_port: int | None = None  # None: master port - 1 (xrun.runner.pod.placement.control_port)
     token_file: str | None = None
     explicit: frozenset[str] = frozenset()  # of EXPLICIT_FLAGS, those given on the command line
     detected: Detection | None = None
@@ -63,7 +63,7 @@ def add_pod_flags(parser: argparse.ArgumentParser) -> None:
         help="the hosts in host-list syntax instead of -H, e.g. 'train-[0-3].train'; each gets this node's "
              "slot count or --num_gpus")
     add(*spellings("--control_port"), type=port_arg, metavar="PORT",
-        help="pod mode: node 0's control port (default: --master_port + 1)")
+        help="pod mode: node 0's control port (default: --master_port - 1; the ports above it are NVRx's)")
     add(*spellings("--token_file"), metavar="PATH",
         help="pod mode: file with the job's shared secret, e.g. a mounted Kubernetes Secret (default: $XRUN_TOKEN)")
 

@@ -13,7 +13,7 @@ given and no platform variable is present. The platform is detected here, once. 
   master, and a run id every node computes alike (``xrun-MASTER-PORT``) unless ``--run_id`` is given.
   The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.runtime``);
 * ``pod_setup(plan, token=...)`` then gives the pod-mode runtime what it needs (``PodSetup``): this node's
-  rank, the world, the master, node 0's control endpoint (``--control_port``, default master port + 1), the
+  rank, the world, the master, node 0's control endpoint (``--control_port``, default master port - 1), the
   token and the plan digest.
 """
 
@@ -259,12 +259,14 @@ class PodSetup:
 
 
 def control_port(request: JobRequest) -> int:
-    """``--control_port``, else the master port + 1 (node 0 hosts both: they must differ)."""
+    """``--control_port``, else the master port - 1 (node 0 hosts both: they must differ). Below it, not above:
+    NVIDIA's in-process restart takes the ports above MASTER_PORT (its stores at + 1 and + 2 + k per restart in its
+    examples, issue 39 §3), and rank 0's agent hosts the job's store at MASTER_PORT itself (xrun.launch.store)."""
     port = request.pod.control_port
     if port is None:
-        port = request.master_port + 1
-        if request.master_port != 0 and port > 65535:
-            raise UsageError("--control_port", f"the default, --master_port + 1, is {port}: pass --control_port PORT")
+        port = request.master_port - 1
+        if request.master_port != 0 and port < 1:
+            raise UsageError("--control_port", f"the default, --master_port - 1, is {port}: pass --control_port PORT")
     elif port == request.master_port:
         raise UsageError("--control_port", f"{port} is the master port too; node 0 needs two ports")
     return port
