@@ -75,7 +75,7 @@ class LocalServer(ControlServer):
     def _sum_up(self, verdict: Verdict, log_dir: str | None, recorded: Mapping[str, Any] | None) -> None:
         if log_dir is not None and self.figures.ranks:  # the line or the table: the node's own report said it
             # "every node stopped X s later" times a stop across nodes; the one node's report has its own times
-            write_job_summary(log_dir, self.figures.ranks, replace(verdict, stopped_after=None),
+            write_job_summary(log_dir, self.figures.ranks, verdict._replace(stopped_after=None),
                               self.stragglers.to_json(), recorded)
 
     def _last_words(self, verdict: Verdict) -> list[str]:

@@ -73,7 +73,7 @@ class PodControlServer(ControlServer):
         event = hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
         if event is None:
             return None
-        return replace(event, digest=_digest(msg.get("digest")))
+        return event._replace(digest=_digest(msg.get("digest")))
 
     def _show_waiting(self, action: ShowWaiting) -> None:
         """The barrier's status goes to every node connected, whose agent shows it (node 0's included)."""
