@@ -26,7 +26,7 @@ from importlib.util import find_spec
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
 from xrun.launch.elastic.rdzv import parse_endpoint
-from xrun.launch.network.interfaces import interface_names
+from xrun.launch.network.interfaces import interface_names, resolvable
 from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.output.logfiles import LogFileRefused, check_logs
 from xrun.launch.ranks.processes import plan_bindings
@@ -114,7 +114,7 @@ def check_endpoint(host: str, endpoint: str) -> None:
     every node, where torch will look the name up, not on the head: a name only the nodes resolve is fine."""
     name, _ = parse_endpoint(endpoint)
     try:
-        socket.getaddrinfo(name.encode("ascii") if name.isascii() else name, None, type=socket.SOCK_STREAM)
+        socket.getaddrinfo(resolvable(name), None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as err:
         why = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)) or type(err).__name__
         raise PreflightError("--rdzv_endpoint", endpoint, f"the host {shown(name)} does not resolve on {host} "

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from xrun import __version__
 from xrun.channel import DEAD_AFTER, HELLO_TIMEOUT, ChannelError, Kind, Message, lines_messages, message, tune_socket
 from xrun.channel.link import Credentials, Link, open_link
+from xrun.launch.network.interfaces import resolvable
 from xrun.launch.output.render import Lines
 from xrun.launch.output.status import say
 from xrun.launch.session.events import Event, LinkLost, message_event
@@ -97,7 +98,7 @@ def _reach(server: Server, deadline: float) -> socket.socket:
         left = deadline - time.monotonic()
         try:
             sock = socket.create_connection(
-                (_resolvable(server.addr), server.port),  # type: ignore[arg-type] # bytes: getaddrinfo takes them
+                (resolvable(server.addr), server.port),  # type: ignore[arg-type] # bytes: getaddrinfo takes them
                 timeout=max(0.1, left) if server.node0 is None else max(0.2, min(5.0, left)))
         except OSError as err:
             why = err.strerror or str(err)
@@ -129,13 +130,6 @@ def _say_waiting(server: Server, why: str, left: float, next_line: float | None)
     else:
         return next_line
     return now + RETRY_LINE_EVERY
-
-
-def _resolvable(host: str) -> str | bytes:
-    """An ASCII host name as bytes: ``getaddrinfo`` then takes it as it is instead of loading the ``idna`` codec
-    (about 1 ms of every node's start), and a malformed name is a resolver error (an ``OSError``), not a
-    ``UnicodeError``."""
-    return host.encode("ascii") if host.isascii() else host
 
 
 def hello(proof_fields: Mapping[str, Any], addr: str, extra: Mapping[str, Any] | None = None) -> Message:
