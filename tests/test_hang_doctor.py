@@ -258,7 +258,7 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 
 
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
-    from xrun.launch.doctor.dumps import write_dump_file
+    from xrun.launch.result.dumpfile import write_dump_file
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # without --log_dir: the temporary directory
     monkeypatch.chdir(tmp_path / "..")  # never the working directory

@@ -213,7 +213,7 @@ RANKS = {
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.command", "xrun.launch.engine_env",
+        {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.standalone", "xrun.launch.command", "xrun.launch.engine_env",
          "xrun.launch.preflight", "xrun.launch.check_probe"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],

@@ -23,8 +23,9 @@ from xrun.launch.output.render import labelled
 from xrun.launch.output.status import PlainStatus
 from xrun.launch.output.streams import cut_lines
 from xrun.launch.rankplan import LaunchOptions, Rendezvous
-from xrun.launch.ranks import processes as ranks_module
+from xrun.launch.ranks import cpusets as cpusets_module
 from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
+from xrun.launch.ranks.cpusets import gpu_nodes
 from xrun.launch.ranks.devices import (
     VISIBILITY,
     Devices,
@@ -34,7 +35,7 @@ from xrun.launch.ranks.devices import (
     hides_devices,
     visible_devices,
 )
-from xrun.launch.ranks.processes import gpu_nodes, omp_threads, rank_environment
+from xrun.launch.ranks.processes import omp_threads, rank_environment
 from xrun.launch.result.errorfile import RankError, parse_error, read_error_file
 from xrun.launch.result.hints import (
     ABORT_EXIT,
@@ -695,9 +696,9 @@ def test_rank_gpu_nodes_follow_each_ranks_slot(tmp_path):
 def test_dry_run_says_the_cpus_are_near_the_gpu(monkeypatch, tmp_path):
     root = gpu_tree(tmp_path, [1, 0])
     monkeypatch.setattr(local_backend, "gpu_nodes", lambda node, env: gpu_nodes(node, env, root))
-    monkeypatch.setattr(ranks_module, "gpu_nodes", lambda spec, env: gpu_nodes(spec, env, root))
+    monkeypatch.setattr(cpusets_module, "gpu_nodes", lambda spec, env: gpu_nodes(spec, env, root))
     monkeypatch.setattr("xrun.launch.ranks.binding.read_topology", lambda: TWO_NODES)  # imported when binding
-    monkeypatch.setattr(ranks_module.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(cpusets_module.os, "sched_getaffinity", lambda pid: set(range(8)))
     ranks = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": "0,1"}, ("x",)) for r in range(2))
     node = NodeSpec("localhost", 0, ranks, options=AgentOptions(bind_cores=True))
     assert local_backend.local_cpu_sets(node) == {0: "4-7, near its GPU on NUMA node 1",

@@ -1,6 +1,6 @@
 """``python -m xrun.launch``: the one dispatch between the agent's two command lines. ``--connect=HEAD:PORT`` first
 is a multi-node run's agent (``xrun.launch.session.main``), which loads only its own path; anything else is the
-stand-alone agent (``xrun.launch.agent_cli``). Either way the process ends with ``posix.leave`` (no interpreter
+stand-alone agent (``xrun.launch.standalone``). Either way the process ends with ``posix.leave`` (no interpreter
 teardown)."""
 
 import sys
@@ -12,6 +12,6 @@ if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # as xrun.lau
 
     leave(connect_main(sys.argv[1:]))
 
-from xrun.launch.agent_cli import main  # noqa: E402 - after the connect-mode dispatch above
+from xrun.launch.standalone import main  # noqa: E402 - after the connect-mode dispatch above
 
 leave(main())

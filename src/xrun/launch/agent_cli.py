@@ -17,13 +17,10 @@ from dataclasses import replace
 
 from xrun.argsplit import spellings, split_argv
 from xrun.errors import UsageError, XrunError
-from xrun.fdlimit import raise_open_files_limit
 from xrun.hostlist import address_problem
-from xrun.launch.agent import preloaded, run_node
 from xrun.launch.command import AgentCommand
 from xrun.launch.elastic import rdzv
 from xrun.launch.network.socket_ifname import AUTO, check_mode
-from xrun.launch.preflight import check_spec
 from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, decode_world_info
 from xrun.launch.result.outcome import HANG_EXIT
 from xrun.launch.spec import (
@@ -45,8 +42,7 @@ from xrun.launch.spec import (
     parse_signal_list,
     signal_list,
 )
-from xrun.printable import one_line, shown
-from xrun.std_streams import tolerant_streams
+from xrun.printable import shown
 from xrun.strict_numbers import MAX_HOSTS, MAX_RESTARTS, MAX_SHUTDOWN_TIMEOUT, int_arg, parse_int, port_arg, seconds_arg
 
 
@@ -341,18 +337,3 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
         args=split.program_args,
         elastic=elastic_options(ns),
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    tolerant_streams()
-    raise_open_files_limit()  # before any pipe or socket: the node's ranks must not die of the login's 1,024
-    try:
-        command = parse_agent_argv(args)
-        spec = command.node_spec()
-        check_spec(spec)
-        with preloaded(spec) as helper:
-            return run_node(spec, preload=helper)
-    except XrunError as err:
-        print(f"xrun.launch: {one_line(str(err))}", file=sys.stderr)
-        return err.exit_code

@@ -29,7 +29,7 @@ from xrun.launch.elastic.rdzv import parse_endpoint
 from xrun.launch.network.interfaces import interface_names, resolvable
 from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.launch.output.logfiles import LogFileRefused, check_logs
-from xrun.launch.ranks.processes import plan_bindings
+from xrun.launch.ranks.cpusets import plan_bindings
 from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.printable import shown
 

@@ -43,6 +43,9 @@ class PythonMode(enum.Enum):
     NONE = "none"  # SCRIPT is an executable, run as is
 
 
+ON_DEMAND_BUDGET = 5.0  # a dump at SIGQUIT or a hang: a loaded node may need a while per process (the head waits too)
+
+
 class HangAction(enum.Enum):
     """What ``--hang_timeout`` does once no rank anywhere has written output for that long (issue 14)."""
 

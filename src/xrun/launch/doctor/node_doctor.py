@@ -37,8 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from xrun.launch.doctor.pyspy import ON_DEMAND_BUDGET
-from xrun.launch.spec import AgentOptions
+from xrun.launch.spec import ON_DEMAND_BUDGET, AgentOptions
 
 if TYPE_CHECKING:
     from xrun.channel import Message

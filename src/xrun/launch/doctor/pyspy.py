@@ -1,6 +1,7 @@
 """Where py-spy is, and why no stack can be taken on a node (checked by xrun.launch.doctor.dumps when the doctor
-first acts), and the budgets of a dump, which the node doctor every agent loads at its start needs: kept apart from
-``xrun.launch.doctor.stackdump`` (subprocess, threads, the stacks as data) (issue 25 §4: the agent's start path)."""
+first acts), and a failure's budget of a dump (an on-demand dump's is the spec's: the head waits for it too), which
+the node doctor every agent loads at its start needs: kept apart from ``xrun.launch.doctor.stackdump``
+(subprocess, threads, the stacks as data) (issue 25 §4: the agent's start path)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Iterator, Mapping
 
 PYSPY = "py-spy"
 PYSPY_ENV = "XRUN_PYSPY"  # another py-spy binary than the one on PATH (tests, odd installs)
-ON_DEMAND_BUDGET = 5.0  # SIGQUIT and the hang watchdog: a loaded node may need a while per process
 FAILURE_BUDGET = 2.0  # at the first failure the survivors wait for their stop: keep it short
 EXITED = "exited before its stack was taken"  # py-spy failed because the rank had ended meanwhile (no diagnosis)
 PTRACE_HINT = (

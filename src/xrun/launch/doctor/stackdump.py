@@ -27,7 +27,6 @@ from xrun.launch import preload
 # re-exported (``as``): these lived here before the agent's start path needed them without the rest
 from xrun.launch.doctor.pyspy import EXITED as EXITED
 from xrun.launch.doctor.pyspy import FAILURE_BUDGET as FAILURE_BUDGET
-from xrun.launch.doctor.pyspy import ON_DEMAND_BUDGET as ON_DEMAND_BUDGET
 from xrun.launch.doctor.pyspy import PTRACE_HINT as PTRACE_HINT
 from xrun.launch.doctor.pyspy import PYSPY as PYSPY
 from xrun.launch.doctor.pyspy import PYSPY_ENV as PYSPY_ENV

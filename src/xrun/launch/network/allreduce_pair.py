@@ -5,8 +5,8 @@ line (the group's rendezvous: ``src``'s address on that connection and a free po
 the partner's server hands the connection to ``serve``. Both sides then start one
 ``python -m xrun.launch.network.allreduce_worker`` (rank 0 here, rank 1 there), which imports torch, forms the
 group within ``timeout`` and times ``iters`` all-reduces. Torch is imported only in those workers: this module,
-the probe process and the launch path never import it. ``backend_for`` and ``size_for`` are the head's choices for
-a pair (``xrun.runner.network.probe_requests``).
+the probe process and the launch path never import it. The head's choices for a pair (its backend, its size) are
+``probe_terms``'.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.launch.network.interfaces import holder, read_addresses
-from xrun.launch.network.tcp_probe import CONNECT_TIMEOUT, describe
+from xrun.launch.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT
+from xrun.launch.network.tcp_probe import describe
 from xrun.net import free_port
 
 ALLREDUCE = b"A"  # the mode byte of a connection to a probe server (``probe_server``)
-BYTES = 8 << 20  # 8 MiB of float32: big enough to measure bandwidth, small enough for a slow link
 ITERS = 5
-MIN_BYTES = 64 << 10
-SECONDS_EACH = 0.2
-GROUP_TIMEOUT = 30.0  # torch's import plus the rendezvous on a loaded node; a pair that cannot form by then is bad
 
 
 @dataclass(frozen=True)
@@ -40,20 +37,6 @@ class Result:
     ok: bool
     allreduce_mbs: float | None = None
     error: str = ""
-
-
-def size_for(rate_mbs: float | None) -> int:
-    """The tensor for a pair whose TCP throughput is ``rate_mbs``: ``BYTES``, less on a slow link so that one
-    all-reduce takes about ``SECONDS_EACH`` there (a slow node is then named slow, not timed out as unreachable)."""
-    if rate_mbs is None:
-        return BYTES
-    fitted = int(rate_mbs * 1e6 * SECONDS_EACH) // 4 * 4
-    return max(MIN_BYTES, min(BYTES, fitted))
-
-
-def backend_for(gpus_a: int, gpus_b: int) -> str:
-    """nccl when both nodes of the pair have GPUs, else gloo (nccl needs a GPU on each rank)."""
-    return "nccl" if gpus_a > 0 and gpus_b > 0 else "gloo"
 
 
 def gpu_count() -> int:

@@ -9,7 +9,8 @@ import socket
 from typing import Any
 
 from xrun.launch.network import allreduce_pair, interfaces
-from xrun.launch.network.tcp_probe import CONNECT_TIMEOUT, SECONDS, Measurement, measure, reach
+from xrun.launch.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT, SECONDS
+from xrun.launch.network.tcp_probe import Measurement, measure, reach
 
 
 def hello(toward: str | None, port: int) -> dict[str, Any]:
@@ -38,9 +39,9 @@ def answer(command: dict[str, Any]) -> Measurement:
         return reach(address, int(port), timeout=timeout)
     if command.get("mode") == "allreduce":
         pair = allreduce_pair.run_pair(address, int(port), backend=str(command.get("backend", "gloo")),
-                                       size=int(command.get("bytes", allreduce_pair.BYTES)),
+                                       size=int(command.get("bytes", BYTES)),
                                        iters=int(command.get("iters", allreduce_pair.ITERS)),
-                                       timeout=float(command.get("group_timeout", allreduce_pair.GROUP_TIMEOUT)),
+                                       timeout=float(command.get("group_timeout", GROUP_TIMEOUT)),
                                        connect_timeout=timeout)
         return Measurement(ok=pair.ok, allreduce_mbs=pair.allreduce_mbs,
                            error=f"all-reduce: {pair.error}" if pair.error else "")

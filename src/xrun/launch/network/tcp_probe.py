@@ -15,13 +15,13 @@ import struct
 import time
 from dataclasses import dataclass
 
+from xrun.launch.network.probe_terms import CONNECT_TIMEOUT, SECONDS
+
 ECHO = b"E"
 SINK = b"S"
 CHUNK = 256 * 1024
 PING = b"x" * 32
-CONNECT_TIMEOUT = 3.0  # per probe connection: a firewall that drops SYNs costs this much, not TCP's minutes
-SECONDS = 0.5  # throughput: send for this long...
-MAX_BYTES = 256 << 20  # ...or this much
+MAX_BYTES = 256 << 20  # throughput: send for SECONDS, or this much
 
 
 @dataclass(frozen=True)

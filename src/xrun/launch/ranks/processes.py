@@ -14,26 +14,20 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from xrun.launch.network.socket_ifname import rank_network_env
+from xrun.launch.ranks.cpusets import plan_bindings
 from xrun.launch.ranks.devices import (
     NVIDIA_VISIBLE,
     Devices,
     detect_devices,
-    device_names,
-    gpu_numa_nodes,
     hides_devices,
-    rank_slot,
     visible_devices,
 )
 from xrun.launch.result import errorfile
 from xrun.launch.result.errorfile import ErrorFiles
 from xrun.launch.spec import NodeSpec, RankSpec
 from xrun.launch.telemetry.endpoints import Endpoints
-
-if TYPE_CHECKING:
-    from xrun.launch.ranks.binding import RankBinding
 
 
 @dataclass(frozen=True)
@@ -113,35 +107,6 @@ def shared_environment(spec: NodeSpec, base: Mapping[str, str]) -> dict[str, str
     return {k: v for k, v in envs[0].items() if all(env.get(k) == v for env in envs[1:])}
 
 
-def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
-    """This node's per-rank CPU sets for --bind_cores_to_rank (None without it); reads /sys, starts nothing."""
-    if not spec.options.bind_cores:
-        return None
-    # Lazy: about 5 ms of the agent's imports (python -X importtime), the most of any it would add; --bind_cores only.
-    from xrun.launch.ranks import binding
-
-    binding.check_binding_env(env)
-    allowed = frozenset(os.sched_getaffinity(0))
-    if spec.options.numa_binding is not None:  # torchrun's --numa-binding (issue 41)
-        mode = spec.options.numa_binding
-        caches = binding.read_cache_groups() if mode == "core-complex" else None
-        return binding.plan_numa_binding(binding.read_topology(), mode, allowed, spec.options.bind_core_list,
-                                         gpu_nodes(spec, env), caches)
-    return binding.plan_binding(
-        binding.read_topology(), len(spec.ranks), allowed, spec.options.bind_core_list, gpu_nodes(spec, env)
-    )
-
-
-def gpu_nodes(spec: NodeSpec, env: Mapping[str, str], root: str = "/") -> tuple[int | None, ...] | None:
-    """Local rank -> the NUMA node of its GPU (None: no NVIDIA GPU here, none with a known node, or GPUs named by
-    UUID, whose PCI order xrun does not know)."""
-    near = gpu_numa_nodes(root)
-    if not near or device_names(env.get(NVIDIA_VISIBLE) or "0") is not None:
-        return None
-    slots = (rank_slot(r.env.get(NVIDIA_VISIBLE), r.local_rank) for r in spec.ranks)
-    return tuple(near.get(slot) if slot is not None else None for slot in slots)
-
-
 def omp_threads(env: Mapping[str, str], local_ranks: int, cpus: int) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for unbound ranks: unset, every rank would start a thread per core (minGPT ran 4x
     slower than under torchrun, issue 13); share the CPUs instead. The user's value, or a single rank, is left alone.
@@ -165,7 +130,7 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
                 file=sys.stderr,
             )
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
-    from xrun.launch.ranks import binding  # lazy: see plan_bindings
+    from xrun.launch.ranks import binding  # lazy: see xrun.launch.ranks.cpusets.plan_bindings
 
     pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
     note = binding.binding_note(bindings, pool)

@@ -63,7 +63,7 @@ from xrun.launch.spec import LocalEcho, OnRankExit
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.result.stacks import RankStack
-    from xrun.launch.telemetry.reads import Reading
+    from xrun.launch.telemetry.records import Reading
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from xrun.launch.result.errorfile import RankError
 
 if TYPE_CHECKING:
     from xrun.launch.result.stacks import RankStack
-    from xrun.launch.telemetry.reads import Reading
+    from xrun.launch.telemetry.records import Reading
 
 # --hang_action stop: no rank wrote output for --hang_timeout seconds (timeout(1)'s "timed out" code)
 HANG_EXIT = 124

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from xrun.launch.telemetry.client import ENDPOINT_GONE, MAX_BODY, NO_ENDPOINT, Reply, ask
 from xrun.launch.telemetry.endpoints import Endpoints
 from xrun.launch.telemetry.records import (
-    CollectivesReport,
     EntrySampler,
     EntryTimes,
     RankCollectives,
-    collectives_message,
+    Reading,
     parse_dump,
     parse_left_records,
     picked_per_sample,
@@ -33,45 +32,8 @@ from xrun.launch.telemetry.records import (
     with_failure,
 )
 
-if TYPE_CHECKING:
-    from xrun.channel import Message
-
 FLIGHT_RECORDER = "fr_trace_json"
 TRACEBACK = "dump_traceback"  # every thread's Python stack, taken inside the rank (it needs the GIL)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One reading of a node's ranks: every asked rank's record (or why there is none), and the full answers."""
-
-    collectives: tuple[RankCollectives, ...]
-    full: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # rank -> dump and stacks: node only
-    file: str | None = None  # where ``full`` was written on this node, once it is
-    folder: str | None = None  # and the same dumps for torch's analyser, one per rank (xrun.launch.telemetry.frtrace)
-    at_exit: tuple[int, ...] = ()  # ranks read from what they left at their exit (their socket was gone)
-    no_group: frozenset[int] = frozenset()  # ranks known to have had no process group (never served, or none made)
-
-    @property
-    def grouped(self) -> bool:
-        """Some rank had a process group, or may have had one (a rank that did not answer): else the job has no
-        collectives to report, and a report leaves them out (issue 37 §6)."""
-        return any(c.rank not in self.no_group for c in self.collectives)
-
-    def line(self) -> str:
-        """Where the full collective records are, or why there are none (for the node's console)."""
-        recorded = [c for c in self.collectives if c.problem is None]
-        if self.file is None:
-            problems = sorted({c.problem for c in self.collectives if c.problem})
-            return f"no collective records from the ranks: {problems[0] if problems else 'nothing was recorded'}"
-        left = f", {len(self.at_exit)} of them as left at their exit" if self.at_exit else ""
-        analyser = f"; torchfrtrace reads {self.folder}" if self.folder is not None else ""
-        return (f"collective records of {len(recorded)} of {len(self.collectives)} ranks (torch's Flight Recorder"
-                f"{left}) in {self.file}{analyser}")
-
-    def message(self, dump_id: int | str) -> Message:
-        """The part that crosses the channel, as the ``collectives`` message of the dump ``dump_id``: the records and
-        where the full answers are on the node."""
-        return collectives_message(CollectivesReport(dump_id, self.collectives, self.file))
 
 
 class RankReads:

@@ -47,7 +47,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
@@ -206,6 +206,40 @@ class CollectivesReport:
     dump_id: int | str
     ranks: tuple[RankCollectives, ...]
     file: str | None = None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of a node's ranks: every asked rank's record (or why there is none), and the full answers."""
+
+    collectives: tuple[RankCollectives, ...]
+    full: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # rank -> dump and stacks: node only
+    file: str | None = None  # where ``full`` was written on this node, once it is
+    folder: str | None = None  # and the same dumps for torch's analyser, one per rank (xrun.launch.telemetry.frtrace)
+    at_exit: tuple[int, ...] = ()  # ranks read from what they left at their exit (their socket was gone)
+    no_group: frozenset[int] = frozenset()  # ranks known to have had no process group (never served, or none made)
+
+    @property
+    def grouped(self) -> bool:
+        """Some rank had a process group, or may have had one (a rank that did not answer): else the job has no
+        collectives to report, and a report leaves them out (issue 37 §6)."""
+        return any(c.rank not in self.no_group for c in self.collectives)
+
+    def line(self) -> str:
+        """Where the full collective records are, or why there are none (for the node's console)."""
+        recorded = [c for c in self.collectives if c.problem is None]
+        if self.file is None:
+            problems = sorted({c.problem for c in self.collectives if c.problem})
+            return f"no collective records from the ranks: {problems[0] if problems else 'nothing was recorded'}"
+        left = f", {len(self.at_exit)} of them as left at their exit" if self.at_exit else ""
+        analyser = f"; torchfrtrace reads {self.folder}" if self.folder is not None else ""
+        return (f"collective records of {len(recorded)} of {len(self.collectives)} ranks (torch's Flight Recorder"
+                f"{left}) in {self.file}{analyser}")
+
+    def message(self, dump_id: int | str) -> Message:
+        """The part that crosses the channel, as the ``collectives`` message of the dump ``dump_id``: the records and
+        where the full answers are on the node."""
+        return collectives_message(CollectivesReport(dump_id, self.collectives, self.file))
 
 
 def collectives_message(report: CollectivesReport) -> Message:

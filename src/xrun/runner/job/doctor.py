@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
-from xrun.launch.doctor.dumps import show_stacks
-from xrun.launch.doctor.stackdump import ON_DEMAND_BUDGET
 from xrun.launch.result.collectiveview import HangFindings, find_hang, view_lines
+from xrun.launch.result.dumpfile import show_stacks
 from xrun.launch.result.stacks import RankStack
 from xrun.launch.result.stackview import merge, render
-from xrun.launch.spec import HangAction
+from xrun.launch.spec import ON_DEMAND_BUDGET, HangAction
 from xrun.launch.telemetry.records import RankCollectives, read_collectives
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
