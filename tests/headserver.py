@@ -1,7 +1,7 @@
 """A head-mode control server for tests, as ``run_over_channel`` makes one: TLS, the run token as every
 node's key (the ssh backend's way), and the endpoint the agents get."""
 
-from xrun.launch.output.render import JobConsole
+from xrun.common.output.render import JobConsole
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate

@@ -2,7 +2,7 @@
 
 
 def expand(text: str) -> list[int] | None:
-    """The inverse of ``xrun.launch.output.dedupe.compact``; None when ``text`` is not such a list."""
+    """The inverse of ``xrun.common.output.dedupe.compact``; None when ``text`` is not such a list."""
     ranks: list[int] = []
     for part in text.split(","):
         low, sep, high = part.partition("-")

@@ -25,8 +25,8 @@ from xrun.channel.handshake import ServerHandshake
 from xrun.channel.messages import lines_of
 from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls_server import ServerIdentity
-from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.spec import AgentOptions, PythonMode
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.spec import AgentOptions, PythonMode
 from xrun.runner.plan import JobRequest, make_plan
 
 TOKEN = "d" * 64

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xrun.channel import Kind, message
+from xrun.common.spec import ElasticOptions, NodeSpec, RankSpec, with_rendezvous
 from xrun.launch.session.events import (
     Accept,
     AnswerProbe,
@@ -53,7 +54,6 @@ from xrun.launch.session.events import (
 )
 from xrun.launch.session.machine import REFUSED, TURNED_AWAY, AgentMachine, Phase, engine_exit_code
 from xrun.launch.session.pod import Node0, PodNode
-from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec, with_rendezvous
 
 TERM, KILL, INT = int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)
 NODE = NodeSpec(host="a", node_rank=0, ranks=(RankSpec(0, 0, {}, ("/bin/true",)),))

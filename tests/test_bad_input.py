@@ -251,8 +251,8 @@ def test_a_summary_that_cannot_be_written_keeps_the_ranks_exit_code(tmp_path):
 
 def test_a_log_file_that_takes_no_more_is_said_once(capfd):
     # ENOSPC on a rank's log used to be ignored on every chunk: the logs ended mid-run without a word
-    from xrun.launch.output.streams import Console, RankStream
-    from xrun.launch.output.writer import writer
+    from xrun.common.output.streams import Console, RankStream
+    from xrun.common.output.writer import writer
 
     full = os.open("/dev/full", os.O_WRONLY)
     console = Console(prefix=True, quiet=True, host="h")
@@ -469,8 +469,8 @@ def test_remote_only_check_is_one_line_naming_the_host_and_exit_2(tmp_path, setu
 
 
 def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypatch):
-    from xrun.launch.preflight import PreflightError, check_node
-    from xrun.launch.spec import PythonMode
+    from xrun.common.preflight import PreflightError, check_node
+    from xrun.common.spec import PythonMode
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pkg").mkdir()
@@ -494,9 +494,9 @@ def test_node_preflight_finds_modules_without_importing_them(tmp_path, monkeypat
 def test_an_unreadable_script_is_refused_by_the_preflight(tmp_path, monkeypatch):
     # the dry run passed, then every rank died of python's "can't open file" (root reads anything: os.access
     # answers as for another user here)
-    from xrun.launch import preflight
-    from xrun.launch.preflight import PreflightError, check_node
-    from xrun.launch.spec import PythonMode
+    from xrun.common import preflight
+    from xrun.common.preflight import PreflightError, check_node
+    from xrun.common.spec import PythonMode
 
     script = tmp_path / "train.py"
     script.write_text("pass\n")
@@ -579,7 +579,7 @@ def test_what_the_preflight_knows_is_one_line_before_any_rank(tmp_path, setup, a
 
 def test_the_preflight_says_which_log_path_is_not_writable(tmp_path, monkeypatch):
     # root writes anything: os.access answers as for another user here
-    from xrun.launch.output import logfiles
+    from xrun.common.output import logfiles
 
     (tmp_path / "logs" / "h" / "rank0").mkdir(parents=True)
     (tmp_path / "logs" / "h" / "rank0" / "stdout.log").write_text("an earlier run's\n")  # renamed at the start
@@ -593,8 +593,8 @@ def test_the_preflight_says_which_log_path_is_not_writable(tmp_path, monkeypatch
 
 
 def test_the_agents_preflight_enters_the_spec_working_directory_or_names_it(tmp_path, monkeypatch):
-    from xrun.launch.preflight import PreflightError, check_spec
-    from xrun.launch.spec import NodeSpec, RankSpec
+    from xrun.common.preflight import PreflightError, check_spec
+    from xrun.common.spec import NodeSpec, RankSpec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "work").mkdir()
@@ -612,9 +612,9 @@ def test_the_agents_preflight_enters_the_spec_working_directory_or_names_it(tmp_
 
 
 def test_the_agents_preflight_refuses_what_exec_cannot_take_and_elastic_without_torch(tmp_path, monkeypatch):
-    from xrun.launch import preflight
-    from xrun.launch.preflight import PreflightError, check_ranks
-    from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
+    from xrun.common import preflight
+    from xrun.common.preflight import PreflightError, check_ranks
+    from xrun.common.spec import ElasticOptions, NodeSpec, RankSpec
 
     rank = RankSpec(rank=0, local_rank=0, env={}, argv=(sys.executable, "-u", "t.py"))
     check_ranks(NodeSpec(host="h", node_rank=0, ranks=(rank,), env={"FINE": "x" * 131_000}))
@@ -648,7 +648,7 @@ def test_an_unreadable_hostfile_says_so(tmp_path, monkeypatch):
 def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, monkeypatch):
     # nodes on one shared filesystem run the same preflight at once: one makes the directory between another's
     # check and its mkdir
-    from xrun.launch import preflight
+    from xrun.common import preflight
 
     target = tmp_path / "logs" / "run"
     real_mkdir = os.mkdir
@@ -665,7 +665,7 @@ def test_a_log_dir_another_node_makes_at_the_same_time_is_no_error(tmp_path, mon
 def test_a_log_dir_another_node_makes_and_removes_meanwhile_is_no_error(tmp_path, monkeypatch):
     """CI saw it with pdsh (all agents at once): another agent's check made the directory and removed it again
     between this agent's look and its mkdir; it was said to exist and not be a directory, and the job ended."""
-    from xrun.launch import preflight
+    from xrun.common import preflight
 
     target = tmp_path / "logs"
     real_mkdir, raced = os.mkdir, []
@@ -682,7 +682,7 @@ def test_a_log_dir_another_node_makes_and_removes_meanwhile_is_no_error(tmp_path
 
 
 def test_a_log_dir_that_is_a_file_or_a_dangling_link_is_named(tmp_path, monkeypatch):
-    from xrun.launch import preflight
+    from xrun.common import preflight
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")

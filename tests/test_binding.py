@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xrun.errors import BindingError
-from xrun.launch.ranks.binding import (
+from xrun.common.ranks.binding import (
     Cpu,
     RankBinding,
     Topology,
@@ -28,6 +27,7 @@ from xrun.launch.ranks.binding import (
     plan_binding,
     read_topology,
 )
+from xrun.errors import BindingError
 
 # ---------------------------------------------------------------------------------------------------------------
 # Literal topologies.

@@ -71,7 +71,7 @@ _records = st.lists(st.tuples(st.lists(st.integers(0, fields.MAX_RANK), max_size
 
 @given(_records, st.sampled_from([1, 2]), st.text(max_size=20).filter(str.isprintable))
 def test_a_lines_message_carries_any_bytes_unchanged(records, fd, host):
-    """A node's console (xrun.launch.output.consoleroute): whatever a rank wrote reaches the head byte for byte, with
+    """A node's console (xrun.common.output.consoleroute): whatever a rank wrote reaches the head byte for byte, with
     its rank set."""
     got = []
     for msg in channel.lines_messages(fd, host, records):

@@ -49,8 +49,8 @@ from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity
 from xrun.channel.tlspipe import TlsPipe, client_handshake
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.rankplan import LaunchOptions
+from xrun.common.output.status import PlainStatus
+from xrun.common.rankplan import LaunchOptions
 from xrun.launch.session.main import main as agent_main
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.plan import JobRequest, make_plan
@@ -321,7 +321,7 @@ def test_an_agent_given_garbage_by_a_server_that_knows_the_key_exits_with_one_li
 
 def _one_rank_spec(tmp_path) -> dict:
     """One ``sleep 5`` rank: the garbage must stop it long before it ends by itself."""
-    from xrun.launch.spec import PythonMode
+    from xrun.common.spec import PythonMode
 
     request = JobRequest(script="sleep", args=("5",), cwd=str(tmp_path),
                          launch=LaunchOptions(mode=PythonMode.NONE, local_rank_arg=False))

@@ -158,8 +158,8 @@ def test_known_flags_in_every_form_still_split(argv):
 
 
 def test_no_parser_takes_an_abbreviation():
+    from xrun.common.agent_cli import build_parser as agent_parser
     from xrun.errors import XrunError
-    from xrun.launch.agent_cli import build_parser as agent_parser
     from xrun.launch.session.main import build_parser as connect_parser
     from xrun.runner.check import build_parser as check_parser
     from xrun.runner.cli import build_parser

@@ -10,8 +10,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xrun.launch.result.collectiveview import MismatchKind, find_hang
-from xrun.launch.telemetry.records import Collective, GroupState, RankCollectives
+from xrun.common.result.collectiveview import MismatchKind, find_hang
+from xrun.common.telemetry.records import Collective, GroupState, RankCollectives
 
 T0 = 1_795_860_000_000_000_000
 

@@ -22,7 +22,7 @@ from xrun.channel.proof import HEAD_PURPOSE, token_key
 from xrun.channel.tls import client_context
 from xrun.channel.tls_server import ServerIdentity
 from xrun.channel.tlspipe import TlsPipe
-from xrun.launch.output.status import PlainStatus
+from xrun.common.output.status import PlainStatus
 from xrun.runner.job.connections import Closed, Conn, Connections
 from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate

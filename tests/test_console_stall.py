@@ -2,7 +2,7 @@
 
 A console that does not read (a pipe whose reader stopped, a terminal nobody scrolls) must not stop the
 supervisor: the rank that fails still ends the job within the usual bound, with its exit code, and nothing is
-left. The console's thread (xrun.launch.output.writer) holds the ranks back while the job runs and, once it stops,
+left. The console's thread (xrun.common.output.writer) holds the ranks back while the job runs and, once it stops,
 drops what does not fit and says how many lines.
 """
 
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from xrun.launch.output.writer import ConsoleWriter
+from xrun.common.output.writer import ConsoleWriter
 
 # rank 0 floods stdout (it blocks once its pipe is full and xrun stops reading it); rank 1 fails after 1 s
 SCRIPT = """

@@ -1,14 +1,14 @@
-"""Where a node's console goes (xrun.launch.output.consoleroute): local fds, rendered there, or its line records over
+"""Where a node's console goes (xrun.common.output.consoleroute): local fds, rendered there, or its line records over
 the channel to the head (pod mode: node 0), and kept here too on pod mode's other nodes."""
 
 import os
 
 import pytest
 
-from xrun.launch.output import consoleroute
-from xrun.launch.output.consoleroute import Route, routed
-from xrun.launch.output.render import Lines, raw
-from xrun.launch.output.writer import console_lines, console_write, writer
+from xrun.common.output import consoleroute
+from xrun.common.output.consoleroute import Route, routed
+from xrun.common.output.render import Lines, raw
+from xrun.common.output.writer import console_lines, console_write, writer
 
 RECORDS = Lines("h", (((0, 1, 2), b"shared\n"), ((3,), b"own\n"), ((), b"xrun[h]: a notice\n")))
 RENDERED = b"[h:0-2] shared\n[h:3] own\nxrun[h]: a notice\n"

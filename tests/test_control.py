@@ -11,8 +11,8 @@ import time
 from tests.conftest import ROOT
 from tests.headserver import console_of
 from xrun import channel
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.rankplan import LaunchOptions
+from xrun.common.output.status import PlainStatus
+from xrun.common.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint, agent_connect_argv
 from xrun.runner.job.control_server import ControlServer
 from xrun.runner.job.gate import Gate

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT
 from tests.headserver import endpoint_of, head_server
 from tests.labels import expand
-from xrun.launch.output.dedupe import WINDOW_S, LineMerger, compact
-from xrun.launch.output.render import label
-from xrun.launch.output.streams import split_lines
-from xrun.launch.output.writer import writer
+from xrun.common.output.dedupe import WINDOW_S, LineMerger, compact
+from xrun.common.output.render import label
+from xrun.common.output.streams import split_lines
+from xrun.common.output.writer import writer
 
 
 class Out:
@@ -292,8 +292,8 @@ def test_a_failing_rank_among_chatty_ranks_has_its_own_complete_tail(tmp_path):
 
 
 def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
-    from xrun.launch.output.dedupe import FLOOD_LINES
-    from xrun.launch.output.streams import Console, RankStream
+    from xrun.common.output.dedupe import FLOOD_LINES
+    from xrun.common.output.streams import Console, RankStream
 
     r, w = os.pipe()
     try:
@@ -314,7 +314,7 @@ def test_a_flooding_chunk_is_written_as_it_comes_after_what_is_held():
 
 
 def test_held_bytes_are_bounded(monkeypatch):
-    from xrun.launch.output import dedupe
+    from xrun.common.output import dedupe
     monkeypatch.setattr(dedupe, "MAX_HELD_BYTES", 10)
     assert play([(0, 0, b"abcdef\n"), (0, 0, b"ghijkl\n")], flush_at=0) == [b"[h:0] abcdef\n"]
 
@@ -371,10 +371,10 @@ class RelayedSessions:
 
 
 def test_the_head_merges_the_same_line_of_every_node(tmp_path, capfd):
-    from xrun.launch.output.render import JobConsole
-    from xrun.launch.output.status import PlainStatus
-    from xrun.launch.procs.posix import write_all
-    from xrun.launch.rankplan import LaunchOptions
+    from xrun.common.output.render import JobConsole
+    from xrun.common.output.status import PlainStatus
+    from xrun.common.procs.posix import write_all
+    from xrun.common.rankplan import LaunchOptions
     from xrun.runner.plan import JobRequest, make_plan
 
     script = tmp_path / "rank.py"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.spec import AgentOptions, ElasticOptions, PythonMode
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.spec import AgentOptions, ElasticOptions, PythonMode
 from xrun.runner.plan import JobRequest, make_plan
 from xrun.runner.pod.digest import PlanDigest, PlanDigestError, first_difference, make_digest, plan_digest
 from xrun.runner.remote_options import RemoteOptions

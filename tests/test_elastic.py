@@ -11,12 +11,12 @@ import time
 import pytest
 
 from tests.conftest import ROOT, run_xrun
+from xrun.common import rdzv
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.result.outcome import RankOutcome
+from xrun.common.spec import ElasticOptions, NodeSpec, RankSpec
 from xrun.errors import UsageError
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.elastic import rdzv
 from xrun.launch.elastic.run import attempt_result, failure_outcomes, rank_script, start_line
-from xrun.launch.result.outcome import RankOutcome
-from xrun.launch.spec import ElasticOptions, NodeSpec, RankSpec
 from xrun.runner.cli import parse_request
 from xrun.runner.planner import plan_job
 
@@ -196,7 +196,7 @@ def test_agent_command_line_carries_elastic():
                                 "--nnodes=1:2", "--max_restarts=2", "--join_timeout=60", "train.py"])
     spec = command.node_spec()
     assert spec.elastic.max_nodes == 2 and spec.elastic.join_timeout == 60.0
-    from xrun.launch.command import agent_argv
+    from xrun.common.command import agent_argv
 
     again = parse_agent_argv(list(agent_argv(command)[4:]))
     assert again.node_spec() == spec

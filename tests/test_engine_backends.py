@@ -10,8 +10,8 @@ import shlex
 import pytest
 
 from tests.conftest import run_xrun
+from xrun.common.rankplan import LaunchOptions
 from xrun.errors import UsageError
-from xrun.launch.rankplan import LaunchOptions
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend
 from xrun.runner.backends.channel import Endpoint

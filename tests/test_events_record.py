@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import run_xrun
 from tests.test_restarts import FLAKY, serve
-from xrun.launch.rankplan import LaunchOptions
+from xrun.common.rankplan import LaunchOptions
 from xrun.runner.job.record.file import EventsFile
 from xrun.runner.job.record.goodput import PHASES, Goodput, goodput_of
 from xrun.runner.plan import JobRequest, make_plan

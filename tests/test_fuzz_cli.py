@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
+from xrun.common.spec import parse_module_list
 from xrun.errors import UsageError
-from xrun.launch.spec import parse_module_list
 from xrun.runner.cli import build_parser, main
 
 pytestmark = pytest.mark.fuzz

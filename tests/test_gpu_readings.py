@@ -21,7 +21,7 @@ from tests.gpu.smi import (
     read_proc_gpus,
 )
 from tests.test_stacks import make_tree
-from xrun.launch.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
+from xrun.common.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
 from xrun.runner import check
 from xrun.runner.hosts import this_machine as local
 

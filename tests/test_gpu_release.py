@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from xrun.launch.output.writer import writer
+from xrun.common.output.writer import writer
+from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.launch.ranks import gpu_release
 from xrun.launch.ranks.gpu_release import (
     ComputeApp,
@@ -25,7 +26,6 @@ from xrun.launch.ranks.gpu_release import (
     wait_for_gpu_release,
     wait_released,
 )
-from xrun.launch.result.outcome import NodeResult, RankOutcome
 
 GIB = 1 << 30
 

@@ -31,9 +31,15 @@ from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from tests.test_pod_run import Pod
 from xrun.channel import Kind, message
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.command import agent_argv
+from xrun.common.output.status import PlainStatus
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.result.stacks import Frame, RankStack, ThreadStack
+from xrun.common.result.stackview import compact, full_text, merge, rank_ranges, render
+from xrun.common.spec import AgentOptions, HangAction
 from xrun.errors import XrunError
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.command import agent_argv
 from xrun.launch.doctor.node_doctor import (
     READERS_AFTER,
     SAMPLE_EVERY,
@@ -52,14 +58,8 @@ from xrun.launch.doctor.stackdump import (
     pyspy_path,
     stack_problem,
 )
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.ranks.plugins import Plugins
 from xrun.launch.ranks.supervise import DumpTarget
-from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stacks import Frame, RankStack, ThreadStack
-from xrun.launch.result.stackview import compact, full_text, merge, rank_ranges, render
-from xrun.launch.spec import AgentOptions, HangAction
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.doctor import COLLECT_FOR, Hang, HeadDoctor, Send, Show
 from xrun.runner.job.events import Hung, SignalReceived
@@ -258,7 +258,7 @@ def test_head_dump_asks_the_running_nodes_and_shows_the_merge_once_all_answered(
 
 
 def test_a_dump_never_follows_a_link_and_its_name_cannot_be_guessed(tmp_path, monkeypatch):
-    from xrun.launch.result.dumpfile import write_dump_file
+    from xrun.common.result.dumpfile import write_dump_file
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # without --log_dir: the temporary directory
     monkeypatch.chdir(tmp_path / "..")  # never the working directory

@@ -188,10 +188,10 @@ def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
     # issue 38: nothing reads a rank before its first sample, Ctrl-\, silence or failure; the hang doctor's dumps
     # and telemetry's readers load then (xrun.launch.doctor.dumps), not at each of a fan-out's agents' start
     readers = ("xrun.launch.doctor.dumps", "xrun.launch.doctor.stackdump", "xrun.launch.telemetry.reads",
-               "xrun.launch.telemetry.records", "xrun.launch.telemetry.client", "xrun.launch.result.stacks",
-               "xrun.launch.result.stackview", "xrun.launch.result.collectiveview", "xrun.launch.result.stragglers")
+               "xrun.common.telemetry.records", "xrun.launch.telemetry.client", "xrun.common.result.stacks",
+               "xrun.common.result.stackview", "xrun.common.result.collectiveview", "xrun.common.result.stragglers")
     # what python -m xrun.launch --connect loads
-    assert loaded_by("import xrun.launch.procs.posix, xrun.launch.session.main", readers) == []
+    assert loaded_by("import xrun.common.procs.posix, xrun.launch.session.main", readers) == []
 
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
@@ -206,15 +206,15 @@ POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.ru
                 "xrun.runner.pod.digest", "xrun.runner.pod.secret")
 RANKS = {
     "xrun.launch": [
-        {"xrun.launch.procs", "xrun.launch.spec", "xrun.launch.rankplan", "xrun.launch.network",
+        {"xrun.launch.procs", "xrun.common.spec", "xrun.common.rankplan", "xrun.launch.network",
          "xrun.launch.telemetry", "xrun.launch.preload", "xrun.launch.store"},
-        {"xrun.launch.output"},
-        {"xrun.launch.result"},
+        {"xrun.common.output"},
+        {"xrun.common.result"},
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.agent_cli", "xrun.launch.standalone", "xrun.launch.command", "xrun.launch.engine_env",
-         "xrun.launch.preflight", "xrun.launch.check_probe"},
+        {"xrun.launch.agent", "xrun.common.agent_cli", "xrun.launch.standalone", "xrun.common.command", "xrun.launch.engine_env",
+         "xrun.common.preflight", "xrun.launch.check_probe"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [

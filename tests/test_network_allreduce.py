@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from xrun.common.network.probe_terms import BYTES, MIN_BYTES, backend_for, size_for
 from xrun.errors import UsageError
 from xrun.launch.network.allreduce_pair import run_pair
 from xrun.launch.network.probe_server import ProbeServer
-from xrun.launch.network.probe_terms import BYTES, MIN_BYTES, backend_for, size_for
 from xrun.runner.network import node_results
 from xrun.runner.network.check_command import check_torch
 from xrun.runner.network.coordinate import ALLREDUCE, MEASURE, REACH, Check, Request

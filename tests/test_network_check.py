@@ -12,12 +12,12 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_layers import Level, cycles, import_edges, internal_graph
+from xrun.common.network import interfaces, socket_ifname
+from xrun.common.network.interfaces import Route, parse_routes, route_interface, select_interface
+from xrun.common.spec import AgentOptions, NodeSpec
 from xrun.errors import UsageError
-from xrun.launch.network import interfaces, socket_ifname
-from xrun.launch.network.interfaces import Route, parse_routes, route_interface, select_interface
 from xrun.launch.network.probe_server import ProbeServer
 from xrun.launch.network.tcp_probe import measure, reach
-from xrun.launch.spec import AgentOptions, NodeSpec
 from xrun.runner.network import rounds
 from xrun.runner.network.coordinate import REACH, Check, Request
 from xrun.runner.network.node_verdicts import Figures, LinkVerdict, Probe, best_figures, blame, judge, pair_figures

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from tests.conftest import ROOT, eventually, run_xrun
+from xrun.common.spec import AgentOptions, NodeSpec, OnRankExit
 from xrun.launch.procs import proctable
-from xrun.launch.spec import AgentOptions, NodeSpec, OnRankExit
 
 PROCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "procs")
 KEEP_RANK = os.path.join(PROCS, "keep_rank.py")

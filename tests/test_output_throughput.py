@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from xrun.launch.output import streams as output
-from xrun.launch.output.streams import CHUNK, PIPE_BYTES, Console, RankStream, grow_pipe
+from xrun.common.output import streams as output
+from xrun.common.output.streams import CHUNK, PIPE_BYTES, Console, RankStream, grow_pipe
 
 _F_GETPIPE_SZ = 1032
 

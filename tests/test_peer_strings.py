@@ -9,11 +9,11 @@ output passes through as it is.
 from __future__ import annotations
 
 from xrun import __version__
-from xrun.launch.output.status import PlainStatus, say, waiting_line
-from xrun.launch.output.streams import notice
-from xrun.launch.result.failure_report import conclude
-from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.summary import RankFigures, table_lines
+from xrun.common.output.status import PlainStatus, say, waiting_line
+from xrun.common.output.streams import notice
+from xrun.common.result.failure_report import conclude
+from xrun.common.result.outcome import NodeResult, RankOutcome
+from xrun.common.result.summary import RankFigures, table_lines
 from xrun.printable import each_line, one_line
 from xrun.runner.check import HostReport, format_host_table
 from xrun.runner.job.events import AgentError, Done, HelloReceived, RankExited, Ready

@@ -2,11 +2,11 @@ import shlex
 
 import pytest
 
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.command import AgentCommand, agent_argv
+from xrun.common.rankplan import LaunchOptions, Rendezvous
+from xrun.common.spec import AgentOptions, PythonMode
 from xrun.errors import UsageError
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.rankplan import LaunchOptions, Rendezvous
-from xrun.launch.spec import AgentOptions, PythonMode
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.hosts.selection import Selection

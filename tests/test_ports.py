@@ -15,9 +15,9 @@ import pytest
 from tests.conftest import ROOT, run_xrun
 from tests.test_pod_run import Pod
 from xrun import net
+from xrun.common.result.failure_report import format_failure_report
+from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.errors import PortBusyError
-from xrun.launch.result.failure_report import format_failure_report
-from xrun.launch.result.outcome import NodeResult, RankOutcome
 from xrun.net import master_port, port_in_use
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import AgentError, HelloReceived, Ready, SendSpec, SendStart

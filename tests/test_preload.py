@@ -18,9 +18,9 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from xrun.common.preload.argv import Mode, NotForkable, fork_refusal, has_flag, parse_python_argv
 from xrun.errors import PreloadError
 from xrun.launch.preload import wire
-from xrun.launch.preload.argv import Mode, NotForkable, fork_refusal, has_flag, parse_python_argv
 from xrun.launch.preload.become import pythonpath_entries
 from xrun.launch.preload.client import ForkFailed, HelperGone, PreloadHelper
 from xrun.launch.procs import proctable

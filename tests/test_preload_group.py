@@ -32,12 +32,12 @@ from tests.test_supervise import (  # noqa: F401 - marker and ready are fixtures
     ready_pids,
     wait_for,
 )
+from xrun.common.result.failure_report import format_failure_report
+from xrun.common.spec import AgentOptions
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.preload.client import PreloadHelper
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.result.failure_report import format_failure_report
-from xrun.launch.spec import AgentOptions
 
 PROCS = os.path.dirname(RANK_PY)
 WAIT = 60.0

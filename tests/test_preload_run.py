@@ -22,12 +22,12 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT, run_xrun
+from xrun.common.agent_cli import build_parser, parse_agent_argv, preload_option
+from xrun.common.command import agent_argv
+from xrun.common.preload.find import check_findable
+from xrun.common.spec import AgentOptions, NodeSpec, parse_module_list
 from xrun.errors import PreloadError, UsageError
-from xrun.launch.agent_cli import build_parser, parse_agent_argv, preload_option
-from xrun.launch.command import agent_argv
-from xrun.launch.preload.find import check_findable
 from xrun.launch.procs import proctable
-from xrun.launch.spec import AgentOptions, NodeSpec, parse_module_list
 from xrun.launch.telemetry.endpoints import SITE_DIR, SOCKET_VARIABLE
 
 PROCS = os.path.join(ROOT, "tests", "procs")

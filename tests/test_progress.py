@@ -17,9 +17,9 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from xrun.launch.output.render import labelled
-from xrun.launch.output.streams import Console, RankStream
-from xrun.launch.output.writer import writer
+from xrun.common.output.render import labelled
+from xrun.common.output.streams import Console, RankStream
+from xrun.common.output.writer import writer
 
 STATES = (b"\r0/3", b"\r1/3", b"\r2/3", b"\r3/3")
 

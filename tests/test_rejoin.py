@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from tests.conftest import ROOT
 from tests.test_job import STARTED, STATIC, hello, play
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.runner.job.events import (
     Admit,
     ConnectionLost,
@@ -207,8 +207,8 @@ def test_a_latched_signal_goes_to_the_next_owner_and_the_latch_hears_the_owners(
 GAP = """
 import os, signal, sys
 from xrun.launch.agent import run_node
-from xrun.launch.procs.signals import SignalLatch
-from xrun.launch.spec import AgentOptions, NodeSpec, RankSpec
+from xrun.common.procs.signals import SignalLatch
+from xrun.common.spec import AgentOptions, NodeSpec, RankSpec
 with SignalLatch().installed() as latch:
     os.kill(os.getpid(), signal.SIGTERM)  # between the start barrier and the rank group
     rank = RankSpec(rank=0, local_rank=0, argv=(sys.executable, "-c", "import time; time.sleep(30)"), env={})

@@ -1,13 +1,13 @@
 """The head's console (issue 17, issue 30 §3): every node's line records rendered and merged in one place
-(xrun.launch.output.render.JobConsole), and what the backends' own streams carry relayed in whole lines
+(xrun.common.output.render.JobConsole), and what the backends' own streams carry relayed in whole lines
 (xrun.runner.job.relay.StreamLines)."""
 
 import time
 
 import pytest
 
-from xrun.launch.output.dedupe import FLOOD_LINES
-from xrun.launch.output.render import JobConsole, Lines, first_line_end, labelled, render_lines
+from xrun.common.output.dedupe import FLOOD_LINES
+from xrun.common.output.render import JobConsole, Lines, first_line_end, labelled, render_lines
 from xrun.runner.job.relay import StreamLines
 
 

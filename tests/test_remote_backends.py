@@ -10,9 +10,9 @@ import pytest
 
 from xrun.channel import ChannelError
 from xrun.channel.link import Credentials
+from xrun.common.command import connect_argv, connect_target, token_from_env
+from xrun.common.rankplan import LaunchOptions
 from xrun.errors import UsageError
-from xrun.launch.command import connect_argv, connect_target, token_from_env
-from xrun.launch.rankplan import LaunchOptions
 from xrun.launch.session.connection import Server, connect
 from xrun.launch.session.main import AgentArgs, build_parser, parse_args, split_endpoint
 from xrun.runner.backends import known_backends

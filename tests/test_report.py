@@ -7,9 +7,9 @@ import json
 import os
 import signal
 
-from xrun.launch.output.logfiles import open_logs
-from xrun.launch.result.failure_report import conclude, failure_json, format_failure_report, write_failure_json
-from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status
+from xrun.common.output.logfiles import open_logs
+from xrun.common.result.failure_report import conclude, failure_json, format_failure_report, write_failure_json
+from xrun.common.result.outcome import NodeResult, RankOutcome, describe_status
 
 
 def outcome(rank: int, **kw) -> RankOutcome:

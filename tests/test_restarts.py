@@ -19,8 +19,8 @@ from tests.conftest import ROOT
 from tests.headserver import console_of
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.rankplan import LaunchOptions
+from xrun.common.output.status import PlainStatus
+from xrun.common.rankplan import LaunchOptions
 from xrun.runner.backends.channel import Endpoint
 from xrun.runner.job.attempts import Ending, decide, no_progress, same_way
 from xrun.runner.job.control_server import ControlServer

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from xrun.common.rankplan import LaunchOptions, Rendezvous, decode_world_info, encode_world_info, node_ranks
+from xrun.common.spec import AgentOptions, NodeSpec, PythonMode
 from xrun.errors import UsageError, WorldInfoError
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, decode_world_info, encode_world_info, node_ranks
-from xrun.launch.spec import AgentOptions, NodeSpec, PythonMode
 
 RDZV = Rendezvous("10.0.0.1", 29500, "job-1")
 WORLD = {"worker-0": (0, 2), "worker-1": (0, 1, 2)}

@@ -15,18 +15,16 @@ from tests.conftest import ROOT, run_xrun
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun import __version__
-from xrun.errors import SelectionError, UnknownHostError, UsageError
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
-from xrun.launch.output.render import labelled
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.output.streams import cut_lines
-from xrun.launch.rankplan import LaunchOptions, Rendezvous
-from xrun.launch.ranks import cpusets as cpusets_module
-from xrun.launch.ranks.binding import Cpu, Topology, plan_binding
-from xrun.launch.ranks.cpusets import gpu_nodes
-from xrun.launch.ranks.devices import (
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.command import AgentCommand, agent_argv
+from xrun.common.output.render import labelled
+from xrun.common.output.status import PlainStatus
+from xrun.common.output.streams import cut_lines
+from xrun.common.rankplan import LaunchOptions, Rendezvous
+from xrun.common.ranks import cpusets as cpusets_module
+from xrun.common.ranks.binding import Cpu, Topology, plan_binding
+from xrun.common.ranks.cpusets import gpu_nodes
+from xrun.common.ranks.devices import (
     VISIBILITY,
     Devices,
     Vendor,
@@ -35,9 +33,8 @@ from xrun.launch.ranks.devices import (
     hides_devices,
     visible_devices,
 )
-from xrun.launch.ranks.processes import omp_threads, rank_environment
-from xrun.launch.result.errorfile import RankError, parse_error, read_error_file
-from xrun.launch.result.hints import (
+from xrun.common.result.errorfile import RankError, parse_error, read_error_file
+from xrun.common.result.hints import (
     ABORT_EXIT,
     IN_TEARDOWN,
     LOCAL_RANK_FIX,
@@ -46,7 +43,10 @@ from xrun.launch.result.hints import (
     aborted_in_teardown,
     failure_hint,
 )
-from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
+from xrun.common.spec import AgentOptions, ElasticOptions, NodeSpec, RankSpec, parse_rank_list, parse_signal_list
+from xrun.errors import SelectionError, UnknownHostError, UsageError
+from xrun.launch.elastic.run import attempt_result, failure_outcomes, waiting_line
+from xrun.launch.ranks.processes import omp_threads, rank_environment
 from xrun.runner.backends import local as local_backend
 from xrun.runner.backends.routes import peer_address
 from xrun.runner.check import assess
@@ -697,7 +697,7 @@ def test_dry_run_says_the_cpus_are_near_the_gpu(monkeypatch, tmp_path):
     root = gpu_tree(tmp_path, [1, 0])
     monkeypatch.setattr(local_backend, "gpu_nodes", lambda node, env: gpu_nodes(node, env, root))
     monkeypatch.setattr(cpusets_module, "gpu_nodes", lambda spec, env: gpu_nodes(spec, env, root))
-    monkeypatch.setattr("xrun.launch.ranks.binding.read_topology", lambda: TWO_NODES)  # imported when binding
+    monkeypatch.setattr("xrun.common.ranks.binding.read_topology", lambda: TWO_NODES)  # imported when binding
     monkeypatch.setattr(cpusets_module.os, "sched_getaffinity", lambda pid: set(range(8)))
     ranks = tuple(RankSpec(r, r, {"CUDA_VISIBLE_DEVICES": "0,1"}, ("x",)) for r in range(2))
     node = NodeSpec("localhost", 0, ranks, options=AgentOptions(bind_cores=True))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xrun.launch.output.status import PlainStatus, duration, waiting_line
+from xrun.common.output.status import PlainStatus, duration, waiting_line
 
 
 @pytest.mark.parametrize("seconds, text", [

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import eventually
+from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.common.spec import ElasticOptions, NodeSpec
 from xrun.errors import PortBusyError
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.launch.spec import ElasticOptions, NodeSpec
 from xrun.launch.store import Limits, StoreServer
 from xrun.launch.store.agent_store import agent_store, store_endpoint
 from xrun.launch.store.table import Refused, Table

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.test_hang_doctor import start_xrun
-from xrun.launch.result.stragglers import LATE_FLOOR_NS
+from xrun.common.result.stragglers import LATE_FLOOR_NS
 
 PROMISED_S = 60.0  # issue 31: named within 60 s of becoming slow; the recovery said as soon
 NAMED = re.compile(r"straggler: rank (\d+) \(localhost\) enters collectives ([\d.]+) ms after")

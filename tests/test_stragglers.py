@@ -11,14 +11,14 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xrun.launch.result.stragglers import (
+from xrun.common.result.stragglers import (
     SAME_CLOCK,
     ClockOffset,
     ClockOffsets,
     StragglerScores,
     _medians_without,
 )
-from xrun.launch.telemetry.records import EntryTimes, GroupTimes
+from xrun.common.telemetry.records import EntryTimes, GroupTimes
 
 T0 = 1_795_860_000_000_000_000
 MS = 1_000_000

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import run_xrun
 from tests.test_control import run_job
-from xrun.launch.result.summary import RankFigures, format_bytes, seconds, success_line, summary_json, table_lines
+from xrun.common.result.summary import RankFigures, format_bytes, seconds, success_line, summary_json, table_lines
 
 GIB = 1024**3
 

@@ -19,13 +19,13 @@ import uuid
 import pytest
 
 from tests.cluster.harness import processes_with_marker
-from xrun.launch.output.render import labelled
-from xrun.launch.output.streams import cut_lines
+from xrun.common.output.render import labelled
+from xrun.common.output.streams import cut_lines
+from xrun.common.result.failure_report import format_failure_report
+from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.launch.procs import proctable
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.result.failure_report import format_failure_report
-from xrun.launch.result.outcome import NodeResult, RankOutcome
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_PY = os.path.join(HERE, "procs", "rank.py")
@@ -553,7 +553,7 @@ def test_a_link_in_place_of_a_log_file_is_never_followed(marker, tmp_path, capfd
 
 
 def test_log_files_are_created_new_and_through_no_foreign_link(tmp_path):
-    from xrun.launch.output.logfiles import LogFileRefused, open_logs
+    from xrun.common.output.logfiles import LogFileRefused, open_logs
 
     victim = tmp_path / "victim"
     victim.mkdir()

@@ -15,10 +15,10 @@ import sys
 import pytest
 
 from tests.test_telemetry_records import DIED_IN_ALL_REDUCE, dump, entry, retired_up_to
+from xrun.common.telemetry.records import RankCollectives, Reading, rank_collectives
 from xrun.launch.telemetry.client import ENDPOINT_GONE, NO_ENDPOINT
 from xrun.launch.telemetry.endpoints import LAST_RECORDS_SUFFIX, SITE_DIR, SOCKET_VARIABLE, Endpoints
 from xrun.launch.telemetry.reads import RankReads
-from xrun.launch.telemetry.records import RankCollectives, Reading, rank_collectives
 from xrun.launch.telemetry.site import sitecustomize
 
 

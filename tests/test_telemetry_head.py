@@ -17,13 +17,13 @@ from tests.test_control import LocalSessions
 from tests.test_frtrace import torchfrtrace
 from tests.test_hang_doctor import start_xrun
 from xrun.channel import STOP_STACKS, Kind, message
-from xrun.launch.output.status import STRAGGLERS_EVERY, PlainStatus
-from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stacks import RankStack
-from xrun.launch.spec import AgentOptions, HangAction
-from xrun.launch.telemetry.records import Collective, CollectivesReport, GroupState, RankCollectives
-from xrun.launch.telemetry.records import collectives_message as wire
+from xrun.common.output.status import STRAGGLERS_EVERY, PlainStatus
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.result.stacks import RankStack
+from xrun.common.spec import AgentOptions, HangAction
+from xrun.common.telemetry.records import Collective, CollectivesReport, GroupState, RankCollectives
+from xrun.common.telemetry.records import collectives_message as wire
 from xrun.runner.job.doctor import HeadDoctor, Show
 from xrun.runner.plan import JobRequest, make_plan
 

@@ -28,11 +28,11 @@ from tests.conftest import ROOT, run_xrun
 from tests.headserver import endpoint_of, head_server
 from tests.test_control import LocalSessions
 from xrun.channel import Kind
-from xrun.launch.output.status import PlainStatus
-from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.spec import AgentOptions
+from xrun.common.output.status import PlainStatus
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.spec import AgentOptions
+from xrun.common.telemetry.records import read_collectives, read_entry_times
 from xrun.launch.telemetry.client import ENDPOINT_GONE
-from xrun.launch.telemetry.records import read_collectives, read_entry_times
 from xrun.runner.job.control_server import ControlServer
 from xrun.runner.plan import JobRequest, make_plan
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xrun.channel import STOP_STACKS, Kind, decode_body, encode
-from xrun.launch.telemetry.records import (
+from xrun.common.telemetry.records import (
     MAX_GROUPS,
     MAX_TENSORS,
     RECENT,

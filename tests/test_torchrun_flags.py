@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.command import AgentCommand, agent_argv
+from xrun.common.output.streams import LineCopy
+from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.common.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding, read_cache_groups
+from xrun.common.spec import AgentOptions, LocalEcho, NodeSpec, filter_list, local_echo, parse_filter_list, parse_std
 from xrun.errors import BindingError, UsageError
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.command import AgentCommand, agent_argv
-from xrun.launch.output.streams import LineCopy
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.launch.ranks.binding import Cpu, Topology, format_cpus, plan_numa_binding, read_cache_groups
-from xrun.launch.spec import AgentOptions, LocalEcho, NodeSpec, filter_list, local_echo, parse_filter_list, parse_std
 from xrun.runner.cli import parse_request
 from xrun.runner.plan import with_torchrun_world
 from xrun.runner.torchrun import PET_FLAGS, resolve_nproc, torchrun_form

@@ -70,8 +70,8 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def _one_rank_spec() -> dict[str, Any]:
     """This machine's node spec for one ``/bin/true`` rank, as the head would send it (pdsh: a channel backend)."""
-    from xrun.launch.rankplan import LaunchOptions
-    from xrun.launch.spec import PythonMode
+    from xrun.common.rankplan import LaunchOptions
+    from xrun.common.spec import PythonMode
     from xrun.runner.plan import JobRequest, make_plan
 
     request = JobRequest(script="true", launch=LaunchOptions(mode=PythonMode.NONE, local_rank_arg=False),

@@ -41,11 +41,9 @@ from bench.scenarios.base import Context, finish, median, section, target
 from xrun.channel import PING_INTERVAL, Kind, Message, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.channel.framing import HEADER, decode_body, encode
-from xrun.launch.doctor.node_doctor import SAMPLE_EVERY
-from xrun.launch.rankplan import LaunchOptions
-from xrun.launch.result.stragglers import ClockOffsets, StragglerScores
-from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
-from xrun.launch.telemetry.records import (
+from xrun.common.rankplan import LaunchOptions
+from xrun.common.result.stragglers import ClockOffsets, StragglerScores
+from xrun.common.telemetry.records import (
     EntrySampler,
     EntryTimes,
     GroupTimes,
@@ -53,6 +51,8 @@ from xrun.launch.telemetry.records import (
     picked_per_sample,
     read_entry_times,
 )
+from xrun.launch.doctor.node_doctor import SAMPLE_EVERY
+from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import Heard
 from xrun.runner.job.machine import Job

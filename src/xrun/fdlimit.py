@@ -8,7 +8,7 @@ soft limit as it comes a ~1,000-node job dies of ``EMFILE`` half way through its
 Both entry points (``xrun`` and ``python -m xrun.launch``) therefore raise the soft limit to the hard one before
 anything else; the ranks inherit it (a ``DataLoader`` sharing tensors through fds is glad of it, and a rank that
 would have hit 1,024 fds failed anyway). Where the job needs more than even the hard limit allows, the head
-(``xrun.runner.validate``, so ``--dry-run`` says it too) and every agent (``xrun.launch.preflight``) end with one
+(``xrun.runner.validate``, so ``--dry-run`` says it too) and every agent (``xrun.common.preflight``) end with one
 line naming the number needed and how to raise the hard limit, before anything starts.
 
 The estimates are upper bounds with room to spare, not a count: a job refused here would not have fit.

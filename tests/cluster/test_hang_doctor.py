@@ -18,7 +18,7 @@ from tests.cluster.jobs import read_lines, wait_for
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
 from tests.test_frtrace import torchfrtrace
 from tests.test_telemetry_ranks import SKIPS_ONE
-from xrun.launch.telemetry.records import rank_collectives, where_from_traceback
+from xrun.common.telemetry.records import rank_collectives, where_from_traceback
 
 SCRIPT = """
 import os, time

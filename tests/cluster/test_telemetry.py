@@ -20,7 +20,7 @@ from tests.cluster.conftest import require_cpu_limit
 from tests.cluster.jobs import read_lines, wait_for
 from tests.cluster.test_multinode import BACKENDS, job  # noqa: F401  (job: the fixture these tests use)
 from tests.test_telemetry_head import GLOO_SKIP, GLOO_SLOW
-from xrun.launch.result.outcome import HANG_EXIT
+from xrun.common.result.outcome import HANG_EXIT
 
 # Ranks that train until told: each step some matmuls (the step's own CPU work, ~0.35 ms of one core each here),
 # then one all-reduce of the gradient, whose last place carries rank 0's word that the job is over (a file).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.gpu.runs import explain, job, run, xrun_argv
 from tests.gpu.smi import QUERY_GPU, parse_list, parse_query_gpu, read_proc_gpus, smi
-from xrun.launch.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
+from xrun.common.ranks.devices import Devices, Vendor, detect_devices, gpu_numa_nodes
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import count_accelerators, local_pool
 

@@ -7,8 +7,8 @@ import os
 
 from tests.gpu.runs import explain, job, records, run, xrun_argv
 from tests.gpu.smi import parse_list, parse_topo, read_proc_gpus, smi
-from xrun.launch.ranks.binding import parse_cpu_list
-from xrun.launch.ranks.devices import gpu_numa_nodes
+from xrun.common.ranks.binding import parse_cpu_list
+from xrun.common.ranks.devices import gpu_numa_nodes
 
 
 def test_bound_ranks_sit_near_their_gpu(tmp_path, figures):

@@ -13,9 +13,9 @@ import time
 
 from tests.gpu.runs import clean_env, explain, job, run, xrun_argv
 from tests.gpu.smi import smi
-from xrun.launch.output.writer import writer
+from xrun.common.output.writer import writer
+from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.launch.ranks import gpu_release
-from xrun.launch.result.outcome import NodeResult, RankOutcome
 
 HOLDER = """
 import sys, time, torch

@@ -13,10 +13,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from xrun.common.result.failure_report import failure_json, format_failure_report  # noqa: E402
 from xrun.launch.preload.client import PreloadHelper  # noqa: E402
 from xrun.launch.ranks.processes import RankProcess  # noqa: E402
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions  # noqa: E402
-from xrun.launch.result.failure_report import failure_json, format_failure_report  # noqa: E402
 
 
 def peak_rss_kib() -> int:

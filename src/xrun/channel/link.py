@@ -21,7 +21,7 @@ from xrun.channel.handshake import ClientHandshake
 from xrun.channel.messages import Kind
 from xrun.channel.tlspipe import READ_CHUNK, TlsPipe, client_handshake
 
-# ``--token``'s forms: where a connect-mode agent's key comes from (rendered by xrun.launch.command, read by
+# ``--token``'s forms: where a connect-mode agent's key comes from (rendered by xrun.common.command, read by
 # xrun.launch.session.main). There is no other form: a token on the command line would be every local user's to read.
 TOKEN_ON_STDIN = "-"  # noqa: S105 - "read it from stdin's first line"
 TOKEN_ENV_PREFIX = "env:"  # noqa: S105 - "env:NAME": read it from variable NAME

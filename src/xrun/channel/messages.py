@@ -39,7 +39,7 @@ Agent -> runner                                   Runner -> agent
   pong(clock_ns)   the agent's wall clock when the
     ping came: the head's measure of its offset
   (the records' format, bounds and readers:
-   xrun.launch.telemetry.records)
+   xrun.common.telemetry.records)
 
 Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel as 64 lowercase hex digits. Head
 mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).

@@ -5,9 +5,9 @@ teardown)."""
 
 import sys
 
-from xrun.launch.procs.posix import leave
+from xrun.common.procs.posix import leave
 
-if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # as xrun.launch.command renders it
+if sys.argv[1:2] and sys.argv[1].split("=", 1)[0] == "--connect":  # as xrun.common.command renders it
     from xrun.launch.session.main import main as connect_main
 
     leave(connect_main(sys.argv[1:]))

@@ -4,7 +4,7 @@ Pipeline: spec -> ranks (xrun.launch.ranks.processes: environment, core binding,
 ``TORCHELASTIC_ERROR_FILE``s; on rank 0's node the attempt's store, xrun.launch.store) -> RankGroup
 (xrun.launch.ranks.supervise: own sessions, event loop; xrun.launch.doctor.node_doctor: stacks, the hang watch)
 or, with ``--elastic``, torch's agent (xrun.launch.elastic.run) -> NodeResult -> the GPUs released
-(xrun.launch.ranks.gpu_release) -> report (xrun.launch.result.failure_report.conclude) -> exit code. Imports no
+(xrun.launch.ranks.gpu_release) -> report (xrun.common.result.failure_report.conclude) -> exit code. Imports no
 torch; the elastic path loads only when asked for.
 
 With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
@@ -22,17 +22,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
+from xrun.common.output.streams import notice
+from xrun.common.result.errorfile import ErrorFiles
+from xrun.common.result.failure_report import conclude
+from xrun.common.result.outcome import NodeResult, RankOutcome
+from xrun.common.spec import NodeSpec
 from xrun.errors import PreloadHelperLost
 from xrun.launch.doctor.node_doctor import NodeDoctor
-from xrun.launch.output.streams import notice
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.result.errorfile import ErrorFiles
-from xrun.launch.result.failure_report import conclude
-from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.spec import NodeSpec
 from xrun.launch.store.agent_store import agent_store
 from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from xrun.launch.network.interfaces import interface_toward
+from xrun.common.network.interfaces import interface_toward
 
 SMI_TIMEOUT = 10.0
 

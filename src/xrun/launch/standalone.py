@@ -1,16 +1,16 @@
 """The stand-alone agent (``python -m xrun.launch --world_info=...``, DeepSpeed's form): its command line parsed
-(``xrun.launch.agent_cli``, shared with the head), the node's preflight, then the node's ranks run here."""
+(``xrun.common.agent_cli``, shared with the head), the node's preflight, then the node's ranks run here."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
 
+from xrun.common.agent_cli import parse_agent_argv
+from xrun.common.preflight import check_spec
 from xrun.errors import XrunError
 from xrun.fdlimit import raise_open_files_limit
 from xrun.launch.agent import preloaded, run_node
-from xrun.launch.agent_cli import parse_agent_argv
-from xrun.launch.preflight import check_spec
 from xrun.printable import one_line
 from xrun.std_streams import tolerant_streams
 

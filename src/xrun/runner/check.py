@@ -29,9 +29,9 @@ from typing import Any
 
 from xrun import __version__
 from xrun.argsplit import refuse_bare_separator, spellings, takes_values, unknown_flag
+from xrun.common.spec import DEFAULT_MASTER_PORT
 from xrun.errors import UsageError, XrunError
 from xrun.hostlist import address_problem
-from xrun.launch.spec import DEFAULT_MASTER_PORT
 from xrun.printable import columns, one_line
 from xrun.runner.hosts.hostfile import read_hostfile
 from xrun.runner.hosts.selection import Selection, select

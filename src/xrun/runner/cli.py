@@ -11,10 +11,7 @@ from dataclasses import replace
 
 from xrun import __version__
 from xrun.argsplit import spellings, split_argv
-from xrun.errors import UsageError, XrunError
-from xrun.fdlimit import raise_open_files_limit
-from xrun.hostlist import address_problem
-from xrun.launch.agent_cli import (
+from xrun.common.agent_cli import (
     add_agent_flags,
     add_elastic_flags,
     add_rank_command_flags,
@@ -23,8 +20,11 @@ from xrun.launch.agent_cli import (
     launch_options,
     preload_option,
 )
-from xrun.launch.procs.posix import leave
-from xrun.launch.spec import DEFAULT_MASTER_PORT
+from xrun.common.procs.posix import leave
+from xrun.common.spec import DEFAULT_MASTER_PORT
+from xrun.errors import UsageError, XrunError
+from xrun.fdlimit import raise_open_files_limit
+from xrun.hostlist import address_problem
 from xrun.printable import one_line
 from xrun.runner.backends import known_backends
 from xrun.runner.backends.base import get_backend

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xrun.launch.spec import RankSpec
+from xrun.common.spec import RankSpec
 from xrun.runner.backends import Invocation
 from xrun.runner.plan import Plan
 from xrun.runner.pod.placement import dry_run_json, dry_run_lines

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from xrun.common.command import AgentCommand
+from xrun.common.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
+from xrun.common.rdzv import resolve_elastic
+from xrun.common.spec import AgentOptions, ElasticOptions, LocalEcho, NodeSpec, check_rank_list
 from xrun.errors import UsageError
-from xrun.launch.command import AgentCommand
-from xrun.launch.elastic.rdzv import resolve_elastic
-from xrun.launch.rankplan import LaunchOptions, Rendezvous, World, encode_world_info, node_ranks, world_shape
-from xrun.launch.spec import AgentOptions, ElasticOptions, LocalEcho, NodeSpec, check_rank_list
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import LOCAL_ADDR

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 
+from xrun.common.rankplan import World
 from xrun.errors import UsageError
-from xrun.launch.rankplan import World
 from xrun.net import free_port
 from xrun.runner import envpass
 from xrun.runner.backends import backend_traits, engine_backends

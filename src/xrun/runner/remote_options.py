@@ -10,8 +10,8 @@ import shlex
 from dataclasses import dataclass
 
 from xrun.argsplit import spellings
+from xrun.common.spec import DEFAULT_JOIN_TIMEOUT
 from xrun.errors import UsageError
-from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT
 from xrun.strict_numbers import MAX_HOSTS, int_arg, port_arg, seconds_arg
 
 DEFAULT_FANOUT = 1024  # pdsh -f: DeepSpeed's value; pdsh's own default (32) would serialise big clusters

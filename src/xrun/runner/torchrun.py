@@ -4,7 +4,7 @@ Every flag of torch 2.13's ``torch.distributed.run`` parser is a flag of ``xrun`
 names something xrun already has, it is an alias of xrun's flag (``--nproc_per_node`` of ``--num_gpus``,
 ``--virtual-local-rank`` of ``--device_per_rank``, ``-m`` of ``--module``); those every node's agent applies are its
 flags too (``--role``, ``--numa-binding``, the duplicate filters, ``--local-ranks-filter`` and ``--redirects``,
-which each node applies per local rank and stream: ``xrun.launch.agent_cli``); the others are added here, and
+which each node applies per local rank and stream: ``xrun.common.agent_cli``); the others are added here, and
 ``translate`` turns them into xrun's own options before those are read, so that the rest of xrun sees one request
 whichever launcher's words it was written in. docs/migrating-from-torchrun.md says what each does.
 
@@ -27,11 +27,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xrun.argsplit import spellings
+from xrun.common import rdzv
+from xrun.common.agent_cli import parse_nnodes
+from xrun.common.spec import DEFAULT_JOIN_TIMEOUT, parse_std
 from xrun.errors import UsageError
 from xrun.hostlist import address_problem
-from xrun.launch.agent_cli import parse_nnodes
-from xrun.launch.elastic import rdzv
-from xrun.launch.spec import DEFAULT_JOIN_TIMEOUT, parse_std
 from xrun.printable import shown
 from xrun.strict_numbers import MAX_SLOTS_PER_HOST, int_arg
 
@@ -332,7 +332,7 @@ def _local_addr(out: argparse.Namespace) -> list[str]:
 
 def _log_dir(out: argparse.Namespace) -> None:
     """``--tee``, ``--redirects`` and the duplicate filters write per-rank logs: a log directory if none is given
-    (the console's rules themselves are every node's agent's: ``xrun.launch.spec.local_echo``)."""
+    (the console's rules themselves are every node's agent's: ``xrun.common.spec.local_echo``)."""
     logs = bool(out.duplicate_stdout_filters or out.duplicate_stderr_filters)  # beside the rank logs
     for flag, text in (("--tee", out.tee), ("--redirects", out.redirects)):
         if text is not None:

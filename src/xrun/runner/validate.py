@@ -1,7 +1,7 @@
 """``validate(plan)``: what the run would refuse on this machine, checked before ``--dry-run`` prints and before a
 real run executes (one function for both, so a dry run that passes means the run starts; issue 12).
 
-On this machine: the node of a local run gets the node preflight (``xrun.launch.preflight``: interpreter, program,
+On this machine: the node of a local run gets the node preflight (``xrun.common.preflight``: interpreter, program,
 log files, binding; ``--preload``'s modules found by the ranks' interpreter); a ``--no_ssh``/pod node's program, log
 directory and preloaded modules are checked by its dry run, while its real run checks all of it once it joined node
 0 (a finding then ends the job on every node, not on this one while the others wait for it); a ``--control_addr``
@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import socket
 
+from xrun.common.preflight import check_endpoint, check_node, check_ranks
+from xrun.common.preload.argv import parse_python_argv, path0
+from xrun.common.preload.find import check_findable
 from xrun.errors import UsageError
 from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_files
-from xrun.launch.preflight import check_endpoint, check_node, check_ranks
-from xrun.launch.preload.argv import parse_python_argv, path0
-from xrun.launch.preload.find import check_findable
 from xrun.net import master_port
 from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits

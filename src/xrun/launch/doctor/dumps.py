@@ -16,21 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from xrun.common.output.streams import notice
+from xrun.common.result.dumpfile import write_dump_file
+from xrun.common.result.stacks import RankStack
+from xrun.common.spec import AgentOptions
+from xrun.common.telemetry.records import EntryTimes, Reading, entry_times_message
 from xrun.launch.doctor.background import InBackground
 from xrun.launch.doctor.pyspy import EXITED, FAILURE_BUDGET, pyspy_path, stack_problem
 from xrun.launch.doctor.stackdump import dump_ranks
-from xrun.launch.output.streams import notice
-from xrun.launch.result.dumpfile import write_dump_file
-from xrun.launch.result.stacks import RankStack
-from xrun.launch.spec import AgentOptions
 from xrun.launch.telemetry.frtrace import write_analyser_folder
 from xrun.launch.telemetry.reads import RankReads
-from xrun.launch.telemetry.records import EntryTimes, Reading, entry_times_message
 
 if TYPE_CHECKING:
     from xrun.channel import Message
+    from xrun.common.result.outcome import RankOutcome
     from xrun.launch.ranks.supervise import DumpTarget, RankGroup
-    from xrun.launch.result.outcome import RankOutcome
     from xrun.launch.telemetry.endpoints import Endpoints
 
 SAMPLE_BUDGET = 2.0  # a rank that has not answered a straggler sample by then sits this sample out

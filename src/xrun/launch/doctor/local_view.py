@@ -6,12 +6,12 @@ xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dump
 
 from __future__ import annotations
 
+from xrun.common.output.streams import notice
+from xrun.common.result.collectiveview import find_hang, view_lines
+from xrun.common.result.dumpfile import show_stacks
+from xrun.common.spec import HangAction
 from xrun.launch.doctor.dumps import Diagnosis
 from xrun.launch.doctor.node_doctor import NodeDoctor
-from xrun.launch.output.streams import notice
-from xrun.launch.result.collectiveview import find_hang, view_lines
-from xrun.launch.result.dumpfile import show_stacks
-from xrun.launch.spec import HangAction
 
 
 class LocalView:

@@ -15,7 +15,7 @@
 
 The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local run's one-node job, the
 stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
-(xrun.launch.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
+(xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
 ``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
 (xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
 to the head, which alone sees every node, and ``dump`` answers the head's request. Where no stack can be taken
@@ -37,18 +37,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from xrun.launch.spec import ON_DEMAND_BUDGET, AgentOptions
+from xrun.common.spec import ON_DEMAND_BUDGET, AgentOptions
 
 if TYPE_CHECKING:
     from xrun.channel import Message
+    from xrun.common.result.outcome import RankOutcome
     from xrun.launch.doctor.dumps import DumpDone, NodeDumps
     from xrun.launch.ranks.supervise import RankGroup
-    from xrun.launch.result.outcome import RankOutcome
     from xrun.launch.telemetry.endpoints import Endpoints
 
 _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be noticed
 # the straggler sample (issue 31): a straggler is named once 3 in 4 of its last 16 scored collectives were late
-# (xrun.launch.result.stragglers), 3 to 16 scored a sample (xrun.launch.telemetry.records.picked_per_sample): 10-40 s
+# (xrun.common.result.stragglers), 3 to 16 scored a sample (xrun.common.telemetry.records.picked_per_sample): 10-40 s
 # at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
 # A rank group still running this long after its start is a job, not a fan-out's no-op ranks: with --failure_stacks

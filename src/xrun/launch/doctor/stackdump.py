@@ -11,7 +11,7 @@ better trade. ``--native`` is not used: it unwinds C stacks with ptrace and stop
 ``explain`` turns py-spy's own refusal (ptrace not permitted in a container) into what to grant. The hang
 doctor runs ``dump_ranks`` on a thread (xrun.launch.doctor.background), so rank output keeps flowing while
 py-spy works, and reads the ranks' collective records while py-spy's processes run (``meanwhile``). The stacks
-as data are xrun.launch.result.stacks', their merged view xrun.launch.result.stackview's.
+as data are xrun.common.result.stacks', their merged view xrun.common.result.stackview's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 
+from xrun.common.result.stacks import Frame, RankStack, ThreadStack
 from xrun.launch import preload
 
 # re-exported (``as``): these lived here before the agent's start path needed them without the rest
@@ -34,7 +35,6 @@ from xrun.launch.doctor.pyspy import pyspy_path as pyspy_path
 from xrun.launch.doctor.pyspy import stack_problem as stack_problem
 from xrun.launch.procs.proctable import read_proc
 from xrun.launch.ranks.supervise import DumpTarget
-from xrun.launch.result.stacks import Frame, RankStack, ThreadStack
 
 _PRELOAD = os.path.dirname(os.path.abspath(preload.__file__))
 

@@ -11,14 +11,14 @@ torch, is xrun.launch.elastic.torch_agent) and keeps here what it adds on top:
   binding, ``setpriv --pdeathsig`` so a ``kill -9``'d agent takes its ranks along). The worker torch supervises *is* the
   rank, as under torchrun, so a restart costs no extra interpreter and torch sees the real exit status;
 * output: ``OutputRelay`` owns two FIFOs per local rank and one thread that reads them; the lines go through the
-  same ``xrun.launch.output.streams.Console`` as the static path, with ``[host:RANK]`` (the rank of the current
+  same ``xrun.common.output.streams.Console`` as the static path, with ``[host:RANK]`` (the rank of the current
   rendezvous) and new per-rank log files for each attempt (a restart's earlier files are kept, renamed with
   their time), keeping each stderr's tail for the report;
-* ``--join_timeout`` becomes every start-up timeout of the torch found here (``xrun.launch.elastic.rdzv``) and the
+* ``--join_timeout`` becomes every start-up timeout of the torch found here (``xrun.common.rdzv``) and the
   agent's exit barrier (300 s in torch, unreachable from torchrun's flags); the values are printed at start,
   with what the rendezvous waits for (a node range waits ``last_call_timeout`` for more nodes);
 * one line per rendezvous and per restart (``_NodeRun``, the attempt bookkeeping torch's agent reports into),
-  and at the end a ``NodeResult`` of the last attempt (xrun.launch.result.outcome), which the agent reports like the
+  and at the end a ``NodeResult`` of the last attempt (xrun.common.result.outcome), which the agent reports like the
   static path's, with the real exit code of the rank that failed first (torchrun always exits 1) and the
   exception it recorded in the ``TORCHELASTIC_ERROR_FILE`` torch's agent gave it (``ProcessFailure.error_file``);
 * stop requests from the control channel and signals become torch's own ``SignalException``, so torch stops
@@ -40,19 +40,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from xrun.common import rdzv
+from xrun.common.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
+from xrun.common.output.logfiles import FilteredLogs, open_logs
+from xrun.common.output.streams import Console, RankStream, grow_pipe, notice
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, owned_signals
+from xrun.common.ranks.binding import format_cpus
+from xrun.common.ranks.devices import VISIBILITY, detect_devices
+from xrun.common.result.errorfile import read_error_file
+from xrun.common.result.outcome import NodeResult, RankOutcome, describe, node_result
+from xrun.common.spec import AgentOptions, ElasticOptions, NodeSpec
 from xrun.errors import XrunError
-from xrun.launch.elastic import rdzv
 from xrun.launch.elastic import torch_agent as elastic_agent
-from xrun.launch.network.socket_ifname import VARIABLES as IFNAME_VARIABLES
-from xrun.launch.output.logfiles import FilteredLogs, open_logs
-from xrun.launch.output.streams import Console, RankStream, grow_pipe, notice
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, owned_signals
-from xrun.launch.ranks.binding import format_cpus
-from xrun.launch.ranks.devices import VISIBILITY, detect_devices
 from xrun.launch.ranks.processes import bind_ranks, rank_environment, with_network
-from xrun.launch.result.errorfile import read_error_file
-from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.launch.spec import AgentOptions, ElasticOptions, NodeSpec
 from xrun.shell import render
 
 EXIT_RENDEZVOUS = 1  # the rendezvous failed (timed out, closed, store unreachable): no rank to blame

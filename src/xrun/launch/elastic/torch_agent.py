@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from xrun.common import rdzv
+from xrun.common.output.streams import notice
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals
+from xrun.common.spec import ElasticOptions, NodeSpec
 from xrun.errors import XrunError
-from xrun.launch.elastic import rdzv
-from xrun.launch.output.streams import notice
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals
-from xrun.launch.spec import ElasticOptions, NodeSpec
 
 ROLE = "default"  # ROLE_NAME, as in xrun's static contract
 

@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.launch.network.interfaces import holder, read_addresses
-from xrun.launch.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT
+from xrun.common.network.interfaces import holder, read_addresses
+from xrun.common.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT
 from xrun.launch.network.tcp_probe import describe
 from xrun.net import free_port
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from xrun.launch.network import allreduce_pair, interfaces
-from xrun.launch.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT, SECONDS
+from xrun.common.network import interfaces
+from xrun.common.network.probe_terms import BYTES, CONNECT_TIMEOUT, GROUP_TIMEOUT, SECONDS
+from xrun.launch.network import allreduce_pair
 from xrun.launch.network.tcp_probe import Measurement, measure, reach
 
 

@@ -15,7 +15,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from xrun.launch.network.probe_terms import CONNECT_TIMEOUT, SECONDS
+from xrun.common.network.probe_terms import CONNECT_TIMEOUT, SECONDS
 
 ECHO = b"E"
 SINK = b"S"

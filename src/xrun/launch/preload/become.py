@@ -37,8 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.common.preload.argv import Mode, PythonCommand, has_flag, is_archive_or_dir, parse_python_argv, path0
 from xrun.launch.preload import kernel
-from xrun.launch.preload.argv import Mode, PythonCommand, has_flag, is_archive_or_dir, parse_python_argv, path0
 from xrun.launch.preload.wire import ForkOrder
 from xrun.launch.telemetry.site import sitecustomize as rank_telemetry
 

@@ -20,10 +20,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 import xrun
+from xrun.common.preload.argv import NotForkable, fork_refusal, parse_python_argv, path0
+from xrun.common.procs.posix import signal_name
 from xrun.errors import PreloadError
 from xrun.launch.preload import wire
-from xrun.launch.preload.argv import NotForkable, fork_refusal, parse_python_argv, path0
-from xrun.launch.procs.posix import signal_name
 from xrun.launch.procs.proctable import read_proc
 
 # The helper's command line: the ranks' interpreter and options, then this; the package's root to load it from, the

@@ -31,8 +31,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from xrun.common.preload.argv import NotForkable, parse_python_argv
 from xrun.launch.preload import become, kernel, wire
-from xrun.launch.preload.argv import NotForkable, parse_python_argv
 from xrun.parent_death import die_with_parent
 
 _PID = struct.Struct("=i")

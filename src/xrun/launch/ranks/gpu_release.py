@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from xrun.launch.output.streams import notice
+from xrun.common.output.streams import notice
+from xrun.common.result.outcome import NodeResult
+from xrun.common.result.summary import format_bytes, seconds
 from xrun.launch.procs import proctable
-from xrun.launch.result.outcome import NodeResult
-from xrun.launch.result.summary import format_bytes, seconds
 
 RELEASE_WAIT = 10.0  # seconds: a driver frees a dead client's memory in well under a second; this is for stragglers
 POLL = 0.25

@@ -1,7 +1,7 @@
 """A RankGroup's event loop (``xrun.launch.ranks.supervise``): one selector, single-threaded.
 
 Readers added before ``run()`` wait until the selector opens; a signal's handler only records it (the wake-up pipe
-of xrun.launch.procs.signals ends the wait) and the group acts on it between turns. ``hold`` stops watching the
+of xrun.common.procs.signals ends the wait) and the group acts on it between turns. ``hold`` stops watching the
 ranks' pipes while the console lags a full buffer behind (issue 25 §3); ``release`` watches them again.
 """
 

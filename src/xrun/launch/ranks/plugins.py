@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from xrun.launch.result.outcome import RankOutcome
+    from xrun.common.result.outcome import RankOutcome
 
 
 # A base class is evaluated when the module loads: Python 3.9 has no ``float | None`` there.

@@ -5,7 +5,7 @@ spec -> ``rank_environment`` (the user's environment, the runner's exports, the 
 ranks ``OMP_NUM_THREADS`` = its CPUs // its ranks, issue 13) -> ``rank_processes`` (``RankProcess``: what
 the static supervisor, xrun.launch.ranks.supervise, starts). The elastic adapter (xrun.launch.elastic.run) writes its
 rank scripts from the same environment and binding. Each rank may get its own ``TORCHELASTIC_ERROR_FILE``
-(xrun.launch.result.errorfile). Reads /sys for the binding; starts nothing.
+(xrun.common.result.errorfile). Reads /sys for the binding; starts nothing.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xrun.launch.network.socket_ifname import rank_network_env
-from xrun.launch.ranks.cpusets import plan_bindings
-from xrun.launch.ranks.devices import (
+from xrun.common.network.socket_ifname import rank_network_env
+from xrun.common.ranks.cpusets import plan_bindings
+from xrun.common.ranks.devices import (
     NVIDIA_VISIBLE,
     Devices,
     detect_devices,
     hides_devices,
     visible_devices,
 )
-from xrun.launch.result import errorfile
-from xrun.launch.result.errorfile import ErrorFiles
-from xrun.launch.spec import NodeSpec, RankSpec
+from xrun.common.result import errorfile
+from xrun.common.result.errorfile import ErrorFiles
+from xrun.common.spec import NodeSpec, RankSpec
 from xrun.launch.telemetry.endpoints import Endpoints
 
 
@@ -59,7 +59,7 @@ def rank_environment(
     base: Mapping[str, str], spec: NodeSpec, rank: RankSpec, node_devices: Devices | None = None
 ) -> dict[str, str]:
     """The user's environment, then the runner's exports, then the rank contract (which always wins), with the
-    slot list said the node's way (xrun.launch.ranks.devices): GPUs the user hid stay hidden, UUID/MIG names replace
+    slot list said the node's way (xrun.common.ranks.devices): GPUs the user hid stay hidden, UUID/MIG names replace
     positions, and a node of another vendor gets its own visibility variable instead of CUDA_VISIBLE_DEVICES."""
     env = dict(base)
     env.update(spec.env)
@@ -130,7 +130,7 @@ def bind_ranks(spec: NodeSpec, env: Mapping[str, str]) -> tuple[BoundRank, ...]:
                 file=sys.stderr,
             )
         return tuple(BoundRank(argv=r.argv, cpus=None, extra_env=threads) for r in spec.ranks)
-    from xrun.launch.ranks import binding  # lazy: see xrun.launch.ranks.cpusets.plan_bindings
+    from xrun.common.ranks import binding  # lazy: see xrun.common.ranks.cpusets.plan_bindings
 
     pool = binding.binding_pool(frozenset(os.sched_getaffinity(0)), spec.options.bind_core_list)
     note = binding.binding_note(bindings, pool)

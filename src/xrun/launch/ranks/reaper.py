@@ -28,15 +28,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.streams import Console, RankStream, notice
-from xrun.launch.output.writer import console_write
+from xrun.common.output.streams import Console, RankStream, notice
+from xrun.common.output.writer import console_write
+from xrun.common.result.errorfile import read_error_file
+from xrun.common.result.outcome import RankOutcome
 from xrun.launch.procs import proctable
 from xrun.launch.procs.proctable import ProcInfo
 from xrun.launch.procs.watchdog import Watchdog
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.survivors import Survivors
-from xrun.launch.result.errorfile import read_error_file
-from xrun.launch.result.outcome import RankOutcome
 
 if TYPE_CHECKING:
     import resource

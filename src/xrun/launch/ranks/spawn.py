@@ -16,11 +16,11 @@ import subprocess
 import time
 from typing import IO, TYPE_CHECKING
 
-from xrun.launch.output.logfiles import FilteredLogs, open_logs
-from xrun.launch.output.streams import Console, RankStream, grow_pipe
+from xrun.common.output.logfiles import FilteredLogs, open_logs
+from xrun.common.output.streams import Console, RankStream, grow_pipe
+from xrun.common.spec import LocalEcho
 from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState
-from xrun.launch.spec import LocalEcho
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import ForkedRank, PreloadHelper

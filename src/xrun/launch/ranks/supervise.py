@@ -2,10 +2,10 @@
 
 ``RankGroup`` is the start and the stop policy. One single-threaded event loop (``selectors``) watches:
   * a pidfd per rank (xrun.launch.ranks.reaper) -> the rank's exit, seen at once;
-  * one pipe per rank stdout/stderr -> xrun.launch.output.streams prefixes the lines for fd 1 / fd 2 and logs them
+  * one pipe per rank stdout/stderr -> xrun.common.output.streams prefixes the lines for fd 1 / fd 2 and logs them
     (with --dedupe, the default, identical lines of several ranks wait up to 0.1 s and are shown once: the
     loop's timeout includes that deadline);
-  * the wake-up pipe of xrun.launch.procs.signals -> SIGINT/SIGTERM/SIGHUP (stop), SIGCHLD (reap) and the
+  * the wake-up pipe of xrun.common.procs.signals -> SIGINT/SIGTERM/SIGHUP (stop), SIGCHLD (reap) and the
     ``--forward_signals`` (SIGUSR1/SIGUSR2: passed on to every rank's main process, the job goes on);
   * readers, signals and timers the caller adds (the control channel; the hang doctor, xrun.launch.doctor.node_doctor:
     SIGQUIT, py-spy's results, the silence check).
@@ -18,7 +18,7 @@ until the last rank ends; the last one's failure is the root cause. Otherwise th
 SIGTERM, everything is given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main
 process is gone, the members of their sessions that are still alive (a leaked DataLoader worker, torch_shm_manager) are
 stopped the same way and reported as leftovers, so the agent never hangs on them. The result is a
-``NodeResult`` (xrun.launch.result.outcome), the same type the elastic adapter returns.
+``NodeResult`` (xrun.common.result.outcome), the same type the elastic adapter returns.
 
 ``RankGroup`` wires the parts beside it: the loop (xrun.launch.ranks.group_loop), starting a rank
 (xrun.launch.ranks.spawn), the stop policy (xrun.launch.ranks.teardown) and what a caller plugs in
@@ -45,11 +45,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from xrun.launch.output.logfiles import FilteredLogs
-from xrun.launch.output.streams import Console, flush_python_output, notice
+from xrun.common.output.logfiles import FilteredLogs
+from xrun.common.output.streams import Console, flush_python_output, notice
+from xrun.common.procs.posix import signal_name
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
+from xrun.common.result.outcome import NodeResult, RankOutcome, describe, node_result
+from xrun.common.spec import LocalEcho, OnRankExit
 from xrun.launch.procs import proctable
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
 from xrun.launch.procs.watchdog import Watchdog
 from xrun.launch.ranks.group_loop import HOLD_POLL_S, GroupLoop
 from xrun.launch.ranks.plugins import Plugins
@@ -57,13 +59,11 @@ from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
-from xrun.launch.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.launch.spec import LocalEcho, OnRankExit
 
 if TYPE_CHECKING:
+    from xrun.common.result.stacks import RankStack
+    from xrun.common.telemetry.records import Reading
     from xrun.launch.preload.client import PreloadHelper
-    from xrun.launch.result.stacks import RankStack
-    from xrun.launch.telemetry.records import Reading
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ def _console(procs: Sequence[RankProcess], options: SuperviseOptions, *, on_clos
 class DumpTarget(NamedTuple):
     """A live rank's main process, for a stack dump (xrun.launch.doctor.stackdump). A NamedTuple rather than a
     frozen dataclass, as xrun.launch.session.events explains: the class is made at every agent's start, where it
-    costs ~0.06 ms against ~0.4 ms, and the stacks as data (xrun.launch.result.stacks) stay unloaded until a dump."""
+    costs ~0.06 ms against ~0.4 ms, and the stacks as data (xrun.common.result.stacks) stay unloaded until a dump."""
 
     rank: int
     local_rank: int

@@ -11,8 +11,8 @@ import signal
 import time
 from collections.abc import Callable
 
-from xrun.launch.output.streams import notice
-from xrun.launch.procs.posix import signal_name
+from xrun.common.output.streams import notice
+from xrun.common.procs.posix import signal_name
 from xrun.launch.ranks.reaper import RankState, Reaper
 
 KILL_WAIT = 5.0  # after SIGKILL, how long to wait for the kernel before reporting what would not die

@@ -31,11 +31,11 @@ from typing import Any, NamedTuple
 from xrun import __version__
 from xrun.channel import DEAD_AFTER, HELLO_TIMEOUT, ChannelError, Kind, Message, lines_messages, message, tune_socket
 from xrun.channel.link import Credentials, Link, open_link
-from xrun.launch.network.interfaces import resolvable
-from xrun.launch.output.render import Lines
-from xrun.launch.output.status import say
+from xrun.common.network.interfaces import resolvable
+from xrun.common.output.render import Lines
+from xrun.common.output.status import say
+from xrun.common.spec import SPEC_VERSION
 from xrun.launch.session.events import Event, LinkLost, message_event
-from xrun.launch.spec import SPEC_VERSION
 
 CONNECT_TIMEOUT = 15.0  # head mode: the runner listens before any agent starts; this covers only a slow network
 SPEC_TIMEOUT = 30.0  # head mode: the spec follows the hello at once
@@ -182,8 +182,8 @@ class Connection:
         return self._connected and not self._outbox
 
     def forward_lines(self, fd: int, lines: Lines) -> bool:
-        """Hand a console write, the node's line records, to the head or node 0 (xrun.launch.output.consoleroute).
-        False: the channel is gone. Called by the console's thread (xrun.launch.output.writer), never by the loop:
+        """Hand a console write, the node's line records, to the head or node 0 (xrun.common.output.consoleroute).
+        False: the channel is gone. Called by the console's thread (xrun.common.output.writer), never by the loop:
         it may block."""
         if not self._connected:
             return False

@@ -40,17 +40,17 @@ from typing import TYPE_CHECKING, Any
 
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
+from xrun.common.output.consoleroute import Route, routed
+from xrun.common.output.status import PlainStatus, make_status, say
+from xrun.common.preflight import check_spec
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
+from xrun.common.result.errorfile import error_lines
+from xrun.common.result.outcome import NodeResult, RankOutcome
+from xrun.common.result.summary import RankFigures
 from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
-from xrun.launch.output.consoleroute import Route, routed
-from xrun.launch.output.status import PlainStatus, make_status, say
-from xrun.launch.preflight import check_spec
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.launch.procs.watchdog import watched_for_freezes
-from xrun.launch.result.errorfile import error_lines
-from xrun.launch.result.outcome import NodeResult, RankOutcome
-from xrun.launch.result.summary import RankFigures
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
@@ -81,11 +81,11 @@ from xrun.net import master_port
 from xrun.printable import one_line
 
 if TYPE_CHECKING:
+    from xrun.common.spec import NodeSpec
     from xrun.launch.doctor.dumps import Diagnosis
     from xrun.launch.doctor.node_doctor import NodeDoctor
     from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.session.pod import PodNode
-    from xrun.launch.spec import NodeSpec
 
 HELLO_AGAIN_EVERY = 2.0  # pod mode: after node 0 turned this node away (each try is a line on node 0's console)
 ANY_ADDRESS = "0.0.0.0"  # noqa: S104 - pod mode's node 0: rank 0's store listens on every address
@@ -266,7 +266,7 @@ class Driver:
         return None
 
     def _preflight(self, action: Preflight) -> Event | None:
-        """What must hold before this node says ready (xrun.launch.preflight: it enters the spec's working
+        """What must hold before this node says ready (xrun.common.preflight: it enters the spec's working
         directory first), rank 0's port on node 0, and the preload helper's imports (None: the answer comes once
         they are in). A finding is the user's to fix: its exit code (2) travels."""
         spec = action.spec
@@ -364,7 +364,7 @@ class Driver:
     def _route(self) -> Route | None:
         """Where this node's console goes while its ranks run: to the head, which alone renders and shows every
         node's lines; in pod mode with ``--dedupe`` across nodes to node 0 too, which shows every node's lines
-        merged, and node 0 shows its own only there (xrun.launch.output.consoleroute)."""
+        merged, and node 0 shows its own only there (xrun.common.output.consoleroute)."""
         pod, connection = self.machine.pod, self._connection
         if connection is None or self.alone or (pod is not None and not pod.forward_console):
             return None  # alone: this process's console is the job's, no line needs a hop through the head

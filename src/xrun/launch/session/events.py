@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Union
 
 from xrun.channel import Kind, Message
+from xrun.common.spec import NodeSpec
 from xrun.errors import XrunError
-from xrun.launch.spec import NodeSpec
 
 NODE_FAILURE_EXIT = 1  # a verdict without a usable code; a lost runner or node 0
 
@@ -148,7 +148,7 @@ class PreflightPassed(NamedTuple):
 
 
 class PreflightFailed(NamedTuple):
-    """The node cannot start its ranks as asked (xrun.launch.preflight's finding, a given ``--master_port`` taken):
+    """The node cannot start its ranks as asked (xrun.common.preflight's finding, a given ``--master_port`` taken):
     bad input, which the runner ends the job with, ``exit_code`` (2) on every node (issue 33 §2)."""
 
     reason: str
@@ -189,7 +189,7 @@ class Send(NamedTuple):
 
 class Preflight(NamedTuple):
     """Before ready: enter the spec's working directory and check what must hold before its ranks start
-    (xrun.launch.preflight); ``port`` settles rank 0's port. Answered at once by ``PreflightPassed`` or
+    (xrun.common.preflight); ``port`` settles rank 0's port. Answered at once by ``PreflightPassed`` or
     ``PreflightFailed``."""
 
     spec: NodeSpec

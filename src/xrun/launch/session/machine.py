@@ -35,6 +35,7 @@ import signal
 from typing import TYPE_CHECKING, Any, Callable
 
 from xrun.channel import Kind, message
+from xrun.common.spec import NodeSpec, with_rendezvous
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
     Accept,
@@ -73,7 +74,6 @@ from xrun.launch.session.events import (
     Tick,
     Waiting,
 )
-from xrun.launch.spec import NodeSpec, with_rendezvous
 
 if TYPE_CHECKING:
     from xrun.launch.session.pod import PodNode

@@ -2,7 +2,7 @@
 multi-node run, from its command line to its exit code.
 
 The backend (ssh, pdsh, MPI, Slurm) starts this tiny command on every node (rendered by
-``xrun.launch.command.connect_argv``, read here by ``parse_args``). Nothing on it lets another user of the node
+``xrun.common.command.connect_argv``, read here by ``parse_args``). Nothing on it lets another user of the node
 take its place: the fingerprint of the runner's certificate (which the agent pins) is public, and the key it
 proves (never on a command line, which every user of the node can read) comes from elsewhere:
 ``--token=-`` reads the run token from the first line of stdin (the ssh backend sends it there);

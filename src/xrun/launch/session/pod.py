@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xrun.common.spec import NodeSpec
 from xrun.launch.session.events import PortRule
-from xrun.launch.spec import NodeSpec
 
 
 @dataclass(frozen=True)

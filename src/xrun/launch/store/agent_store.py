@@ -14,8 +14,8 @@ import ipaddress
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from xrun.common.spec import NodeSpec
 from xrun.errors import PortBusyError
-from xrun.launch.spec import NodeSpec
 from xrun.launch.store.server import StoreServer
 from xrun.net import port_holder
 

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from xrun.launch.network.interfaces import resolvable
+from xrun.common.network.interfaces import resolvable
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import MAX_KEYS, MAX_VALUE_BYTES, ProtocolError, Reader
 

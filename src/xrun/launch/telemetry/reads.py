@@ -1,5 +1,5 @@
 """What a node asks its ranks' endpoints: a reading at a hang, Ctrl-\\ or a failure, and a sample while the job
-trains (the questions: xrun.launch.telemetry.client; the summaries: xrun.launch.telemetry.records).
+trains (the questions: xrun.launch.telemetry.client; the summaries: xrun.common.telemetry.records).
 
 A reading asks every rank for its Flight Recorder dump and its threads' Python stacks at once (one deadline),
 and gives back each rank's ``RankCollectives`` (what crosses the channel) beside the full answers, which stay on
@@ -17,9 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from xrun.launch.telemetry.client import ENDPOINT_GONE, MAX_BODY, NO_ENDPOINT, Reply, ask
-from xrun.launch.telemetry.endpoints import Endpoints
-from xrun.launch.telemetry.records import (
+from xrun.common.telemetry.records import (
     EntrySampler,
     EntryTimes,
     RankCollectives,
@@ -31,6 +29,8 @@ from xrun.launch.telemetry.records import (
     where_from_traceback,
     with_failure,
 )
+from xrun.launch.telemetry.client import ENDPOINT_GONE, MAX_BODY, NO_ENDPOINT, Reply, ask
+from xrun.launch.telemetry.endpoints import Endpoints
 
 FLIGHT_RECORDER = "fr_trace_json"
 TRACEBACK = "dump_traceback"  # every thread's Python stack, taken inside the rank (it needs the GIL)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Callable
 
 from xrun.channel import ChannelError
 from xrun.channel.link import TOKEN_ANNOUNCE, TOKEN_ON_STDIN
+from xrun.common.command import connect_argv, connect_target
 from xrun.errors import UsageError
-from xrun.launch.command import connect_argv, connect_target
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 

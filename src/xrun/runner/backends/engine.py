@@ -28,8 +28,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from xrun.common.command import connect_argv, token_from_env
 from xrun.errors import UsageError
-from xrun.launch.command import connect_argv, token_from_env
 from xrun.parent_death import die_with_parent
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from xrun.launch.command import agent_argv
-from xrun.launch.ranks.cpusets import gpu_nodes, plan_bindings
-from xrun.launch.spec import NodeSpec
+from xrun.common.command import agent_argv
+from xrun.common.ranks.cpusets import gpu_nodes, plan_bindings
+from xrun.common.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
@@ -18,7 +18,7 @@ def local_cpu_sets(node: NodeSpec) -> dict[int, str]:
     bindings = plan_bindings(node, os.environ)
     if bindings is None:
         return {}
-    from xrun.launch.ranks.binding import format_cpus  # lazy: see xrun.launch.ranks.cpusets.plan_bindings
+    from xrun.common.ranks.binding import format_cpus  # lazy: see xrun.common.ranks.cpusets.plan_bindings
 
     near = gpu_nodes(node, os.environ) or (None,) * len(bindings)
     return {

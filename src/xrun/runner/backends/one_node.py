@@ -26,10 +26,10 @@ from dataclasses import replace
 from typing import Any
 
 from xrun.channel import Kind, Message
-from xrun.launch.output.status import say
-from xrun.launch.output.streams import notice
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
-from xrun.launch.result.stragglers import SAME_CLOCK, ClockOffset
+from xrun.common.output.status import say
+from xrun.common.output.streams import notice
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.common.result.stragglers import SAME_CLOCK, ClockOffset
 from xrun.launch.session.driver import run_local_node
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.control_server import ControlServer, NoSessions

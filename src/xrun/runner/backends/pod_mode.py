@@ -12,8 +12,8 @@ written in the hostfile (it must resolve to node 0 on every node, e.g. a headles
 
 from __future__ import annotations
 
+from xrun.common.command import agent_argv
 from xrun.errors import UsageError
-from xrun.launch.command import agent_argv
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 

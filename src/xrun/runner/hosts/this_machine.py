@@ -1,6 +1,6 @@
 """The embedded default: no hostfile means one node, ``localhost``, with the local accelerators (or 1 CPU slot).
 
-The visibility variable (``CUDA_VISIBLE_DEVICES``, or another vendor's: xrun.launch.ranks.devices) set and empty, or
+The visibility variable (``CUDA_VISIBLE_DEVICES``, or another vendor's: xrun.common.ranks.devices) set and empty, or
 ``-1``, hides the GPUs: the slots are CPU slots (``--num_gpus N`` processes), and the ranks keep the variable as
 the user set it. A list of UUIDs/MIG instances gives one slot per name (its position; the agent maps it back).
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
+from xrun.common.ranks.devices import VISIBILITY, detect_devices, device_names, hides_devices
 from xrun.errors import SelectionError
-from xrun.launch.ranks.devices import VISIBILITY, detect_devices, device_names, hides_devices
 from xrun.runner.hosts.selection import Pool, Selection
 
 LOCALHOST = "localhost"
@@ -30,7 +30,7 @@ class LocalPool:
 
 def count_accelerators() -> int:
     """Count accelerators without importing torch: the drivers' /proc, /sys and /dev entries
-    (xrun.launch.ranks.devices: NVIDIA, AMD, Intel XPU, Gaudi, Ascend), else ``nvidia-smi -L``."""
+    (xrun.common.ranks.devices: NVIDIA, AMD, Intel XPU, Gaudi, Ascend), else ``nvidia-smi -L``."""
     found = detect_devices()
     if found is not None:
         return found.count

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from xrun.launch.spec import OnRankExit
+from xrun.common.spec import OnRankExit
 from xrun.runner.restart_options import RestartPolicy
 
 if TYPE_CHECKING:

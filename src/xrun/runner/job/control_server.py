@@ -10,7 +10,7 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   a byte sent back; ``xrun.runner.job.gate``), turns what arrives into the machine's events (a proven hello, an
   admitted agent's message, a dropped connection, a backend session that ends, a signal, time passing), feeds each
   to the machine (``feed``) and carries out the actions that come back (``_carry_out``): sends, admitted and
-  closed connections, status lines (``xrun.launch.output.status``), ``--precheck``'s check
+  closed connections, status lines (``xrun.common.output.status``), ``--precheck``'s check
   (``xrun.runner.network.precheck_channel``). At the end the machine's verdict is the report
   (``xrun.runner.job.last_words``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
   machine's; the wire format is ``xrun.channel``'s.
@@ -26,7 +26,7 @@ read from their messages before the machine gets them: every rank's figures (``x
 doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
-xrun.launch.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
+xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
 ``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
 (``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
 
@@ -60,15 +60,15 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
-from xrun.launch.output.render import Lines
-from xrun.launch.output.status import PlainStatus, make_status, say
-from xrun.launch.output.writer import writer
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS
-from xrun.launch.result.failure_report import write_json
-from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
-from xrun.launch.telemetry.records import EntryTimes, read_entry_times
+from xrun.common.output.render import Lines
+from xrun.common.output.status import PlainStatus, make_status, say
+from xrun.common.output.writer import writer
+from xrun.common.procs.posix import signal_name
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS
+from xrun.common.result.failure_report import write_json
+from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
+from xrun.common.telemetry.records import EntryTimes, read_entry_times
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step

@@ -7,7 +7,7 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
 
 * A dump (SIGQUIT to xrun, or ``want_stacks`` from an agent whose xrun got it: pod mode) sends ``dump`` to every
   running node and collects their ``stacks`` until all have answered or ``COLLECT_FOR`` seconds have passed
-  (a node that has not answered by then is named); the merged view (xrun.launch.result.stackview) is shown, outliers
+  (a node that has not answered by then is named); the merged view (xrun.common.result.stackview) is shown, outliers
   first, and the full dumps go to a file. One dump at a time.
 * The hang watch: each agent says ``quiet`` once its own ranks have been silent for ``--hang_timeout`` and
   ``spoke`` at their next output. That is two messages per silence per node, rather than a periodic report
@@ -17,7 +17,7 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
 * After a failure every node sends the stacks its ranks had before they were stopped (``stacks`` with id
   ``stop``): ``stop_stacks`` holds them for the job's failure report (``stop_stack_lines``: merged, outliers first).
 * With telemetry (issue 31) each node's ``collectives`` comes just before its ``stacks`` of the same id: every
-  rank's collective records, compared across the job (xrun.launch.result.collectiveview) into the collective the
+  rank's collective records, compared across the job (xrun.common.result.collectiveview) into the collective the
   ranks wait in, the ranks that never entered it and the mismatches; shown after the stacks, and kept
   (``findings``: the last dump's, or those from before the stop) for the job's report and ``failure.json``.
 """
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
-from xrun.launch.result.collectiveview import HangFindings, find_hang, view_lines
-from xrun.launch.result.dumpfile import show_stacks
-from xrun.launch.result.stacks import RankStack
-from xrun.launch.result.stackview import merge, render
-from xrun.launch.spec import ON_DEMAND_BUDGET, HangAction
-from xrun.launch.telemetry.records import RankCollectives, read_collectives
+from xrun.common.result.collectiveview import HangFindings, find_hang, view_lines
+from xrun.common.result.dumpfile import show_stacks
+from xrun.common.result.stacks import RankStack
+from xrun.common.result.stackview import merge, render
+from xrun.common.spec import ON_DEMAND_BUDGET, HangAction
+from xrun.common.telemetry.records import RankCollectives, read_collectives
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
 

@@ -1,4 +1,4 @@
-"""Every rank's figures at the head (``xrun.launch.result.summary``): each agent sends its ranks' with their
+"""Every rank's figures at the head (``xrun.common.result.summary``): each agent sends its ranks' with their
 ``rank_exited``, and once the job is over the last attempt's are summed up as a node sums up its own ranks: one
 line on success, the table after a failure, and ``summary.json`` (how the job ended: its end line, root cause and
 stop signal; with the restart history, when there were attempts). The control server
@@ -12,9 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from xrun.launch.output.status import say
-from xrun.launch.result.failure_report import write_json
-from xrun.launch.result.summary import RankFigures, success_line, summary_json, table_lines
+from xrun.common.output.status import say
+from xrun.common.result.failure_report import write_json
+from xrun.common.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.events import Verdict
 from xrun.runner.job.last_words import verdict_json
 
@@ -32,7 +32,7 @@ class JobFigures:
     def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None,
                recorded: Mapping[str, Any] | None = None) -> None:
         """After the verdict: one line on success, the table on failure, the JSON under ``log_dir`` (with the
-        ranks' straggler scores, xrun.launch.result.stragglers, when any was scored, and the job record's goodput
+        ranks' straggler scores, xrun.common.result.stragglers, when any was scored, and the job record's goodput
         and figures, xrun.runner.job.record)."""
         if not self.ranks:
             return

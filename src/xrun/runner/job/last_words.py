@@ -2,7 +2,7 @@
 
 ``job failed: <root cause> (exit code N); every node stopped X s later`` (the code only where the cause did not
 say it; ``, then stopped by SIGINT while stopping every node`` after the cause where a signal came once the stop
-had begun) and the failing rank's last output lines (and the fix, when xrun.launch.result.hints knows one), or
+had begun) and the failing rank's last output lines (and the fix, when xrun.common.result.hints knows one), or
 ``stopped by SIGINT (exit code 130)``; after either, with ``--max_restarts``, why the restarts ended and each
 attempt's root cause; before either, how many connections were turned away for not presenting
 the run's token; under ``--on_rank_exit keep``, the ranks lost before the failure. A job that succeeded says
@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.hints import failure_hint
-from xrun.launch.result.summary import lost_before
+from xrun.common.procs.posix import signal_name
+from xrun.common.result.hints import failure_hint
+from xrun.common.result.summary import lost_before
 from xrun.runner.job.events import Verdict
 
 TAIL_SHOWN = 10  # of the failing rank's last output lines

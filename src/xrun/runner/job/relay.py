@@ -1,6 +1,6 @@
 """The head's console: every node's lines on one console, merged across nodes (issue 17, issue 30 §3).
 
-Two inputs, one ``JobConsole`` (xrun.launch.output.render, where every label is rendered):
+Two inputs, one ``JobConsole`` (xrun.common.output.render, where every label is rendered):
 
 * what each node's console says, as line records over the control channel (``lines`` messages: its ranks' lines
   with their rank sets, already merged within the node, and its ``xrun[host]: ...`` notices), fed by the control
@@ -24,8 +24,8 @@ import time
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from xrun.launch.output.render import JobConsole, raw
-from xrun.launch.output.writer import writer
+from xrun.common.output.render import JobConsole, raw
+from xrun.common.output.writer import writer
 
 if TYPE_CHECKING:
     from xrun.runner.plan import Plan

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
-from xrun.launch.procs.signals import owned_signals
+from xrun.common.procs.signals import owned_signals
 
 
 class SelectLoop:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 
-from xrun.launch.procs.posix import signal_name
+from xrun.common.procs.posix import signal_name
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import Action, Drop, Failure, SendStop, ShowLine
 from xrun.runner.job.nodes import Node, Nodes, NodeState

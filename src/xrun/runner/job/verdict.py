@@ -6,7 +6,7 @@ connected, nodes ``--precheck`` found bad, or ``Hung``: every node silent for --
 stop, exit code ``HANG_EXIT``) is the root cause. A signal to xrun that stopped the job is kept beside it: before
 any failure it is the cause (128 + the signal, and no later failure counts); after one (a Ctrl-C while xrun stops
 the job for a lost node) it only hurried the stop, so the failure stays the root cause and its code the job's, as
-a node's own verdict has it (``xrun.launch.result.outcome.node_exit_code``), and the end line says both in their
+a node's own verdict has it (``xrun.common.result.outcome.node_exit_code``), and the end line says both in their
 order (issue 37 §4). Pure: no clock, no I/O.
 
 ``--on_rank_exit keep`` (in-process recovery, issue 39 §3): a rank that fails while another rank of the job still
@@ -21,9 +21,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown
-from xrun.launch.result.outcome import HANG_EXIT
+from xrun.common.procs.posix import signal_name
+from xrun.common.result.hints import IN_TEARDOWN, aborted_in_teardown
+from xrun.common.result.outcome import HANG_EXIT
 from xrun.runner.job.events import AgentError, Attempt, Done, Failure, Hung, RankExited, SessionEnded, Verdict
 from xrun.runner.job.nodes import Node, NodeState
 

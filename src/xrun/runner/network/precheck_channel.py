@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from xrun.channel import Kind, Message, message
-from xrun.launch.output.status import say
+from xrun.common.output.status import say
 from xrun.runner.network.coordinate import Check, Request, Stepper
 from xrun.runner.network.node_results import PrecheckResult, node_rows
 from xrun.runner.network.node_verdicts import Probe

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xrun.launch.network.probe_terms import CONNECT_TIMEOUT, GROUP_TIMEOUT, SECONDS, backend_for, size_for
+from xrun.common.network.probe_terms import CONNECT_TIMEOUT, GROUP_TIMEOUT, SECONDS, backend_for, size_for
 from xrun.runner.network.coordinate import ALLREDUCE, REACH, Request
 from xrun.runner.network.node_verdicts import Probe
 

@@ -17,7 +17,7 @@ from head mode (``xrun.runner.job.control_server.ControlServer``):
   (``xrun.runner.job.machine``'s pod-mode rules): its place on the channel reopens (``NodeKeys.release``) once,
   and only once, its old connection is gone;
 * with ``--dedupe`` (the default) every node forwards its console's line records (``lines`` messages,
-  xrun.launch.output.consoleroute), which the server shows on node 0's console as the head shows them, merged
+  xrun.common.output.consoleroute), which the server shows on node 0's console as the head shows them, merged
   across nodes (its ``console``, xrun.runner.job.relay), so a line every rank prints is shown there once (issue 17).
 
 Where it listens (``control_bind``): on the master address when it is one of this machine's, else on every
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from xrun.channel import ChannelError, Kind, Message, message
-from xrun.launch.output.status import PlainStatus, say
+from xrun.common.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
 from xrun.runner.job.control_server import ControlServer, NoSessions

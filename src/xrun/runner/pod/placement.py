@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from xrun.common.rankplan import World
 from xrun.errors import SelectionError, UsageError
 from xrun.hostlist import HostlistSyntaxError, expand_hostlist
-from xrun.launch.rankplan import World
 from xrun.runner.hosts.batch_alloc import ReadFile
 from xrun.runner.hosts.platform_values import MAX_NODES, MAX_SLOTS_PER_NODE, host_name_problem
 from xrun.runner.hosts.selection import Pool

@@ -24,12 +24,12 @@ import sys
 from dataclasses import replace
 
 from xrun.channel import ChannelError
-from xrun.launch.output.status import say
-from xrun.launch.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.common.output.status import say
+from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.common.spec import NodeSpec
 from xrun.launch.session.driver import run_pod_node
 from xrun.launch.session.events import NODE_FAILURE_EXIT, PortRule
 from xrun.launch.session.pod import Node0, PodNode
-from xrun.launch.spec import NodeSpec
 from xrun.runner.job.machine import LINGER
 from xrun.runner.job.relay import merges_nodes
 from xrun.runner.job.stop import STOP_GRACE

@@ -20,7 +20,7 @@ import queue
 import threading
 from typing import Any, BinaryIO
 
-from xrun.launch.output.logfiles import open_new, set_aside
+from xrun.common.output.logfiles import open_new, set_aside
 
 FLUSH_EVERY = 2.0  # seconds: how stale the file may be while the job runs (a tool tailing it sees this lag)
 MAX_BYTES = 256 << 20  # the file's cap

@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 from xrun import __version__
 from xrun.channel import Kind, Message
-from xrun.launch.output.status import say
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.stragglers import ClockOffset, StragglerScores
-from xrun.launch.result.summary import RankFigures
-from xrun.launch.telemetry.records import EntryTimes
+from xrun.common.output.status import say
+from xrun.common.procs.posix import signal_name
+from xrun.common.result.stragglers import ClockOffset, StragglerScores
+from xrun.common.result.summary import RankFigures
+from xrun.common.telemetry.records import EntryTimes
 from xrun.runner.job.events import (
     Action,
     Admit,

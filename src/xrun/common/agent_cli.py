@@ -3,7 +3,7 @@
     python -m xrun.launch --world_info=B64 --node_rank=N --master_addr=A --master_port=P [options] SCRIPT ARGS...
     python -m xrun.launch --connect=HEAD:PORT --node_rank=K --token=-        (a multi-node run: xrun.launch.session)
 
-This module parses; ``xrun.launch.command`` renders both forms (``parse_agent_argv(agent_argv(c)[4:]) == c``),
+This module parses; ``xrun.common.command`` renders both forms (``parse_agent_argv(agent_argv(c)[4:]) == c``),
 so the runner's dry-run and the agent agree. The flag groups are shared with the runner's own command line.
 """
 
@@ -16,14 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from xrun.argsplit import spellings, split_argv
-from xrun.errors import UsageError, XrunError
-from xrun.hostlist import address_problem
-from xrun.launch.command import AgentCommand
-from xrun.launch.elastic import rdzv
-from xrun.launch.network.socket_ifname import AUTO, check_mode
-from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, decode_world_info
-from xrun.launch.result.outcome import HANG_EXIT
-from xrun.launch.spec import (
+from xrun.common import rdzv
+from xrun.common.command import AgentCommand
+from xrun.common.network.socket_ifname import AUTO, check_mode
+from xrun.common.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, decode_world_info
+from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_MASTER_PORT,
@@ -42,6 +40,8 @@ from xrun.launch.spec import (
     parse_signal_list,
     signal_list,
 )
+from xrun.errors import UsageError, XrunError
+from xrun.hostlist import address_problem
 from xrun.printable import shown
 from xrun.strict_numbers import MAX_HOSTS, MAX_RESTARTS, MAX_SHUTDOWN_TIMEOUT, int_arg, parse_int, port_arg, seconds_arg
 

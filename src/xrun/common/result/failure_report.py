@@ -2,12 +2,12 @@
 
 The first rank that failed on its own is the root cause; ranks xrun stopped because of it are listed as
 consequences, so the line to read at 3 a.m. is the first one; it says so when the root cause aborted in its
-teardown after its last line (xrun.launch.result.hints). The exception the root cause recorded with torch's
+teardown after its last line (xrun.common.result.hints). The exception the root cause recorded with torch's
 ``@record`` (type, message, innermost frames) comes before its stderr tail, which may end in atexit noise; a
-failure with a known fix (xrun.launch.result.hints) ends the report with it.
-Every rank's figures (xrun.launch.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
-stacks taken before the stop, merged (xrun.launch.result.stackview), when the hang doctor took them, and what
-their collective records say (xrun.launch.result.collectiveview: the collective they wait in, who never entered
+failure with a known fix (xrun.common.result.hints) ends the report with it.
+Every rank's figures (xrun.common.result.summary: wall, CPU, peak RSS, status) follow as a table, then the other ranks'
+stacks taken before the stop, merged (xrun.common.result.stackview), when the hang doctor took them, and what
+their collective records say (xrun.common.result.collectiveview: the collective they wait in, who never entered
 it, mismatches; ``failure.json``'s ``"collectives"``).
 ``conclude`` is the end of every node agent run, static or elastic: the report and
 ``{log_dir}/{host}/failure.json`` when something went wrong, else the one success line (only where this node is
@@ -23,14 +23,14 @@ import sys
 import tempfile
 from typing import Any
 
-from xrun.launch.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
-from xrun.launch.output.streams import notice
-from xrun.launch.output.writer import writer
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.errorfile import error_lines
-from xrun.launch.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
-from xrun.launch.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
-from xrun.launch.result.summary import RankFigures, lost_before, success_line, summary_json, table_lines
+from xrun.common.output.logfiles import FAILURE_JSON, SUMMARY_JSON, host_log_dir
+from xrun.common.output.streams import notice
+from xrun.common.output.writer import writer
+from xrun.common.procs.posix import signal_name
+from xrun.common.result.errorfile import error_lines
+from xrun.common.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
+from xrun.common.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
+from xrun.common.result.summary import RankFigures, lost_before, success_line, summary_json, table_lines
 from xrun.printable import each_line, one_line
 
 _SHOWN_CONSEQUENCES = 16  # ranks listed by name before "... and N more"
@@ -89,8 +89,8 @@ def failure_json(result: NodeResult) -> dict[str, Any]:
         "ranks": [_outcome_json(o, o is root) for o in result.outcomes],
         "hang": result.hang,
         "stacks": [s.to_json() for s in result.stacks],
-        # the ranks' collective records taken before the stop (xrun.launch.telemetry.records; null: not read),
-        # and what they say compared (xrun.launch.result.collectiveview)
+        # the ranks' collective records taken before the stop (xrun.common.telemetry.records; null: not read),
+        # and what they say compared (xrun.common.result.collectiveview)
         "collectives": None if result.collectives is None else {
             "ranks": [c.to_json() for c in result.collectives.collectives], "file": result.collectives.file,
             "torchfrtrace": result.collectives.folder,  # the same dumps for torch's analyser (telemetry.frtrace)
@@ -107,7 +107,7 @@ def _taken_before_the_stop(result: NodeResult) -> tuple[list[str], dict[str, Any
     # Lazy (issue 38): the merged view and the comparison are 5 ms of python -X importtime where the doctor's dumps
     # are loaded, 13 ms with the records and stacks they load where not (median of 11); only a result the hang doctor
     # took something for needs them, and the doctor that took it has loaded the rest.
-    from xrun.launch.result import collectiveview, stackview
+    from xrun.common.result import collectiveview, stackview
 
     lines = []
     if result.stacks:

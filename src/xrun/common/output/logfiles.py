@@ -3,7 +3,7 @@ run's files renamed with their time, created new and never through a symbolic li
 
 ``check_logs`` looks before any rank starts, creating nothing: what ``open_logs`` would refuse, and a directory
 where the node's ``failure.json`` or ``summary.json`` goes, is the node preflight's one line and exit code 2
-(``xrun.launch.preflight``, issue 33 §2). ``open_logs`` still refuses what appears between the two (a link planted
+(``xrun.common.preflight``, issue 33 §2). ``open_logs`` still refuses what appears between the two (a link planted
 meanwhile): that rank then cannot start.
 """
 
@@ -15,10 +15,10 @@ import stat
 import time
 from collections.abc import Iterable
 
-from xrun.launch.output.streams import LineCopy
+from xrun.common.output.streams import LineCopy
 
 LOG_NAMES = ("stdout", "stderr")
-# in the node's folder, beside its ranks' folders: xrun.launch.result.failure_report replaces them at the end
+# in the node's folder, beside its ranks' folders: xrun.common.result.failure_report replaces them at the end
 FAILURE_JSON, SUMMARY_JSON = "failure.json", "summary.json"
 REPORT_NAMES = (FAILURE_JSON, SUMMARY_JSON)
 

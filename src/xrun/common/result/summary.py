@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.launch.result.outcome import RankOutcome, describe_status
+from xrun.common.result.outcome import RankOutcome, describe_status
 from xrun.printable import columns, one_line
 
 

@@ -5,11 +5,11 @@
   stderr, the tail the failure report shows.
 * ``Console``: the node's fd 1 and fd 2 as every rank stream reaches them. ``read``/``drain`` take what a stream
   has; ``consume`` logs it raw, keeps its tail and echoes its complete lines as *line records* (``Lines``,
-  xrun.launch.output.render: each rank set and its text; no label is rendered on a node), ``--no_prefix``'s
+  xrun.common.output.render: each rank set and its text; no label is rendered on a node), ``--no_prefix``'s
   lines as records of no rank (still whole lines), nothing with ``--quiet``. A console whose reader went away
   (``| head``) stops echoing, never logging. Made with ``merge_as=host`` (de-duplication, the default when a node
   echoes several ranks), it hands complete lines (``split_lines``) to a ``LineMerger``
-  (xrun.launch.output.dedupe) instead, which gives identical lines of several ranks once, with their rank set,
+  (xrun.common.output.dedupe) instead, which gives identical lines of several ranks once, with their rank set,
   within its window; the event loop sleeps at most until ``wait()`` and calls ``flush_due()``; ``flush_held()``
   before the agent speaks and at the end. Logs and tails are taken before any merging: always raw, always each
   rank's own.
@@ -24,9 +24,9 @@
   logged and echoed once per millisecond, not once per line: one read and at most two writes per chunk.
 * ``notice``: the agent's own ``xrun[host]: ...`` lines on stderr, control characters escaped (a stop's
   reason comes from the head or node 0: issue 22 §6).
-* Both go through the console's thread (xrun.launch.output.writer: ``console_lines``, ``console_write``), so a
+* Both go through the console's thread (xrun.common.output.writer: ``console_lines``, ``console_write``), so a
   console that does not read never blocks the event loop (issue 25 §3); it sends them to the head over the
-  control channel, or renders and writes them here (xrun.launch.output.consoleroute).
+  control channel, or renders and writes them here (xrun.common.output.consoleroute).
 * ``Console.heard``: set by every chunk consumed, read and cleared by the hang doctor's silence check
   (xrun.launch.doctor.node_doctor), so the output path never reads the clock for it.
 
@@ -44,10 +44,10 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from xrun.launch.output.dedupe import LineMerger, MergedLine, is_flood
-from xrun.launch.output.render import Lines, Record, first_line_end
-from xrun.launch.output.writer import console_lines, console_write, writer
-from xrun.launch.procs.posix import write_all
+from xrun.common.output.dedupe import LineMerger, MergedLine, is_flood
+from xrun.common.output.render import Lines, Record, first_line_end
+from xrun.common.output.writer import console_lines, console_write, writer
+from xrun.common.procs.posix import write_all
 from xrun.printable import one_line
 
 CHUNK = 1 << 20  # bytes per read: a flooding rank is drained in big pieces, a silent one still gets its turn
@@ -62,7 +62,7 @@ _TAIL_LINES = 20
 _TAIL_BYTES = 16384  # how much of each stderr is kept for the tail
 _TAIL_WIDTH = 1000  # characters per tail line
 _MAX_PENDING = 1 << 20  # a line longer than this is emitted in pieces rather than held without bound
-# A read of more than FLOOD_LINES lines (xrun.launch.output.dedupe) is a rank flooding: written as it comes,
+# A read of more than FLOOD_LINES lines (xrun.common.output.dedupe) is a rank flooding: written as it comes,
 # prefixed per chunk, not merged. De-duplication is for warnings and start-up noise; bulk output keeps the fast
 # path (issue 15).
 
@@ -187,7 +187,7 @@ class Console:
         self._writer.host = host or merge_as or self._writer.host
         self._prefix = prefix
         self._quiet = quiet
-        # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.launch.output.dedupe).
+        # merge_as: this node's host name; its ranks' identical lines are then shown once (xrun.common.output.dedupe).
         # Only with prefixes: a line shown once must say which ranks said it.
         self._host = host or merge_as or ""  # the labels' host (rendered where the lines are shown)
         # ranks_shown: how many ranks this console echoes (None: unknown); a line all of them said goes out at once
@@ -339,7 +339,7 @@ class Console:
 
     def stop_holding(self) -> None:
         """The node is stopping: from now on console lines that do not fit are dropped (and counted), so that no
-        rank is held back while it is told to stop (xrun.launch.output.writer)."""
+        rank is held back while it is told to stop (xrun.common.output.writer)."""
         self._writer.dropping = True
 
     def written(self) -> None:

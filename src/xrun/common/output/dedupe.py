@@ -1,9 +1,9 @@
 """Console de-duplication (issue 17): identical lines from several ranks within a short window, shown once.
 
 Pure: lines and times in, merged lines out through ``emit`` as data (each line's text with the hosts and ranks
-that said it; xrun.launch.output.render labels them); no clock, no I/O. The node's ``Console``
-(xrun.launch.output.streams) feeds it its ranks' complete lines; the head's console
-(xrun.launch.output.render.JobConsole) feeds it every node's line records, so identical lines from every node
+that said it; xrun.common.output.render labels them); no clock, no I/O. The node's ``Console``
+(xrun.common.output.streams) feeds it its ranks' complete lines; the head's console
+(xrun.common.output.render.JobConsole) feeds it every node's line records, so identical lines from every node
 collapse there too.
 
 The rules, each one a test in tests/test_dedupe.py:

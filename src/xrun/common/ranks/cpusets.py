@@ -9,11 +9,11 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from xrun.launch.ranks.devices import NVIDIA_VISIBLE, device_names, gpu_numa_nodes, rank_slot
-from xrun.launch.spec import NodeSpec
+from xrun.common.ranks.devices import NVIDIA_VISIBLE, device_names, gpu_numa_nodes, rank_slot
+from xrun.common.spec import NodeSpec
 
 if TYPE_CHECKING:
-    from xrun.launch.ranks.binding import RankBinding
+    from xrun.common.ranks.binding import RankBinding
 
 
 def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, ...] | None:
@@ -21,7 +21,7 @@ def plan_bindings(spec: NodeSpec, env: Mapping[str, str]) -> tuple[RankBinding, 
     if not spec.options.bind_cores:
         return None
     # Lazy: about 5 ms of the agent's imports (python -X importtime), the most of any it would add; --bind_cores only.
-    from xrun.launch.ranks import binding
+    from xrun.common.ranks import binding
 
     binding.check_binding_env(env)
     allowed = frozenset(os.sched_getaffinity(0))

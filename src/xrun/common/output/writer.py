@@ -5,7 +5,7 @@ or pod mode's node 0 behind on every node's lines) blocks. Done from the event l
 supervision: a rank's exit would not be seen and the job not stopped. So the loop only queues (``put``), and one
 daemon thread writes, in order, fd 1 and fd 2 alike (a terminal shows both: their order is kept): a node's line
 records go over the control channel to the head (``Route``), whose channel may block as well, or are rendered
-here (xrun.launch.output.render) and written.
+here (xrun.common.output.render) and written.
 
 The policy, stated in docs/logs.md:
 * while the job runs, a console that cannot keep up holds the ranks back, as a slow terminal does: once the
@@ -29,9 +29,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from xrun.launch.output.consoleroute import Route, current, deliver
-from xrun.launch.output.render import Lines, render_lines
-from xrun.launch.procs.posix import on_leave
+from xrun.common.output.consoleroute import Route, current, deliver
+from xrun.common.output.render import Lines, render_lines
+from xrun.common.procs.posix import on_leave
 
 BUFFER_BYTES = 4 << 20  # what the console may lag behind the ranks before they are held back
 STALL_S = 1.0  # a console that took nothing for this long while it had work is stalled

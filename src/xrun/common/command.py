@@ -2,7 +2,7 @@
 
 * Stand-alone: ``PYTHON -u -m xrun.launch --world_info=B64 --node_rank=K --master_addr=A ... -- SCRIPT ARGS``
   (``agent_argv``), what the local and ``--no_ssh`` backends show for the agent they run in-process and what a
-  person may type. Its parser is ``xrun.launch.agent_cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
+  person may type. Its parser is ``xrun.common.agent_cli.parse_agent_argv``: ``parse_agent_argv(agent_argv(c)[4:])
   == c``.
 * Connect mode: ``PYTHON -u -m xrun.launch --connect=ADDR:PORT --fingerprint=SHA256 --node_rank=K|--node_rank_from=VARS
   --token=-|env:NAME|announce`` (``connect_argv``), the tiny command every channel backend (ssh, pdsh, MPI, Slurm)
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xrun.channel.link import TOKEN_ENV_PREFIX
-from xrun.launch.elastic.rdzv import resolve_elastic
-from xrun.launch.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
-from xrun.launch.spec import (
+from xrun.common.rankplan import DEFAULT_ROLE, LaunchOptions, Rendezvous, World, encode_world_info, node_ranks
+from xrun.common.rdzv import resolve_elastic
+from xrun.common.spec import (
     DEFAULT_FORWARD_SIGNALS,
     DEFAULT_JOIN_TIMEOUT,
     DEFAULT_SHUTDOWN_TIMEOUT,

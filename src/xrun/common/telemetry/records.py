@@ -9,11 +9,11 @@ start and complete). Two summaries of it travel, never the dump itself (it stays
 * ``RankCollectives`` (a hang, Ctrl-\\, a failure): per process group the last ``RECENT`` collectives the rank
   entered and what torch says it last enqueued and completed, and ``where`` the rank's main thread is (the
   innermost frame outside torch of ``dump_traceback``'s text). The head compares them across ranks
-  (xrun.launch.result.collectiveview).
+  (xrun.common.result.collectiveview).
 * ``EntryTimes`` (sampled while the job trains): per group, when the rank entered the collectives on a grid
   every rank picks alike, each reported once (``EntrySampler``), so the head finds the same collectives in every
   rank's samples even when the nodes are asked at their own times, and scores who enters late
-  (xrun.launch.result.stragglers).
+  (xrun.common.result.stragglers).
 
 A rank that has exited is read from what it left at its exit (``parse_left_records``: its dump and the traceback
 it died of); the collective it died in is marked ``failed`` there (``with_failure``: gloo retires a failed

@@ -1,5 +1,5 @@
 """What a failed rank's exit code and stderr tail tell beyond its status: a failure with a known fix, and an abort
-in teardown. Pure: a code and lines in, a hint or None out; the node report (xrun.launch.result.failure_report) and
+in teardown. Pure: a code and lines in, a hint or None out; the node report (xrun.common.result.failure_report) and
 the head's (xrun.runner.job.last_words, xrun.runner.job.verdict) both use it.
 
 * DeepSpeed's launcher convention passes ``--local_rank=N`` to every rank (xrun keeps it as the default), and a

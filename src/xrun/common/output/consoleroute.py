@@ -1,6 +1,6 @@
 """Where this node's console goes: its own fd 1 and 2, or over the control channel to the head's console.
 
-A node's console writes line records (``Lines``, xrun.launch.output.render): its ranks' lines with their rank
+A node's console writes line records (``Lines``, xrun.common.output.render): its ranks' lines with their rank
 sets, merged within the node, and its ``xrun[host]: ...`` notices. Only the head renders them and merges them
 across nodes, so while a node's ranks run under a head (``--connect``) its records go there, over the control
 channel, and nothing of them is written here (issue 30 §3). In pod mode every node's xrun prints to its own stdout
@@ -11,7 +11,7 @@ node 0 writes its own only there (over loopback), so they keep their order among
 The route is process-wide, as fd 1 and 2 are: ``routed()`` sets it for the time the ranks run. Where the channel
 is gone (the head or node 0 lost), records are written here again, rendered, never dropped. ``deliver`` is one
 write along a route; it may block (a console that does not read, a channel that is full), so only the console's
-writer thread calls it (xrun.launch.output.writer: ``console_write`` and ``console_lines`` queue there).
+writer thread calls it (xrun.common.output.writer: ``console_write`` and ``console_lines`` queue there).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from xrun.launch.output.render import Lines, raw, render_lines
-from xrun.launch.procs.posix import write_all
+from xrun.common.output.render import Lines, raw, render_lines
+from xrun.common.procs.posix import write_all
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Many ranks' collective records as findings: where a hung job waits, who never came, what does not match
-(issue 31). Pure functions over xrun.launch.telemetry.records' ``RankCollectives``: no I/O, no clock.
+(issue 31). Pure functions over xrun.common.telemetry.records' ``RankCollectives``: no I/O, no clock.
 
 ``find_hang(records)`` compares every rank's last few collectives per process group (the sequence number is the
 same collective on every rank of a group) and finds:
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.launch.result.stackview import rank_ranges
-from xrun.launch.telemetry.records import Collective, GroupState, RankCollectives
+from xrun.common.result.stackview import rank_ranges
+from xrun.common.telemetry.records import Collective, GroupState, RankCollectives
 
 DEFAULT_GROUP = "0"  # torch's name of the default process group, on every rank
 _SHOWN_TENSORS = 3  # of a collective's tensors, described before "+N more"

@@ -1,6 +1,6 @@
 """The console's text, rendered in one place: line records in, bytes out (issue 30 §3).
 
-No node renders a label. A node's console (xrun.launch.output.streams) says what its ranks wrote as *line
+No node renders a label. A node's console (xrun.common.output.streams) says what its ranks wrote as *line
 records*, ``Lines``: the node's host and, in order, records of a rank set and its text (whole lines, or a
 progress bar's unfinished state; identical lines of several of the node's ranks already merged into one record),
 and the agent's own lines (``xrun[host]: ...``) as records of no rank. Whoever shows them renders them here:
@@ -9,10 +9,10 @@ and the agent's own lines (``xrun[host]: ...``) as records of no rank. Whoever s
   record that names ranks (``\\r`` ends a line too, ``\\r\\n`` is one end; the label is a node's
   ``--no_prefix`` away: its records then name no rank), a record of no rank as it is. The node's own console
   writes this way (a local run, where xrun itself is the head; a pod-mode node's own log; a node whose channel to
-  the head is gone), from its console's thread (xrun.launch.output.writer).
+  the head is gone), from its console's thread (xrun.common.output.writer).
 * ``JobConsole``: the head's console (node 0's in pod mode), fed every node's records as they come over the
   control channel and the text the backends' own streams carry (xrun.runner.job.relay). With ``merge`` it merges
-  across nodes through one ``LineMerger`` (xrun.launch.output.dedupe): the same line of several nodes is shown
+  across nodes through one ``LineMerger`` (xrun.common.output.dedupe): the same line of several nodes is shown
   once, ``[ranks 0-15] text``; a record of no rank passes unmerged in its place, a flood (more than
   ``FLOOD_LINES`` lines in one record) and a progress bar's unfinished state go at once, after what is held.
 
@@ -28,7 +28,7 @@ import functools
 from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
-from xrun.launch.output.dedupe import WINDOW_S, LineMerger, MergedLine, compact, is_flood
+from xrun.common.output.dedupe import WINDOW_S, LineMerger, MergedLine, compact, is_flood
 
 Record = tuple[Sequence[int], bytes]  # a rank set and its text; no rank: the agent's own, or not labelled
 _LINE_ENDS = (b"\n", b"\r")
@@ -110,7 +110,7 @@ def first_line_end(text: bytes) -> int:
 
 class JobConsole:
     """The job's console at the head: every node's records, merged across nodes with ``merge`` (see the module
-    doc). ``out`` takes the bytes (the head queues them: xrun.launch.output.writer's ``offer``). Not thread-safe:
+    doc). ``out`` takes the bytes (the head queues them: xrun.common.output.writer's ``offer``). Not thread-safe:
     one loop feeds it and calls ``flush`` when ``next_deadline`` is due."""
 
     def __init__(self, out: Callable[[int, bytes], object], *, merge: bool = False, expected: int | None = None,

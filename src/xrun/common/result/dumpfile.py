@@ -7,8 +7,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from xrun.launch.result.stacks import RankStack
-from xrun.launch.result.stackview import full_text, merge, render
+from xrun.common.result.stacks import RankStack
+from xrun.common.result.stackview import full_text, merge, render
 
 
 def show_stacks(stacks: Sequence[RankStack], problem: str | None, reason: str, *, log_dir: str | None) -> list[str]:

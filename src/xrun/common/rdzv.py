@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from xrun.common.rankplan import Rendezvous, World
+from xrun.common.spec import RDZV_BACKENDS, ElasticOptions
 from xrun.errors import UsageError
 from xrun.hostlist import host_name_problem
-from xrun.launch.rankplan import Rendezvous, World
-from xrun.launch.spec import RDZV_BACKENDS, ElasticOptions
 from xrun.printable import shown
 from xrun.strict_numbers import MAX_SECONDS, parse_int
 

@@ -1,7 +1,7 @@
 """Who makes everyone wait: every rank scored by how often and by how much it enters collectives after the others
 (issue 31). Pure: samples, clock offsets and nothing else in; scores and lines out; no I/O, no clock read.
 
-The samples are xrun.launch.telemetry.records' ``EntryTimes``: per process group, when a rank entered some
+The samples are xrun.common.telemetry.records' ``EntryTimes``: per process group, when a rank entered some
 collectives, by its node's wall clock. A collective (group, sequence number) is scored once every rank that
 takes part in the group (the default group: every rank of the job) has reported it: each rank's **lateness** is
 its entry time minus the median entry time of the *others* (with two ranks: the gap between them), so a rank
@@ -32,8 +32,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.launch.result.collectiveview import DEFAULT_GROUP
-from xrun.launch.telemetry.records import EntryTimes, picked_per_sample
+from xrun.common.result.collectiveview import DEFAULT_GROUP
+from xrun.common.telemetry.records import EntryTimes, picked_per_sample
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
 DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of samples at 10 s: 4-16 a sample)
@@ -153,7 +153,7 @@ class StragglerScores:
     or recovered).
 
     A node reports each collective on the job's grid once, and no more of them a sample than
-    ``picked_per_sample`` allows for the group's size (xrun.launch.telemetry.records.EntrySampler). A sample
+    ``picked_per_sample`` allows for the group's size (xrun.common.telemetry.records.EntrySampler). A sample
     with more is cut to that many, the coarsest grid first (the multiples of the highest power of two: those
     every node reports), then the newest: the head's work per sample stays bounded whatever a node sends.
     Scoring a collective of 8,000 ranks costs a sort and a few list operations; the rule then reads only the

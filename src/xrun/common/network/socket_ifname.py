@@ -12,8 +12,8 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
+from xrun.common.network import interfaces
 from xrun.errors import UsageError
-from xrun.launch.network import interfaces
 
 VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 AUTO = "auto"

@@ -2,7 +2,7 @@
 
 ``RankOutcome`` is how one rank ended (exit code or signal, runtime, the CPU time and peak RSS the kernel
 accounted for it when it was reaped, stderr tail, the exception it recorded with torch's ``@record``
-(xrun.launch.result.errorfile), whether xrun stopped it);
+(xrun.common.result.errorfile), whether xrun stopped it);
 ``NodeResult`` is the node's ranks in rank order with the root cause, the first rank that failed on its own,
 why the hang watchdog stopped it (``--hang_action stop``: exit code ``HANG_EXIT``) and the other ranks' stacks
 and collective records taken before the stop.
@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xrun.launch.procs.posix import signal_name
-from xrun.launch.result.errorfile import RankError
+from xrun.common.procs.posix import signal_name
+from xrun.common.result.errorfile import RankError
 
 if TYPE_CHECKING:
-    from xrun.launch.result.stacks import RankStack
-    from xrun.launch.telemetry.records import Reading
+    from xrun.common.result.stacks import RankStack
+    from xrun.common.telemetry.records import Reading
 
 # --hang_action stop: no rank wrote output for --hang_timeout seconds (timeout(1)'s "timed out" code)
 HANG_EXIT = 124

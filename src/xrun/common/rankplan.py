@@ -1,6 +1,6 @@
 """The rank plan: from the world (DeepSpeed's world info) and the user's program to every rank's argv and env
 contract. One pure function, ``node_ranks``, shared by the runner's plan and dry-run and the agent's stand-alone CLI;
-a connect-mode agent is sent its ranks (``xrun.launch.spec``) and plans none.
+a connect-mode agent is sent its ranks (``xrun.common.spec``) and plans none.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.common.spec import PythonMode, RankSpec
 from xrun.errors import UsageError, WorldInfoError
 from xrun.hostlist import host_name_problem
-from xrun.launch.spec import PythonMode, RankSpec
 from xrun.printable import shown
 from xrun.strict_numbers import MAX_HOSTS, MAX_SLOTS_PER_HOST
 
@@ -109,7 +109,7 @@ class Rendezvous:
 
     ``master_addr`` is None in the plan of a channel backend: node 0's address as its agent sees it is decided once,
     at the start barrier (``xrun.runner.job.barrier``), and each agent sets it in its ranks' env then
-    (``xrun.launch.spec.with_rendezvous``)."""
+    (``xrun.common.spec.with_rendezvous``)."""
 
     master_addr: str | None
     master_port: int

@@ -2,7 +2,7 @@
 
 ``launch`` owns this format because it is the lower layer: the runner imports it to build plans, the agent
 imports it to execute them. Every type here is a frozen dataclass that converts to and from plain JSON. How the
-ranks' argv and env are planned from the world is ``xrun.launch.rankplan``'s (a connect-mode agent, which is sent
+ranks' argv and env are planned from the world is ``xrun.common.rankplan``'s (a connect-mode agent, which is sent
 them, never loads it).
 """
 
@@ -50,7 +50,7 @@ class HangAction(enum.Enum):
     """What ``--hang_timeout`` does once no rank anywhere has written output for that long (issue 14)."""
 
     DUMP = "dump"  # print the merged stacks and go on; again only after new output and another silence
-    STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.launch.result.outcome)
+    STOP = "stop"  # print them, then stop the job with HANG_EXIT (xrun.common.result.outcome)
     RESTART = "restart"  # as stop, then the hang is a failure like any other: --max_restarts may restart the job
 
 
@@ -124,7 +124,7 @@ class AgentOptions:
     log_dir: str | None = None
     prefix: bool = True
     quiet: bool = False
-    dedupe: bool = True  # identical console lines of several ranks shown once (xrun.launch.output.dedupe); --no_dedupe
+    dedupe: bool = True  # identical console lines of several ranks shown once (xrun.common.output.dedupe); --no_dedupe
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     bind_cores: bool = False
     bind_core_list: str | None = None
@@ -161,7 +161,7 @@ class ElasticOptions:
     """``--elastic``: torch's elastic agent runs the node's ranks (restarts, nodes leaving and joining).
 
     ``min_nodes``/``max_nodes`` are None only in a request (the planner fills them from the world);
-    ``rdzv_conf`` holds the user's ``--rdzv_conf`` keys, already checked against ``xrun.launch.elastic.rdzv``.
+    ``rdzv_conf`` holds the user's ``--rdzv_conf`` keys, already checked against ``xrun.common.rdzv``.
     """
 
     min_nodes: int | None = None

@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
 
+from xrun.common.network.interfaces import interface_names, resolvable
+from xrun.common.network.socket_ifname import AUTO, NONE, check_interface_name
+from xrun.common.output.logfiles import LogFileRefused, check_logs
+from xrun.common.ranks.cpusets import plan_bindings
+from xrun.common.rdzv import parse_endpoint
+from xrun.common.spec import NodeSpec, PythonMode
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
-from xrun.launch.elastic.rdzv import parse_endpoint
-from xrun.launch.network.interfaces import interface_names, resolvable
-from xrun.launch.network.socket_ifname import AUTO, NONE, check_interface_name
-from xrun.launch.output.logfiles import LogFileRefused, check_logs
-from xrun.launch.ranks.cpusets import plan_bindings
-from xrun.launch.spec import NodeSpec, PythonMode
 from xrun.printable import shown
 
 _PATH_MAX = 4096  # Linux

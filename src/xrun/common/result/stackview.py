@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from xrun.launch.result.stacks import RankStack, ThreadStack
+from xrun.common.result.stacks import RankStack, ThreadStack
 
 _RUNPY = ("runpy.py", "<frozen runpy>")  # python -m: the module's frames start below these
 _HEAD_LINKS, _TAIL_LINKS = 2, 3  # of a long chain of deeper frames, what the compact line keeps

@@ -18,7 +18,7 @@ from importlib.machinery import PathFinder
 from xrun.errors import PreloadError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-_ASK = "import sys; sys.path[0] = sys.argv.pop(1); from xrun.launch.preload.find import main; main()"
+_ASK = "import sys; sys.path[0] = sys.argv.pop(1); from xrun.common.preload.find import main; main()"
 _ASK_TIMEOUT = 60.0  # s: an interpreter's start and a few directory lookups
 
 

@@ -1,0 +1,3 @@
+"""Telemetry's contract: the collective records as they cross the channel (``records``, pure).
+What runs in the ranks, their endpoints and what reads them are ``xrun.launch.telemetry``.
+"""
