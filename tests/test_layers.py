@@ -1,7 +1,10 @@
 """The package's layering, read from the source (ast): who imports whom, at module level, inside functions, or
 only for type checking.
 
-* ``xrun.launch`` (every node) never imports ``xrun.runner`` (the head), at any level;
+* three layers (issue 38 §2): ``xrun.runner`` (the head), ``xrun.launch`` (every node) and, below both, the shared
+  ``xrun.common`` (what both need: the spec, the rank plan and env contract, records, the result views,
+  rendering). ``launch`` never imports ``runner``; ``common`` imports neither; ``runner`` imports ``launch`` only
+  in ``COMPOSITION``, the modules that join the head and a node in one process, at any level;
 * only the elastic adapter (``xrun/launch/elastic/``) imports torch;
 * the imports inside ``xrun`` have no cycle, counting those inside functions and the type-checking ones: a
   function-level import that points back up is a circle all the same, only hidden (issue 30 §6);
@@ -146,6 +149,26 @@ def test_launch_never_imports_runner():
     assert bad == []
 
 
+def test_the_shared_layer_imports_neither_layer():
+    bad = [e for e in import_edges() if e.source.startswith("xrun.common") and e.target.startswith(("xrun.launch", "xrun.runner"))]  # noqa: E501
+    assert bad == []
+
+
+# The one exception to "runner never imports launch", and the last: the modules that run the head and a node in one
+# process. The local run is a one-node job (issue 38 §1): the head's server on a thread and the node's driver on the
+# main thread, joined by a socketpair (backends/one_node.py, which took the place of backends/local.py's call of the
+# agent and local_job.py's restarts); pod mode's every node runs its own agent beside node 0's server
+# (pod/runtime.py). A module leaves this set once it no longer imports launch (the second assert), and no other
+# may join it.
+COMPOSITION = {"xrun.runner.backends.one_node", "xrun.runner.pod.runtime"}
+
+
+def test_runner_imports_launch_only_where_the_head_and_a_node_share_a_process():
+    runner_to_launch = [e for e in import_edges() if e.source.startswith("xrun.runner") and e.target.startswith("xrun.launch")]  # noqa: E501
+    assert [f"{e.source} -> {e.target}" for e in runner_to_launch if e.source not in COMPOSITION] == []
+    assert {e.source for e in runner_to_launch} == COMPOSITION
+
+
 # --network=allreduce's worker: a process of its own (python -m), started only for that mode, imported by nobody
 ALLREDUCE_WORKER = "xrun.launch.network.allreduce_worker"
 
@@ -205,16 +228,21 @@ def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
 POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.runner.pod.placement",
                 "xrun.runner.pod.digest", "xrun.runner.pod.secret")
 RANKS = {
-    "xrun.launch": [
-        {"xrun.launch.procs", "xrun.common.spec", "xrun.common.rankplan", "xrun.launch.network",
-         "xrun.launch.telemetry", "xrun.launch.preload", "xrun.launch.store"},
+    "xrun.common": [
+        {"xrun.common.procs", "xrun.common.spec", "xrun.common.rankplan", "xrun.common.rdzv", "xrun.common.telemetry",
+         "xrun.common.network", "xrun.common.preload"},
         {"xrun.common.output"},
         {"xrun.common.result"},
+        {"xrun.common.ranks"},
+        {"xrun.common.command", "xrun.common.preflight", "xrun.common.agent_cli"},
+    ],
+    "xrun.launch": [
+        {"xrun.launch.procs", "xrun.launch.network", "xrun.launch.telemetry", "xrun.launch.preload",
+         "xrun.launch.store"},
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.common.agent_cli", "xrun.launch.standalone", "xrun.common.command", "xrun.launch.engine_env",
-         "xrun.common.preflight", "xrun.launch.check_probe"},
+        {"xrun.launch.agent", "xrun.launch.standalone", "xrun.launch.engine_env", "xrun.launch.check_probe"},
         {"xrun.launch.session", "xrun.launch.__main__"},
     ],
     "xrun.runner": [
@@ -274,13 +302,13 @@ def test_folders_depend_one_way():
     assert upward == []
 
 
-def test_the_channel_imports_neither_layer():
-    bad = [e for e in import_edges() if e.source.startswith("xrun.channel") and e.target.startswith(("xrun.runner", "xrun.launch"))]  # noqa: E501
+def test_the_channel_imports_no_layer():
+    bad = [e for e in import_edges() if e.source.startswith("xrun.channel") and e.target.startswith(("xrun.runner", "xrun.launch", "xrun.common"))]  # noqa: E501
     assert bad == []
 
 
 def test_shared_modules_import_no_layer():
-    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and both layers (``python -m xrun`` is the entry)
+    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and the three layers (``python -m xrun`` is the entry)
     shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES and m != "xrun.__main__"]
     assert "xrun.errors" in shared
     layers = tuple(LAYER_PACKAGES) + tuple(p + "." for p in LAYER_PACKAGES)

@@ -325,6 +325,6 @@ def test_the_checks_modules_are_in_no_circle_even_counting_function_level_import
 def test_the_checks_file_names_are_found_once_in_the_tree():
     package = Path(ROOT) / "src" / "xrun"
     names = [path.name for path in package.rglob("*.py") if path.name not in ("__init__.py", "__main__.py")]
-    for folder in (package / "launch" / "network", package / "runner" / "network"):
+    for folder in (package / "common" / "network", package / "launch" / "network", package / "runner" / "network"):
         for path in folder.glob("*.py"):
             assert path.name in ("__init__.py", "__main__.py") or names.count(path.name) == 1, path

@@ -1,7 +1,8 @@
 """xrun: a lean multi-node launcher for PyTorch training.
 
-The package has two layers: ``xrun.runner`` (head node: decides what runs where) and ``xrun.launch`` (every
-node: turns one node spec into supervised rank processes). ``launch`` never imports ``runner``.
+The package has three layers: ``xrun.runner`` (head node: decides what runs where), ``xrun.launch`` (every
+node: turns one node spec into supervised rank processes) and, below both, ``xrun.common`` (what both need).
+Neither of the two imports the other, but for the modules that run the head and a node in one process.
 """
 
 from __future__ import annotations

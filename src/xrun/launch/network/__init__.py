@@ -1,9 +1,5 @@
-"""The network check's node side, and the node's interface choice (issue 24). Stdlib only; torch only in the
-all-reduce worker, a process of its own.
-
-Which interface the ranks use: ``interfaces`` picks the one on the route to the master address (pure over literal
-route tables and addresses, with thin readers of the kernel's); ``socket_ifname`` turns ``--network_interface`` and
-that choice into the ranks' ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``.
+"""The network check's node side (issue 24). Stdlib only; torch only in the all-reduce worker, a process of its
+own. Which interface the ranks use, and the probe's terms the head asks with, are ``xrun.common.network``.
 
 The probes, low to high: ``tcp_probe`` (the client that measures latency and throughput against a peer, and the echo
 and sink it talks to), ``allreduce_pair`` (``--network=allreduce``: a pair's torch group, both sides; each rank is a
@@ -13,5 +9,5 @@ Asked two ways: ``python -m xrun.launch.network`` (``__main__``) is the probe pr
 starts over ssh and drives with JSON lines; ``precheck_answers`` answers a job's ``--precheck`` over the control
 channel while the agent waits for a start. The head's side is ``xrun.runner.network``.
 
-May import ``xrun.errors`` and ``xrun.channel``; nothing else of xrun.
+May import ``xrun.errors``, ``xrun.channel`` and ``xrun.common.network``; nothing else of xrun.
 """

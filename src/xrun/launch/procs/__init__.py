@@ -1,4 +1,5 @@
-"""Processes as the kernel sees them: POSIX helpers, the ``/proc`` table, signal ownership, the watchdog.
+"""Processes as the kernel sees them: the ``/proc`` table and the watchdog (the POSIX helpers and signal ownership,
+which the head uses too, are ``xrun.common.procs``).
 
-The bottom of the node layer: imports only the standard library and ``xrun``'s shared modules.
+The bottom of the node layer: imports only the standard library, ``xrun.common`` and ``xrun``'s shared modules.
 """

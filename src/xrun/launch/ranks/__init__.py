@@ -1,4 +1,5 @@
-"""The supervised ranks: what each rank starts with (env, devices, core binding), their sessions, the reaper.
+"""The supervised ranks: what each rank starts with (env, argv), their start, sessions, teardown, the reaper. Their
+devices and CPU sets are ``xrun.common.ranks``: the head's dry run computes them too.
 
-May import ``launch.procs``, ``launch.output``, ``launch.result`` and ``launch.spec``.
+May import ``launch.procs``, ``launch.preload``, ``launch.telemetry`` and ``xrun.common``.
 """

@@ -2,10 +2,11 @@
 
 ``site/`` is what runs inside each rank (a ``sitecustomize`` on its ``PYTHONPATH``: torch's Flight Recorder
 served on a Unix socket; a rank forked from the preload helper calls it from xrun.launch.preload.become);
-``endpoints`` makes the node's socket directory and each rank's environment; ``client``
-asks the ranks' sockets; ``records`` (pure) turns a Flight Recorder dump into the compact summaries that cross the
-channel; ``reads`` runs the questions beside the rank group's loop and keeps the full dumps on the node.
+``endpoints`` makes the node's socket directory and each rank's environment; ``client`` asks the ranks' sockets;
+``reads`` runs the questions beside the rank group's loop and keeps the full dumps on the node. What crosses the
+channel is the shared layer's ``xrun.common.telemetry.records`` (pure: a Flight Recorder dump as the compact
+summaries the head reads too).
 
 Sits below the rank group (``launch.ranks`` builds the ranks' environment with it, ``launch.doctor`` asks): may
-import ``launch.procs``, ``launch.output``, ``launch.result``, ``launch.spec`` and the channel. Imports no torch.
+import ``launch.procs``, ``xrun.common`` and the channel. Imports no torch.
 """

@@ -7,5 +7,5 @@ doctor's head side, every rank's figures, ``--precheck``'s check) and the consol
 (``report``); the job's record, ``events.jsonl`` and its goodput (``record``).
 
 May import ``runner.hosts``, the head's request and plan modules, ``runner.network`` (the check ``--precheck`` runs,
-and its decision), ``xrun.launch`` (the join status line is ``xrun.common.output.status``) and ``xrun.channel``.
+and its decision), ``xrun.common`` (the join status line is ``xrun.common.output.status``) and ``xrun.channel``.
 """
