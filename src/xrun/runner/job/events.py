@@ -3,10 +3,12 @@
 Every value here is a typed, immutable record of plain fields: no sockets, no clocks. They are ``NamedTuple``s, as
 the node's are (``xrun.launch.session.events`` says why: a class costs ~0.06 ms to make against a frozen dataclass's
 ~0.6 ms, and these 32 are on every run's start, a local one's included), but unlike bare tuples two records of
-different types never compare equal (``_typed_equality``, at the end). Agents are named by their agent id
-(the order the backend started them: the world's nodes first, whose ids are their node ranks, then the hot spares;
-``NodesFaulty`` alone names node ranks); connections by the number the socket layer gave them, so an action can
-say which connection to keep or close without the machine holding one.
+different types never compare equal (``_typed_equality``, at the end); and without ``from __future__ import
+annotations``, since ``NamedTuple`` compiles every string annotation into a ``ForwardRef`` (that was half of this
+module's load): only names defined further down or under ``TYPE_CHECKING`` are quoted. Agents are named by their
+agent id (the order the backend started them: the world's nodes first, whose ids are their node ranks, then the hot
+spares; ``NodesFaulty`` alone names node ranks); connections by the number the socket layer gave them, so an action
+can say which connection to keep or close without the machine holding one.
 
 Events come from the socket layer (``xrun.runner.job.control_server``): what an agent said, a connection that dropped, a
 backend session that ended, a signal to xrun, the hang doctor's ``Hung`` (xrun.runner.job.doctor), and ``Tick``
@@ -14,8 +16,6 @@ backend session that ended, a signal to xrun, the hang doctor's ``Hung`` (xrun.r
 to which nodes, which connection to admit or close, and what to show the user. ``Verdict`` is the outcome: the
 exit code and its root cause, as data the report prints and (pod mode, ``SendVerdict``) every node is sent.
 """
-
-from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Union
 
@@ -34,7 +34,7 @@ class HelloReceived(NamedTuple):
     addr: str  # the node's address as its agent saw it on the route here (else the peer address)
     peer: str
     xrun_version: str | None = None
-    digest: PlanDigest | None = None  # pod mode: the node's plan digest (None: absent or malformed)
+    digest: "PlanDigest | None" = None  # pod mode: the node's plan digest (None: absent or malformed)
     host: str | None = None  # the host name the node reports (checked printable text: xrun.channel.fields)
 
 
@@ -104,7 +104,7 @@ class Hung(NamedTuple):
 class PrecheckDone(NamedTuple):
     """--precheck (issue 24): the network check across the nodes is over (xrun.runner.network.precheck_channel)."""
 
-    result: PrecheckResult
+    result: "PrecheckResult"
 
 
 class NodesFaulty(NamedTuple):
@@ -232,7 +232,7 @@ class SendVerdict(NamedTuple):
     """Pod mode: how the job ended, to every node still connected (each exits with its code)."""
 
     nodes: tuple[int, ...]
-    verdict: Verdict
+    verdict: "Verdict"
 
 
 Action = Union[
@@ -261,7 +261,7 @@ class Verdict(NamedTuple):
     failure: Failure | None = None  # the root cause (the first failure)
     interrupted_by: int | None = None  # the signal that stopped the job, if one did
     stopped_after: float | None = None  # seconds from the first failure until every node was over
-    attempts: tuple[Attempt, ...] = ()  # --max_restarts: every attempt, the last one included
+    attempts: tuple["Attempt", ...] = ()  # --max_restarts: every attempt, the last one included
     restart_lines: tuple[str, ...] = ()  # why the restarts ended and each attempt's root cause
     lost_ranks: tuple[int, ...] = ()  # --on_rank_exit keep: the ranks that failed while others ran on
 
@@ -274,7 +274,7 @@ class Attempt(NamedTuple):
     ran_s: float  # from its ranks' start (or its beginning, when they never started) to its first failure
     failure: Failure | None
     ended_at: float | None = None  # seconds since the job began: every node of the attempt was over
-    replaced: tuple[Replacement, ...] = ()  # --spares: the lost nodes hot spares took the places of, before it
+    replaced: tuple["Replacement", ...] = ()  # --spares: the lost nodes hot spares took the places of, before it
 
     def to_json(self) -> dict[str, object]:
         failure = self.failure
