@@ -338,5 +338,5 @@ def test_the_head_telemetry_bench_feeds_the_heads_code_and_it_names_the_late_ran
     traffic = Traffic(40, 8, 20.0, 120.0, seed=3)
     figures = head_minute(traffic, 1)
     assert figures["named"] == 1.0 and figures["scored"] >= 12, figures
-    parts = sum(figures[k] for k in ("decode_s", "read_s", "score_s", "clocks_s", "record_s"))
-    assert parts > 0 and figures["record_s"] > 0 and abs(figures["cpu_s"] - parts) < 1e-9
+    parts = sum(figures[k] for k in ("decode_s", "read_s", "score_s", "clocks_s", "usage_s", "record_s"))
+    assert parts > 0 and figures["record_s"] > 0 and figures["usage_s"] > 0 and abs(figures["cpu_s"] - parts) < 1e-9

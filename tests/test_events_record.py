@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
-from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_xrun
-from tests.test_restarts import FLAKY, serve
-from xrun.common.rankplan import LaunchOptions
+from tests.test_restarts import FLAKY, run_flaky_logged_job, run_logged_job
 from xrun.runner.job.record.file import EventsFile
 from xrun.runner.job.record.goodput import PHASES, Goodput, goodput_of
-from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.restart_options import RestartPolicy
 
 
 def read(path):
@@ -158,15 +153,7 @@ def test_the_phases_add_up_to_the_wall_time_and_none_is_negative(steps):
 
 
 def test_a_head_with_a_restart_records_it_in_order_and_sums_it_up(tmp_path):
-    logs = tmp_path / "logs"
-    script = tmp_path / "flaky.py"
-    script.write_text(FLAKY)
-    request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         cwd=str(tmp_path), restart=RestartPolicy(2, 60.0))
-    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0, 1)}, "ssh")
-    server, sessions, _ = serve(plan)
-    assert server.run(sessions, own_signals=False) == 0
-    sessions.terminate()
+    logs = run_flaky_logged_job(tmp_path)
     events = read(logs / "events.jsonl")
     kinds = [e["event"] for e in events]
     # rank 0's exit may come after rank 1's failure and the stop it begins: the ranks' exits are checked apart
@@ -214,3 +201,37 @@ def test_a_local_run_is_recorded_by_its_head_as_a_one_node_job(tmp_path):
 def failed_reason(events):
     return next(e["reason"] for e in events if e["event"] == "failure")
 
+
+
+BUSY_AND_BIG = """
+import os, time
+end = time.monotonic() + 3.0
+if os.environ["RANK"] == "0":
+    while time.monotonic() < end:  # busy
+        pass
+else:
+    big = bytearray(200 << 20)
+    big[::4096] = b"x" * (50 << 10)  # touched: resident
+    time.sleep(end - time.monotonic())
+"""
+
+
+def test_a_busy_rank_and_a_big_rank_show_in_the_samples(tmp_path, monkeypatch):
+    """Each rank's CPU and RSS reach the head's samples from the agents' readings (issue 40 §1), at the test's
+    sample period (XRUN_SAMPLE_EVERY_S: the head and its agents read it alike)."""
+    monkeypatch.setenv("XRUN_SAMPLE_EVERY_S", "0.5")
+    logs = run_logged_job(tmp_path, BUSY_AND_BIG, {"a": (0,), "b": (0,)})
+    events = read(logs / "events.jsonl")
+    assert events[0]["sample_every_s"] == 0.5
+    assert events[0]["usage_every"] == 1  # every sample has them
+    samples = [e for e in events if e["event"] == "sample" and e["cpu_pct"]]
+    assert len(samples) >= 2, [e for e in events if e["event"] == "sample"]
+    for sample in samples:
+        assert len(sample["cpu_pct"]) == len(sample["rss_mib"]) <= 2
+    full = [s for s in samples if len(s["cpu_pct"]) == 2 and None not in s["cpu_pct"]]
+    assert full, samples
+    # a shared machine may give the busy loop less than a core, never as little as the sleeper's (whose first
+    # reading holds its start and its allocation: some CPU)
+    assert max(s["cpu_pct"][0] for s in full) >= 30 and min(s["cpu_pct"][1] for s in full) <= 10, full
+    assert all(s["cpu_pct"][0] > s["cpu_pct"][1] for s in full), full
+    assert max(s["rss_mib"][1] for s in full) >= 190 and all(s["rss_mib"][0] < 100 for s in full), full

@@ -343,16 +343,28 @@ def test_head_restarts_exhausted_end_with_the_code_and_every_agent_exits(tmp_pat
     assert all(p.returncode is not None for p in sessions.procs.values())
 
 
-def test_head_summary_json_has_the_history(tmp_path):
+def run_logged_job(tmp_path, source, hosts, **request_fields):
+    """``source`` as a script at a real head with real agents on ``hosts`` ({host: slots}) and ``--log_dir``; it must
+    succeed. Returns the log directory."""
     logs = tmp_path / "logs"
-    script = tmp_path / "flaky.py"
-    script.write_text(FLAKY)
+    script = tmp_path / "job.py"
+    script.write_text(source)
     request = JobRequest(script=str(script), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         cwd=str(tmp_path), restart=RestartPolicy(2, 60.0))
-    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), {"a": (0, 1)}, "ssh")
+                         cwd=str(tmp_path), **request_fields)
+    plan = make_plan(replace(request, options=replace(request.options, log_dir=str(logs))), hosts, "ssh")
     server, sessions, _ = serve(plan)
     assert server.run(sessions, own_signals=False) == 0
     sessions.terminate()
+    return logs
+
+
+def run_flaky_logged_job(tmp_path):
+    """FLAKY with ``--max_restarts 2``: it succeeds on attempt 1."""
+    return run_logged_job(tmp_path, FLAKY, {"a": (0, 1)}, restart=RestartPolicy(2, 60.0))
+
+
+def test_head_summary_json_has_the_history(tmp_path):
+    logs = run_flaky_logged_job(tmp_path)
     summary = json.loads((logs / "summary.json").read_text())
     assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
     assert summary["attempts"][0]["exit_code"] == 3 and summary["attempts"][1]["root_cause"] is None

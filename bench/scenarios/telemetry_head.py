@@ -8,13 +8,16 @@ overlap), one ``entry_times`` message with its 8 ranks' samples (the default
 group; its ranks enter ``rate`` collectives a second, 20 by default: a DDP step's buckets at a few steps a
 second; each rank's sample is what the node side's own ``EntrySampler`` picks from the last ``DEFAULT_ENTRIES``
 collectives, the Flight Recorder's buffer), and a pong to every ping (``PING_INTERVAL``) carrying the node's
-clock, which is off the head's by up to 50 ms. One rank (the middle node's fourth) is on time during the warm-up
-and enters every collective 50 ms late after it: ``named_after_s`` is how long the head took to name it.
+clock, which is off the head's by up to 50 ms, and every ``usage.SAMPLE_EVERY`` (60) s at a phase of its own a
+``usage`` message with its 8 ranks' CPU and RSS (issue 40 §1). One rank (the middle node's fourth) is on time
+during the warm-up and enters every collective 50 ms late after it: ``named_after_s`` is how long the head took to
+name it.
 
 The messages are encoded with the channel's own ``encode`` before the clock starts; timed is what the head does
 with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channel's frame -> message),
 ``read_entry_times``, the node's clock offset and ``StragglerScores.add``; for a pong ``fields_error`` and
-``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping. With ``record`` (1, the default: as with ``--log_dir``)
+``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping; for a usage message ``decode_body`` and ``read_usage``
+(``usage_s``; with the record, its ``used`` is in ``record_s``). With ``record`` (1, the default: as with ``--log_dir``)
 the job's record (issue 40, xrun.runner.job.record) takes each message as the control server hands it over
 (``heard``, ``fed`` with the message's ``Heard`` event, ``sampled`` after the scoring) and its timer's ``tick``
 after each, writing ``events.jsonl`` to a temporary folder: ``record_s``. The first minute fills the head's state
@@ -43,6 +46,7 @@ from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.channel.framing import HEADER, decode_body, encode
 from xrun.common.rankplan import LaunchOptions
 from xrun.common.result.stragglers import ClockOffsets, StragglerScores
+from xrun.common.telemetry import usage
 from xrun.common.telemetry.records import (
     EntrySampler,
     EntryTimes,
@@ -64,7 +68,8 @@ TITLE = "Scale C. The head's telemetry: entry_times and pongs of N nodes × 8 ra
 TABLE = {
     "metrics": [["cpu_s", "head CPU per minute", "s"], ["decode_s", "decoding entry_times frames", "s"],
                 ["read_s", "reading the samples", "s"], ["score_s", "scoring", "s"],
-                ["clocks_s", "clock offsets (pongs)", "s"], ["record_s", "the job's record (events.jsonl)", "s"],
+                ["clocks_s", "clock offsets (pongs)", "s"], ["usage_s", "decoding and reading usage (CPU, RSS)", "s"],
+                ["record_s", "the job's record (events.jsonl)", "s"],
                 ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""],
                 ["named_after_s", "slow rank named after", "s"]],
     "references": [],
@@ -110,6 +115,7 @@ class Traffic:
     def __init__(self, nodes: int, ranks: int, rate: float, seconds: float, *, seed: int,
                  spread: bool = False) -> None:
         rng = random.Random(seed)
+        used = random.Random(seed + 1)  # the usage messages' own: the other traffic is as it was without them
         self.nodes, self.ranks = nodes, ranks
         self.slow = (nodes // 2) * ranks + 3 if ranks > 3 else None
         offsets = [rng.randrange(-50_000_000, 50_000_000) for _ in range(nodes)]
@@ -123,6 +129,11 @@ class Traffic:
                 events.append((at, node, "entry_times",
                                _frame(entry_times_message(self._sample(sampler, node, at, rate, offsets[node],
                                                                        rng)))))
+            phase = used.uniform(0.0, usage.SAMPLE_EVERY)
+            for k in range(int((seconds - phase) // usage.SAMPLE_EVERY) + 1):
+                readings = [usage.RankUsage(node * ranks + local, used.randrange(80, 120),
+                                            used.randrange(1 << 20, 1 << 24)) for local in range(ranks)]
+                events.append((phase + k * usage.SAMPLE_EVERY, node, "usage", _frame(usage.usage_message(readings))))
             for k in range(int(seconds // PING_INTERVAL) + 1):
                 at = k * PING_INTERVAL + rng.uniform(0.0, 0.05)
                 trip_ns = rng.randrange(200_000, 2_000_000)
@@ -167,7 +178,7 @@ def _record(traffic: Traffic, log_dir: str) -> JobRecord:
 def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> dict[str, float | None]:
     clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
     hosts = [f"node{n}" for n in range(traffic.nodes)]
-    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0, "record_s": 0.0}
+    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0, "usage_s": 0.0, "record_s": 0.0}
     scored_before = 0
     counting = False
     named_at = None
@@ -190,6 +201,20 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
                 record.tick(at, scores)
             if counting:
                 spent["clocks_s"] += t1 - t0
+                spent["record_s"] += time.thread_time() - t1
+            continue
+        if kind == "usage":
+            t0 = time.thread_time()
+            msg = decode_body(frame)
+            readings = usage.read_usage(msg)
+            t1 = time.thread_time()
+            if record is not None:  # the control server's hooks for usage: used, heard, fed (Heard), the tick
+                record.used(readings, at)
+                record.heard(node, msg, at)
+                record.fed(heard, (), at)
+                record.tick(at, scores)
+            if counting:
+                spent["usage_s"] += t1 - t0
                 spent["record_s"] += time.thread_time() - t1
             continue
         t0 = time.thread_time()

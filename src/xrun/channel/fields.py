@@ -1,6 +1,6 @@
 """The shapes of the messages a peer sends before it has proven itself (auth, challenge, hello), and of those an
 admitted node sends in bulk: its console's line records (``lines``) and the outer shapes of its larger reports
-(collectives, entry times), whose items their own ``from_json`` checks.
+(collectives, entry times, usage), whose items their own readers check.
 
 A stranger's message is checked field by field (type, length, range) before any of its values is used, so
 the checks that follow (a proof comparison, a node-rank lookup, a line on the console) see only sane values:
@@ -139,4 +139,6 @@ COLLECTIVES_FIELDS: Mapping[str, Field] = {
     "file": Field(FieldKind.TEXT, 4096, required=False),  # where the full records are on the node (a path)
 }
 ENTRY_TIMES_FIELDS: Mapping[str, Field] = {"ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS)}
+# each rank's CPU and memory while it runs (issue 40 §1; its items: xrun.common.telemetry.usage.read_usage)
+USAGE_FIELDS: Mapping[str, Field] = {"ranks": Field(FieldKind.LIST, MAX_LOCAL_RANKS)}
 PONG_FIELDS: Mapping[str, Field] = {"clock_ns": Field(FieldKind.INT, (1 << 63) - 1, required=False)}

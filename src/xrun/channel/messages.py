@@ -36,10 +36,12 @@ Agent -> runner                                   Runner -> agent
     record (issue 31)
   entry_times(ranks)   every 10 s while the ranks
     run: when they entered some collectives
+  usage(ranks)   every sample period (60 s) while
+    the ranks run: each one's CPU and RSS
   pong(clock_ns)   the agent's wall clock when the
     ping came: the head's measure of its offset
   (the records' format, bounds and readers:
-   xrun.common.telemetry.records)
+   xrun.common.telemetry.records and .usage)
 
 Nonces (32 random bytes) and proofs (HMAC-SHA256, ``xrun.channel.proof``) travel as 64 lowercase hex digits. Head
 mode: the agent first checks the server certificate's fingerprint against the one it was given (``tls.pin_ok``).
@@ -96,6 +98,7 @@ class Kind(str, enum.Enum):
     PROBED = "probed"  # the answer: id and the measurement (ok, latency_ms, throughput_mbs, error)
     COLLECTIVES = "collectives"  # beside stacks, the same id: each rank's collective record and the node's file
     ENTRY_TIMES = "entry_times"  # the straggler sample: when each rank entered some collectives (issue 31)
+    USAGE = "usage"  # each live rank's CPU share and RSS over the last sample period (issue 40 §1)
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

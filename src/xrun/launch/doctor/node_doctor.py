@@ -11,7 +11,9 @@
 * with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
   py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and
   the head, which scores stragglers (a one-node job's too: xrun.runner.backends.one_node), gets every
-  ``SAMPLE_EVERY`` seconds the ranks' entry times as ``entry_times`` messages (``send_samples``).
+  ``SAMPLE_EVERY`` seconds the ranks' entry times as ``entry_times`` messages (``send_samples``);
+* under a head (``send_usage``), every sample period of the head's record (xrun.common.telemetry.usage), each live
+  rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.
 
 The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local run's one-node job, the
 stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
@@ -38,6 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from xrun.common.spec import ON_DEMAND_BUDGET, AgentOptions
+from xrun.common.telemetry.usage import sample_every, usage_message
+from xrun.launch.telemetry.usage import UsageReader
 
 if TYPE_CHECKING:
     from xrun.channel import Message
@@ -123,6 +127,11 @@ class NodeDoctor:
         self._next_sample = 0.0
         # the head scores the stragglers of the samples, which reach it as ``entry_times`` messages
         self.send_samples: Callable[[Message], None] | None = None
+        # the head, for its record's samples: the ranks' CPU and RSS as ``usage`` messages (none without a head)
+        self.send_usage: Callable[[Message], None] | None = None
+        self._usage = UsageReader()
+        self._usage_every = sample_every()
+        self._next_usage = 0.0
         # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
         self.link: DoctorLink | None = None
 
@@ -136,6 +145,8 @@ class NodeDoctor:
             group.plugins.before_failure_stop = self.take_stop_stacks
             readers_at = time.monotonic() + READERS_AFTER
             group.plugins.timers.add(lambda: readers_at if self._dumps is None else None, self._ready_for_a_failure)
+        self._next_usage = time.monotonic() + self._usage_every
+        group.plugins.timers.add(lambda: self._next_usage if self.send_usage is not None else None, self._read_usage)
         if self._endpoints is not None:
             group.plugins.before_result = self._settle
             self._next_sample = time.monotonic() + until_the_next_sample(time.time())
@@ -181,6 +192,16 @@ class NodeDoctor:
         ranks = [t.rank for t in self.group.live_targets()]
         if self.send_samples is not None:
             self._hands().sample(ranks, send=self.send_samples)
+
+    def _read_usage(self) -> None:
+        """Every sample period: the live ranks' CPU and RSS, one read of ``/proc`` each, in the loop (8 ranks:
+        ~70 us a sample)."""
+        self._next_usage = time.monotonic() + self._usage_every
+        if self.send_usage is None or self.group.stopping:
+            return
+        readings = self._usage.read([(t.rank, t.pid) for t in self.group.live_targets()])
+        if readings:
+            self.send_usage(usage_message(readings))
 
     def take_stop_stacks(self) -> None:
         """The live ranks' stacks (and collective records), now and within FAILURE_BUDGET (blocking: they are about

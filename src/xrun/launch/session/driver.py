@@ -16,8 +16,8 @@ answering pings as it stops beating for its watchdog: the runner gives the node 
 
 The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
 ``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks and collective records,
-``want_stacks``, ``quiet``, ``spoke``, the straggler sample ``entry_times``, the console's line records) goes out as
-it comes, past the machine; their end is the machine's event.
+``want_stacks``, ``quiet``, ``spoke``, the straggler sample ``entry_times``, the ranks' ``usage``, the console's
+line records) goes out as it comes, past the machine; their end is the machine's event.
 
 Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
 ``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
@@ -376,6 +376,7 @@ class Driver:
         if doctor is not None:
             doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
             doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
+            doctor.send_usage = self._send  # the ranks' CPU and RSS, for the head's record (issue 40 §1)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         self._inbox.nudge()
         self._send(message(Kind.STARTED))

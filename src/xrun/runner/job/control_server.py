@@ -69,6 +69,7 @@ from xrun.common.result.failure_report import write_json
 from xrun.common.result.outcome import HANG_EXIT
 from xrun.common.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
 from xrun.common.telemetry.records import EntryTimes, read_entry_times
+from xrun.common.telemetry.usage import read_usage
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
@@ -408,6 +409,10 @@ class ControlServer:
                 self.doctor.collectives(node, msg)
             elif kind == Kind.ENTRY_TIMES.value:
                 self._score(node, read_entry_times(msg), now)
+            elif kind == Kind.USAGE.value:
+                readings = read_usage(msg)  # checked with or without a record: every byte from a socket is hostile
+                if self.record is not None:
+                    self.record.used(readings, now)
             elif kind == Kind.PONG.value:
                 problem = fields_error(msg, PONG_FIELDS)
                 if problem is not None:

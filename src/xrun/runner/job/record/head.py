@@ -3,7 +3,8 @@ machine, as ``events.jsonl``'s lines (docs/events.md) and the goodput folded ove
 
 The control server (``xrun.runner.job.control_server``) makes one ``JobRecord`` with ``--log_dir`` and calls it
 where it feeds its machine (``fed``: each event with the actions that came back) and where it reads what the
-machine does not (``heard``: an agent's message; ``sampled``: a node's straggler sample once scored), and from
+machine does not (``heard``: an agent's message; ``sampled``: a node's straggler sample once scored; ``used``: a
+node's readings of its ranks' CPU and RSS, the latest per rank kept for the next ``sample`` line), and from
 its loop's timer (``tick``: the periodic sample, the flush). What changed in the machine's own history (the
 first failure, an attempt over, a spare seated) is read from it after each event, by identity: nothing here
 keeps a second copy of the job's state, and nothing is done per event that scans the nodes.
@@ -23,6 +24,7 @@ from xrun.common.procs.posix import signal_name
 from xrun.common.result.stragglers import ClockOffset, StragglerScores
 from xrun.common.result.summary import RankFigures
 from xrun.common.telemetry.records import EntryTimes
+from xrun.common.telemetry.usage import RankUsage, sample_every
 from xrun.runner.job.events import (
     Action,
     Admit,
@@ -46,7 +48,12 @@ from xrun.runner.job.record.goodput import Goodput
 from xrun.runner.plan import Plan
 
 EVENTS_FILE = "events.jsonl"
-SAMPLE_EVERY = 60.0  # seconds between samples: a week is 10,080 lines, a few hundred bytes each when healthy
+# a rank's reading stays in the samples this many periods after it came (a lost node's ranks drop out after it)
+USAGE_KEPT_FOR = 2
+# the ranks' CPU and RSS cost ~10 bytes a rank in a sample: a bigger job has them in every k-th sample only,
+# k = world size / this (rounded up), so that a week's samples stay well under the file's samples_up_to (8,000
+# ranks: every 8th minute, ~80 KB each, ~100 MB a week)
+USAGE_RANKS_PER_SAMPLE = 1000
 _STARTED, _RANK_EXITED = Kind.STARTED.value, Kind.RANK_EXITED.value  # the kinds ``heard`` reads, looked up once
 _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a failure's stop (a lost node too)
 
@@ -61,7 +68,10 @@ class JobRecord:
         self.unix0_ns = time.time_ns() - int((now - self.t0) * 1e9)  # the wall clock at t 0
         self.file = EventsFile(os.path.join(log_dir, EVENTS_FILE))
         self.goodput = Goodput()
-        self.next_sample = now + SAMPLE_EVERY
+        self.every = sample_every()  # SAMPLE_EVERY (60 s); tests set XRUN_SAMPLE_EVERY_S
+        self.usage_stride = -(-plan.world_size // USAGE_RANKS_PER_SAMPLE)  # the samples that carry CPU and RSS
+        self._samples = 0
+        self.next_sample = now + self.every
         self.next_flush = now + FLUSH_EVERY
         self._due = min(self.next_sample, self.next_flush)
         # what of the machine's history is already written (compared by identity after each event)
@@ -73,6 +83,7 @@ class JobRecord:
         self._lost: set[int] = set()  # agents whose loss was written (this attempt)
         self._figures: dict[tuple[int, int], RankFigures] = {}  # a rank_exited's figures, until its event
         self._named: dict[int, tuple[str, float]] = {}
+        self._usage: dict[int, tuple[RankUsage, float]] = {}  # rank -> its latest reading and when it came
         self._on_event: dict[type, Callable[[Any, float], None]] = {
             Ready: self._ready, RankExited: self._rank_exited, ConnectionLost: self._connection_lost,
             Hung: self._hung}
@@ -82,7 +93,7 @@ class JobRecord:
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
                    max_restarts=job.config.restart.max_restarts, hang_timeout=options.hang_timeout,
-                   sample_every_s=SAMPLE_EVERY)
+                   sample_every_s=self.every, usage_every=self.usage_stride)
 
     def write(self, now: float, event: str, *, sample: bool = False, **fields: Any) -> None:
         self.put(now, event, fields, sample=sample)
@@ -136,6 +147,8 @@ class JobRecord:
             self.write(now, "node_ready", node=node.rank, host=node.host, master_port=event.master_port)
 
     def _rank_exited(self, event: RankExited, now: float) -> None:
+        if event.rank is not None:
+            self._usage.pop(event.rank, None)  # its reading was of a process that is gone
         figures = self._figures.pop((event.node, event.rank if event.rank is not None else -1), None)
         self.write(now, "rank_exited", attempt=self.job.attempts.number, node=self._rank_of(event.node),
                    host=self._host(event.node), rank=event.rank, local_rank=event.local_rank, code=event.code,
@@ -223,22 +236,43 @@ class JobRecord:
                     self.write(now, "straggler_recovered", attempt=attempt, rank=rank, host=host)
             self._named = named
 
+    def used(self, readings: Iterable[RankUsage], now: float) -> None:
+        """A node's ``usage`` message: its ranks' latest CPU and RSS, for the next ``sample`` line."""
+        for reading in readings:
+            self._usage[reading.rank] = (reading, now)
+
+    def _usage_now(self, now: float) -> tuple[list[int | None], list[int | None]]:
+        """The ``sample`` line's ``cpu_pct`` and ``rss_mib``: lists by rank (compact at 8,000 ranks: a few bytes
+        each), ``null`` for a rank with no recent reading; empty when none has one."""
+        since = now - USAGE_KEPT_FOR * self.every
+        recent = {rank: reading for rank, (reading, at) in self._usage.items() if at >= since}
+        size = max(recent, default=-1) + 1
+        cpu: list[int | None] = [None] * size
+        rss: list[int | None] = [None] * size
+        for rank, reading in recent.items():
+            cpu[rank], rss[rank] = reading.cpu_pct, (reading.rss_kib + 512) >> 10
+        return cpu, rss
+
     # -- the loop's timer, and the end ---------------------------------------------------------------------------
 
     def due(self) -> float:
         return self._due
 
     def tick(self, now: float, scores: StragglerScores) -> None:
-        """The periodic sample of the ranks' lateness, and the flush to the writing thread (called after every
-        wake-up of the loop: one comparison until one is due)."""
+        """The periodic sample of the ranks' lateness, CPU and RSS, and the flush to the writing thread (called
+        after every wake-up of the loop: one comparison until one is due)."""
         if now < self._due:
             return
         if now >= self.next_sample:
-            self.next_sample = now + SAMPLE_EVERY
+            self.next_sample = now + self.every
             late = scores.late_now()
+            self._samples += 1
+            usage = {}
+            if self._samples % self.usage_stride == 0:
+                usage["cpu_pct"], usage["rss_mib"] = self._usage_now(now)
             self.write(now, "sample", sample=True, attempt=self.job.attempts.number,
                        collectives_scored=scores.collectives_scored, stragglers=sorted(self._named),
-                       late_ms={str(rank): round(ms, 1) for rank, ms in late.items()})
+                       late_ms={str(rank): round(ms, 1) for rank, ms in late.items()}, **usage)
         if now >= self.next_flush:
             self.next_flush = now + FLUSH_EVERY
             self.file.flush()
