@@ -332,7 +332,9 @@ class RankGroup:
     def _keeps(self, outcome: RankOutcome) -> bool:
         """--on_rank_exit keep: a rank that failed while another still runs is lost and stops nobody (the others
         recover in place); said in one line."""
-        others = len(self._reaper.running())
+        # the ranks not yet told (on_rank_exit), not those still running: two reaped at once count one by one, as
+        # the head counts their rank_exited, so this node's root cause and lost ranks are the job's
+        others = self._reaper.unfinished()
         if self._options.on_rank_exit is not OnRankExit.KEEP or not others or self._teardown.signum is not None:
             return False
         self._console.flush_held()
