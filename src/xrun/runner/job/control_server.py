@@ -26,20 +26,20 @@ read from their messages before the machine gets them: every rank's figures (``x
 doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
-xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
-(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
+xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``), the ranks' CPU
+and RSS (``usage``, for the record) and ``--precheck``'s answers. A restart begins them anew (the clock offsets
+stay). With ``--log_dir`` the job's record (``xrun.runner.job.record``) is handed each event fed with its actions,
+and what is read beside the machine.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
 
-The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
-relays what its own streams carry to the job's console (``console``) through this loop and reports sessions that
-end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
-(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
-on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
+The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it relays what
+its own streams carry to the job's console (``console``) through this loop and reports sessions that end. ``run``
+takes over SIGINT, SIGTERM and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the
+``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its
+ranks; the job goes on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
@@ -59,7 +59,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
-from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.common.output.render import Lines
 from xrun.common.output.status import PlainStatus, make_status, say
 from xrun.common.output.writer import writer
@@ -109,7 +108,7 @@ from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
-from xrun.runner.job.wire import agent_event, hello_event, verdict_message
+from xrun.runner.job.wire import agent_event, hello_event, pong_clock, verdict_message
 from xrun.runner.plan import Plan
 
 if TYPE_CHECKING:
@@ -414,10 +413,7 @@ class ControlServer:
                 if self.record is not None:
                     self.record.used(readings, now)
             elif kind == Kind.PONG.value:
-                problem = fields_error(msg, PONG_FIELDS)
-                if problem is not None:
-                    raise ValueError(problem.reason)
-                self.clocks.pong(node, time.time_ns(), msg.get("clock_ns"))
+                self.clocks.pong(node, time.time_ns(), pong_clock(msg))
             elif kind == Kind.WANT_STACKS.value:
                 self._want_stacks(f"{msg.get('reason') or 'a request'} at {self._host(node)}")
             elif kind == Kind.QUIET.value:

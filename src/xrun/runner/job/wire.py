@@ -10,6 +10,7 @@ came on. The verdict goes back as a message (pod mode, restarts).
 from __future__ import annotations
 
 from xrun.channel import ChannelError, Kind, Message, message
+from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.runner.job.events import AgentError, Done, Event, Heard, HelloReceived, RankExited, Ready, Verdict
 from xrun.runner.job.last_words import headline
 from xrun.runner.job.verdict import NODE_FAILURE_EXIT
@@ -26,6 +27,15 @@ def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived
     host = msg.get("host")
     return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version,
                          host=host if isinstance(host, str) and host else None)
+
+
+def pong_clock(msg: Message) -> int | None:
+    """A pong's node clock (ns; None: an agent that sends none); a malformed one is a ValueError."""
+    problem = fields_error(msg, PONG_FIELDS)
+    if problem is not None:
+        raise ValueError(problem.reason)
+    clock = msg.get("clock_ns")
+    return clock if isinstance(clock, int) else None
 
 
 def agent_event(node: int, msg: Message) -> Event:
