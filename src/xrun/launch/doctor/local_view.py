@@ -6,12 +6,16 @@ xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dump
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from xrun.common.output.streams import notice
 from xrun.common.result.collectiveview import find_hang, view_lines
 from xrun.common.result.dumpfile import show_stacks
 from xrun.common.spec import HangAction
-from xrun.launch.doctor.dumps import Diagnosis
 from xrun.launch.doctor.node_doctor import NodeDoctor
+
+if TYPE_CHECKING:  # the readers load at the first dump (xrun.launch.doctor.node_doctor), not at the view's start
+    from xrun.launch.doctor.dumps import Diagnosis
 
 
 class LocalView:
