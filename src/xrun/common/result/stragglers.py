@@ -31,8 +31,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.common.result.collectiveview import DEFAULT_GROUP
-from xrun.common.telemetry.records import EntryTimes, picked_per_sample
+from xrun.common.telemetry.records import DEFAULT_GROUP, EntryTimes, picked_per_sample
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
 DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of samples at 10 s: 4-16 a sample)
