@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -16,8 +15,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_restarts import serve
-from xrun.common.rankplan import LaunchOptions
 from xrun.common.telemetry.usage import RankUsage
 from xrun.errors import UsageError
 from xrun.runner.job.config import JobConfig
@@ -27,7 +24,6 @@ from xrun.runner.job.metrics.tally import RecordTally
 from xrun.runner.job.record.head import JobRecord
 from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.plan import JobRequest, make_plan
-from xrun.runner.restart_options import RestartPolicy
 
 
 def samples(text):
@@ -167,7 +163,6 @@ def xrun(*args, cwd):
     (["--metrics_port", "x"], "--metrics_port"),
     (["--metrics_addr", "127.0.0.1"], "--metrics_addr: only applies with --metrics_port"),
     (["--metrics_port", "9100", "--metrics_addr", "a b"], "--metrics_addr"),
-    (["--metrics_port", "9100"], "--metrics_port: needs a head"),  # no hostfile: the local run has none
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(tmp_path, args, words):
     (tmp_path / "t.py").write_text("")
@@ -215,32 +210,32 @@ def scrape(port):
         return samples(answer.read().decode())
 
 
-def test_a_real_job_is_scraped_over_http_during_its_run(tmp_path, monkeypatch):
+def test_a_local_job_is_scraped_over_http_during_its_run(tmp_path, monkeypatch):
+    """``xrun`` with no hostfile: the one-node job's head serves the metrics, and leaves its record and page."""
     monkeypatch.setenv("XRUN_SAMPLE_EVERY_S", "0.2")  # the agents' CPU and RSS readings come in quickly
     (tmp_path / "job.py").write_text(JOB)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    request = JobRequest(script=str(tmp_path / "job.py"), master_port=0, launch=LaunchOptions(python=sys.executable),
-                         cwd=str(tmp_path), restart=RestartPolicy(2, 60.0), metrics=MetricsOptions(port))
-    plan = make_plan(request, {"a": (0, 1)}, "ssh")
-    server, sessions, _ = serve(plan)
-    codes = []
-    runner = threading.Thread(target=lambda: codes.append(server.run(sessions, own_signals=False)), daemon=True)
-    runner.start()
+    proc = subprocess.Popen([sys.executable, "-m", "xrun", "--nproc_per_node", "2", "--max_restarts", "2",
+                             "--metrics_port", str(port), "--log_dir", "logs", "job.py"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, got = time.monotonic() + 30, {}
     try:
         while time.monotonic() < deadline:
-            got = scrape(port)
+            try:
+                got = scrape(port)
+            except OSError:  # not listening yet
+                got = {}
             running = got.get(("xrun_ranks", frozenset({("state", "running")})))
             if running == 2 and any(name == "xrun_rank_resident_memory_bytes" for name, _ in got):
                 break
             time.sleep(0.1)
     finally:
         (tmp_path / "go").touch()
-        runner.join(30)
-        sessions.terminate()
-    assert codes == [0]
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "logs" / "events.jsonl").is_file() and (tmp_path / "logs" / "report.html").is_file(), err
     assert got[("xrun_job_restarts_total", frozenset({("cause", "rank")}))] == 1
     assert got[("xrun_job_attempt", frozenset())] == 1
     assert got[("xrun_job_state", frozenset({("xrun_job_state", "running")}))] == 1

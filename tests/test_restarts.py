@@ -65,7 +65,7 @@ RULES = [
     ("a failure restarts", RestartPolicy(2), [attempt(0, CRASH)], False, 0, Ending.RESTART),
     ("no restarts asked for", RestartPolicy(0), [attempt(0, CRASH)], False, 0, Ending.FINAL),
     ("a signal is final", RestartPolicy(2), [attempt(0, CRASH)], True, 0, Ending.FINAL),
-    ("a final failure (a usage error) is final", RestartPolicy(2), [attempt(0, replace(CRASH, final=True))], False,
+    ("a final failure (a usage error) is final", RestartPolicy(2), [attempt(0, CRASH._replace(final=True))], False,
      0, Ending.FINAL),
     ("a lost node without a spare", RestartPolicy(2), [attempt(0, CRASH)], False, 1, Ending.NODE_LOST),
     ("--spares without --max_restarts: a lost node ends the job, no spare takes its place",
@@ -79,9 +79,9 @@ RULES = [
     ("the same failure, the first ran long: progress", RestartPolicy(5),
      [attempt(0, CRASH, ran=61.0), attempt(1, CRASH)], False, 0, Ending.RESTART),
     ("another rank the second time: progress", RestartPolicy(5),
-     [attempt(0, CRASH), attempt(1, replace(CRASH, rank=3))], False, 0, Ending.RESTART),
+     [attempt(0, CRASH), attempt(1, CRASH._replace(rank=3))], False, 0, Ending.RESTART),
     ("another code the second time: progress", RestartPolicy(5),
-     [attempt(0, CRASH), attempt(1, replace(CRASH, exit_code=9))], False, 0, Ending.RESTART),
+     [attempt(0, CRASH), attempt(1, CRASH._replace(exit_code=9))], False, 0, Ending.RESTART),
     ("--min_attempt_s 0: never no-progress", RestartPolicy(5, 0.0), [attempt(0, CRASH), attempt(1, CRASH)],
      False, 0, Ending.RESTART),
 ]
@@ -95,8 +95,8 @@ def test_what_follows_an_attempt(policy, history, interrupted, missing, expected
 
 def test_node_level_failures_compare_by_host_and_code():
     lost = Failure("c", "lost node c: its agent's connection dropped", 1)
-    assert same_way(lost, replace(lost, reason="lost node c: no word from its agent"))
-    assert not same_way(lost, replace(lost, host="b"))
+    assert same_way(lost, lost._replace(reason="lost node c: no word from its agent"))
+    assert not same_way(lost, lost._replace(host="b"))
     assert not same_way(lost, CRASH) and not same_way(None, CRASH)
     assert no_progress(RestartPolicy(3), [attempt(0, lost), attempt(1, lost)])
 

@@ -50,12 +50,8 @@ def validate(plan: Plan, *, dry_run: bool = False) -> None:
         check_listen_address(request.remote.control_addr)
     if request.remote.precheck:
         check_precheck(plan, traits)
-    if request.metrics is not None:
-        if traits.local:
-            raise UsageError("--metrics_port", "needs a head: a run on this machine alone has none (run it through "
-                             "one with -H HOSTFILE, e.g. a line 'localhost slots=N' and --launcher ssh)")
-        if not traits.nodes_start_themselves:  # pod mode: node 0 serves them, and this node may be another
-            check_listen(request.metrics)
+    if request.metrics is not None and not traits.nodes_start_themselves:  # pod mode: node 0 serves, maybe not here
+        check_listen(request.metrics)
     check_open_files("this job's head node", head_open_files(plan, traits))
 
 
