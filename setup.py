@@ -4,7 +4,9 @@ from setuptools import find_packages, setup
 # instead of the newest CUDA build (several GB). numpy: without it every torch rank warns "Failed to initialize
 # NumPy" twice (issue 13).
 # setuptools and wheel: tests/test_packaging.py builds the wheel from the tree, as `pip install .` does.
-TEST = ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5"]
+# playwright: the tests that open report.html in Chromium (the system browser: no `playwright install`; issue 40 §2).
+METRICS = ["prometheus_client>=0.17"]  # --metrics_port (issue 40): imported only when the flag is given
+TEST = METRICS + ["pytest>=7", "setuptools>=61", "wheel", "numpy>=1.24", "hypothesis>=6", "paramiko>=3", "rich>=13", "torch==2.13.0", "mpi4py>=4", "mypy>=1.10", "ruff>=0.5", "playwright>=1.40"]
 
 setup(
     name="xrun",
@@ -17,6 +19,8 @@ setup(
     # installed package, the one users get (issue 37: a file the wheel left out broke every install unnoticed).
     package_dir={"": "src"},
     packages=find_packages("src", include=["xrun", "xrun.*"]),
+    # report.html's charting library, vendored with its licence (docs/report.md)
+    package_data={"xrun.runner.report": ["vendor/plotly-basic.min.js", "vendor/LICENSE.plotly.js"]},
     # py-spy: the hang doctor's stacks (issue 14); cryptography: the control channel's per-run TLS certificate
     # (issue 22; paramiko needed it already, wheels for every platform)
     install_requires=["psutil>=5.9", "py-spy>=0.3.14", "cryptography>=3.4"],
@@ -30,6 +34,7 @@ setup(
         "gpu": ["nvidia-ml-py>=12"],
         "test": TEST,
         "clients": ["accelerate>=0.30", "transformers>=4.40", "lightning>=2.2"],  # the clients test tier (issue 13)
+        "metrics": METRICS,
         "bench": ["matplotlib>=3.7", "pyinstrument>=4.6"],
         "all": ["paramiko>=3", "mpi4py>=4", "rich>=13", "nvidia-ml-py>=12"] + [t for t in TEST if not t.startswith(("paramiko", "rich", "mpi4py"))],
     },

@@ -340,3 +340,12 @@ def test_the_head_telemetry_bench_feeds_the_heads_code_and_it_names_the_late_ran
     assert figures["named"] == 1.0 and figures["scored"] >= 12, figures
     parts = sum(figures[k] for k in ("decode_s", "read_s", "score_s", "clocks_s", "usage_s", "record_s"))
     assert parts > 0 and figures["record_s"] > 0 and figures["usage_s"] > 0 and abs(figures["cpu_s"] - parts) < 1e-9
+
+
+def test_the_head_telemetry_bench_scrapes_the_metrics_page_when_asked():
+    from bench.scenarios.telemetry_head import Traffic, head_minute
+
+    figures = head_minute(Traffic(40, 8, 20.0, 120.0, seed=3), 1, scrape_every=15.0)
+    parts = sum(figures[k] for k in ("decode_s", "read_s", "score_s", "clocks_s", "usage_s", "record_s", "metrics_s"))
+    assert figures["metrics_s"] > 0 and figures["scrape_s"] > 0 and abs(figures["cpu_s"] - parts) < 1e-9
+    assert 40 < figures["scrape_kb"] < 200, figures  # 40 nodes x 8 ranks: ~1,000 series

@@ -10,7 +10,8 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_restarts import run_flaky_logged_job, run_logged_job
+from tests.conftest import run_xrun
+from tests.test_restarts import FLAKY, run_flaky_logged_job, run_logged_job
 from xrun.runner.job.record.file import EventsFile
 from xrun.runner.job.record.goodput import PHASES, Goodput, goodput_of
 
@@ -177,6 +178,24 @@ def test_a_head_with_a_restart_records_it_in_order_and_sums_it_up(tmp_path):
     goodput = summary["goodput"]
     assert goodput["wall_s"] == events[-1]["t"] and 0 < goodput["share"] < 1
     assert goodput["lost_s"]["startup"] == events[kinds.index("attempt_started")]["t"]
+
+
+def test_a_local_run_is_recorded_by_its_head_as_a_one_node_job(tmp_path):
+    """``xrun script`` (no hostfile) is a one-node job (xrun.runner.backends.one_node): its head writes the same
+    record, restart included, and its summary the same goodput."""
+    logs = tmp_path / "logs"
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    done = run_xrun("--nproc_per_node", "2", "--max_restarts", "1", "--log_dir", str(logs), str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    events = read(logs / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "job_started" and events[0]["nodes"] == 1 and kinds[-1] == "job_ended", kinds
+    assert [(e["attempt"], e["ending"]) for e in events if e["event"] == "attempt_ended"] == [
+        (0, "restart"), (1, "final")]
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["goodput"] == events[-1]["goodput"] == goodput_of(events)
+    assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
 
 
 def failed_reason(events):

@@ -349,14 +349,14 @@ def test_numbered_nodes_go_by_the_host_names_they_report():
     """Pod mode without host names (issue 25 §6): ``node K`` until the hello, then the host name it reported; two
     pods reporting one name keep apart by rank."""
     numbered = replace(SHORT_JOIN, hosts=("node 0", "node 1", "node 2"), numbered=True)
-    named = [replace(hello(0), host="node1"), replace(hello(1), host="node1"), RankExited(1, rank=1, local_rank=0,
+    named = [hello(0)._replace(host="node1"), hello(1)._replace(host="node1"), RankExited(1, rank=1, local_rank=0,
              code=7, tail=())]
     job, actions = play([*named, 8.0, Tick()], config=numbered)
     assert [job.nodes[n].host for n in range(3)] == ["node1", "node 1 (node1)", "node 2"]
     assert job.failure.reason == "rank 1 (local 0) on node 1 (node1) exited with code 7"
-    job, _ = play([replace(hello(0), host="pod-a"), Ready(0, 1), 8.0, Tick()], config=numbered)
+    job, _ = play([hello(0)._replace(host="pod-a"), Ready(0, 1), 8.0, Tick()], config=numbered)
     assert job.failure.reason == "not ready within --join_timeout 8 s: node 1, node 2"
-    unnamed, _ = play([replace(hello(0), host="pod-a")], config=SHORT_JOIN)  # names from the plan stay
+    unnamed, _ = play([hello(0)._replace(host="pod-a")], config=SHORT_JOIN)  # names from the plan stay
     assert unnamed.nodes[0].host == "a"
 
 

@@ -155,11 +155,12 @@ def test_the_shared_layer_imports_neither_layer():
 
 
 # The one exception to "runner never imports launch", and the last: the modules that run the head and a node in one
-# process. The local run calls the node's agent itself (backends/local.py, and its restarts, local_job.py); pod
-# mode's every node runs its own agent beside node 0's server (pod/runtime.py). Issue 38 §1 makes the local run a
-# one-node job joined by an in-memory link, which removes them; a module leaves this set once it no longer imports
-# launch (the second assert), and none may join it.
-COMPOSITION = {"xrun.runner.backends.local", "xrun.runner.backends.local_job", "xrun.runner.pod.runtime"}
+# process. The local run is a one-node job (issue 38 §1): the head's server on a thread and the node's driver on the
+# main thread, joined by a socketpair (backends/one_node.py, which took the place of backends/local.py's call of the
+# agent and local_job.py's restarts); pod mode's every node runs its own agent beside node 0's server
+# (pod/runtime.py). A module leaves this set once it no longer imports launch (the second assert), and no other
+# may join it.
+COMPOSITION = {"xrun.runner.backends.one_node", "xrun.runner.pod.runtime"}
 
 
 def test_runner_imports_launch_only_where_the_head_and_a_node_share_a_process():
@@ -247,9 +248,9 @@ RANKS = {
     "xrun.runner": [
         {"xrun.runner.hosts", "xrun.runner.torchrun"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
-         "xrun.runner.replica_options",
-         "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", *POD_PLANNING},
-        {"xrun.runner.network"},
+         "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", "xrun.runner.metrics_options",
+         "xrun.runner.replica_options", *POD_PLANNING},
+        {"xrun.runner.network", "xrun.runner.report"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},
         {"xrun.runner.backends"},

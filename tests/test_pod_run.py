@@ -17,6 +17,7 @@ import pytest
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
 from tests.labels import expand
+from tests.test_metrics import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -103,10 +104,19 @@ def _gone(marker, timeout=5.0):
 
 
 def test_three_nodes_succeed_and_no_rank_sees_the_token(tmp_path):
-    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret-0123456789ab"})
-    for node in (0, 1, 2):
-        pod.start(node)
+    pod = Pod(tmp_path, env={"XRUN_TOKEN": "s3cret-0123456789ab", "SLEEP": "3"})
+    metrics = _free_port()
+    for node in (0, 1, 2):  # the same command line on every node: node 0 alone serves --metrics_port (issue 40)
+        pod.start(node, options=("--metrics_port", str(metrics)))
+    deadline, running = time.monotonic() + 30, None
+    while running != 3 and time.monotonic() < deadline:
+        try:
+            running = scrape(metrics).get(("xrun_ranks", frozenset({("state", "running")})))
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.1)
     out = pod.finish()
+    assert running == 3
     for node, (code, stdout, stderr) in out.items():
         assert code == 0, stderr
         assert f"rank {node} token None" in stdout

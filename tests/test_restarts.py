@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.headserver import console_of
+from tests.report_browser import open_report
 from tests.test_control import LocalSessions
 from tests.test_job import JOINED, STARTED, STATIC, hello, play
 from xrun.common.output.status import PlainStatus
@@ -64,7 +65,7 @@ RULES = [
     ("a failure restarts", RestartPolicy(2), [attempt(0, CRASH)], False, 0, Ending.RESTART),
     ("no restarts asked for", RestartPolicy(0), [attempt(0, CRASH)], False, 0, Ending.FINAL),
     ("a signal is final", RestartPolicy(2), [attempt(0, CRASH)], True, 0, Ending.FINAL),
-    ("a final failure (a usage error) is final", RestartPolicy(2), [attempt(0, replace(CRASH, final=True))], False,
+    ("a final failure (a usage error) is final", RestartPolicy(2), [attempt(0, CRASH._replace(final=True))], False,
      0, Ending.FINAL),
     ("a lost node without a spare", RestartPolicy(2), [attempt(0, CRASH)], False, 1, Ending.NODE_LOST),
     ("--spares without --max_restarts: a lost node ends the job, no spare takes its place",
@@ -78,9 +79,9 @@ RULES = [
     ("the same failure, the first ran long: progress", RestartPolicy(5),
      [attempt(0, CRASH, ran=61.0), attempt(1, CRASH)], False, 0, Ending.RESTART),
     ("another rank the second time: progress", RestartPolicy(5),
-     [attempt(0, CRASH), attempt(1, replace(CRASH, rank=3))], False, 0, Ending.RESTART),
+     [attempt(0, CRASH), attempt(1, CRASH._replace(rank=3))], False, 0, Ending.RESTART),
     ("another code the second time: progress", RestartPolicy(5),
-     [attempt(0, CRASH), attempt(1, replace(CRASH, exit_code=9))], False, 0, Ending.RESTART),
+     [attempt(0, CRASH), attempt(1, CRASH._replace(exit_code=9))], False, 0, Ending.RESTART),
     ("--min_attempt_s 0: never no-progress", RestartPolicy(5, 0.0), [attempt(0, CRASH), attempt(1, CRASH)],
      False, 0, Ending.RESTART),
 ]
@@ -94,8 +95,8 @@ def test_what_follows_an_attempt(policy, history, interrupted, missing, expected
 
 def test_node_level_failures_compare_by_host_and_code():
     lost = Failure("c", "lost node c: its agent's connection dropped", 1)
-    assert same_way(lost, replace(lost, reason="lost node c: no word from its agent"))
-    assert not same_way(lost, replace(lost, host="b"))
+    assert same_way(lost, lost._replace(reason="lost node c: no word from its agent"))
+    assert not same_way(lost, lost._replace(host="b"))
     assert not same_way(lost, CRASH) and not same_way(None, CRASH)
     assert no_progress(RestartPolicy(3), [attempt(0, lost), attempt(1, lost)])
 
@@ -368,3 +369,8 @@ def test_head_summary_json_has_the_history(tmp_path):
     summary = json.loads((logs / "summary.json").read_text())
     assert [a["attempt"] for a in summary["attempts"]] == [0, 1]
     assert summary["attempts"][0]["exit_code"] == 3 and summary["attempts"][1]["root_cause"] is None
+    # the head drew it (issue 40 §2): in a real browser, a lane per rank and the restart with its cause
+    drawn = open_report(logs / "report.html", tmp_path, "restart")
+    assert sorted(drawn.lanes) == ["job", "node 0 (a)", "rank 0 (a)", "rank 1 (a)"]
+    cause = "restart after attempt 0: rank 1 (local 1) on a exited with code 3"
+    assert cause in drawn.svg_text and cause in drawn.text  # beside its mark, and in the marks' table

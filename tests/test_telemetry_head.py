@@ -13,6 +13,7 @@ import pytest
 
 from tests.cluster.harness import processes_with_marker
 from tests.headserver import endpoint_of, head_server
+from tests.report_browser import open_report
 from tests.test_control import LocalSessions
 from tests.test_frtrace import torchfrtrace
 from tests.test_hang_doctor import start_xrun
@@ -180,8 +181,9 @@ def hang_of_a_local_job(tmp_path, nproc, env, script):
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_a_rank_that_sleeps_before_each_collective_is_named_a_straggler(tmp_path, capsys):
+def test_a_rank_that_sleeps_before_each_collective_is_named_a_straggler(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("XRUN_SAMPLE_EVERY_S", "3")  # the record's samples (lateness, CPU, RSS) for report.html
     status = PlainStatus(3)
     code, outputs = run_gloo_over_channel(tmp_path, GLOO_SLOW, env={"SLOW_RANK": "3", "STEPS": "260"}, options={},
                                           status=status)
@@ -201,6 +203,13 @@ def test_a_rank_that_sleeps_before_each_collective_is_named_a_straggler(tmp_path
     # on time but for the machine's own jitter (a 10 ms preemption on 2 loaded cores makes a rank late now and
     # then: the rule reads shares for that reason)
     assert all(scores[r]["late_share"] < 0.25 for r in (0, 1, 2)), scores
+    # report.html (issue 40 §2) in a real browser: a lane per rank, the straggler's rank marked on its lane and
+    # drawn late in the lateness chart, whose values the page's text holds too
+    drawn = open_report(tmp_path / "logs" / "report.html", tmp_path, "straggler")
+    assert sorted(drawn.lanes) == ["job", "node 0 (a)", "node 1 (b)", "node 2 (c)", "rank 0 (a)", "rank 1 (a)",
+                                   "rank 2 (b)", "rank 3 (c)"]
+    assert "straggler: rank 3 (c) +" in drawn.svg_text and "straggler: rank 3 (c) +" in drawn.text
+    assert "rank 3 (ms)" in drawn.text and "rank 3" in drawn.svg_text  # the lateness chart's line and its table
 
 
 def test_the_live_status_says_the_stragglers_again_while_they_last_and_forgets_them_once_recovered(capsys):

@@ -26,14 +26,21 @@ and is not counted; the next ``minutes`` are, on this thread's CPU clock (``time
 scored), ``named`` (1 when the slow rank, and only it, was named a straggler by the end) and ``named_after_s``
 (from the warm-up's end, when it became slow, to the line that names it; the issue's bound: 60 s).
 
+With ``metrics=S`` (issue 40 §3, as with ``--metrics_port``), the record also feeds the metrics' tally
+(xrun.runner.job.metrics.tally: in ``record_s``) and every S seconds of the job Prometheus scrapes: the page is
+read from the head's state and rendered, as the HTTP thread does (``JobPage.render``: ``metrics_s``; the socket's
+own work is not counted); ``scrape_s`` is one scrape's CPU (the median), ``scrape_kb`` its size.
+
 Knobs: ``nodes`` (quick 100, full 1000), ``ranks`` (8), ``rate`` (20), ``minutes`` (quick 1, full 2),
-``phases`` (``aligned``, ``spread``), ``record`` (1; 0: without the job's record).
+``phases`` (``aligned``, ``spread``), ``record`` (1; 0: without the job's record), ``metrics`` (0: no scrapes; else
+seconds between them, with the record).
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -60,6 +67,8 @@ from xrun.launch.telemetry.endpoints import DEFAULT_ENTRIES
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.events import Heard
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics.exporter import JobPage
+from xrun.runner.job.metrics.tally import RecordTally
 from xrun.runner.job.record.head import JobRecord
 from xrun.runner.plan import JobRequest, make_plan
 
@@ -70,6 +79,8 @@ TABLE = {
                 ["read_s", "reading the samples", "s"], ["score_s", "scoring", "s"],
                 ["clocks_s", "clock offsets (pongs)", "s"], ["usage_s", "decoding and reading usage (CPU, RSS)", "s"],
                 ["record_s", "the job's record (events.jsonl)", "s"],
+                ["metrics_s", "Prometheus scrapes (metrics=S)", "s"], ["scrape_s", "one scrape", "s"],
+                ["scrape_kb", "one scrape's text", "KB"],
                 ["scored", "collectives scored per minute", ""], ["named", "slow rank named", ""],
                 ["named_after_s", "slow rank named after", "s"]],
     "references": [],
@@ -86,17 +97,22 @@ def run(ctx: Context) -> dict[str, Any]:
     minutes = ctx.option("minutes", 1, 2)
     phases = ctx.option("phases", "aligned", "aligned")
     record = ctx.option("record", 1, 1)
+    metrics = ctx.option("metrics", 0, 0)
+    if metrics and not record:
+        raise ValueError("telemetry_head: metrics=S reads the job's record: keep record=1")
     if phases not in ("aligned", "spread"):
         raise ValueError(f"telemetry_head: phases={phases!r}: use aligned (as the nodes sample) or spread")
     rounds = ctx.rounds(1, 3)
     sec = section(NAME, TITLE, params={"nodes": nodes, "ranks": ranks, "rate": rate, "minutes": minutes,
-                                       "phases": phases, "record": record, "rounds": rounds}, skipped={}, table=TABLE,
+                                       "phases": phases, "record": record, "metrics": metrics,
+                                       "rounds": rounds}, skipped={}, table=TABLE,
                   groups=[], targets=[])
     traffic = Traffic(nodes, ranks, rate, WARM_UP_S + 60.0 * minutes, seed=ctx.rng.randrange(1 << 30),
                       spread=phases == "spread")
 
     def trial(variant: str) -> harness.Trial:
-        return harness.Trial(metrics=head_minute(traffic, minutes, record=bool(record)), exit_code=0)
+        return harness.Trial(metrics=head_minute(traffic, minutes, record=bool(record), scrape_every=float(metrics)),
+                             exit_code=0)
 
     results = harness.run_rounds(["xrun"], rounds, trial, rng=ctx.rng, label=NAME)
     group = {"label": f"{nodes} nodes × {ranks} ranks, {rate:g} collectives/s", "params": {"nodes": nodes},
@@ -161,24 +177,38 @@ def _frame(msg: Message) -> bytes:
     return encode(msg)[HEADER.size:]
 
 
-def head_minute(traffic: Traffic, minutes: int, *, record: bool = True) -> dict[str, float | None]:
+def head_minute(traffic: Traffic, minutes: int, *, record: bool = True,
+                scrape_every: float = 0.0) -> dict[str, float | None]:
     """Feed the head's code all of ``traffic``; the CPU of the minutes after the warm-up, per minute."""
     with tempfile.TemporaryDirectory(prefix="xrun-bench-record-") as log_dir:
-        return _head_minute(traffic, minutes, _record(traffic, log_dir) if record else None)
+        return _head_minute(traffic, minutes, _record(traffic, log_dir, metrics=scrape_every > 0) if record else None,
+                            scrape_every=scrape_every)
 
 
-def _record(traffic: Traffic, log_dir: str) -> JobRecord:
-    """The job's record of a plan of ``traffic``'s nodes and ranks, as the control server makes it (time 0)."""
+def _record(traffic: Traffic, log_dir: str, *, metrics: bool = False) -> JobRecord:
+    """The job's record of a plan of ``traffic``'s nodes and ranks, as the control server makes it (time 0); with
+    ``metrics``, its first fold is the metrics' tally (as ``--metrics_port``'s server hands it over)."""
     world = {f"node{n}": tuple(range(traffic.ranks)) for n in range(traffic.nodes)}
     request = JobRequest(script="train.py", launch=LaunchOptions(python=sys.executable))
     plan = make_plan(request, world, "ssh")
-    return JobRecord(plan, Job(JobConfig.from_plan(plan, join_timeout=60.0), now=0.0), log_dir=log_dir, now=0.0)
+    folds = (RecordTally([len(node.ranks) for node in plan.nodes]),) if metrics else ()
+    return JobRecord(plan, Job(JobConfig.from_plan(plan, join_timeout=60.0), now=0.0), log_dir=log_dir, now=0.0,
+                     folds=folds)
 
 
-def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> dict[str, float | None]:
+def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None, *,
+                 scrape_every: float = 0.0) -> dict[str, float | None]:
     clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
+    now = [0.0]  # the job's time, for the collector's clock
+    page = None
+    if record is not None and scrape_every > 0:
+        tally = next(fold for fold in record.folds if isinstance(fold, RecordTally))
+        page = JobPage(record.plan, record.job, record, tally, lambda: scores, clock=lambda: now[0])
+    next_scrape, scrapes = scrape_every, []
     hosts = [f"node{n}" for n in range(traffic.nodes)]
-    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0, "usage_s": 0.0, "record_s": 0.0}
+    spent = {"decode_s": 0.0, "read_s": 0.0, "score_s": 0.0, "clocks_s": 0.0, "usage_s": 0.0, "record_s": 0.0,
+             "metrics_s": 0.0}
+    size = 0
     scored_before = 0
     counting = False
     named_at = None
@@ -186,6 +216,15 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
         if not counting and at >= WARM_UP_S:
             counting, scored_before = True, scores.collectives_scored
         heard = Heard(node)  # the machine's event for either message, made with or without the record: not timed
+        while page is not None and at >= next_scrape:  # Prometheus scrapes between two messages
+            now[0] = next_scrape
+            t0 = time.thread_time()
+            size = len(page.render())
+            took = time.thread_time() - t0
+            if counting:
+                spent["metrics_s"] += took
+                scrapes.append(took)
+            next_scrape += scrape_every
         if kind == "pong":
             msg = decode_body(frame)  # the pong is the channel's keepalive: its decoding is not telemetry's
             t0 = time.thread_time()
@@ -241,4 +280,5 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None) -> di
     return {"cpu_s": sum(spent.values()) / minutes, **{k: v / minutes for k, v in spent.items()},
             "scored": (scores.collectives_scored - scored_before) / minutes,
             "named": float(traffic.slow is not None and named == [traffic.slow]),
-            "named_after_s": None if named_at is None else named_at - WARM_UP_S}  # None: not named (censored)
+            "named_after_s": None if named_at is None else named_at - WARM_UP_S,  # None: not named (censored)
+            "scrape_s": statistics.median(scrapes) if scrapes else None, "scrape_kb": size / 1e3 if scrapes else None}

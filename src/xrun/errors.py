@@ -58,6 +58,17 @@ class HostfileError(XrunError):
         super().__init__(f"{where}:{text} {reason}")
 
 
+class RecordError(XrunError):
+    """A run's record (``events.jsonl``, ``summary.json``) that ``xrun report`` cannot read: missing or malformed."""
+
+    def __init__(self, path: str, lineno: int | None, reason: str) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.reason = reason
+        where = path + (f":{lineno}" if lineno is not None else "")
+        super().__init__(f"{where}: {reason}")
+
+
 class SelectionError(XrunError):
     """An --include/--exclude/--num_nodes/--num_gpus request that does not fit the hosts."""
 

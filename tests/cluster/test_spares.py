@@ -23,6 +23,7 @@ from tests.cluster.jobs import python_wrapper, started
 from tests.cluster.test_network import MARKED_SCRIPT, agents_left, heal_ingress, refuse_inbound, run_job, slow_ingress
 from tests.cluster.test_restarts import assert_nothing_left, lines_of, start
 from tests.conftest import ROOT
+from tests.report_browser import open_report
 
 
 def assert_idle(cluster, node, timeout=15.0):
@@ -72,6 +73,14 @@ def test_a_killed_node_is_replaced_by_the_hot_spare_and_the_job_finishes(cluster
     assert sorted(e["host"] for e in events if e["event"] == "node_started" and e["attempt"] == 1) == ["node1",
                                                                                                       "node3"]
     assert summary["goodput"]["lost_s"]["restarts"] > 0
+    # report.html (issue 40 §2) in a real browser: node 1's lane names both its hosts, the swap and the restart are
+    # marked with their causes, a lane per rank
+    drawn = open_report(logs / "report.html", tmp_path, f"spare-swap-{backend}")
+    assert sorted(drawn.lanes) == ["job", "node 0 (node1)", "node 1 (node2 → node3)", "rank 0 (node1)",
+                                   "rank 1 (node2 → node3)"], drawn.lanes
+    assert "attempt 0 on node2: no exit in the record (its node was lost)" in drawn.text  # rank 1's first span
+    assert "spare node3 takes node 1's place from node2 (attempt 1 on)" in drawn.svg_text
+    assert "restart after attempt 0: lost node node2" in drawn.svg_text and "node 1 (node2) lost" in drawn.text
     assert_nothing_left(cluster, mark)
 
 

@@ -4,15 +4,21 @@ this tree's agent on the nodes (``--python``).
 A rank that never enters an all-reduce is the hang's root cause, named with its node; a rank that sleeps before
 each collective is named a straggler with its node, its clock put on the head's by the pings (every node has its
 own agent, its own pongs); the ranks of a node throttled by a cgroup's CPU limit are named with their node, and
-said to have recovered once the limit is lifted; a healthy job trains for minutes and nobody is named.
+said to have recovered once the limit is lifted; a healthy job trains for minutes and nobody is named. A real
+Prometheus scrapes the head's ``--metrics_port`` (issue 40 §3) and counts a job's restart and sees its straggler.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import socket
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -192,4 +198,110 @@ def test_a_healthy_job_trains_for_minutes_and_nobody_is_named(job, python):  # n
     shares = ", ".join(f"{s['late_share']:.0%} ({s['median_lateness_ms']:+.1f} ms)" for s in summary["ranks"])
     print(f"healthy for {HEALTHY_FOR_S} s: {summary['collectives_scored']} collectives scored; each rank late in "
           f"(median lateness): {shares}")
+    job.assert_clean()
+
+
+# Rank 1 fails attempt 0 at once; attempt 1 trains until told, rank 5 (node3's second) late into every all-reduce.
+RESTART_THEN_STRAGGLE = r"""
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 0 and rank == 1:
+    sys.exit(5)
+tensor = torch.ones(1024)
+for step in range(2000):
+    if rank == 5:
+        time.sleep(0.15)
+    tensor[-1] = float(rank == 0 and os.path.exists(os.environ["STOP_FILE"]))
+    dist.all_reduce(tensor)
+    if tensor[-1]:
+        break
+dist.destroy_process_group()
+sys.stderr.flush()
+os._exit(0)  # torch 2.13's gloo can abort at interpreter teardown (tests/cluster/jobs.py)
+"""
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def prometheus_binary():
+    """Debian's prometheus (.ci/cluster-deps.sh installs it; CI sets XRUN_REQUIRE_PROMETHEUS=1: missing, it fails)."""
+    path = shutil.which("prometheus")
+    if path is None:
+        why = "prometheus is not installed (apt-get install prometheus, as .ci/cluster-deps.sh does)"
+        if os.environ.get("XRUN_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
+
+
+def start_prometheus(tmp, target):
+    """Prometheus run by hand (not the system service): its config and storage in ``tmp``, on a free loopback
+    port, scraping ``target`` every second; returns the process and its API's address."""
+    config = tmp / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                      f"  - job_name: xrun\n    static_configs:\n      - targets: ['{target}']\n")
+    api = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([prometheus_binary(), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address={api.removeprefix('http://')}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "prometheus.log", "w"))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api}/-/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return proc, api
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp / "prometheus.log").read_text()
+        time.sleep(0.2)
+
+
+def query(api, promql):
+    """``{labels as a frozenset: value}`` of an instant query through Prometheus's HTTP API."""
+    url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        body = json.loads(answer.read())
+    assert body["status"] == "success", body
+    return {frozenset((k, v) for k, v in r["metric"].items() if k not in ("job", "instance", "__name__")):
+            float(r["value"][1]) for r in body["data"]["result"]}
+
+
+@pytest.mark.slow
+def test_a_real_prometheus_counts_the_restart_and_sees_the_straggler(job, python):  # noqa: F811
+    port = free_port()
+    prometheus, api = start_prometheus(job.tmp, f"127.0.0.1:{port}")  # the head runs here, in the root namespace
+    script, stop = job.tmp / "job.py", job.tmp / "stop"
+    script.write_text(RESTART_THEN_STRAGGLE)
+    env = {"STOP_FILE": str(stop), "GLOO_SOCKET_IFNAME": job.cluster.iface, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    proc = job.start("ssh", "--python", python, "--max_restarts", "1", "--metrics_port", str(port),
+                     script_path=script, env=env)
+    restarts, lateness = {}, {}
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            restarts = query(api, "xrun_job_restarts_total")
+            lateness = query(api, "xrun_rank_lateness_seconds")
+            if lateness.get(frozenset({("rank", "5"), ("node", "2")}), 0) > 0:
+                break
+            time.sleep(1.0)
+    finally:
+        stop.touch()
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            prometheus.terminate()
+            prometheus.wait(timeout=30)
+    assert code == 0, proc.stderr.read()
+    assert restarts == {frozenset({("cause", c)}): float(c == "rank") for c in ("rank", "hang", "node")}, restarts
+    late = {dict(labels)["rank"]: value for labels, value in lateness.items()}
+    assert sorted(late, key=int) == [str(r) for r in range(6)], lateness
+    assert late["5"] > 0.05 and late["5"] > max(v for r, v in late.items() if r != "5"), late
     job.assert_clean()

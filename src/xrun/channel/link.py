@@ -38,13 +38,34 @@ class Credentials(NamedTuple):
     pinned: str | None  # head mode: the fingerprint on the agent's argv; pod mode: None (the server proves)
 
 
-class Link:
-    """An authenticated connection to the runner (or node 0): whole messages in and out."""
+class PlainPipe:
+    """``TlsPipe``'s surface over a socket that needs no TLS: one end of a socketpair inside one process (the
+    local run, a one-node job: xrun.runner.backends.local), where both ends are this process's own."""
 
-    def __init__(self, sock: socket.socket, pipe: TlsPipe) -> None:
+    closed = False
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def feed(self, raw: bytes) -> bytes:
+        return raw
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+
+class Link:
+    """An authenticated connection to the runner (or node 0), or a plain in-process one: whole messages in and out."""
+
+    def __init__(self, sock: socket.socket, pipe: TlsPipe | PlainPipe) -> None:
         self.sock = sock
         self._pipe = pipe
         self._reader = FrameReader()
+
+    @classmethod
+    def plain(cls, sock: socket.socket) -> Link:
+        """The agent's end of an in-process socketpair: nothing to secure or prove (``PlainPipe``)."""
+        return cls(sock, PlainPipe(sock))
 
     def send(self, msg: Message) -> None:
         """One message; an ``OSError`` (the connection broke) is the caller's."""

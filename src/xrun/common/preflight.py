@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
 
-from xrun.common.network.interfaces import interface_names
+from xrun.common.network.interfaces import interface_names, resolvable
 from xrun.common.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.common.output.logfiles import LogFileRefused, check_logs
 from xrun.common.ranks.cpusets import plan_bindings
@@ -82,7 +82,8 @@ def check_spec(spec: NodeSpec) -> None:
     if len(argv) >= 3 and argv[1] == "-u" and os.path.basename(argv[0]).startswith("python"):
         module = len(argv) >= 4 and argv[2] == "-m"
         mode = PythonMode.MODULE if module else PythonMode.SCRIPT
-        check_node(argv[0], mode, argv[3] if module else argv[2], spec.options.log_dir)
+        dashed = not module and len(argv) >= 4 and argv[2] == "--"  # a script named like an option: "-u -- -x.py"
+        check_node(argv[0], mode, argv[3] if module or dashed else argv[2], spec.options.log_dir)
     else:
         check_node(argv[0], PythonMode.NONE, argv[0], spec.options.log_dir)
     check_ranks(spec)
@@ -113,7 +114,7 @@ def check_endpoint(host: str, endpoint: str) -> None:
     every node, where torch will look the name up, not on the head: a name only the nodes resolve is fine."""
     name, _ = parse_endpoint(endpoint)
     try:
-        socket.getaddrinfo(name.encode("ascii") if name.isascii() else name, None, type=socket.SOCK_STREAM)
+        socket.getaddrinfo(resolvable(name), None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as err:
         why = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)) or type(err).__name__
         raise PreflightError("--rdzv_endpoint", endpoint, f"the host {shown(name)} does not resolve on {host} "

@@ -10,8 +10,9 @@ torch; the elastic path loads only when asked for.
 With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
 ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
 (``helper_ready``: at most ``PRELOAD_TIMEOUT``, its import time said in one line), forks every attempt's ranks from
-it and stops it when the agent ends. ``preloaded`` is that life for an agent without a control channel (the local
-run, the stand-alone agent); the connected agent's driver (xrun.launch.session.driver) starts it at its preflight.
+it and stops it when the agent ends. ``preloaded`` is that life for the stand-alone agent, which has no control
+channel; every other agent's driver (xrun.launch.session.driver: connected, pod, the local run's one-node job)
+starts it at its preflight.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
 class AgentHooks(Protocol):
     """What a control channel plugs into the agent (xrun.launch.session.driver.Driver)."""
+
+    alone: bool  # this node is the whole job (the local run): it prints its ranks' report and success line
 
     def attach(self, group: RankGroup, doctor: NodeDoctor | None = None) -> None:
         """Register readers on the group's event loop; keep the group to call request_stop(); become the
@@ -73,12 +76,6 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
 def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None, preload: PreloadHelper | None = None) -> int:
     """Run this node's ranks to the end (forked from ``preload``, if given); print the failure report; return the
     node's exit code."""
-    return run_node_result(spec, hooks=hooks, preload=preload)[0]
-
-
-def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
-                    preload: PreloadHelper | None = None) -> tuple[int, NodeResult]:
-    """``run_node``, with the node's result beside its exit code (the local backend's restarts read it)."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
         # Lazy: torch's agent adapter is the heaviest module of the node layer (python -X importtime), --elastic only.
         from xrun.launch.elastic.run import run_elastic
@@ -88,10 +85,11 @@ def run_node_result(spec: NodeSpec, *, hooks: AgentHooks | None = None,
         result = _run_group(spec, hooks, preload)
     # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
     wait_for_gpu_release(result)
-    code = conclude(result, spec.options.log_dir, announce=hooks is None)  # with a head, the head sums up
+    # a node of several reports its failure, the head sums up the job; the whole job's node says its success too
+    code = conclude(result, spec.options.log_dir, announce=hooks is None or hooks.alone)
     if hooks:
         hooks.on_result(result)
-    return code, result
+    return code
 
 
 def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper | None) -> NodeResult:
@@ -111,12 +109,12 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             doctor.attach(group)
             if hooks:
                 hooks.attach(group, doctor)
-            else:
-                # Lazy: only a node that is the whole job compares its ranks' stacks and collectives itself
-                # (collectiveview, stragglers: ~12 ms of a connected agent's start, python -X importtime).
+            if hooks is None or hooks.alone:
+                # A node that is the whole job shows its ranks' stacks and acts on its hang itself. Lazy: the view
+                # loads the readers (collectiveview: ~12 ms of a connected agent's start, python -X importtime).
                 from xrun.launch.doctor.local_view import LocalView
 
-                LocalView(doctor)
+                doctor.link = LocalView(doctor)
             return group.run()
     finally:
         doctor.close()

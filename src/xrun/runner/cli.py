@@ -31,6 +31,7 @@ from xrun.runner.backends.base import get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import count_accelerators
+from xrun.runner.metrics_options import add_metrics_flags, metrics_options
 from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pod_flags(parser)
     add_restart_flags(parser)
     add_replica_flags(parser)
+    add_metrics_flags(parser)
     add_torchrun_flags(parser)
     return parser
 
@@ -149,6 +151,7 @@ def _request(ns: argparse.Namespace, program: str, program_args: tuple[str, ...]
         restart=restart_policy(ns),
         torchrun=torchrun,
         replicas=replica_request(ns),
+        metrics=metrics_options(ns),
     )
     return request, ns.dry_run
 
@@ -163,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xrun.runner.check import main as check_main
 
         return check_main(args[1:])
+    if args and args[0] == "report":
+        from xrun.runner.report.command import main as report_main  # lazy, as xrun check's
+
+        return report_main(args[1:])
     try:
         request, dry_run = parse_request(args)
         plan = plan_job(request)

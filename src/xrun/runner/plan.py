@@ -25,6 +25,7 @@ from xrun.errors import UsageError
 from xrun.runner.backends import backend_traits
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import LOCAL_ADDR
+from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.replica_options import FLAG as REPLICA_FLAG
@@ -64,6 +65,7 @@ class JobRequest:
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
     torchrun: Torchrun = field(default_factory=Torchrun)  # what a torchrun line asks of the world (issue 41)
     replicas: ReplicaRequest | None = None  # --replica_groups: torchft's replica groups (issue 39 §2)
+    metrics: MetricsOptions | None = None  # --metrics_port: the head serves its figures to Prometheus (issue 40)
 
 
 @dataclass(frozen=True)

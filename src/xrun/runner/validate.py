@@ -25,6 +25,7 @@ from xrun.fdlimit import FDS_PER_CHANNEL_NODE, agent_open_files, check_open_file
 from xrun.net import master_port
 from xrun.printable import shown
 from xrun.runner.backends import Traits, backend_traits
+from xrun.runner.metrics_options import check_listen
 from xrun.runner.plan import Plan, PortChoice
 
 
@@ -49,6 +50,8 @@ def validate(plan: Plan, *, dry_run: bool = False) -> None:
         check_listen_address(request.remote.control_addr)
     if request.remote.precheck:
         check_precheck(plan, traits)
+    if request.metrics is not None and not traits.nodes_start_themselves:  # pod mode: node 0 serves, maybe not here
+        check_listen(request.metrics)
     check_open_files("this job's head node", head_open_files(plan, traits))
 
 

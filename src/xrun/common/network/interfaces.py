@@ -126,6 +126,13 @@ def _primary_ipv4(name: str) -> tuple[str, ...]:
     return (socket.inet_ntoa(packed[20:24]),)
 
 
+def resolvable(host: str) -> str | bytes:
+    """An ASCII host name as bytes: ``getaddrinfo`` then takes it as it is instead of loading the ``idna`` codec
+    (about 1 ms of every node's start), and a malformed name is a resolver error (an ``OSError``), not a
+    ``UnicodeError``."""
+    return host.encode("ascii") if host.isascii() else host
+
+
 def resolve(host: str) -> str | None:
     """``host``'s first IPv4 (else IPv6) address as this node resolves it; None when it does not."""
     try:

@@ -21,6 +21,8 @@ LOG_NAMES = ("stdout", "stderr")
 # in the node's folder, beside its ranks' folders: xrun.common.result.failure_report replaces them at the end
 FAILURE_JSON, SUMMARY_JSON = "failure.json", "summary.json"
 REPORT_NAMES = (FAILURE_JSON, SUMMARY_JSON)
+# in the job's log directory: the head's record (xrun.runner.job.record) and the page that draws it (xrun.runner.report)
+EVENTS_FILE, REPORT_HTML = "events.jsonl", "report.html"
 
 
 class LogFileRefused(OSError):

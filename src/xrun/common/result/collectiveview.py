@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.common.result.stackview import rank_ranges
-from xrun.common.telemetry.records import Collective, GroupState, RankCollectives
+from xrun.common.telemetry.records import DEFAULT_GROUP, Collective, GroupState, RankCollectives
 
-DEFAULT_GROUP = "0"  # torch's name of the default process group, on every rank
 _SHOWN_TENSORS = 3  # of a collective's tensors, described before "+N more"
 _SHOWN_ABSENT = 8  # ranks named one by one (with host and place) before "and N more"
 # torch's dtype names in the Flight Recorder -> the names a script writes (torch.float32, ...)

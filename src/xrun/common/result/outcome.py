@@ -14,9 +14,9 @@ phrase, for notices: "exited with code 7") and ``describe_status`` (a noun phras
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.errorfile import RankError
@@ -70,9 +70,6 @@ class NodeResult:
     lost: tuple[int, ...] = ()  # --on_rank_exit keep: ranks that failed while others ran on (not the exit code's)
     stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
     collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry; None: not read)
-    # a node that is the whole job (the local run) scores its ranks' stragglers itself: the scores, for the job's
-    # summary.json (StragglerScores.to_json; None: nobody scored here, a head did)
-    stragglers: Mapping[str, Any] | None = None
 
 
 def node_result(
@@ -85,7 +82,6 @@ def node_result(
     lost: tuple[int, ...] = (),
     stacks: Sequence[RankStack] = (),
     collectives: Reading | None = None,
-    stragglers: Mapping[str, Any] | None = None,
 ) -> NodeResult:
     """The node's result from its outcomes (any order; kept in rank order) with the exit code decided."""
     return NodeResult(
@@ -98,7 +94,6 @@ def node_result(
         lost=lost,
         stacks=tuple(stacks),
         collectives=collectives,
-        stragglers=stragglers,
     )
 
 

@@ -24,16 +24,14 @@ time, a GC pause now and then) never raises it. The scores of the last ``WINDOW`
 
 from __future__ import annotations
 
-import statistics
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.common.result.collectiveview import DEFAULT_GROUP
-from xrun.common.telemetry.records import EntryTimes, picked_per_sample
+from xrun.common.telemetry.records import DEFAULT_GROUP, EntryTimes, picked_per_sample
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
 DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of samples at 10 s: 4-16 a sample)
@@ -222,7 +220,7 @@ class StragglerScores:
                 late[number] += 1
             last[scored.order[-1]] += 1
         return tuple(RankScore(n, r.host, len(lateness[n]), late[n], last[n],
-                               statistics.median(lateness[n]) / 1e6 if lateness[n] else 0.0, r.straggler)
+                               _median_ms(lateness[n]), r.straggler)
                      for n, r in sorted(self._ranks.items()))
 
     def status(self) -> str | None:
@@ -326,7 +324,16 @@ class StragglerScores:
 
 def _late_by_ms(rank: _Rank) -> float:
     """The median of a rank's lateness in its late collectives among its last ``DECIDE_OVER``, in ms."""
-    return statistics.median(value for _, value in rank.late_at) / 1e6 if rank.late_at else 0.0
+    return _median_ms([value for _, value in rank.late_at])
+
+
+def _median_ms(lateness_ns: Sequence[float]) -> float:
+    """The median of lateness in ns, in ms; 0 for none."""
+    # Lazy: statistics loads fractions and decimal (3-4 ms of every run's start, python -X importtime), and a run
+    # scores its first sample seconds after its ranks start, if it ever does
+    import statistics
+
+    return statistics.median(lateness_ns) / 1e6 if lateness_ns else 0.0
 
 
 def _stride(seq: int) -> int:

@@ -72,20 +72,16 @@ class NodeDumps:
         if not self._background().start(lambda: self._diagnose(targets, budget, ranks), on_done):
             notice(self.host, "a stack dump is already running; this request is dropped")
 
-    def sample(self, ranks: Sequence[int], *, score: Callable[[list[EntryTimes]], None] | None,
-               send: Callable[[Message], None] | None) -> None:
-        """The ``ranks``' entry times, in the background (a dump running: not this time), then to whoever scores
-        stragglers: ``score`` (this node is the whole job) or the head, as the ``entry_times`` message (``send``)."""
+    def sample(self, ranks: Sequence[int], *, send: Callable[[Message], None]) -> None:
+        """The ``ranks``' entry times, in the background (a dump running: not this time), then to the head, which
+        scores stragglers (a one-node job's too), as the ``entry_times`` message (``send``)."""
         reads = self._reads
         assert reads is not None, "no straggler sample without telemetry's endpoints"
 
         def sampled(samples: list[EntryTimes]) -> None:
             if not samples or self.group.stopping:
                 return
-            if score is not None:
-                score(samples)
-            elif send is not None:
-                send(entry_times_message(samples))
+            send(entry_times_message(samples))
 
         self._background().start(lambda: reads.sample(ranks, SAMPLE_BUDGET), sampled)
 

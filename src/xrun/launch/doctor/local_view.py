@@ -1,19 +1,19 @@
-"""The link of a node that is the whole job (the local backend, a stand-alone agent): it shows the merged stacks
-and the collectives' findings itself, acts on a hang (``--hang_action``) and scores its ranks' stragglers on one
-clock (xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; under a head, the driver
-is the link and the head compares).
+"""The link of a node that is the whole job (the local run's one-node job, the stand-alone agent): it shows the
+merged stacks and the collectives' findings itself and acts on a hang (``--hang_action``).
+xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; the head scores the stragglers
+(xrun.runner.backends.one_node); under the head of several nodes the driver is the link and the head compares.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from xrun.common.output.streams import notice
-from xrun.common.result.collectiveview import find_hang, view_lines
-from xrun.common.result.dumpfile import show_stacks
-from xrun.common.result.stragglers import SAME_CLOCK, StragglerScores
 from xrun.common.spec import HangAction
-from xrun.common.telemetry.records import EntryTimes
-from xrun.launch.doctor.dumps import Diagnosis
 from xrun.launch.doctor.node_doctor import NodeDoctor
+
+if TYPE_CHECKING:  # the readers load at the first dump (xrun.launch.doctor.node_doctor), not at the view's start
+    from xrun.launch.doctor.dumps import Diagnosis
 
 
 class LocalView:
@@ -21,14 +21,6 @@ class LocalView:
 
     def __init__(self, doctor: NodeDoctor) -> None:
         self._doctor = doctor
-        self._stragglers = StragglerScores()  # this node is the job: its ranks share one clock (issue 31)
-        doctor.link = self
-        doctor.on_samples = self._sampled
-        doctor.group.stragglers = self._stragglers  # the scores go into the node's result, for the job's summary
-
-    def _sampled(self, samples: list[EntryTimes]) -> None:
-        for line in self._stragglers.add(self._doctor.host, SAME_CLOCK, samples):
-            notice(self._doctor.host, line)
 
     def stacks_wanted(self, reason: str) -> None:
         self._doctor.dump(lambda found: self._show(found, reason))
@@ -50,6 +42,10 @@ class LocalView:
             self._doctor.group.stop_hung(f"{reason}; --hang_action {action.value}")
 
     def _show(self, found: Diagnosis, reason: str) -> None:
+        # lazy: the views load with the first dump's readers, not at every local run's start (~12 ms of imports)
+        from xrun.common.result.collectiveview import find_hang, view_lines
+        from xrun.common.result.dumpfile import show_stacks
+
         host = self._doctor.host
         for line in show_stacks(found.stacks, found.problem, reason, log_dir=self._doctor.options.log_dir):
             notice(host, line)

@@ -10,13 +10,13 @@
   the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off);
 * with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
   py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and
-  whoever scores stragglers gets every ``SAMPLE_EVERY`` seconds the ranks' entry times: a link that scores them
-  itself (``on_samples``), or the head, as ``entry_times`` messages (``send_samples``);
+  the head, which scores stragglers (a one-node job's too: xrun.runner.backends.one_node), gets every
+  ``SAMPLE_EVERY`` seconds the ranks' entry times as ``entry_times`` messages (``send_samples``);
 * under a head (``send_usage``), every sample period of the head's record (xrun.common.telemetry.usage), each live
   rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.
 
-The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local backend, a stand-alone
-agent) this node is the whole job: the doctor takes the stacks, prints the merged view
+The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local run's one-node job, the
+stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
 (xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
 ``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
 (xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
@@ -46,7 +46,6 @@ from xrun.launch.telemetry.usage import UsageReader
 if TYPE_CHECKING:
     from xrun.channel import Message
     from xrun.common.result.outcome import RankOutcome
-    from xrun.common.telemetry.records import EntryTimes
     from xrun.launch.doctor.dumps import DumpDone, NodeDumps
     from xrun.launch.ranks.supervise import RankGroup
     from xrun.launch.telemetry.endpoints import Endpoints
@@ -126,9 +125,7 @@ class NodeDoctor:
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
-        # who scores the stragglers of the samples: a link that does it itself (this node is the whole job,
-        # xrun.launch.doctor.local_view), or a head, which they reach as ``entry_times`` messages through send_samples
-        self.on_samples: Callable[[list[EntryTimes]], None] | None = None
+        # the head scores the stragglers of the samples, which reach it as ``entry_times`` messages
         self.send_samples: Callable[[Message], None] | None = None
         # the head, for its record's samples: the ranks' CPU and RSS as ``usage`` messages (none without a head)
         self.send_usage: Callable[[Message], None] | None = None
@@ -185,7 +182,7 @@ class NodeDoctor:
         self._hands()
 
     def _scored(self) -> bool:
-        return self.on_samples is not None or self.send_samples is not None
+        return self.send_samples is not None
 
     def _sample(self) -> None:
         """Every ``SAMPLE_EVERY`` s: the ranks' entry times, in the background (a dump running: not this time)."""
@@ -193,7 +190,8 @@ class NodeDoctor:
         if self._endpoints is None or self.group.stopping:
             return
         ranks = [t.rank for t in self.group.live_targets()]
-        self._hands().sample(ranks, score=self.on_samples, send=self.send_samples)
+        if self.send_samples is not None:
+            self._hands().sample(ranks, send=self.send_samples)
 
     def _read_usage(self) -> None:
         """Every sample period: the live ranks' CPU and RSS, one read of ``/proc`` each, in the loop (8 ranks:

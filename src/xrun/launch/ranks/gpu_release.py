@@ -17,7 +17,7 @@ barrier waits for this one):
   line names each holder with the memory the driver lists for it, and the node goes on.
 
 ``holders`` and ``wait_released`` are pure (readings injected); ``wait_for_gpu_release`` is the one caller's entry
-(xrun.launch.agent.run_node_result), so a local run, an agent connected to a head, pod mode and every attempt of
+(xrun.launch.agent.run_node), so a local run, an agent connected to a head, pod mode and every attempt of
 ``--max_restarts`` all pass through it.
 """
 

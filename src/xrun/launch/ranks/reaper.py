@@ -216,6 +216,10 @@ class Reaper:
         """The ranks whose main process is not yet reaped."""
         return [r for r in self._ranks if r.running]
 
+    def unfinished(self) -> int:
+        """How many ranks have no outcome yet: those reaped in the batch ``finish`` is working through count."""
+        return sum(1 for r in self._ranks if r.outcome is None)
+
     def signal_running(self, signum: int) -> int:
         """Signal the group of every rank whose main process is not yet reaped (so its pgid is still ours)."""
         count = 0

@@ -62,7 +62,6 @@ from xrun.launch.ranks.teardown import Teardown
 
 if TYPE_CHECKING:
     from xrun.common.result.stacks import RankStack
-    from xrun.common.result.stragglers import StragglerScores
     from xrun.common.telemetry.records import Reading
     from xrun.launch.preload.client import PreloadHelper
 
@@ -130,7 +129,6 @@ class RankGroup:
         self._hang: str | None = None  # stop_hung's reason
         self.stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks before the stop, for the report
         self.collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry)
-        self.stragglers: StragglerScores | None = None  # where the node is the whole job: it scores them itself
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -334,7 +332,9 @@ class RankGroup:
     def _keeps(self, outcome: RankOutcome) -> bool:
         """--on_rank_exit keep: a rank that failed while another still runs is lost and stops nobody (the others
         recover in place); said in one line."""
-        others = len(self._reaper.running())
+        # the ranks not yet told (on_rank_exit), not those still running: two reaped at once count one by one, as
+        # the head counts their rank_exited, so this node's root cause and lost ranks are the job's
+        others = self._reaper.unfinished()
         if self._options.on_rank_exit is not OnRankExit.KEEP or not others or self._teardown.signum is not None:
             return False
         self._console.flush_held()
@@ -361,9 +361,7 @@ class RankGroup:
             self.plugins.before_result(outcomes)
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
-                           lost=tuple(self._lost),
-                           stacks=self.stacks, collectives=self.collectives,
-                           stragglers=self.stragglers.to_json() if self.stragglers is not None else None)
+                           lost=tuple(self._lost), stacks=self.stacks, collectives=self.collectives)
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order

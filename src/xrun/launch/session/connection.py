@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from xrun import __version__
 from xrun.channel import DEAD_AFTER, HELLO_TIMEOUT, ChannelError, Kind, Message, lines_messages, message, tune_socket
 from xrun.channel.link import Credentials, Link, open_link
+from xrun.common.network.interfaces import resolvable
 from xrun.common.output.render import Lines
 from xrun.common.output.status import say
 from xrun.common.spec import SPEC_VERSION
@@ -65,7 +66,8 @@ def connect(server: Server, credentials: Credentials, node_rank: int, *,
         sock = _reach(server, deadline)
         left = deadline - time.monotonic()
         try:
-            return open_link(sock, credentials, node_rank, functools.partial(hello, sock=sock, extra=hello_extra),
+            return open_link(sock, credentials, node_rank,
+                             functools.partial(hello, addr=sock.getsockname()[0], extra=hello_extra),
                              timeout=max(1.0, left) if server.node0 is None else max(2.0, min(HELLO_TIMEOUT, left)))
         except ChannelError as err:
             sock.close()
@@ -96,7 +98,7 @@ def _reach(server: Server, deadline: float) -> socket.socket:
         left = deadline - time.monotonic()
         try:
             sock = socket.create_connection(
-                (_resolvable(server.addr), server.port),  # type: ignore[arg-type] # bytes: getaddrinfo takes them
+                (resolvable(server.addr), server.port),  # type: ignore[arg-type] # bytes: getaddrinfo takes them
                 timeout=max(0.1, left) if server.node0 is None else max(0.2, min(5.0, left)))
         except OSError as err:
             why = err.strerror or str(err)
@@ -130,21 +132,16 @@ def _say_waiting(server: Server, why: str, left: float, next_line: float | None)
     return now + RETRY_LINE_EVERY
 
 
-def _resolvable(host: str) -> str | bytes:
-    """An ASCII host name as bytes: ``getaddrinfo`` then takes it as it is instead of loading the ``idna`` codec
-    (about 1 ms of every node's start), and a malformed name is a resolver error (an ``OSError``), not a
-    ``UnicodeError``."""
-    return host.encode("ascii") if host.isascii() else host
-
-
-def hello(proof_fields: Mapping[str, Any], sock: socket.socket, extra: Mapping[str, Any] | None = None) -> Message:
-    """The hello, with this connection's proof (``proof``, ``node_rank``: xrun.channel.handshake)."""
+def hello(proof_fields: Mapping[str, Any], addr: str, extra: Mapping[str, Any] | None = None) -> Message:
+    """The hello, with this connection's proof (``proof``, ``node_rank``: xrun.channel.handshake; an in-process
+    link's: ``node_rank`` alone), from ``addr``: this node's address on the route to the server, what peers can
+    use."""
     return message(
         Kind.HELLO,
         **proof_fields,
         host=socket.gethostname(),
         pid=os.getpid(),
-        addr=sock.getsockname()[0],  # this node's address on the route to the server: what peers can use
+        addr=addr,
         versions={"xrun": __version__, "spec": SPEC_VERSION, "python": sys.version.split()[0],
                   "executable": sys.executable},
         **(extra or {}),
@@ -196,8 +193,11 @@ class Connection:
                     self._link.send(msg)
         except OSError:
             self._connected = False
+            return False
         self._send_waiting()  # what the loop handed over meanwhile
-        return self._connected
+        # sent: the lines are the head's to show, even if the connection closed since (a False here had the caller
+        # write them here too: the last lines of a one-node job, and of pod mode's node 0, twice)
+        return True
 
     def close(self) -> None:
         """End the reader first, then release the socket it reads."""

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
@@ -51,7 +51,8 @@ from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
-from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect
+from xrun.launch.replicas.lighthouse import lighthouse
+from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
     Action,
@@ -136,8 +137,9 @@ class Driver:
 
     def __init__(self, machine: AgentMachine, join: Callable[[], Link], *, inbox: Inbox | None = None,
                  first_timeout: float = DEAD_AFTER, say_line: Callable[[str], None] = say,
-                 near: str | None = None, status: PlainStatus | None = None) -> None:
+                 near: str | None = None, status: PlainStatus | None = None, alone: bool = False) -> None:
         self.machine = machine
+        self.alone = alone  # this node is the whole job (the local run): it reports its own ranks' end
         self._join = join
         self._inbox = inbox or Inbox()
         self._first_timeout = first_timeout  # for the runner's first word (head mode: the spec)
@@ -154,6 +156,8 @@ class Driver:
         self._helper: PreloadHelper | None = None  # --preload: started at the first preflight, for every attempt
         self._importing: tuple[PreflightPassed, float] | None = None  # the preflight's answer once the helper is ready
         self._helper_error: PreloadError | None = None  # the helper could not start
+        self._lighthouse = ExitStack()  # --replica_groups: node 0's Lighthouse, from its first preflight to the end
+        self._lighthouse_started = False
 
     # -- the main loop ----------------------------------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class Driver:
             self._inbox.close()
             if self._helper is not None:
                 self._helper.close()
+            self._lighthouse.close()
 
     def _open(self) -> None:
         link = self._join()
@@ -215,7 +220,10 @@ class Driver:
         with self._lock:
             pending: list[Event] = [event]
             while pending:
-                for action in self.machine.handle(pending.pop(0), time.monotonic()):
+                event = pending.pop(0)
+                if self.alone and isinstance(event, PreflightFailed):
+                    self._say(event.reason)  # the whole job's one finding, in its own words (its head adds none)
+                for action in self.machine.handle(event, time.monotonic()):
                     answer = self._carry_out(action)
                     if answer is not None:
                         pending.append(answer)
@@ -268,6 +276,9 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
+            if not self._lighthouse_started:  # --replica_groups, node 0: up before any rank, for every attempt
+                self._lighthouse_started = True
+                self._lighthouse.enter_context(lighthouse(spec))
             rule, port = action.port, None
             if rule is not None:
                 near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)
@@ -362,8 +373,8 @@ class Driver:
         node's lines; in pod mode with ``--dedupe`` across nodes to node 0 too, which shows every node's lines
         merged, and node 0 shows its own only there (xrun.common.output.consoleroute)."""
         pod, connection = self.machine.pod, self._connection
-        if connection is None or (pod is not None and not pod.forward_console):
-            return None
+        if connection is None or self.alone or (pod is not None and not pod.forward_console):
+            return None  # alone: this process's console is the job's, no line needs a hop through the head
         return Route(connection.forward_lines, keep_local=pod is not None and pod.node_rank != 0)
 
     def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
@@ -427,6 +438,15 @@ def run_head_mode(server: Server, credentials: Credentials, node_rank: int, *, e
     host = socket.gethostname()
     return Driver(machine, lambda: connect(server, credentials, node_rank), first_timeout=SPEC_TIMEOUT,
                   say_line=lambda line: print(f"xrun.launch[{host}]: {one_line(line)}", file=sys.stderr)).run()
+
+
+def run_local_node(sock: socket.socket, addr: str) -> int:
+    """The local run's node (a one-node job: xrun.runner.backends.local), over ``sock``, its end of a socketpair
+    whose other end is the head's in this same process: the hello (node 0, at ``addr``: where rank 0's store
+    listens), then the agent's life as in head mode, to its own exit code (the job's is the head's verdict)."""
+    link = Link.plain(sock)
+    link.send(hello({"node_rank": 0}, addr=addr))
+    return Driver(AgentMachine(), lambda: link, first_timeout=SPEC_TIMEOUT, near=addr, alone=True).run()
 
 
 def run_pod_node(node: PodNode, latch: SignalLatch) -> int:

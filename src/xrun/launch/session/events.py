@@ -3,18 +3,18 @@
 Every value here is a typed, immutable record of plain fields: no socket, no clock. They are ``NamedTuple``s rather
 than frozen dataclasses (as ``xrun.channel.link.Credentials`` is, for the same reason): a class costs ~0.06 ms to
 make against a frozen dataclass's ~0.4 ms, and these ~35 are on every node agent's start (issue 30 holds it to
-within 15% of what it was). Being tuples, two records of different types with equal fields compare equal: the
-machine dispatches on the type, never on equality, and its tests compare types too. Events come from the runner (each
-message it sends, read by ``message_event``; the connection lost), from this process (a shutdown signal, the
-preflight's outcome, an attempt's end, whether a final word went out) and from time (``Tick``). Actions go to the
-driver (``xrun.launch.session.driver``): what to send, run the preflight or an attempt, stop or signal the ranks,
-take their stacks, answer ``--precheck``'s probes, show a line, and once, at the end, the exit code.
+within 15% of what it was). No ``from __future__ import annotations`` here: ``NamedTuple`` would compile every
+string annotation into a ``ForwardRef``, which was half of this module's load. Being tuples, two records of
+different types with equal fields compare equal: the machine dispatches on the type, never on equality, and its
+tests compare types too. Events come from the runner (each message it sends, read by ``message_event``; the
+connection lost), from this process (a shutdown signal, the preflight's outcome, an attempt's end, whether a final
+word went out) and from time (``Tick``). Actions go to the driver (``xrun.launch.session.driver``): what to send,
+run the preflight or an attempt, stop or signal the ranks, take their stacks, answer ``--precheck``'s probes, show a
+line, and once, at the end, the exit code.
 
 What the ranks say while they run (``started``, ``rank_exited``, their stacks, the hang doctor's words, pod mode's
 console lines) is data, not a protocol step: the driver sends it as it comes, past the machine.
 """
-
-from __future__ import annotations
 
 import signal
 from collections.abc import Mapping

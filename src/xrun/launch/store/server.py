@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from xrun.common.network.interfaces import resolvable
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import MAX_KEYS, MAX_VALUE_BYTES, ProtocolError, Reader
 
@@ -310,7 +311,8 @@ def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on ``host`` (``""``: every address, IPv6 and IPv4 where the system allows, as torch's
     server binds ``::`` and falls back to ``0.0.0.0``), with SO_REUSEADDR as torch sets it."""
     if host:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(resolvable(host), port, 0, socket.SOCK_STREAM, 0,
+                                                         socket.AI_PASSIVE)[0]
         candidates = [(family, addr)]
     else:
         candidates = [(socket.AF_INET6, ("::", port)), (socket.AF_INET, ("0.0.0.0", port))]  # noqa: S104 - see above

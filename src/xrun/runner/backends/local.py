@@ -1,15 +1,13 @@
-"""The local backend: this machine is the only node, so the runner runs the node agent in its own process."""
+"""The local backend: this machine is the only node, a one-node job whose head and agent both run in xrun's own
+process (xrun.runner.backends.one_node)."""
 
 from __future__ import annotations
 
 import os
-import time
 
 from xrun.common.command import agent_argv
 from xrun.common.ranks.cpusets import gpu_nodes, plan_bindings
 from xrun.common.spec import NodeSpec
-from xrun.launch.agent import preloaded, run_node_result
-from xrun.launch.replicas.lighthouse import lighthouse
 from xrun.runner.backends import Invocation, NodeCommand, Traits
 from xrun.runner.plan import Plan
 
@@ -46,19 +44,8 @@ class LocalBackend:
         )
 
     def execute(self, plan: Plan) -> int:
-        # The job-level part (xrun.runner.backends.local_job: the head's restart rules, verdict and summary) loads
-        # before the ranks start only with restarts: it is 31 modules, ~2 MiB of RSS that each rank's process
-        # would inherit at fork (tests/test_summary.py measures it).
-        # --preload: one helper for every attempt; --replica_groups: torchft's Lighthouse, up before any rank
-        with preloaded(plan.nodes[0]) as helper, lighthouse(plan.nodes[0]):
-            if plan.request.restart.restarts:  # --max_restarts: a loop of attempts around the in-process agent
-                from xrun.runner.backends.local_job import run_attempts  # lazy: see above
+        # Lazy: the head and the node's driver load only for a real run (a dry run, and reading the traits, load
+        # none of it).
+        from xrun.runner.backends.one_node import run_one_node_job
 
-                return run_attempts(plan, preload=helper)
-            began = time.monotonic()
-            code, result = run_node_result(plan.nodes[0], preload=helper)
-            if plan.request.options.log_dir is None:
-                return code
-            from xrun.runner.backends.local_job import run_once  # lazy: the ranks are gone
-
-            return run_once(plan, code, result, began)  # the job's summary.json
+        return run_one_node_job(plan)

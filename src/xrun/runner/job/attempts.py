@@ -171,7 +171,8 @@ def restart_actions(config: JobConfig, nodes: Nodes, attempt: int, failure: Fail
         node.state = NodeState.JOINED if node.connected else NodeState.WAITING
         node.master_port, node.exit_code = None, None
     reason = failure.reason if failure is not None else "a failure"
-    line = ShowLine(f"restarting the job on every node: attempt {attempt} of {config.restart.max_restarts + 1} "
+    where = " on every node" if len(config.hosts) > 1 else ""  # a one-node job (the local run) is its node
+    line = ShowLine(f"restarting the job{where}: attempt {attempt} of {config.restart.max_restarts + 1} "
                     f"(after: {reason})")
     picks = config.pick_master_port or config.master_port == 0
     port = 0 if picks else config.master_port

@@ -51,7 +51,7 @@ class Conn:
 
     __slots__ = ("serial", "sock", "peer", "opened", "tls", "secure", "handshake", "reader", "node", "challenged")
 
-    def __init__(self, *, serial: int, sock: socket.socket, peer: str, opened: float, tls: ssl.SSLContext,
+    def __init__(self, *, serial: int, sock: socket.socket, peer: str, opened: float, tls: ssl.SSLContext | None,
                  handshake: ServerHandshake) -> None:
         self.serial = serial
         self.sock: socket.socket | ssl.SSLSocket = sock  # an SSLSocket from its first TLS record on
@@ -70,6 +70,15 @@ class Conn:
         channel.tune_socket(sock)
         sock.setblocking(False)  # reads only what is there; ``send`` waits, bounded, for room
         return cls(serial=serial, sock=sock, peer=str(peer[0]), opened=now, tls=tls, handshake=handshake)
+
+    @classmethod
+    def plain(cls, serial: int, sock: socket.socket, peer: str, *, now: float) -> Conn:
+        """The head's end of an in-process socketpair (the local run: xrun.runner.backends.local): no TLS, no
+        ``auth``; its hello is trusted (``ServerHandshake.trusted``)."""
+        sock.setblocking(False)
+        conn = cls(serial=serial, sock=sock, peer=peer, opened=now, tls=None, handshake=ServerHandshake.trusted())
+        conn.secure = conn.challenged = True
+        return conn
 
     def read(self) -> Iterator[Message | Closed]:
         """The socket is readable: every whole message that arrived, in order, then ``Closed`` if the connection is
@@ -136,7 +145,7 @@ class Conn:
         while total < READ_BUDGET:
             try:
                 size = self.sock.recv_into(buf)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):  # the last: a plain socket's
                 break
             except ssl.SSLError as err:
                 raise ChannelError(f"TLS: {reason(err)}") from None
@@ -202,7 +211,7 @@ class Unadmitted(dict[int, Conn]):
 class Connections:
     """Every open connection by serial (``all``), the unadmitted in open order, the admitted by node."""
 
-    def __init__(self, tls: ssl.SSLContext, handshake: Callable[[], ServerHandshake]) -> None:
+    def __init__(self, tls: ssl.SSLContext | None, handshake: Callable[[], ServerHandshake]) -> None:
         self._tls = tls
         self._handshake = handshake
         self.all: dict[int, Conn] = {}
@@ -211,7 +220,15 @@ class Connections:
         self._serials = itertools.count()
 
     def open(self, sock: socket.socket, peer: Any, *, now: float) -> Conn:
+        assert self._tls is not None, "an in-process head accepts no connection"
         conn = Conn.accepted(next(self._serials), sock, peer, now=now, tls=self._tls, handshake=self._handshake())
+        self.all[conn.serial] = conn
+        self.pending[conn.serial] = conn
+        return conn
+
+    def open_plain(self, sock: socket.socket, peer: str, *, now: float) -> Conn:
+        """The head's end of an in-process link (``Conn.plain``), kept like an accepted one."""
+        conn = Conn.plain(next(self._serials), sock, peer, now=now)
         self.all[conn.serial] = conn
         self.pending[conn.serial] = conn
         return conn

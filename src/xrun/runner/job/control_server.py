@@ -16,8 +16,8 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   machine's; the wire format is ``xrun.channel``'s.
 
 The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
-``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` makes it ``Ready`` -> ``feed`` ->
-``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
+``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` (xrun.runner.job.wire) makes it ``Ready`` ->
+``feed`` -> ``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
 ``Conn.send`` to every node.
 
 Beside the machine, the agents' ``lines`` go to the job's console (``xrun.runner.job.relay``: every node's lines
@@ -26,20 +26,20 @@ read from their messages before the machine gets them: every rank's figures (``x
 doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
 xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
 ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
-xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``) and
-``--precheck``'s answers. A restart begins them anew (the clock offsets stay). With ``--log_dir`` the job's record
-(``xrun.runner.job.record``) is handed each event fed with its actions, and what is read beside the machine.
+xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``), the ranks' CPU
+and RSS (``usage``, for the record) and ``--precheck``'s answers. A restart begins them anew (the clock offsets
+stay). The job's record (``--log_dir``, ``--metrics_port``: ``xrun.runner.job.record``) is handed each event fed
+with its actions and what is read beside it.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
 is the next to time out; the machine keeps counts), and a burst of connecting agents is accepted in batches.
 
-The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it
-relays what its own streams carry to the job's console (``console``) through this loop and reports sessions that
-end. ``run`` takes over SIGINT, SIGTERM
-and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the ``--forward_signals``
-(SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its ranks; the job goes
-on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
+The backend that started the agents (ssh sessions, a pdsh process) plugs in as a ``Sessions`` object: it relays what
+its own streams carry to the job's console (``console``) through this loop and reports sessions that end. ``run``
+takes over SIGINT, SIGTERM and SIGHUP (a stop: the machine's event), SIGQUIT (a stack dump) and the
+``--forward_signals`` (SIGUSR1/SIGUSR2: a ``signal`` message to every connected agent, which passes it on to its
+ranks; the job goes on) on the main thread; ``own_signals=False`` lets the loop run on another thread.
 
 Pod mode's flavour (``xrun.runner.pod.node0_server``) overrides a few seams: ``_make_job`` (its hello policy, the
 verdict sent to every node), ``_hello_event`` (the digest goes to the machine's policy), ``drop`` (a node's place
@@ -54,40 +54,34 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun.channel import ChannelError, Kind, Message, lines_of, message
-from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.common.output.render import Lines
 from xrun.common.output.status import PlainStatus, make_status, say
 from xrun.common.output.writer import writer
 from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS
-from xrun.common.result.failure_report import write_json
 from xrun.common.result.outcome import HANG_EXIT
-from xrun.common.result.stragglers import ClockOffsets, StragglerScores
-from xrun.common.telemetry.records import read_entry_times
+from xrun.common.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
+from xrun.common.telemetry.records import EntryTimes, read_entry_times
 from xrun.common.telemetry.usage import read_usage
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
+from xrun.runner.job.end_files import write_end_files
 from xrun.runner.job.events import (
     Action,
     Admit,
-    AgentError,
     ConnectionLost,
-    Done,
     Drop,
     Event,
     Failure,
-    Heard,
     HelloReceived,
     Hung,
     PrecheckDone,
-    RankExited,
-    Ready,
     RunPrecheck,
     SendAccept,
     SendPing,
@@ -108,15 +102,17 @@ from xrun.runner.job.events import (
 )
 from xrun.runner.job.figures import JobFigures
 from xrun.runner.job.gate import Gate
-from xrun.runner.job.last_words import headline, report_lines
+from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
+from xrun.runner.job.metrics import record_and_metrics
 from xrun.runner.job.nodes import NodeState
-from xrun.runner.job.record.head import JobRecord
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
-from xrun.runner.job.verdict import NODE_FAILURE_EXIT
-from xrun.runner.network.precheck_channel import ChannelPrecheck
+from xrun.runner.job.wire import agent_event, hello_event, pong_clock, verdict_message
 from xrun.runner.plan import Plan
+
+if TYPE_CHECKING:
+    from xrun.runner.network.precheck_channel import ChannelPrecheck
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -132,6 +128,23 @@ class Sessions(Protocol):
 
     def terminate(self) -> None:
         """End every session still open (called once, at the end)."""
+
+
+class NoSessions:
+    """No backend sessions (pod mode, the local run): the job is over once every node has closed its connection
+    (so every node's console lines are read before the report)."""
+
+    def __init__(self) -> None:
+        self.server: ControlServer | None = None
+
+    def register(self, loop: ControlServer) -> None:
+        self.server = loop
+
+    def finished(self, lost: set[str]) -> bool:
+        return self.server is not None and not self.server.node_conns
+
+    def terminate(self) -> None:
+        pass
 
 
 class ControlServer:
@@ -154,9 +167,12 @@ class ControlServer:
         self.feeding = False
         self.doers = self._how_to_carry_out()
         self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
+        self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from the main thread
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.add_reader(self._wake_r, self._drain_wake)
         self._begin_attempt()
-        log_dir = plan.request.options.log_dir  # the job's record (issue 40): its events as they happen
-        self.record = JobRecord(plan, self.job, log_dir=log_dir, now=time.monotonic()) if log_dir else None
+        self.record, self.metrics = record_and_metrics(plan, self.job, lambda: self.stragglers, now=time.monotonic())
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -213,6 +229,27 @@ class ControlServer:
     def remove_reader(self, fileobj: Any) -> None:
         self.loop.remove_reader(fileobj)
 
+    def open_plain(self, sock: socket.socket, peer: str) -> None:
+        """Serve this process's own agent on ``sock``, one end of a socketpair (the local run: its one node)."""
+        conn = self.links.open_plain(sock, peer, now=time.monotonic())
+        self.add_reader(conn.sock, functools.partial(self.read_from, conn))
+
+    def post_signal(self, signum: int) -> None:
+        """The main thread's xrun got ``signum`` (called there, from the signal handler) while this loop runs on
+        another (``own_signals=False``: pod mode's node 0, the local run): the loop takes it on its next turn, as
+        its own signal (``SelectLoop.take_signals``)."""
+        self.loop.signals.append(signum)  # one append: atomic, the loop pops
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass  # closed: the job is over; or the pipe is full: a wake-up is pending anyway
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+
     def session_ended(self, host: str | None, code: int | None, detail: str = "") -> None:
         """A backend session ended (``host`` None: the one session of every node, e.g. pdsh)."""
         self.feed(SessionEnded(host, code, detail))
@@ -252,22 +289,27 @@ class ControlServer:
             self.console.close()
             writer().drain()  # every node's last lines (queued for the console) before the report
         verdict = self.job.verdict()
-        for line in report_lines(verdict, strays=self.gate.strays + self.job.strays):
+        for line in self._last_words(verdict):
             say(line)
-        if verdict.exit_code != 0:
-            for line in self.doctor.stop_stack_lines():
-                say(line)
         log_dir = self.plan.request.options.log_dir
         recorded = None if self.record is None else self.record.close(verdict, time.monotonic())
-        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
-        findings = self.doctor.findings
-        if verdict.exit_code != 0 and findings is not None and log_dir is not None:
-            write_json(os.path.join(log_dir, "failure.json"), {
-                "exit_code": verdict.exit_code, "headline": headline(verdict),
-                "collectives": {"findings": findings.to_json(), "files": self.doctor.findings_files}})
+        self._sum_up(verdict, log_dir, recorded)
+        if log_dir is not None:
+            write_end_files(log_dir, verdict, self.doctor, recorded=self.record is not None)
         return verdict.exit_code
 
+    def _sum_up(self, verdict: Verdict, log_dir: str | None, recorded: Mapping[str, Any] | None) -> None:
+        """Every rank's figures: the success line or the table, and ``summary.json`` (with the record's goodput)."""
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
+
+    def _last_words(self, verdict: Verdict) -> list[str]:
+        """The job's report (xrun.runner.job.last_words), and the stacks taken before a failure's stop."""
+        lines = report_lines(verdict, strays=self.gate.strays + self.job.strays)
+        return lines + (self.doctor.stop_stack_lines() if verdict.exit_code != 0 else [])
+
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for sock in self.listeners:
             self.remove_reader(sock)
             sock.close()
@@ -275,6 +317,12 @@ class ControlServer:
         for conn in list(self.conns.values()):
             self.drop(conn)
         self.gate.close()
+        if self._wake_r >= 0:
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1  # first: post_signal then finds no fd to write to
+            self.remove_reader(wake_r)
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _on_signal_received(self, signum: int) -> None:
         if signum == signal.SIGQUIT:
@@ -357,22 +405,13 @@ class ControlServer:
             elif kind == Kind.COLLECTIVES.value:
                 self.doctor.collectives(node, msg)
             elif kind == Kind.ENTRY_TIMES.value:
-                offset, samples = self.clocks.of(node), read_entry_times(msg)
-                lines = self.stragglers.add(self._host(node), offset, samples)
-                for line in lines:
-                    self.status.line(line)
-                self.status.stragglers(self.stragglers.status(), now)
-                if self.record is not None:
-                    self.record.sampled(node, offset, samples, self.stragglers, changed=bool(lines), now=now)
+                self._score(node, read_entry_times(msg), now)
             elif kind == Kind.USAGE.value:
                 readings = read_usage(msg)  # checked with or without a record: every byte from a socket is hostile
                 if self.record is not None:
                     self.record.used(readings, now)
             elif kind == Kind.PONG.value:
-                problem = fields_error(msg, PONG_FIELDS)
-                if problem is not None:
-                    raise ValueError(problem.reason)
-                self.clocks.pong(node, time.time_ns(), msg.get("clock_ns"))
+                self.clocks.pong(node, time.time_ns(), pong_clock(msg))
             elif kind == Kind.WANT_STACKS.value:
                 self._want_stacks(f"{msg.get('reason') or 'a request'} at {self._host(node)}")
             elif kind == Kind.QUIET.value:
@@ -386,6 +425,25 @@ class ControlServer:
         if self.record is not None:
             self.record.heard(node, msg, now)
         self.feed(agent_event(node, msg))
+
+    def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
+        """A node's straggler samples, scored on its clock; a rank named, or recovered, is a line (and a record's
+        event)."""
+        offset = self._clock_of(node)
+        lines = self.stragglers.add(self._host(node), offset, samples)
+        self._say_stragglers(node, lines, now)
+        if self.record is not None:
+            self.record.sampled(node, offset, samples, self.stragglers, changed=bool(lines), now=now)
+
+    def _clock_of(self, node: int) -> ClockOffset | None:
+        """A node's clock against this one: the pongs' offset."""
+        return self.clocks.of(node)
+
+    def _say_stragglers(self, node: int, lines: Sequence[str], now: float) -> None:
+        """Each line on the console; the live status holds who is named now."""
+        for line in lines:
+            self.status.line(line)
+        self.status.stragglers(self.stragglers.status(), now)
 
     def _closed(self, conn: Conn, reason: str) -> None:
         # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
@@ -498,6 +556,9 @@ class ControlServer:
                                     action.pick_master_port, master_port=action.master_port if node0 else 0))
 
     def _run_precheck(self, action: RunPrecheck) -> None:
+        # Lazy: the network check's coordinator loads only with --precheck (not at a one-node job's start)
+        from xrun.runner.network.precheck_channel import ChannelPrecheck
+
         self.precheck = ChannelPrecheck(
             action.nodes, action.hosts, toward=action.toward, now=time.monotonic(), send=self.send,
             add_timer=self.add_timer, stopping=lambda: self.job.stopping,
@@ -535,66 +596,3 @@ class ControlServer:
         """An agent's host as the job names it: its node's (pod mode may rename it), else a hot spare's."""
         node = self.job.nodes.by_agent.get(agent)
         return node.host if node is not None else self.plan.agent_hosts[agent]
-
-
-# -- the wire as the machine sees it --------------------------------------------------------------------------
-#
-# A proven hello for a node rank of the world is a ``HelloReceived``; an admitted agent's ``ready``, ``rank_exited``,
-# ``done`` and ``error`` are their events, any other kind (``started``, ``pong``, a kind a newer agent added) is
-# ``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the connection it
-# came on. The verdict goes back as a message (pod mode, restarts).
-
-
-def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:
-    """A well-formed hello for one of ``nodes`` as the machine's event (key unchecked); None otherwise."""
-    rank = msg.get("node_rank")
-    if msg.get("type") != Kind.HELLO.value or not isinstance(rank, int) or not 0 <= rank < nodes:
-        return None
-    versions = msg.get("versions")
-    version = versions.get("xrun") if isinstance(versions, dict) else None
-    addr = str(msg.get("addr") or peer)
-    host = msg.get("host")
-    return HelloReceived(rank, conn, addr=addr, peer=peer, xrun_version=version,
-                         host=host if isinstance(host, str) and host else None)
-
-
-def agent_event(node: int, msg: Message) -> Event:
-    """An admitted agent's message as the machine's event; a malformed field is a protocol error."""
-    kind = msg.get("type")
-    if kind == Kind.READY.value:
-        return Ready(node, master_port=_int(msg, "master_port"))
-    if kind == Kind.RANK_EXITED.value:
-        return RankExited(
-            node, rank=_int(msg, "rank"), local_rank=_int(msg, "local_rank"), code=_int(msg, "code"),
-            signal=_int(msg, "signal"), stopped=bool(msg.get("stopped")),
-            tail=_lines(msg, "tail"),
-        )
-    if kind == Kind.DONE.value:
-        return Done(node, exit_code=_int(msg, "exit_code") or 0)
-    if kind == Kind.ERROR.value:
-        return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
-    return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
-
-
-def verdict_message(verdict: Verdict) -> Message:
-    failure = verdict.failure
-    return message(
-        Kind.VERDICT, exit_code=verdict.exit_code, interrupted_by=verdict.interrupted_by,
-        stopped_after=verdict.stopped_after, host=failure.host if failure else None,
-        rank=failure.rank if failure else None, reason=failure.reason if failure else None,
-        line=headline(verdict),  # pod mode: what every node but node 0 prints
-    )
-
-
-def _lines(msg: Message, key: str) -> tuple[str, ...]:
-    value = msg.get(key) or []
-    if not isinstance(value, list):
-        raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not a list of lines")
-    return tuple(str(line) for line in value)
-
-
-def _int(msg: Message, key: str) -> int | None:
-    value = msg.get(key)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise ChannelError(f"{msg.get('type')}: {key} is {value!r}, not an integer")

@@ -20,21 +20,25 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
   rank's collective records, compared across the job (xrun.common.result.collectiveview) into the collective the
   ranks wait in, the ranks that never entered it and the mismatches; shown after the stacks, and kept
   (``findings``: the last dump's, or those from before the stop) for the job's report and ``failure.json``.
+
+What reads and shows the stacks and the collectives (xrun.common.result: ``stacks``, ``stackview``, ``dumpfile``,
+``collectiveview``; ~12 ms of imports) loads at the first stacks a node sends, as the node's readers load at its
+first dump (xrun.launch.doctor.node_doctor): a job that never dumps, most local runs, never loads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
-from xrun.common.result.collectiveview import HangFindings, find_hang, view_lines
-from xrun.common.result.dumpfile import show_stacks
-from xrun.common.result.stacks import RankStack
-from xrun.common.result.stackview import merge, render
 from xrun.common.spec import ON_DEMAND_BUDGET, HangAction
 from xrun.common.telemetry.records import RankCollectives, read_collectives
+
+if TYPE_CHECKING:
+    from xrun.common.result.collectiveview import HangFindings
+    from xrun.common.result.stacks import RankStack
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
 
@@ -113,6 +117,8 @@ class HeadDoctor:
 
     def stacks(self, node: int, msg: Message, now: float) -> list[Step]:
         """A node's ``stacks``; a malformed one raises ValueError (a protocol error)."""
+        from xrun.common.result.stacks import RankStack  # lazy: see the module's doc; the views below load after it
+
         found = [RankStack.from_json(item) for item in msg.get("stacks") or []]
         if msg.get("id") == STOP_STACKS:
             self.stop_stacks.extend(found)
@@ -160,6 +166,9 @@ class HeadDoctor:
     def stop_stack_lines(self) -> list[str]:
         """Every node's stacks from before the stop, merged into one view, outliers first, and the collective
         findings (those from before the stop, else the last dump's: a hang stopped without stacks)."""
+        from xrun.common.result.collectiveview import find_hang, view_lines  # lazy: see the module's doc
+        from xrun.common.result.stackview import merge, render
+
         lines = []
         if self.stop_stacks:
             view = [f"  {line}" for line in render(merge(self.stop_stacks))]
@@ -183,6 +192,9 @@ class HeadDoctor:
         return self.want(reason, nodes, now, hang=True)
 
     def _finish(self, collection: _Collection) -> list[Step]:
+        from xrun.common.result.collectiveview import find_hang, view_lines  # lazy: see the module's doc
+        from xrun.common.result.dumpfile import show_stacks
+
         self._collection = None
         problems = list(dict.fromkeys(collection.problems))
         missing = [self._host_of(n) for n in sorted(collection.waiting)]

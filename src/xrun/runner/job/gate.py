@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 from xrun.channel import Message
 from xrun.channel.admission import Admission, PendingLimits, SpareFd, fd_headroom
 from xrun.channel.handshake import ServerHandshake
-from xrun.channel.tls_server import ServerIdentity  # cryptography: loaded with the server, only for a real run
 from xrun.runner.job.keys import NodeKeys
 
 if TYPE_CHECKING:
+    from xrun.channel.tls_server import ServerIdentity
     from xrun.runner.job.connections import Conn
 
 PENDING_TOTAL = 512  # strangers at once, all sources: a few MiB of buffers at most
@@ -63,13 +63,22 @@ def descriptor_room(nodes: int) -> int | None:
     return fd_headroom(soft, in_use, keep=KEEP_DESCRIPTORS + nodes)
 
 
+def _mint() -> ServerIdentity:
+    # Lazy: the certificate's module (and, in a forked child, cryptography) loads only for a head that listens,
+    # never for the local run's one-node job (~7 ms of its start, python -X importtime)
+    from xrun.channel.tls_server import ServerIdentity
+
+    return ServerIdentity.mint_apart()
+
+
 class Gate:
     """The control server's door: the TLS context, each connection's handshake, the keys, the bounds."""
 
     def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
-                 identity: ServerIdentity | None = None) -> None:
-        self.identity = identity if identity is not None else ServerIdentity.mint_apart()
-        self.tls = self.identity.server_context()
+                 identity: ServerIdentity | None = None, in_process: bool = False) -> None:
+        # in process: the one node's link is a socketpair (xrun.runner.backends.one_node): no certificate to mint
+        self.identity = None if in_process else identity if identity is not None else _mint()
+        self.tls = None if self.identity is None else self.identity.server_context()
         self.keys = keys
         self.prove_server = prove_server
         self.admission = Admission(limits_for(nodes, descriptor_room(nodes)))
@@ -77,12 +86,19 @@ class Gate:
         self.held: dict[int, list[tuple[Conn, Message]]] = {}  # hellos waiting for their node's announced key
         self.strays = 0
 
+    @classmethod
+    def in_process(cls) -> Gate:
+        """The door of a head whose one node is this process's own agent (the local run): no listener, no TLS; its
+        one connection is a plain one (``Connections.open_plain``) whose hello is trusted."""
+        return cls(NodeKeys(1, shared=b""), nodes=1, prove_server=False, in_process=True)  # no key awaited
+
     @property
     def fingerprint(self) -> str:
+        assert self.identity is not None, "an in-process gate has no certificate"
         return self.identity.fingerprint
 
     def handshake(self) -> ServerHandshake:
-        return ServerHandshake(self.keys.for_node, self.identity.fingerprint, prove_server=self.prove_server)
+        return ServerHandshake(self.keys.for_node, self.fingerprint, prove_server=self.prove_server)
 
     def accept(self, listener: socket.socket) -> tuple[socket.socket, str] | None:
         """The next queued connection that may come in; None when none is queued, none could be taken, or a run

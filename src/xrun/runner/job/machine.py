@@ -103,7 +103,6 @@ from xrun.runner.job.verdict import (
     refused_failure,
     session_failure,
 )
-from xrun.runner.network.precheck_decision import NodesBad, decide_with_spares, passed_line
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -335,6 +334,10 @@ class Job:
         passed take bad nodes' places, or the job ends, as ``precheck_decision.decide_with_spares`` says."""
         if self.stopping or not self.barrier.prechecking:
             return  # a node was lost or a signal came meanwhile: the job is ending already (or no check runs)
+        # only a --precheck job comes here: every other run's start (a local one's too) loads none of the check's
+        # results and decisions (~5 ms of imports), as the head's check coordinator (control_server) is loaded
+        from xrun.runner.network.precheck_decision import NodesBad, decide_with_spares, passed_line
+
         standing, attempt = self.spares.ready(), self.attempts.number
         bad_spares, outcome = decide_with_spares(event.result, world=self.nodes.by_agent,
                                                  spares=[s.agent for s in standing], attempt=attempt)

@@ -26,7 +26,6 @@ address of its family (a Service name that resolves to a cluster IP, say); one l
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -37,11 +36,12 @@ from xrun.channel import ChannelError, Kind, Message, message
 from xrun.common.output.status import PlainStatus, say
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Conn
-from xrun.runner.job.control_server import ControlServer, hello_event
+from xrun.runner.job.control_server import ControlServer, NoSessions
 from xrun.runner.job.events import HelloReceived, ShowJoined, ShowStarted, ShowWaiting
 from xrun.runner.job.gate import Gate
 from xrun.runner.job.keys import NodeKeys
 from xrun.runner.job.machine import Job
+from xrun.runner.job.wire import hello_event
 from xrun.runner.plan import Plan
 from xrun.runner.pod.digest import PlanDigest, PlanDigestError
 from xrun.runner.pod.hello import PodHello
@@ -56,34 +56,6 @@ class PodControlServer(ControlServer):
         gate = Gate(keys, nodes=len(plan.nodes), prove_server=True)  # node 0 proves the secret first
         super().__init__(plan, gate, join_timeout=join_timeout, status=PlainStatus(setup.num_nodes))
         self.rejoin = self.job.config.rejoins
-        self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from node 0's main thread
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self.add_reader(self._wake_r, self._drain_wake)
-
-    def post_signal(self, signum: int) -> None:
-        """Node 0's xrun got ``signum`` (called on its main thread, from the signal handler): the loop takes it
-        on its next turn, as the head's own signal (``SelectLoop.take_signals``)."""
-        self.loop.signals.append(signum)  # one append: atomic, the loop pops
-        try:
-            os.write(self._wake_w, b"!")
-        except OSError:
-            pass  # closed: the job is over; or the pipe is full: a wake-up is pending anyway
-
-    def _drain_wake(self) -> None:
-        try:
-            os.read(self._wake_r, 4096)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        super().close()
-        if self._wake_r >= 0:
-            wake_r, wake_w = self._wake_r, self._wake_w
-            self._wake_r = self._wake_w = -1  # first: post_signal then finds no fd to write to
-            self.remove_reader(wake_r)
-            os.close(wake_r)
-            os.close(wake_w)
 
     def drop(self, conn: Conn, *, failed: bool = False) -> None:
         super().drop(conn, failed=failed)
@@ -101,7 +73,7 @@ class PodControlServer(ControlServer):
         event = hello_event(conn.serial, conn.peer, msg, len(self.plan.nodes))
         if event is None:
             return None
-        return replace(event, digest=_digest(msg.get("digest")))
+        return event._replace(digest=_digest(msg.get("digest")))
 
     def _show_waiting(self, action: ShowWaiting) -> None:
         """The barrier's status goes to every node connected, whose agent shows it (node 0's included)."""
@@ -121,23 +93,6 @@ def _digest(data: Any) -> PlanDigest | None:
         return PlanDigest.from_json(data)
     except PlanDigestError:
         return None
-
-
-class _NoSessions:
-    """Pod mode has no backend sessions: the job is over once every node has closed its connection (so every
-    node's console lines are read before the report)."""
-
-    def __init__(self) -> None:
-        self.server: ControlServer | None = None
-
-    def register(self, loop: ControlServer) -> None:
-        self.server = loop
-
-    def finished(self, lost: set[str]) -> bool:
-        return self.server is not None and not self.server.node_conns
-
-    def terminate(self) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -194,7 +149,7 @@ class ServerThread:
 
     def _serve(self) -> None:
         try:
-            self.code = self.server.run(_NoSessions(), own_signals=False)
+            self.code = self.server.run(NoSessions(), own_signals=False)
         except Exception as err:  # noqa: BLE001 - the main thread reports it; a thread cannot raise to it
             say(f"node 0's control server failed: {err.__class__.__name__}: {err}")
             self.code = 1

@@ -11,5 +11,5 @@ the same events as the job's goodput in ``summary.json``.
   over the record's events: the live job's and, for a tool, a file's (``goodput_of``).
 
 May import ``xrun.runner.job``'s events and machine and ``xrun.launch``'s results; nothing imports it but the
-control server.
+control server and ``xrun.runner.job.metrics`` (``--metrics_port`` reads the record: its folds, ``head.Fold``).
 """

@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from xrun import __version__
 from xrun.channel import Kind, Message
+from xrun.common.output.logfiles import EVENTS_FILE
 from xrun.common.output.status import say
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.stragglers import ClockOffset, StragglerScores
@@ -47,7 +48,6 @@ from xrun.runner.job.record.file import FLUSH_EVERY, EventsFile
 from xrun.runner.job.record.goodput import Goodput
 from xrun.runner.plan import Plan
 
-EVENTS_FILE = "events.jsonl"
 # a rank's reading stays in the samples this many periods after it came (a lost node's ranks drop out after it)
 USAGE_KEPT_FOR = 2
 # the ranks' CPU and RSS cost ~10 bytes a rank in a sample: a bigger job has them in every k-th sample only,
@@ -58,16 +58,24 @@ _STARTED, _RANK_EXITED = Kind.STARTED.value, Kind.RANK_EXITED.value  # the kinds
 _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a failure's stop (a lost node too)
 
 
-class JobRecord:
-    """One run's record: ``events.jsonl`` under ``log_dir`` and the goodput of the same events."""
+class Fold(Protocol):
+    """What else reads every line as it is made (``--metrics_port``'s tally, xrun.runner.job.metrics)."""
 
-    def __init__(self, plan: Plan, job: Job, *, log_dir: str, now: float) -> None:
+    def add(self, line: Mapping[str, Any]) -> None: ...
+
+
+class JobRecord:
+    """One run's record: ``events.jsonl`` under ``log_dir`` and the goodput of the same events; without
+    ``log_dir`` (``--metrics_port`` alone) no file, only the folds."""
+
+    def __init__(self, plan: Plan, job: Job, *, log_dir: str | None, now: float, folds: Iterable[Fold] = ()) -> None:
         self.job = job
         self.plan = plan
         self.t0 = job.attempts.t0  # the job's start on the head's monotonic clock: every line's ``t`` is from it
         self.unix0_ns = time.time_ns() - int((now - self.t0) * 1e9)  # the wall clock at t 0
-        self.file = EventsFile(os.path.join(log_dir, EVENTS_FILE))
+        self.file = EventsFile(os.path.join(log_dir, EVENTS_FILE)) if log_dir is not None else None
         self.goodput = Goodput()
+        self.folds: tuple[Fold, ...] = (self.goodput, *folds)
         self.every = sample_every()  # SAMPLE_EVERY (60 s); tests set XRUN_SAMPLE_EVERY_S
         self.usage_stride = -(-plan.world_size // USAGE_RANKS_PER_SAMPLE)  # the samples that carry CPU and RSS
         self._samples = 0
@@ -93,7 +101,7 @@ class JobRecord:
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
                    max_restarts=job.config.restart.max_restarts, hang_timeout=options.hang_timeout,
-                   sample_every_s=self.every, usage_every=self.usage_stride)
+                   sample_every_s=self.every, usage_every=self.usage_stride, **_contract(plan))
 
     def write(self, now: float, event: str, *, sample: bool = False, **fields: Any) -> None:
         self.put(now, event, fields, sample=sample)
@@ -101,8 +109,10 @@ class JobRecord:
     def put(self, now: float, event: str, fields: Mapping[str, Any], *, sample: bool = False) -> None:
         """One line: ``t`` (seconds since the job's start, the head's clock), ``event``, then ``fields``."""
         line = {"t": round(now - self.t0, 3), "event": event, **fields}
-        self.goodput.add(line)
-        self.file.write(line, sample=sample)
+        for fold in self.folds:
+            fold.add(line)
+        if self.file is not None:
+            self.file.write(line, sample=sample)
 
     # -- where the control server feeds its machine ------------------------------------------------------------
 
@@ -241,11 +251,16 @@ class JobRecord:
         for reading in readings:
             self._usage[reading.rank] = (reading, now)
 
+    def usage_now(self, now: float) -> dict[int, RankUsage]:
+        """Each rank's latest reading, when it came in the last ``USAGE_KEPT_FOR`` periods. Safe from another
+        thread (``--metrics_port``'s scrape): the readings are copied in one step before they are read."""
+        since = now - USAGE_KEPT_FOR * self.every
+        return {rank: reading for rank, (reading, at) in list(self._usage.items()) if at >= since}
+
     def _usage_now(self, now: float) -> tuple[list[int | None], list[int | None]]:
         """The ``sample`` line's ``cpu_pct`` and ``rss_mib``: lists by rank (compact at 8,000 ranks: a few bytes
         each), ``null`` for a rank with no recent reading; empty when none has one."""
-        since = now - USAGE_KEPT_FOR * self.every
-        recent = {rank: reading for rank, (reading, at) in self._usage.items() if at >= since}
+        recent = self.usage_now(now)
         size = max(recent, default=-1) + 1
         cpu: list[int | None] = [None] * size
         rss: list[int | None] = [None] * size
@@ -255,15 +270,15 @@ class JobRecord:
 
     # -- the loop's timer, and the end ---------------------------------------------------------------------------
 
-    def due(self) -> float:
-        return self._due
+    def due(self) -> float | None:
+        return self._due if self.file is not None else None  # no file: nothing periodic to do
 
     def tick(self, now: float, scores: StragglerScores) -> None:
         """The periodic sample of the ranks' lateness, CPU and RSS, and the flush to the writing thread (called
         after every wake-up of the loop: one comparison until one is due)."""
         if now < self._due:
             return
-        if now >= self.next_sample:
+        if now >= self.next_sample and self.file is not None:  # no file: no sample line to write
             self.next_sample = now + self.every
             late = scores.late_now()
             self._samples += 1
@@ -273,7 +288,7 @@ class JobRecord:
             self.write(now, "sample", sample=True, attempt=self.job.attempts.number,
                        collectives_scored=scores.collectives_scored, stragglers=sorted(self._named),
                        late_ms={str(rank): round(ms, 1) for rank, ms in late.items()}, **usage)
-        if now >= self.next_flush:
+        if now >= self.next_flush and self.file is not None:
             self.next_flush = now + FLUSH_EVERY
             self.file.flush()
         self._due = min(self.next_sample, self.next_flush)
@@ -293,8 +308,11 @@ class JobRecord:
                 "root_cause": None if failure is None else failure.reason,
                 "interrupted_by": None if verdict.interrupted_by is None else signal_name(verdict.interrupted_by),
                 "attempts": job.attempts.number + 1}
-        self.goodput.add(line)  # the line carries the goodput it closes
+        for fold in self.folds:
+            fold.add(line)  # the line carries the goodput it closes
         goodput = self.goodput.to_json()
+        if self.file is None:
+            return {"goodput": goodput}
         self.file.write({**line, "goodput": goodput})
         finished = self.file.close()
         if self.file.error is not None or not finished:
@@ -311,3 +329,10 @@ class JobRecord:
         node = self.job.nodes.by_agent.get(agent)
         return None if node is None else node.rank
 
+
+def _contract(plan: Plan) -> dict[str, Any]:
+    """``job_started``'s ``run_id``, ``command`` (rank 0's argv), ``env`` (the env contract rank 0 got on top of
+    its node's environment) and ``local_ranks`` (each node's count, by node rank): what report.html shows."""
+    first = plan.nodes[0].ranks[0] if plan.nodes and plan.nodes[0].ranks else None
+    return {"run_id": plan.request.run_id, "command": None if first is None else list(first.argv),
+            "env": None if first is None else dict(first.env), "local_ranks": [len(n.ranks) for n in plan.nodes]}
