@@ -238,7 +238,7 @@ RANKS = {
     ],
     "xrun.launch": [
         {"xrun.launch.procs", "xrun.launch.network", "xrun.launch.telemetry", "xrun.launch.preload",
-         "xrun.launch.store"},
+         "xrun.launch.store", "xrun.launch.replicas"},
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
@@ -249,7 +249,7 @@ RANKS = {
         {"xrun.runner.hosts", "xrun.runner.torchrun"},
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
          "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", "xrun.runner.metrics_options",
-         *POD_PLANNING},
+         "xrun.runner.replica_options", *POD_PLANNING},
         {"xrun.runner.network", "xrun.runner.report"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},

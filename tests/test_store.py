@@ -16,17 +16,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ROOT, eventually, run_xrun
+from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.common.spec import ElasticOptions, NodeSpec
+from xrun.common.spec import ElasticOptions, NodeSpec, ReplicaGroups
 from xrun.errors import PortBusyError
 from xrun.launch.store import Limits, StoreServer
-from xrun.launch.store.agent_store import agent_store, close, hosted, store_endpoint
+from xrun.launch.store.agent_store import agent_stores, close, hosted, store_endpoints
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import (
     MAX_KEY_BYTES,
@@ -310,18 +311,6 @@ def test_each_attempt_of_an_xrun_job_meets_in_a_store_of_its_own(tmp_path, mode)
 TORCHFT_JOB = os.path.join(ROOT, "tests", "procs", "torchft_job.py")
 
 
-def torchft_missing() -> str | None:
-    """Why the torchft test cannot run here; CI installs torchft==0.2.0 (.ci/run) and sets XRUN_REQUIRE_TORCHFT."""
-    try:
-        import numpy  # noqa: F401  - torchft needs it and does not declare it
-        import torchft  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("XRUN_REQUIRE_TORCHFT"):
-            raise
-        return f"torchft is not installed ({err}): pip install torchft==0.2.0 numpy"
-    return None
-
-
 @pytest.fixture
 def lighthouse(tmp_path):
     """torchft's Lighthouse (``torchft_lighthouse``, beside this interpreter), its address."""
@@ -369,11 +358,29 @@ def node_spec(node_rank: int, port: int, **fields) -> NodeSpec:
 
 def test_only_the_node_of_rank_0_hosts_a_store_and_only_on_the_static_path():
     assert all(r.env["TORCHELASTIC_USE_AGENT_STORE"] == "True" for r in node_spec(1, 1234).ranks)
-    assert store_endpoint(node_spec(0, 1234)) == ("127.0.0.1", 1234)
-    assert store_endpoint(node_spec(1, 1234)) is None
-    assert store_endpoint(node_spec(0, 1234, elastic=ElasticOptions())) is None  # torch's agent decides
-    with agent_store(node_spec(1, 1234)) as none:
-        assert none is None
+    assert store_endpoints(node_spec(0, 1234)) == (("127.0.0.1", 1234),)
+    assert store_endpoints(node_spec(1, 1234)) == ()
+    assert store_endpoints(node_spec(0, 1234, elastic=ElasticOptions())) == ()  # torch's agent decides
+    with agent_stores(node_spec(1, 1234)) as none:
+        assert none == ()
+
+
+def test_each_replica_groups_rank_0_node_hosts_that_groups_store():
+    """--replica_groups (issue 39 §2): 2 nodes of 2 ranks in 4 groups: each node runs two groups' rank 0."""
+    world = {"a": (0, 1), "b": (0, 1)}
+    groups = ReplicaGroups(count=4, master_ports=(2000, 2001, 2002, 2003), lighthouse_port=2004)
+    specs = [NodeSpec(host, n, node_ranks(world, n, Rendezvous("10.0.0.1", 2000, "job"), LaunchOptions(python="py"),
+                                          "t.py", (), replicas=groups), replicas=groups)
+             for n, host in enumerate(world)]
+    assert [store_endpoints(spec) for spec in specs] == [(("", 2000), ("", 2001)), (("", 2002), ("", 2003))]
+    ports = [free_port("127.0.0.1") for _ in range(2)]
+    local = replace(groups, count=2, master_ports=tuple(ports))
+    spec = NodeSpec("a", 0, node_ranks({"a": (0, 1)}, 0, Rendezvous("127.0.0.1", ports[0], "job"),
+                                       LaunchOptions(python="py"), "t.py", (), replicas=local), replicas=local)
+    with agent_stores(spec) as servers:
+        assert [server.port for server in servers] == ports
+        for port in ports:
+            roundtrip(port, b"group")
 
 
 @pytest.mark.parametrize(("master", "bound"), [("127.0.0.1", "127.0.0.1"), ("127.0.1.1", "127.0.1.1"), ("::1", "::1"),
@@ -384,13 +391,12 @@ def test_a_loopback_master_keeps_the_store_on_loopback_else_every_address(master
     others reach, gets every address."""
     world = {"a": (0, 1)}
     ranks = node_ranks(world, 0, Rendezvous(master, 1234, "job"), LaunchOptions(python="py"), "t.py", ())
-    assert store_endpoint(NodeSpec("a", 0, ranks)) == (bound, 1234)
+    assert store_endpoints(NodeSpec("a", 0, ranks)) == ((bound, 1234),)
 
 
 def test_a_local_runs_store_cannot_be_reached_from_the_network():
     port = free_port("127.0.0.1")
-    with agent_store(node_spec(0, port)) as server:
-        assert server is not None
+    with agent_stores(node_spec(0, port)) as (server,):
         roundtrip(port, b"loopback")
         outside = [a for a in _addresses() if not a.startswith("127.")]
         if not outside:
@@ -408,8 +414,8 @@ def _addresses() -> list[str]:
 
 def test_the_agent_store_is_up_inside_its_block_and_gone_after():
     port = free_port("127.0.0.1")
-    with agent_store(node_spec(0, port)) as server:
-        assert server is not None and server.port == port
+    with agent_stores(node_spec(0, port)) as (server,):
+        assert server.port == port
         roundtrip(port, b"inside")
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2)
@@ -432,7 +438,7 @@ def test_an_error_of_the_stores_own_loop_is_said_when_it_closes(monkeypatch):
 def test_a_store_port_taken_meanwhile_is_port_busy():
     with StoreServer("", free_port("127.0.0.1")) as holder:
         with pytest.raises(PortBusyError, match=f"port {holder.port} is already in use on a"):
-            with agent_store(node_spec(0, holder.port)):
+            with agent_stores(node_spec(0, holder.port)):
                 pass
 
 

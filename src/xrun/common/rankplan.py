@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import functools
 import itertools
 import json
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.common.spec import PythonMode, RankSpec
+from xrun.common.spec import PythonMode, RankSpec, ReplicaGroups
 from xrun.errors import UsageError, WorldInfoError
 from xrun.hostlist import host_name_problem
 from xrun.printable import shown
@@ -210,6 +211,61 @@ def rank_env(
     return env
 
 
+def group_env(env: dict[str, str], world: World, node_rank: int, local_rank: int, rdzv: Rendezvous,
+              replicas: ReplicaGroups, *, shape: WorldShape) -> int:
+    """``--replica_groups`` (torchft, issue 39 §2): turn one rank's world contract (``rank_env``'s) into its
+    group's, in place, as one torchrun per group would set it (torchft's README); returns the local rank the
+    program is told.
+
+    The world's ranks fall into ``replicas.count`` groups of equal size in rank order, so a group may span nodes
+    and a node may hold several groups. Within its group a rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE`` (its group's ranks on its node), ``GROUP_RANK``/``GROUP_WORLD_SIZE`` (the group's nodes),
+    ``CUDA_VISIBLE_DEVICES`` (its group's slots on its node, so ``cuda:LOCAL_RANK`` is its own device) and
+    ``MASTER_ADDR``/``MASTER_PORT`` of the group's rank 0 (where that node's agent hosts the group's store); and
+    ``REPLICA_GROUP_ID``, ``NUM_REPLICA_GROUPS`` and ``TORCHFT_LIGHTHOUSE`` (node 0's Lighthouse)."""
+    size = shape.world_size // replicas.count
+    first_here = shape.first_ranks[node_rank]
+    rank = first_here + local_rank
+    group = rank // size
+    first = group * size  # the group's rank 0
+    node0 = max(first_here, first)  # this node's first rank of the group
+    local_ranks = min(first_here + len(world[shape.hosts[node_rank]]), first + size) - node0
+    first_node = bisect.bisect_right(shape.first_ranks, first) - 1  # the node of the group's rank 0
+    last_node = bisect.bisect_right(shape.first_ranks, first + size - 1) - 1
+    slots = world[shape.hosts[node_rank]][node0 - first_here: node0 - first_here + local_ranks]
+    # Node 0's address is rdzv's (or the start barrier's); a group led from another node meets at that node's name.
+    master = rdzv.master_addr if first_node == 0 else shape.hosts[first_node]
+    seen = rank - node0
+    env.update({
+        "RANK": _number(rank - first),
+        "LOCAL_RANK": _number(seen),
+        "WORLD_SIZE": _number(size),
+        "LOCAL_WORLD_SIZE": _number(local_ranks),
+        "LOCAL_SIZE": _number(local_ranks),
+        "GROUP_RANK": _number(node_rank - first_node),
+        "NODE_RANK": _number(node_rank - first_node),
+        "CROSS_RANK": _number(node_rank - first_node),
+        "GROUP_WORLD_SIZE": _number(last_node - first_node + 1),
+        "CROSS_SIZE": _number(last_node - first_node + 1),
+        "ROLE_RANK": _number(rank - first),
+        "ROLE_WORLD_SIZE": _number(size),
+        "MASTER_PORT": _number(replicas.master_ports[group]),
+        "CUDA_VISIBLE_DEVICES": _devices(slots),
+        "REPLICA_GROUP_ID": _number(group),
+        "NUM_REPLICA_GROUPS": _number(replicas.count),
+    })
+    if master is not None:
+        env["MASTER_ADDR"] = master
+    if rdzv.master_addr is not None:  # else the start barrier decides node 0's address
+        env["TORCHFT_LIGHTHOUSE"] = f"http://{_url_host(rdzv.master_addr)}:{replicas.lighthouse_port}"
+    return seen
+
+
+def _url_host(addr: str) -> str:
+    """An address as a URL's host: an IPv6 address in brackets."""
+    return f"[{addr}]" if ":" in addr else addr
+
+
 def node_ranks(
     world: World,
     node_rank: int,
@@ -220,8 +276,10 @@ def node_ranks(
     *,
     shape: WorldShape | None = None,
     max_restarts: int = 0,
+    replicas: ReplicaGroups | None = None,
 ) -> tuple[RankSpec, ...]:
-    """Every rank of one node, in slot order (``shape``: the world's, when the caller plans every node)."""
+    """Every rank of one node, in slot order (``shape``: the world's, when the caller plans every node;
+    ``replicas``: each rank's contract counted within its replica group, ``group_env``)."""
     shape = shape or world_shape(world)
     hosts = shape.hosts
     if not 0 <= node_rank < len(hosts):
@@ -231,10 +289,13 @@ def node_ranks(
     for local_rank in range(len(slots)):
         env = rank_env(world, node_rank, local_rank, rdzv, shape=shape, max_restarts=max_restarts)
         seen = local_rank  # the local rank the program is told
+        if replicas is not None:
+            seen = group_env(env, world, node_rank, local_rank, rdzv, replicas, shape=shape)
         if launch.role != DEFAULT_ROLE:
             env["ROLE_NAME"] = launch.role
         if launch.device_per_rank:  # torchrun's virtual local rank: one device, always cuda:0
             env.update({"CUDA_VISIBLE_DEVICES": str(slots[local_rank]), "LOCAL_RANK": "0"})
             seen = 0
-        ranks.append(RankSpec(int(env["RANK"]), local_rank, env, rank_argv(launch, seen, script, tuple(args))))
+        rank = shape.first_ranks[node_rank] + local_rank  # the global rank: logs, console, the head's counts
+        ranks.append(RankSpec(rank, local_rank, env, rank_argv(launch, seen, script, tuple(args))))
     return tuple(ranks)

@@ -193,6 +193,23 @@ class ElasticOptions:
 
 
 @dataclass(frozen=True)
+class ReplicaGroups:
+    """``--replica_groups G`` (torchft, issue 39 §2): the world's ranks in ``count`` groups of equal size, in rank
+    order, each a world of its own (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ... counted within the group, each
+    with its own store), meeting across groups only through torchft's Lighthouse on node 0."""
+
+    count: int
+    master_ports: tuple[int, ...]  # group g's MASTER_PORT, where the agent of its rank 0's node hosts its store
+    lighthouse_port: int  # torchft_lighthouse's, on node 0 (TORCHFT_LIGHTHOUSE)
+
+    def __post_init__(self) -> None:  # a JSON list when the groups come from the node spec
+        object.__setattr__(self, "master_ports", tuple(int(p) for p in self.master_ports))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "master_ports": list(self.master_ports), "lighthouse_port": self.lighthouse_port}
+
+
+@dataclass(frozen=True)
 class RankSpec:
     """One rank: the env contract xrun adds on top of the node's environment, and its argv."""
 
@@ -215,13 +232,15 @@ class NodeSpec:
     cwd: str | None = None
     run_id: str = "xrun"
     elastic: ElasticOptions | None = None  # None: xrun supervises the ranks itself (static job)
+    replicas: ReplicaGroups | None = None  # --replica_groups: torchft's replica groups (None: one world)
     version: int = SPEC_VERSION
 
     @property
     def world_size(self) -> int:
-        """Every node's ranks together, as the ranks are told (``WORLD_SIZE``; this node's alone without it)."""
+        """Every node's ranks together, as the ranks are told (``WORLD_SIZE``, a group's under --replica_groups,
+        times the groups; this node's alone without it)."""
         told = self.ranks[0].env.get("WORLD_SIZE", "") if self.ranks else ""
-        return int(told) if told.isdigit() else len(self.ranks)
+        return int(told) * (self.replicas.count if self.replicas else 1) if told.isdigit() else len(self.ranks)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -239,6 +258,8 @@ class NodeSpec:
         }
         if self.elastic is not None:
             data["elastic"] = self.elastic.to_json()
+        if self.replicas is not None:
+            data["replicas"] = self.replicas.to_json()
         return data
 
     @classmethod
@@ -260,6 +281,7 @@ class NodeSpec:
             cwd=data.get("cwd"),
             run_id=str(data.get("run_id", "xrun")),
             elastic=ElasticOptions.from_json(data["elastic"]) if data.get("elastic") else None,
+            replicas=ReplicaGroups(**data["replicas"]) if data.get("replicas") else None,
         )
 
 
@@ -267,10 +289,11 @@ def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_
     """``spec`` with what the start barrier decided filled in (a channel backend's plan has no MASTER_ADDR, and its
     port is only node 0's first try) and, with --max_restarts, the attempt (torch's contract:
     ``TORCHELASTIC_RESTART_COUNT``)."""
+    # --replica_groups (a local run only, for now): each group keeps the address and port planned for it
+    meet = {} if spec.replicas is not None else {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
     ranks = tuple(
         RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
-                 env={**r.env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                      "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+                 env={**r.env, **meet, "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
         for r in spec.ranks
     )
     return replace(spec, ranks=ranks)

@@ -33,7 +33,7 @@ from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.store.agent_store import agent_store
+from xrun.launch.store.agent_store import agent_stores
 from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
     try:
         # a kill -9 of this agent leaves no directory
         with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])), \
-                agent_store(spec):  # the node of rank 0: the attempt's own store, up before its ranks (issue 39)
+                agent_stores(spec):  # the node of rank 0 (of each replica group): the attempt's own store (issue 39)
             group = RankGroup(
                 rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),

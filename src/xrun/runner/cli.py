@@ -36,6 +36,7 @@ from xrun.runner.plan import JobRequest, PortChoice
 from xrun.runner.planner import plan_job
 from xrun.runner.pod.options import add_pod_flags, pod_request
 from xrun.runner.remote_options import add_remote_flags, remote_options
+from xrun.runner.replica_options import add_replica_flags, replica_request
 from xrun.runner.restart_options import add_restart_flags, restart_policy
 from xrun.runner.torchrun import (
     add_torchrun_flags,
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_elastic_flags(parser, join_timeout=False)  # --join_timeout comes with the remote flags
     add_pod_flags(parser)
     add_restart_flags(parser)
+    add_replica_flags(parser)
     add_metrics_flags(parser)
     add_torchrun_flags(parser)
     return parser
@@ -148,6 +150,7 @@ def _request(ns: argparse.Namespace, program: str, program_args: tuple[str, ...]
         pod=pod_request(ns),
         restart=restart_policy(ns),
         torchrun=torchrun,
+        replicas=replica_request(ns),
         metrics=metrics_options(ns),
     )
     return request, ns.dry_run

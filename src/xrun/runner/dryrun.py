@@ -33,6 +33,7 @@ def plan_json(plan: Plan, invocation: Invocation) -> dict[str, Any]:
                    for agent, host in enumerate(plan.spares, start=len(plan.nodes))],
         "precheck": plan.request.remote.precheck,
         "preload": list(plan.request.options.preload),
+        **replicas_json(plan),
         "nodes": [
             {
                 "host": node.host,
@@ -140,6 +141,27 @@ def preload_note(plan: Plan) -> list[str]:
             "(a module it cannot import ends the job, exit 2); every rank of every attempt is forked from it"]
 
 
+def replicas_json(plan: Plan) -> dict[str, Any]:
+    """--replica_groups (issue 39 §2): the groups' ports and the Lighthouse's; nothing without the flag."""
+    replicas = plan.nodes[0].replicas if plan.nodes else None
+    if replicas is None:
+        return {}
+    return {"replica_groups": {**replicas.to_json(), "lighthouse": f"{plan.shown_master_addr}:"
+                                                                  f"{replicas.lighthouse_port}"}}
+
+
+def replicas_note(plan: Plan) -> list[str]:
+    """--replica_groups: each group's ranks and port, and the Lighthouse node 0 runs."""
+    replicas = plan.nodes[0].replicas if plan.nodes else None
+    if replicas is None:
+        return []
+    size = plan.world_size // replicas.count
+    groups = ", ".join(f"{g} ranks {g * size}-{(g + 1) * size - 1} port {port}"
+                       for g, port in enumerate(replicas.master_ports))
+    return [f"replica groups: {replicas.count} of {size} rank{'s' * (size != 1)}, each its own world and store "
+            f"({groups}); torchft_lighthouse on node 0 at port {replicas.lighthouse_port}"]
+
+
 def plan_text(plan: Plan, invocation: Invocation) -> str:
     nodes = len(plan.nodes)
     lines = [
@@ -151,6 +173,7 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
         *spares_note(plan),
         *precheck_note(plan),
         *preload_note(plan),
+        *replicas_note(plan),
         f"world info {plan.world_info}",
         *dry_run_lines(plan),
     ]
@@ -165,7 +188,9 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
             lines.append(f"  exports: {' '.join(sorted(node.env))}")
         for rank in node.ranks:
             cpus = f" [cpus {invocation.cpus[rank.rank]}]" if rank.rank in invocation.cpus else ""
-            lines.append(f"  rank {rank.rank} (local {rank.local_rank}){cpus}: {render(rank.argv)}")
+            group = (f", group {rank.env['REPLICA_GROUP_ID']} rank {rank.env['RANK']}"
+                     if "REPLICA_GROUP_ID" in rank.env else "")
+            lines.append(f"  rank {rank.rank} (local {rank.local_rank}{group}){cpus}: {render(rank.argv)}")
     for agent, host in enumerate(plan.spares, start=len(plan.nodes)):
         lines.append(f"spare {host}: agent {agent}, standing by outside the world")
         if host in commands:

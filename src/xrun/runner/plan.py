@@ -28,6 +28,8 @@ from xrun.runner.hosts.this_machine import LOCAL_ADDR
 from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
+from xrun.runner.replica_options import FLAG as REPLICA_FLAG
+from xrun.runner.replica_options import ReplicaRequest, replica_groups
 from xrun.runner.restart_options import RestartPolicy
 from xrun.runner.torchrun import Torchrun
 from xrun.strict_numbers import MAX_RANKS
@@ -62,6 +64,7 @@ class JobRequest:
     pod: PodRequest = field(default_factory=PodRequest)  # --pod, --platform, --hosts, ... (xrun.runner.pod.placement)
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # --max_restarts of a static job (issue 23)
     torchrun: Torchrun = field(default_factory=Torchrun)  # what a torchrun line asks of the world (issue 41)
+    replicas: ReplicaRequest | None = None  # --replica_groups: torchft's replica groups (issue 39 §2)
     metrics: MetricsOptions | None = None  # --metrics_port: the head serves its figures to Prometheus (issue 40)
 
 
@@ -186,6 +189,12 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         check_rank_list("--console_ranks", request.options.console_ranks, sum(len(s) for s in world.values()))
     if elastic is not None and rdzv.master_port == 0:
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
+    replicas = None
+    if request.replicas is not None:
+        if not traits.local:  # each group's MASTER_ADDR and ports are not yet agreed at a channel's start barrier
+            raise UsageError(REPLICA_FLAG, "runs on one machine only for now (a local run); several nodes are not "
+                             "supported yet")
+        replicas = replica_groups(request.replicas, world_size=size, master_port=rdzv.master_port)
     shape = world_shape(world)
     exports = dict(request.env)  # a local run: only its --export (planner.with_local_exports); one for every node
     nodes = tuple(
@@ -193,12 +202,13 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
             host=host,
             node_rank=node_rank,
             ranks=node_ranks(world, node_rank, rdzv, request.launch, request.script, request.args, shape=shape,
-                             max_restarts=request.restart.max_restarts),
+                             max_restarts=request.restart.max_restarts, replicas=replicas),
             options=request.options,
             env=exports,  # read-only (a Mapping): shared, not copied per node
             cwd=None if traits.local else request.cwd,
             run_id=request.run_id,
             elastic=elastic,
+            replicas=replicas,
         )
         for node_rank, host in enumerate(world)
     )

@@ -58,7 +58,10 @@ def plan_job(request: JobRequest) -> Plan:
     traits = backend_traits(backend)
     if request.remote.launcher_args and not traits.engine:
         raise UsageError("--launcher_args", f"applies to {', '.join(engine_backends())}, not to {backend!r}")
-    request = with_local_exports(with_free_port(request), environ) if traits.local else with_exports(request, environ)
+    if traits.local:
+        request = with_local_exports(with_replica_ports(with_free_port(request)), environ)
+    else:
+        request = with_exports(request, environ)
     return make_plan(request, world, backend)
 
 
@@ -143,6 +146,19 @@ def with_free_port(request: JobRequest) -> JobRequest:
     if request.master_port == 0 or request.master_port_choice is PortChoice.FREE:
         return replace(request, master_port=free_port(LOCAL_ADDR), master_port_choice=PortChoice.FREE)
     return request
+
+
+def with_replica_ports(request: JobRequest) -> JobRequest:
+    """``--replica_groups G`` without ``--master_port`` on a local run: each group's port and the Lighthouse's
+    free on loopback now, all different (group 0's is the master port drawn before)."""
+    if request.replicas is None or request.master_port_choice is not PortChoice.FREE:
+        return request
+    ports = [request.master_port]
+    while len(ports) < request.replicas.groups + 1:
+        port = free_port(LOCAL_ADDR)
+        if port not in ports:
+            ports.append(port)
+    return replace(request, replicas=replace(request.replicas, ports=tuple(ports)))
 
 
 def with_local_exports(request: JobRequest, environ: Mapping[str, str]) -> JobRequest:

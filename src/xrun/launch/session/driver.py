@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
@@ -51,6 +51,7 @@ from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
+from xrun.launch.replicas.lighthouse import lighthouse
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
@@ -155,6 +156,8 @@ class Driver:
         self._helper: PreloadHelper | None = None  # --preload: started at the first preflight, for every attempt
         self._importing: tuple[PreflightPassed, float] | None = None  # the preflight's answer once the helper is ready
         self._helper_error: PreloadError | None = None  # the helper could not start
+        self._lighthouse = ExitStack()  # --replica_groups: node 0's Lighthouse, from its first preflight to the end
+        self._lighthouse_started = False
 
     # -- the main loop ----------------------------------------------------------------------------------------
 
@@ -181,6 +184,7 @@ class Driver:
             self._inbox.close()
             if self._helper is not None:
                 self._helper.close()
+            self._lighthouse.close()
 
     def _open(self) -> None:
         link = self._join()
@@ -272,6 +276,9 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
+            if not self._lighthouse_started:  # --replica_groups, node 0: up before any rank, for every attempt
+                self._lighthouse_started = True
+                self._lighthouse.enter_context(lighthouse(spec))
             rule, port = action.port, None
             if rule is not None:
                 near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)

@@ -25,18 +25,20 @@ from xrun.net import port_holder
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def store_endpoint(spec: NodeSpec) -> tuple[str, int] | None:
-    """Where this node hosts the store: at rank 0's ``MASTER_PORT`` where this node runs rank 0 and the ranks are
-    told to use the agent's store (None elsewhere); on ``MASTER_ADDR`` alone when it is a loopback address (every
-    rank runs on this machine, as in a local run: nobody else need reach a store without authentication), else on
-    every address, as torch's own store listens (a master name may resolve to another of this node's addresses
-    here than on the other nodes)."""
+def store_endpoints(spec: NodeSpec) -> tuple[tuple[str, int], ...]:
+    """Where this node hosts stores: at rank 0's ``MASTER_PORT`` where this node runs rank 0 and the ranks are told
+    to use the agent's store (none elsewhere); under ``--replica_groups`` at each group's whose rank 0 (``RANK``
+    0 within the group) runs here. On ``MASTER_ADDR`` alone when it is a loopback address (every rank runs on this
+    machine, as in a local run: nobody else need reach a store without authentication), else on every address, as
+    torch's own store listens (a master name may resolve to another of this node's addresses here than on the
+    other nodes)."""
     if spec.elastic is not None:
-        return None
-    for rank in spec.ranks:
-        if rank.rank == 0 and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT"):
-            return (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
-    return None
+        return ()
+    return tuple(
+        (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
+        for rank in spec.ranks
+        if rank.env.get("RANK") == "0" and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT")
+    )
 
 
 def listen_address(master: str) -> str:
@@ -49,18 +51,17 @@ def listen_address(master: str) -> str:
 
 
 @contextmanager
-def agent_store(spec: NodeSpec) -> Iterator[StoreServer | None]:
-    """The attempt's store, listening where ``store_endpoint`` says, for the ``with`` block; None on a node that
-    hosts none. A port taken meanwhile is ``PortBusyError``."""
-    endpoint = store_endpoint(spec)
-    if endpoint is None:
-        yield None
-        return
-    server = hosted(spec.host, *endpoint)
+def agent_stores(spec: NodeSpec) -> Iterator[tuple[StoreServer, ...]]:
+    """The attempt's stores, listening where ``store_endpoints`` says, for the ``with`` block (none on a node that
+    hosts none). A port taken meanwhile is ``PortBusyError``."""
+    servers: list[StoreServer] = []
     try:
-        yield server
+        for endpoint in store_endpoints(spec):
+            servers.append(hosted(spec.host, *endpoint))
+        yield tuple(servers)
     finally:
-        close(spec.host, server)
+        for server in servers:
+            close(spec.host, server)
 
 
 def hosted(node: str, address: str, port: int) -> StoreServer:
