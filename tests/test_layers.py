@@ -217,6 +217,14 @@ def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
     assert loaded_by("import xrun.common.procs.posix, xrun.launch.session.main", readers) == []
 
 
+def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():
+    # issue 38's speed bound (xrun examples/hello.py within +10% of 53c4e3f): the one-node job's head and node load
+    # what a job without samples, dumps, TLS, --log_dir or --metrics_port uses; the rest loads at its first use
+    unused = ("ssl", "xrun.channel.tls", "xrun.channel.tlspipe", "xrun.common.telemetry.records",
+              "xrun.runner.job.record.head", "xrun.common.result.stacks", "xrun.common.result.collectiveview")
+    assert loaded_by("import xrun.runner.cli, xrun.runner.backends.one_node", unused) == []
+
+
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
 # Each layer's units, lowest first: a unit may import (at module level, or for type checking) only units of a
 # lower or the same rank; function-level imports count the same (issue 30 §6). A folder is one unit; a top-level

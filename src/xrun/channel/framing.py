@@ -22,6 +22,7 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # a spec with a large environment still fits; anything bigger is garbage
 MAX_HELLO = 64 * 1024  # before authentication a peer may send only this much
+READ_CHUNK = 65536  # what an agent's end asks of its socket per read (TLS or plain: xrun.channel.link)
 MAX_DEPTH = 32  # the deepest real message (a spec: ranks -> rank -> env -> value) is 5 levels
 MAX_INT_DIGITS = 40  # an int64 has 19 digits; longer ones cost quadratic time to convert on Python < 3.11
 

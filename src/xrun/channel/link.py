@@ -11,15 +11,17 @@ from one reader thread (see ``TlsPipe`` for why that is safe).
 from __future__ import annotations
 
 import socket
-import ssl
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from xrun.channel import tls
-from xrun.channel.framing import ChannelError, FrameReader, Message, encode
+from xrun.channel.framing import READ_CHUNK, ChannelError, FrameReader, Message, encode
 from xrun.channel.handshake import ClientHandshake
 from xrun.channel.messages import Kind
-from xrun.channel.tlspipe import READ_CHUNK, TlsPipe, client_handshake
+
+if TYPE_CHECKING:
+    import ssl
+
+    from xrun.channel.tlspipe import TlsPipe
 
 # ``--token``'s forms: where a connect-mode agent's key comes from (rendered by xrun.common.command, read by
 # xrun.launch.session.main). There is no other form: a token on the command line would be every local user's to read.
@@ -118,6 +120,10 @@ def open_link(
     context: ssl.SSLContext | None = None,
 ) -> Link:
     """TLS, the server checked, the key proven: the link on which ``hello(proof_fields)`` has been sent."""
+    # Lazy: TLS (``ssl``, ~5 ms) loads where a link is opened over the network, never for the local run's plain one
+    from xrun.channel import tls
+    from xrun.channel.tlspipe import TlsPipe, client_handshake
+
     pipe = TlsPipe(context or tls.client_context(), sock, server_side=False)
     client_handshake(pipe, sock, timeout=timeout)
     seen = pipe.fingerprint()

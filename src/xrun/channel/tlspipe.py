@@ -18,10 +18,8 @@ import socket
 import ssl
 import threading
 
-from xrun.channel.framing import ChannelError
+from xrun.channel.framing import READ_CHUNK, ChannelError
 from xrun.channel.tls import peer_fingerprint, reason
-
-READ_CHUNK = 65536
 
 
 class TlsPipe:

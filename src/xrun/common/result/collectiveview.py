@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xrun.common.result.stackview import rank_ranges
-from xrun.common.telemetry.records import DEFAULT_GROUP, Collective, GroupState, RankCollectives
+from xrun.common.telemetry import DEFAULT_GROUP
+from xrun.common.telemetry.records import Collective, GroupState, RankCollectives
 
 _SHOWN_TENSORS = 3  # of a collective's tensors, described before "+N more"
 _SHOWN_ABSENT = 8  # ranks named one by one (with host and place) before "and N more"

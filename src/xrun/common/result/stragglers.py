@@ -29,9 +29,12 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xrun.common.telemetry.records import DEFAULT_GROUP, EntryTimes, picked_per_sample
+from xrun.common.telemetry import DEFAULT_GROUP
+
+if TYPE_CHECKING:
+    from xrun.common.telemetry.records import EntryTimes
 
 LATE_FLOOR_NS = 10_000_000  # 10 ms after the others' median: below, a healthy job's jitter
 DECIDE_OVER = 16  # a rank's last scored collectives the rule reads (10-40 s of samples at 10 s: 4-16 a sample)
@@ -249,6 +252,10 @@ class StragglerScores:
         """Of a sample's numbers in group ``name``, those to record, as (index, the pending collective's times),
         each one's key added to ``touched``: the ones not scored yet, cut to ``picked_per_sample`` (the class's
         docstring)."""
+        # Lazy: the records (~5 ms of frozen dataclasses) load with a job's first sample, which brought them to
+        # the head (read_entry_times), not at every job's start: a local run that samples nothing never loads them.
+        from xrun.common.telemetry.records import picked_per_sample
+
         scored = self._scored.setdefault(name, (set(), deque()))[0]
         picks = [(index, seq) for index, seq in enumerate(seqs) if seq not in scored]
         most = picked_per_sample(len(self._members.get(name, ())))

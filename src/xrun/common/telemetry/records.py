@@ -53,7 +53,6 @@ from typing import Any
 from xrun.channel import STOP_STACKS, Kind, Message, message
 from xrun.channel.fields import COLLECTIVES_FIELDS, ENTRY_TIMES_FIELDS, Field, FieldKind, fields_error
 
-DEFAULT_GROUP = "0"  # torch's name of the default process group, on every rank
 RECENT = 4  # collectives per group in a hang's summary: the one waited in, and those before it to compare
 # a straggler sample's collectives per rank and group: the head scores every rank of each (the head's work is
 # world size x this, every sample period), so a big job samples fewer; at least a few, to name a straggler soon

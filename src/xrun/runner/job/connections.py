@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import itertools
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xrun import channel
 from xrun.channel import ChannelError, Message
 from xrun.channel.handshake import ServerHandshake
-from xrun.channel.tls import reason
+
+if TYPE_CHECKING:
+    import ssl
 
 RECV_CHUNK = 65536
 TLS_HANDSHAKE_RECORD, TLS_MAJOR = 0x16, 0x03  # a TLS record's first two bytes: content type, major version
@@ -105,7 +106,13 @@ class Conn:
 
     def _handshake_step(self) -> str | None:
         """Advance the TLS handshake with what arrived (``secure`` once it is complete); why the connection is
-        over, if the peer went away (a peer that breaks the handshake is a ``ChannelError``)."""
+        over, if the peer went away (a peer that breaks the handshake is a ``ChannelError``). Only a TLS connection
+        has one: ``ssl`` loaded with its context (xrun.runner.job.gate), so it is imported here, not with the module,
+        which the local run's plain connection needs without it (~5 ms)."""
+        import ssl
+
+        from xrun.channel.tls import reason
+
         try:
             if self.tls is not None and not self._wrap(self.tls):
                 return None
@@ -113,7 +120,7 @@ class Conn:
             self.sock.do_handshake()
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             return None
-        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, EOFError):
             return "connection closed"
         except ssl.SSLError as err:
             raise ChannelError(f"TLS handshake failed: {reason(err)}") from None
@@ -128,7 +135,7 @@ class Conn:
         alert). False: nothing has come yet."""
         first = self.sock.recv(3, socket.MSG_PEEK)
         if not first:
-            raise ssl.SSLEOFError("closed before TLS")
+            raise EOFError("closed before TLS")
         if first[0] != TLS_HANDSHAKE_RECORD or (len(first) > 1 and first[1] != TLS_MAJOR):
             self.sock.recv(RECV_CHUNK)  # taken off the queue: closed with bytes unread, the peer would get a reset
             raise ChannelError("TLS handshake failed: not a TLS record")
@@ -145,12 +152,13 @@ class Conn:
         while total < READ_BUDGET:
             try:
                 size = self.sock.recv_into(buf)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):  # the last: a plain socket's
+            except BlockingIOError:  # a plain socket's "nothing more now"
                 break
-            except ssl.SSLError as err:
-                raise ChannelError(f"TLS: {reason(err)}") from None
             except OSError as err:
-                return b"".join(chunks), f"connection error: {err.strerror or err}"
+                over = _read_error(err)
+                if over is None:
+                    break
+                return b"".join(chunks), over
             if not size:  # the peer's close_notify, or its TCP close
                 return b"".join(chunks), "connection closed"
             chunks.append(bytes(buf[:size]))
@@ -184,6 +192,20 @@ class Conn:
             self.sock.close()
         except OSError:
             pass
+
+
+def _read_error(err: OSError) -> str | None:
+    """Why a failed read ends its connection; None: a TLS socket's "nothing more now" (a TLS error is a
+    ``ChannelError``). ``ssl`` is imported here, as in ``_handshake_step``: a TLS socket loaded it already."""
+    import ssl
+
+    from xrun.channel.tls import reason
+
+    if isinstance(err, (ssl.SSLWantReadError, ssl.SSLWantWriteError)):
+        return None
+    if isinstance(err, ssl.SSLError):
+        raise ChannelError(f"TLS: {reason(err)}") from None
+    return f"connection error: {err.strerror or err}"
 
 
 def _recv_buffer() -> memoryview:

@@ -66,7 +66,6 @@ from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS
 from xrun.common.result.outcome import HANG_EXIT
 from xrun.common.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
-from xrun.common.telemetry.records import EntryTimes, read_entry_times
 from xrun.common.telemetry.usage import read_usage
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
@@ -405,7 +404,7 @@ class ControlServer:
             elif kind == Kind.COLLECTIVES.value:
                 self.doctor.collectives(node, msg)
             elif kind == Kind.ENTRY_TIMES.value:
-                self._score(node, read_entry_times(msg), now)
+                self._score(node, msg, now)
             elif kind == Kind.USAGE.value:
                 readings = read_usage(msg)  # checked with or without a record: every byte from a socket is hostile
                 if self.record is not None:
@@ -426,10 +425,12 @@ class ControlServer:
             self.record.heard(node, msg, now)
         self.feed(agent_event(node, msg))
 
-    def _score(self, node: int, samples: Sequence[EntryTimes], now: float) -> None:
-        """A node's straggler samples, scored on its clock; a rank named, or recovered, is a line (and a record's
-        event)."""
-        offset = self._clock_of(node)
+    def _score(self, node: int, msg: Message, now: float) -> None:
+        """A node's straggler samples (``entry_times``), scored on its clock; a rank named, or recovered, is a line
+        (and a record's event)."""
+        from xrun.common.telemetry.records import read_entry_times  # lazy: at the first sample (stragglers' too)
+
+        offset, samples = self._clock_of(node), read_entry_times(msg)
         lines = self.stragglers.add(self._host(node), offset, samples)
         self._say_stragglers(node, lines, now)
         if self.record is not None:

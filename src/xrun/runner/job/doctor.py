@@ -21,9 +21,10 @@ passed in, so it is tested with literal sequences; its only I/O is the file of f
   ranks wait in, the ranks that never entered it and the mismatches; shown after the stacks, and kept
   (``findings``: the last dump's, or those from before the stop) for the job's report and ``failure.json``.
 
-What reads and shows the stacks and the collectives (xrun.common.result: ``stacks``, ``stackview``, ``dumpfile``,
-``collectiveview``; ~12 ms of imports) loads at the first stacks a node sends, as the node's readers load at its
-first dump (xrun.launch.doctor.node_doctor): a job that never dumps, most local runs, never loads it.
+What reads and shows the stacks and the collectives (xrun.common.telemetry.records' ``read_collectives``;
+xrun.common.result: ``stacks``, ``stackview``, ``dumpfile``, ``collectiveview``; ~17 ms of imports) loads at the
+first stacks or collectives a node sends, as the node's readers load at its first dump
+(xrun.launch.doctor.node_doctor): a job that never dumps, most local runs, never loads it.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from typing import TYPE_CHECKING, Union
 
 from xrun.channel import STOP_STACKS, Kind, Message, message
 from xrun.common.spec import ON_DEMAND_BUDGET, HangAction
-from xrun.common.telemetry.records import RankCollectives, read_collectives
 
 if TYPE_CHECKING:
     from xrun.common.result.collectiveview import HangFindings
     from xrun.common.result.stacks import RankStack
+    from xrun.common.telemetry.records import RankCollectives
 
 COLLECT_FOR = ON_DEMAND_BUDGET + 2.0  # the agents' own budget, plus the way there and back
 
@@ -136,6 +137,8 @@ class HeadDoctor:
     def collectives(self, node: int, msg: Message) -> None:
         """A node's ``collectives`` (before its ``stacks`` of the same id); malformed: ValueError (a protocol
         error)."""
+        from xrun.common.telemetry.records import read_collectives  # lazy: see the module's doc
+
         report = read_collectives(msg)
         file = [f"{self._host_of(node)}:{report.file}"] if report.file else []
         if report.dump_id == STOP_STACKS:

@@ -8,20 +8,20 @@
 * here, ``record_and_metrics``: what the control server keeps of the job beside its machine, the record and the
   server that reads it.
 
-``exporter`` (and ``prometheus_client`` with it) is imported only when the flag is given: the launch path stays
-lean. May import the rest of ``xrun.runner.job``, the plan and ``xrun.common``; only the control server imports it.
+``exporter`` (and ``prometheus_client`` with it) is imported only when the flag is given, the record only with
+``--log_dir`` or ``--metrics_port``: the launch path stays lean. May import the rest of ``xrun.runner.job``, the
+plan and ``xrun.common``; only the control server imports it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from xrun.runner.job.record.head import JobRecord
-
 if TYPE_CHECKING:
     from xrun.common.result.stragglers import StragglerScores
     from xrun.runner.job.machine import Job
     from xrun.runner.job.metrics.exporter import MetricsServer
+    from xrun.runner.job.record.head import JobRecord
     from xrun.runner.plan import Plan
 
 
@@ -31,6 +31,12 @@ def record_and_metrics(plan: Plan, job: Job, stragglers: Callable[[], StragglerS
     ``--metrics_port``'s server, bound before the record opens its file (a port refused costs nothing else) and
     reading the record and ``stragglers()`` (the current attempt's scores) at each scrape."""
     log_dir, options = plan.request.options.log_dir, plan.request.metrics
+    if log_dir is None and options is None:
+        return None, None
+    # Lazy: the record (its writer thread's queue, the goodput fold, the events' names) loads only with a flag
+    # that asks for it, not at every job's start (a local run's, issue 38's speed bound)
+    from xrun.runner.job.record.head import JobRecord
+
     if options is None:
         return (JobRecord(plan, job, log_dir=log_dir, now=now) if log_dir else None), None
     from xrun.runner.job.metrics.exporter import MetricsServer  # lazy: prometheus_client only with the flag

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from xrun import __version__
 from xrun.channel import Kind, Message
@@ -24,7 +24,6 @@ from xrun.common.output.status import say
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.stragglers import ClockOffset, StragglerScores
 from xrun.common.result.summary import RankFigures
-from xrun.common.telemetry.records import EntryTimes
 from xrun.common.telemetry.usage import RankUsage, sample_every
 from xrun.runner.job.events import (
     Action,
@@ -47,6 +46,9 @@ from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.record.file import FLUSH_EVERY, EventsFile
 from xrun.runner.job.record.goodput import Goodput
 from xrun.runner.plan import Plan
+
+if TYPE_CHECKING:
+    from xrun.common.telemetry.records import EntryTimes
 
 # a rank's reading stays in the samples this many periods after it came (a lost node's ranks drop out after it)
 USAGE_KEPT_FOR = 2
