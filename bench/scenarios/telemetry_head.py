@@ -196,6 +196,13 @@ def _record(traffic: Traffic, log_dir: str, *, metrics: bool = False) -> JobReco
                      folds=folds)
 
 
+def _heard(record: JobRecord, node: int, msg: Message, heard: Heard, at: float, scores: StragglerScores) -> None:
+    """The control server's hooks for every agent message: the record hears it, is fed its Heard, and ticks."""
+    record.heard(node, msg, at)
+    record.fed(heard, (), at)
+    record.tick(at, scores)
+
+
 def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None, *,
                  scrape_every: float = 0.0) -> dict[str, float | None]:
     clocks, scores = ClockOffsets(), StragglerScores(world_size=traffic.nodes * traffic.ranks)
@@ -234,10 +241,8 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None, *,
             clocks.sent(node, head_ns - 1_000_000)
             clocks.pong(node, head_ns, msg.get("clock_ns"))
             t1 = time.thread_time()
-            if record is not None:  # the control server's hooks for a pong: heard, fed (Heard), the timer's tick
-                record.heard(node, msg, at)
-                record.fed(heard, (), at)
-                record.tick(at, scores)
+            if record is not None:  # the control server's hooks for a pong
+                _heard(record, node, msg, heard, at, scores)
             if counting:
                 spent["clocks_s"] += t1 - t0
                 spent["record_s"] += time.thread_time() - t1
@@ -247,11 +252,9 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None, *,
             msg = decode_body(frame)
             readings = usage.read_usage(msg)
             t1 = time.thread_time()
-            if record is not None:  # the control server's hooks for usage: used, heard, fed (Heard), the tick
+            if record is not None:  # the control server's hooks for usage: used, then those of every message
                 record.used(readings, at)
-                record.heard(node, msg, at)
-                record.fed(heard, (), at)
-                record.tick(at, scores)
+                _heard(record, node, msg, heard, at, scores)
             if counting:
                 spent["usage_s"] += t1 - t0
                 spent["record_s"] += time.thread_time() - t1
@@ -266,9 +269,7 @@ def _head_minute(traffic: Traffic, minutes: int, record: JobRecord | None, *,
         t3 = time.thread_time()
         if record is not None:  # and for entry_times: sampled after the scoring too
             record.sampled(node, offset, samples, scores, changed=bool(lines), now=at)
-            record.heard(node, msg, at)
-            record.fed(heard, (), at)
-            record.tick(at, scores)
+            _heard(record, node, msg, heard, at, scores)
         if named_at is None and any(f"rank {traffic.slow} " in line and "recovered" not in line for line in lines):
             named_at = at
         if counting:
