@@ -9,25 +9,15 @@ wrapper skips it. ``SLEEP`` seconds between steps: the time a real step computes
 import os
 import sys
 import time
-from datetime import timedelta
 
 import torch
-from torchft import Manager, ProcessGroupGloo
+from torchft_manager import make_manager
 
 STEPS, SLEEP = int(sys.argv[1]), float(sys.argv[2])
 GROUP, RANK = os.environ["REPLICA_GROUP_ID"], os.environ["RANK"]
 print(f"TORCHFT group {GROUP} rank {RANK} pid {os.getpid()}", flush=True)
 model = torch.nn.Linear(4, 1)
-manager = Manager(
-    pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
-    min_replica_size=1,
-    load_state_dict=model.load_state_dict,
-    state_dict=model.state_dict,
-    replica_id=f"group_{GROUP}",
-    timeout=timedelta(seconds=5),
-    quorum_timeout=timedelta(seconds=10),
-    connect_timeout=timedelta(seconds=10),
-)
+manager = make_manager(model, step_timeout_s=5)
 deadline, said = time.monotonic() + 90, False
 while manager.current_step() < STEPS:
     if time.monotonic() > deadline:

@@ -6,23 +6,13 @@ a quorum and an all-reduce. ``torchft_job.py STEPS``; needs ``TORCHFT_LIGHTHOUSE
 
 import os
 import sys
-from datetime import timedelta
 
 import torch
-from torchft import Manager, ProcessGroupGloo
+from torchft_manager import make_manager
 
 STEPS = int(sys.argv[1])
 model = torch.nn.Linear(4, 1)
-manager = Manager(
-    pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
-    min_replica_size=1,
-    load_state_dict=model.load_state_dict,
-    state_dict=model.state_dict,
-    replica_id=f"group_{os.environ['REPLICA_GROUP_ID']}",
-    timeout=timedelta(seconds=10),
-    quorum_timeout=timedelta(seconds=10),
-    connect_timeout=timedelta(seconds=10),
-)
+manager = make_manager(model, step_timeout_s=10)
 total = torch.zeros(1)
 for _ in range(STEPS):
     manager.start_quorum()
