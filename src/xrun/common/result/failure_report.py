@@ -139,13 +139,19 @@ def write_json(path: str, data: Any) -> None:
 
 
 def _write_json(path: str, data: Any) -> None:
+    write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_atomically(path: str, text: str) -> None:
+    """``text`` to ``path`` through a new file of a random name in its directory (made if missing), renamed over it:
+    a reader never sees half a file, and a link planted at ``path`` is replaced, never written through (mkstemp's
+    O_EXCL; 0600). OSError when it cannot be written."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path), suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:

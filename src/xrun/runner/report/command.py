@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 
 from xrun.common.output.logfiles import REPORT_HTML
 from xrun.common.output.status import say
+from xrun.common.result.failure_report import write_atomically
 from xrun.errors import RecordError, UsageError, XrunError
 from xrun.printable import one_line
 from xrun.runner.report.model import report_of
@@ -40,16 +40,7 @@ def report(log_dir: str) -> str:
     page = render(report_of(run.lines, summary=run.summary, failure=run.failure, torn=run.torn), plotly_js())
     path = os.path.join(log_dir, REPORT_HTML)
     try:
-        # a new file of a random name (O_EXCL: a link planted there is never written through; 0600 as summary.json),
-        # renamed over the page: a reader (a browser reloading it) never sees half a page, a link there is replaced
-        fd, tmp = tempfile.mkstemp(prefix=f".{REPORT_HTML}.", suffix=".tmp", dir=log_dir)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(page)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(path, page)  # as summary.json: a browser reloading it never sees half a page
     except OSError as err:
         raise RecordError(path, None, f"cannot write it: {err.strerror or err}") from None
     return path
