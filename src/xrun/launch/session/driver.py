@@ -338,6 +338,9 @@ class Driver:
     def _stop_ranks(self, action: StopRanks) -> None:
         if self._group is None:
             return
+        if action.hung and self._doctor is not None:
+            self._doctor.stop_hung(action.reason)  # the head found the job hung: this node's report says so
+            return
         if action.stacks and self._doctor is not None and action.signum != signal.SIGKILL:
             self._doctor.take_stop_stacks()  # another node failed first: what were these doing?
         self._group.request_stop(action.signum, action.reason)
