@@ -1,0 +1,48 @@
+"""One replica group's restart as data (``--replica_groups``, issue 39 §2): which group, the how-many-th of its
+budget, whose end caused it and when. The node's rank group decides it (xrun.launch.replicas.supervision), says it in
+one line (``line``) and tells the head (a ``group_restarted`` message: ``to_json``), which keeps it for
+``summary.json`` and ``events.jsonl`` (xrun.runner.replicas.restarts, ``from_json``: every field checked)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GroupRestart:
+    group: int
+    restart: int  # 1 for its first restart: its ranks' new TORCHELASTIC_RESTART_COUNT
+    budget: int  # --max_restarts: each group's own
+    rank: int  # the job's rank whose end caused it
+    cause: str  # what followed "rank N": "was killed by SIGKILL", "exited with code 1"
+    at: float  # the wall clock (time.time()) when the node saw that rank's end
+    others: tuple[int, ...]  # the groups whose ranks kept running
+
+    def line(self) -> str:
+        """The console's line (the node's notice adds ``xrun[host]: ``)."""
+        if not self.others:
+            went_on = "no other group is running"
+        elif len(self.others) == 1:
+            went_on = f"group {self.others[0]} keeps running"
+        else:
+            went_on = f"groups {', '.join(map(str, self.others))} keep running"
+        return (f"replica group {self.group}: rank {self.rank} {self.cause}; restarting group {self.group} "
+                f"(restart {self.restart} of {self.budget}), {went_on}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "restart": self.restart, "budget": self.budget, "rank": self.rank,
+                "cause": self.cause, "at": self.at, "others": list(self.others)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupRestart:
+        """From the wire: a field of the wrong type is a ValueError (a protocol error)."""
+        ints = {k: data.get(k) for k in ("group", "restart", "budget", "rank")}
+        others = data.get("others")
+        at, cause = data.get("at"), data.get("cause")
+        if (not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values())
+                or not isinstance(others, list) or not all(isinstance(g, int) for g in others)
+                or not isinstance(at, (int, float)) or not isinstance(cause, str)):
+            raise ValueError(f"a malformed group restart: {data!r}"[:200])
+        return cls(group=ints["group"], restart=ints["restart"], budget=ints["budget"], rank=ints["rank"],  # type: ignore[arg-type]
+                   cause=cause, at=float(at), others=tuple(others))
