@@ -13,9 +13,11 @@ import pytest
 from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
 from xrun.errors import UsageError
 from xrun.launch.replicas import lighthouse
+from xrun.launch.replicas.supervision import GroupPolicy
 from xrun.runner.backends import Invocation
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.plan import JobRequest, PortChoice, make_plan
@@ -264,3 +266,80 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+# -- supervision by group: the policy (pure) and its ends (real processes, no torch) ----------------------------
+
+
+def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
+    policy = GroupPolicy({0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}, budget=1)
+    assert policy.members(1) == [2, 3] and not policy.stopping(1)
+    restart = policy.fail(3, "was killed by SIGKILL", running={0, 1, 2}, wall=100.0, deadline=50.0)
+    assert restart == GroupRestart(group=1, restart=1, budget=1, rank=3, cause="was killed by SIGKILL", at=100.0,
+                                   others=(0, 2))
+    assert restart.line() == ("replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), "
+                              "groups 0, 2 keep running")
+    assert GroupRestart.from_json(restart.to_json()) == restart
+    assert policy.stopping(1) and not policy.stopping(0)
+    assert policy.fail(2, "exited with code 1", running={0, 1}, wall=100.1, deadline=50.1) is None  # already stopping
+    assert policy.due() == 50.0 and policy.overdue(49.9) == []
+    assert policy.overdue(50.0) == [1] and policy.overdue(60.0) == [] and policy.due() is None  # SIGKILL once
+    policy.started_again(1)
+    assert not policy.stopping(1) and policy.restarts(1) == 1
+    assert policy.fail(2, "exited with code 1", running={0, 1}, wall=200.0, deadline=150.0) is None  # spent
+    assert policy.fail(0, "exited with code 1", running={0}, wall=201.0, deadline=151.0).line().endswith(
+        "restarting group 0 (restart 1 of 1), no other group is running")
+    with pytest.raises(ValueError, match="a malformed group restart"):
+        GroupRestart.from_json({**restart.to_json(), "group": "1"})
+
+
+GROUP_RANK = os.path.join(ROOT, "tests", "procs", "group_rank.py")
+
+
+def test_a_group_that_always_fails_spends_its_budget_and_the_job_fails(tmp_path):
+    """Group 1's rank 1 exits 3 in every run, --max_restarts 1, --preload: group 1 is started again once (forked
+    from the preload helper, TORCHELASTIC_RESTART_COUNT 1) while group 0 keeps its pids; its second failure fails the
+    job with its code, said in the console and summary.json."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    done = run_xrun("--num_gpus", "4", "--no_local_rank", "--replica_groups", "2", "--max_restarts", "1",
+                    "--preload", "preload_mark", "--log_dir", str(tmp_path), GROUP_RANK, "1.1", timeout=60)
+    assert done.returncode == 3, done.stderr[-3000:]
+    runs = [json.loads(line.split("] ", 1)[1]) for line in done.stdout.splitlines() if '] {"group"' in line]
+    helper = int(re.search(r"forked from the helper \(pid (\d+)\)", done.stderr).group(1))
+    assert sorted((r["group"], r["rank"], r["restart"]) for r in runs) == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert {r["mark"] for r in runs} == {helper}  # every run forked from the one helper, the group's restart too
+    assert ("xrun[localhost]: replica group 1: rank 3 exited with code 3; restarting group 1 (restart 1 of 1), group 0 "
+            "keeps running") in done.stderr
+    assert ("xrun[localhost]: replica group 1: rank 3 exited with code 3; its 1 restart(s) are spent (--max_restarts "
+            "1): the job fails") in done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["exit_code"] == 3 and summary["root_cause"]["rank"] == 3
+    assert [(g["group"], g["restart"], g["rank"]) for g in summary["group_restarts"]] == [(1, 1, 3)]
+
+
+def test_the_lighthouse_gone_for_good_fails_the_job(tmp_path):
+    """Its keeper gone (here: killed) while the ranks run: every rank is stopped and the job fails, saying why."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out_path = tmp_path / "out"
+    with open(out_path, "wb") as out_file:
+        xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", "--no_local_rank",
+                                 "--replica_groups", "2", GROUP_RANK, "none"], stdout=out_file,
+                                stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=env)
+    try:
+        assert eventually(lambda: out_path.read_text().count('] {"group"') == 2, within=30)  # the ranks run
+        (keeper,) = [p for p in children(xrun.pid) if "replicas.lighthouse" in cmdline(p)]
+        os.kill(keeper, signal.SIGKILL)
+        _, err = xrun.communicate(timeout=60)
+    finally:
+        if xrun.poll() is None:
+            xrun.kill()
+            xrun.wait()
+    assert xrun.returncode == 1, err[-3000:]
+    assert (f"torchft's Lighthouse is gone for good (its keeper, pid {keeper}, exited with code -9): the replica groups "
+            "cannot meet any more, so the job fails (--replica_groups); stopping 2 ranks") in err
