@@ -45,6 +45,7 @@ import signal
 import threading  # already imported by subprocess; only to check we are on the main thread
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -63,6 +64,7 @@ from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
 from xrun.launch.replicas.supervision import GroupPolicy
+from xrun.launch.telemetry.endpoints import SOCKET_VARIABLE
 
 if TYPE_CHECKING:
     from xrun.common.result.group_restart import GroupRestart
@@ -381,7 +383,8 @@ class RankGroup:
         assert groups is not None
         group = groups.group_of(outcome.rank)
         if not groups.stopping(group):
-            if not outcome.failed or stopped or self._teardown.signum is not None or self._root is not None:
+            if (not outcome.failed or stopped or not outcome.started  # one that could not start would not again
+                    or self._teardown.signum is not None or self._root is not None):
                 return False
             running = {groups.group_of(r.spec.rank) for r in self._reaper.running()}
             restart = groups.fail(outcome.rank, describe(outcome), running=running, wall=time.time(),
@@ -432,8 +435,12 @@ class RankGroup:
                 stream.close_fd()
                 stream.close_log()
             self._reaper.retire(old)
-            if old.spec.error_file is not None and os.path.exists(old.spec.error_file):
-                os.unlink(old.spec.error_file)  # the last run's exception is not the next one's
+            # the last run's exception is not the next one's; its socket (a rank killed -9 leaves it) would keep
+            # the next one's collective records from binding there (xrun.launch.telemetry)
+            for stale in (old.spec.error_file, old.spec.env.get(SOCKET_VARIABLE)):
+                if stale:
+                    with suppress(FileNotFoundError):
+                        os.unlink(stale)
             rank = RankState(replace(old.spec, env={**old.spec.env, "TORCHELASTIC_RESTART_COUNT": count}))
             self._ranks[i] = rank
             self._start(rank)
