@@ -20,9 +20,11 @@ from xrun.launch.replicas import lighthouse
 from xrun.launch.replicas.supervision import GroupPolicy
 from xrun.runner.backends import Invocation
 from xrun.runner.dryrun import plan_json, plan_text
+from xrun.runner.job.config import JobConfig
 from xrun.runner.plan import JobRequest, PortChoice, make_plan
 from xrun.runner.planner import with_replica_ports
 from xrun.runner.replica_options import ReplicaRequest
+from xrun.runner.restart_options import RestartPolicy
 
 GROUP_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
@@ -110,6 +112,15 @@ def test_the_dry_run_shows_the_groups():
                                       "lighthouse": "127.0.0.1:6002"}
     assert "replica_groups" not in plan_json(make_plan(JobRequest(script="t.py"), {"h": (0,)}, "local"),
                                              Invocation("local", ()))
+
+
+def test_max_restarts_is_each_groups_and_the_head_restarts_no_whole_job():
+    request = JobRequest(script="t.py", master_port=6000, replicas=ReplicaRequest(2), restart=RestartPolicy(3))
+    shown = make_plan(request, {"localhost": (0, 1, 2, 3)}, "local")
+    assert ("restarts: up to 3 of each replica group alone after a failure in it, the other groups running on; a "
+            "group with none left fails the job") in plan_text(shown, Invocation("local", ()))
+    assert JobConfig.from_plan(shown, join_timeout=1).restart.max_restarts == 0
+    assert {r.env["TORCHELASTIC_MAX_RESTARTS"] for r in shown.nodes[0].ranks} == {"3"}  # the nodes' budget
 
 
 @pytest.mark.parametrize(("groups", "kwargs", "said"), [
