@@ -37,12 +37,20 @@ class GroupRestart:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GroupRestart:
         """From the wire: a field of the wrong type is a ValueError (a protocol error)."""
-        ints = {k: data.get(k) for k in ("group", "restart", "budget", "rank")}
-        others = data.get("others")
-        at, cause = data.get("at"), data.get("cause")
-        if (not all(isinstance(v, int) and not isinstance(v, bool) for v in ints.values())
-                or not isinstance(others, list) or not all(isinstance(g, int) for g in others)
-                or not isinstance(at, (int, float)) or not isinstance(cause, str)):
+        others, at, cause = data.get("others"), data.get("at"), data.get("cause")
+        if (not isinstance(others, list) or not all(_is_int(g) for g in others)
+                or not isinstance(at, (int, float)) or isinstance(at, bool) or not isinstance(cause, str)):
             raise ValueError(f"a malformed group restart: {data!r}"[:200])
-        return cls(group=ints["group"], restart=ints["restart"], budget=ints["budget"], rank=ints["rank"],  # type: ignore[arg-type]
-                   cause=cause, at=float(at), others=tuple(others))
+        return cls(group=_int(data, "group"), restart=_int(data, "restart"), budget=_int(data, "budget"),
+                   rank=_int(data, "rank"), cause=cause, at=float(at), others=tuple(others))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(data: dict[str, Any], key: str) -> int:
+    value = data.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"a malformed group restart: {key} is {value!r}"[:200])
+    return value
