@@ -258,7 +258,7 @@ RANKS = {
         {"xrun.runner.plan", "xrun.runner.remote_options", "xrun.runner.envpass", "xrun.runner.restart_options",
          "xrun.runner.ssh_connections", "xrun.runner.backends.__init__", "xrun.runner.metrics_options",
          "xrun.runner.replica_options", *POD_PLANNING},
-        {"xrun.runner.network", "xrun.runner.report"},
+        {"xrun.runner.network", "xrun.runner.report", "xrun.runner.replicas"},
         {"xrun.runner.job"},
         {"xrun.runner.pod"},
         {"xrun.runner.backends"},

@@ -1,24 +1,30 @@
 """``--replica_groups G`` (torchft's replica groups, issue 39 §2): the plan (pure) and its refusals."""
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
 from xrun.errors import UsageError
 from xrun.launch.replicas import lighthouse
+from xrun.launch.replicas.supervision import GroupPolicy
 from xrun.runner.backends import Invocation
 from xrun.runner.dryrun import plan_json, plan_text
+from xrun.runner.job.config import JobConfig
 from xrun.runner.plan import JobRequest, PortChoice, make_plan
 from xrun.runner.planner import with_replica_ports
 from xrun.runner.replica_options import ReplicaRequest
+from xrun.runner.restart_options import RestartPolicy
 
 GROUP_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
@@ -108,6 +114,15 @@ def test_the_dry_run_shows_the_groups():
                                              Invocation("local", ()))
 
 
+def test_max_restarts_is_each_groups_and_the_head_restarts_no_whole_job():
+    request = JobRequest(script="t.py", master_port=6000, replicas=ReplicaRequest(2), restart=RestartPolicy(3))
+    shown = make_plan(request, {"localhost": (0, 1, 2, 3)}, "local")
+    assert ("restarts: up to 3 of each replica group alone after a failure in it, the other groups running on; a "
+            "group with none left fails the job") in plan_text(shown, Invocation("local", ()))
+    assert JobConfig.from_plan(shown, join_timeout=1).restart.max_restarts == 0
+    assert {r.env["TORCHELASTIC_MAX_RESTARTS"] for r in shown.nodes[0].ranks} == {"3"}  # the nodes' budget
+
+
 @pytest.mark.parametrize(("groups", "kwargs", "said"), [
     (3, {}, "3 groups cannot split 4 ranks evenly; give a divisor of 4"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh"}, "runs on one machine only for now"),
@@ -183,7 +198,7 @@ def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(t
                                  "2", GROUPS_JOB, "6", "1"], stdout=out_file, stderr=err_file, cwd=str(tmp_path),
                                 env=env)
     try:
-        assert eventually(lambda: out_path.read_text().count(" at step 3") == 4, within=60), out_path.read_text()
+        assert eventually(lambda: len(steps(out_path.read_text(), 3)) == 4, within=60), out_path.read_text()
         keepers = [p for p in children(xrun.pid) if "xrun.launch.replicas.lighthouse" in cmdline(p)]
         (keeper,) = keepers
         (light,) = children(keeper)
@@ -208,9 +223,158 @@ def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(t
     assert not [p for p in os.listdir("/proc") if p.isdigit() and cmdline(int(p)) == shown]
 
 
+STEP_TIMEOUT_S = 5  # the groups job's gloo and Manager timeout (its make_manager's step_timeout_s)
+STEPS, SLEEP_S = 8, 1.0
+
+
+def test_a_killed_rank_restarts_its_group_alone_and_the_other_keeps_training(tmp_path):
+    """Both groups with one restart each (--max_restarts 1); at group 1's step 3, a kill -9 of its rank 1 (the job's
+    rank 3): group 1 alone stops and starts again (its new ranks started <= 0.5 s after xrun saw the death, by the
+    kernel's start times against the record's ``at``), heals from group 0, and both groups finish every step; group 0
+    keeps its pids and never waits between two steps longer than a step's time + its gloo timeout + 1 s; exit 0;
+    summary.json and events.jsonl name the restart. (A job of its own: a Lighthouse killed in the middle of a quorum
+    would restart a group too, above.)"""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out_path, err_path, logs = tmp_path / "out", tmp_path / "err", tmp_path / "logs"
+    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
+        xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups",
+                                 "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
+                                 str(SLEEP_S)], stdout=out_file, stderr=err_file, cwd=str(tmp_path), env=env)
+    try:
+        assert eventually(lambda: (1, 1) in steps(out_path.read_text(), 3), within=60), out_path.read_text()
+        (victim,) = started(out_path.read_text())[(1, 1)]
+        os.kill(victim, signal.SIGKILL)
+        assert eventually(lambda: all(len(started(out_path.read_text())[(1, r)]) == 2 for r in (0, 1)), within=60)
+        again = [started_at(started(out_path.read_text())[(1, r)][1]) for r in (0, 1)]  # while they run
+        xrun.wait(120)
+    finally:
+        if xrun.poll() is None:
+            xrun.kill()
+            xrun.wait()
+    out, err = out_path.read_text(), err_path.read_text()
+    assert xrun.returncode == 0, err[-3000:]
+    assert ("xrun[localhost]: replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), "
+            "group 0 keeps running") in err
+    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
+    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
+    pids = started(out)
+    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never restarted: every pid kept
+    records = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
+    (record,) = [line for line in records if line["event"] == "group_restarted"]
+    assert json.loads((logs / "summary.json").read_text())["group_restarts"] == [
+        {k: v for k, v in record.items() if k not in ("t", "event", "node")}]
+    assert (record["group"], record["restart"], record["budget"], record["rank"], record["cause"],
+            record["others"]) == (1, 1, 1, 3, "was killed by SIGKILL", [0])
+    assert max(again) - record["at"] <= 0.5, (again, record["at"])  # death seen -> group 1 running again
+    for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
+        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
+        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+
+
+def started(out: str) -> dict[tuple[int, int], list[int]]:
+    """(group, rank within it) -> the pids that printed their start, in order."""
+    found: dict[tuple[int, int], list[int]] = {(g, r): [] for g in (0, 1) for r in (0, 1)}
+    for g, r, pid in re.findall(r"TORCHFT group (\d) rank (\d) pid (\d+)", out):
+        found[(int(g), int(r))].append(int(pid))
+    return found
+
+
+def steps(out: str, step: int) -> dict[tuple[int, int], float]:
+    """(group, rank within it) -> when it said it committed ``step`` (its last run's time)."""
+    return {(int(g), int(r)): float(t) for g, r, t in re.findall(rf"TORCHFT group (\d) rank (\d) step {step} at "
+                                                                 r"([\d.]+)", out)}
+
+
+def started_at(pid: int) -> float:
+    """A live process's start on the wall clock, from the kernel's start time (clock ticks since boot)."""
+    with open(f"/proc/{pid}/stat") as f:
+        since_boot = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+# -- supervision by group: the policy (pure) and its ends (real processes, no torch) ----------------------------
+
+
+def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
+    policy = GroupPolicy({0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2}, budget=1)
+    assert policy.members(1) == [2, 3] and not policy.stopping(1)
+    restart = policy.fail(3, "was killed by SIGKILL", running={0, 1, 2}, wall=100.0, deadline=50.0)
+    assert restart == GroupRestart(group=1, restart=1, budget=1, rank=3, cause="was killed by SIGKILL", at=100.0,
+                                   others=(0, 2))
+    assert restart.line() == ("replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), "
+                              "groups 0, 2 keep running")
+    assert GroupRestart.from_json(restart.to_json()) == restart
+    assert policy.stopping(1) and not policy.stopping(0)
+    assert policy.fail(2, "exited with code 1", running={0, 1}, wall=100.1, deadline=50.1) is None  # already stopping
+    assert policy.due() == 50.0 and policy.overdue(49.9) == []
+    assert policy.overdue(50.0) == [1] and policy.overdue(60.0) == [] and policy.due() is None  # SIGKILL once
+    policy.started_again(1)
+    assert not policy.stopping(1) and policy.restarts(1) == 1
+    assert policy.fail(2, "exited with code 1", running={0, 1}, wall=200.0, deadline=150.0) is None  # spent
+    assert policy.fail(0, "exited with code 1", running={0}, wall=201.0, deadline=151.0).line().endswith(
+        "restarting group 0 (restart 1 of 1), no other group is running")
+    with pytest.raises(ValueError, match="a malformed group restart"):
+        GroupRestart.from_json({**restart.to_json(), "group": "1"})
+
+
+GROUP_RANK = os.path.join(ROOT, "tests", "procs", "group_rank.py")
+
+
+def test_a_group_that_always_fails_spends_its_budget_and_the_job_fails(tmp_path):
+    """Group 1's rank 1 exits 3 in every run, --max_restarts 1, --preload: group 1 is started again once (forked
+    from the preload helper, TORCHELASTIC_RESTART_COUNT 1) while group 0 keeps its pids; its second failure fails the
+    job with its code, said in the console and summary.json."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    done = run_xrun("--num_gpus", "4", "--no_local_rank", "--replica_groups", "2", "--max_restarts", "1",
+                    "--preload", "preload_mark", "--log_dir", str(tmp_path), GROUP_RANK, "1.1", timeout=60)
+    assert done.returncode == 3, done.stderr[-3000:]
+    runs = [json.loads(line.split("] ", 1)[1]) for line in done.stdout.splitlines() if '] {"group"' in line]
+    helper = int(re.search(r"forked from the helper \(pid (\d+)\)", done.stderr).group(1))
+    assert sorted((r["group"], r["rank"], r["restart"]) for r in runs) == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert {r["mark"] for r in runs} == {helper}  # every run forked from the one helper, the group's restart too
+    assert ("xrun[localhost]: replica group 1: rank 3 exited with code 3; restarting group 1 (restart 1 of 1), group 0 "
+            "keeps running") in done.stderr
+    assert ("xrun[localhost]: replica group 1: rank 3 exited with code 3; its 1 restart(s) are spent (--max_restarts "
+            "1): the job fails") in done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["exit_code"] == 3 and summary["root_cause"]["rank"] == 3
+    assert [(g["group"], g["restart"], g["rank"]) for g in summary["group_restarts"]] == [(1, 1, 3)]
+
+
+def test_the_lighthouse_gone_for_good_fails_the_job(tmp_path):
+    """Its keeper gone (here: killed) while the ranks run: every rank is stopped and the job fails, saying why."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out_path = tmp_path / "out"
+    with open(out_path, "wb") as out_file:
+        xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "2", "--no_local_rank",
+                                 "--replica_groups", "2", GROUP_RANK, "none"], stdout=out_file,
+                                stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=env)
+    try:
+        assert eventually(lambda: out_path.read_text().count('] {"group"') == 2, within=30)  # the ranks run
+        (keeper,) = [p for p in children(xrun.pid) if "replicas.lighthouse" in cmdline(p)]
+        os.kill(keeper, signal.SIGKILL)
+        _, err = xrun.communicate(timeout=60)
+    finally:
+        if xrun.poll() is None:
+            xrun.kill()
+            xrun.wait()
+    assert xrun.returncode == 1, err[-3000:]
+    assert (f"torchft's Lighthouse is gone for good (its keeper, pid {keeper}, exited with code -9): the replica groups "
+            "cannot meet any more, so the job fails (--replica_groups); stopping 2 ranks") in err

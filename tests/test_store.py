@@ -358,11 +358,11 @@ def node_spec(node_rank: int, port: int, **fields) -> NodeSpec:
 
 def test_only_the_node_of_rank_0_hosts_a_store_and_only_on_the_static_path():
     assert all(r.env["TORCHELASTIC_USE_AGENT_STORE"] == "True" for r in node_spec(1, 1234).ranks)
-    assert store_endpoints(node_spec(0, 1234)) == (("127.0.0.1", 1234),)
-    assert store_endpoints(node_spec(1, 1234)) == ()
-    assert store_endpoints(node_spec(0, 1234, elastic=ElasticOptions())) == ()  # torch's agent decides
+    assert store_endpoints(node_spec(0, 1234)) == {0: ("127.0.0.1", 1234)}
+    assert store_endpoints(node_spec(1, 1234)) == {}
+    assert store_endpoints(node_spec(0, 1234, elastic=ElasticOptions())) == {}  # torch's agent decides
     with agent_stores(node_spec(1, 1234)) as none:
-        assert none == ()
+        assert none.servers == {}
 
 
 def test_each_replica_groups_rank_0_node_hosts_that_groups_store():
@@ -372,15 +372,20 @@ def test_each_replica_groups_rank_0_node_hosts_that_groups_store():
     specs = [NodeSpec(host, n, node_ranks(world, n, Rendezvous("10.0.0.1", 2000, "job"), LaunchOptions(python="py"),
                                           "t.py", (), replicas=groups), replicas=groups)
              for n, host in enumerate(world)]
-    assert [store_endpoints(spec) for spec in specs] == [(("", 2000), ("", 2001)), (("", 2002), ("", 2003))]
+    assert [store_endpoints(spec) for spec in specs] == [{0: ("", 2000), 1: ("", 2001)}, {2: ("", 2002), 3: ("", 2003)}]
     ports = [free_port("127.0.0.1") for _ in range(2)]
     local = replace(groups, count=2, master_ports=tuple(ports))
     spec = NodeSpec("a", 0, node_ranks({"a": (0, 1)}, 0, Rendezvous("127.0.0.1", ports[0], "job"),
                                        LaunchOptions(python="py"), "t.py", (), replicas=local), replicas=local)
-    with agent_stores(spec) as servers:
-        assert [server.port for server in servers] == ports
+    with agent_stores(spec) as stores:
+        assert [server.port for server in stores.servers.values()] == ports
         for port in ports:
             roundtrip(port, b"group")
+        kept = stores.servers[0]
+        stores.renew(1)  # group 1 restarts (supervision by group): a new, empty store; group 0's is the same
+        assert stores.servers[0] is kept and stores.servers[1].port == ports[1]
+        assert kept._table.size > 0 and stores.servers[1]._table.size == 0
+        roundtrip(ports[1], b"again")
 
 
 @pytest.mark.parametrize(("master", "bound"), [("127.0.0.1", "127.0.0.1"), ("127.0.1.1", "127.0.1.1"), ("::1", "::1"),
@@ -391,12 +396,13 @@ def test_a_loopback_master_keeps_the_store_on_loopback_else_every_address(master
     others reach, gets every address."""
     world = {"a": (0, 1)}
     ranks = node_ranks(world, 0, Rendezvous(master, 1234, "job"), LaunchOptions(python="py"), "t.py", ())
-    assert store_endpoints(NodeSpec("a", 0, ranks)) == ((bound, 1234),)
+    assert store_endpoints(NodeSpec("a", 0, ranks)) == {0: (bound, 1234)}
 
 
 def test_a_local_runs_store_cannot_be_reached_from_the_network():
     port = free_port("127.0.0.1")
-    with agent_stores(node_spec(0, port)) as (server,):
+    with agent_stores(node_spec(0, port)) as stores:
+        (server,) = stores.servers.values()
         roundtrip(port, b"loopback")
         outside = [a for a in _addresses() if not a.startswith("127.")]
         if not outside:
@@ -414,7 +420,8 @@ def _addresses() -> list[str]:
 
 def test_the_agent_store_is_up_inside_its_block_and_gone_after():
     port = free_port("127.0.0.1")
-    with agent_stores(node_spec(0, port)) as (server,):
+    with agent_stores(node_spec(0, port)) as stores:
+        (server,) = stores.servers.values()
         assert server.port == port
         roundtrip(port, b"inside")
     with pytest.raises(OSError):

@@ -1,10 +1,11 @@
 """The scenario registry: name (and number) -> module with ``NAME``, ``TITLE`` and ``run(ctx) -> section``.
 
-``SCENARIOS`` are issue 7's suite, numbered 1-9 (``all``, ``local`` = 1-6). ``OPT_IN`` ones (10: ``stacks``,
-issue 14; 11: ``network_check``, issue 24; 12: ``restarts``, 13: ``spares``, issue 23; 14: ``preload``, issue 32;
-15: ``telemetry``, issue 31) run when named. ``SCALE`` are issue 15's: the node agent's start and the 10,000-agent
-control plane, and issue 31's head telemetry at 1,000 nodes; run by name or as the group ``scale``, they compare
-xrun with what bounds it (an interpreter start, the protocol's own targets), not with the other launchers.
+``SCENARIOS`` are issue 7's suite, numbered 1-9 (``all``, ``local`` = 1-6). ``OPT_IN`` ones (10: ``stacks``, issue
+14; 11: ``network_check``, issue 24; 12: ``restarts``, 13: ``spares``, issue 23; 14: ``preload``, issue 32; 15:
+``telemetry``, issue 31; 16: ``replica_groups``, issue 39) run when named. ``SCALE`` are issue 15's: the node
+agent's start and the 10,000-agent control plane, and issue 31's head telemetry at 1,000 nodes; run by name or as
+the group ``scale``, they compare xrun with what bounds it (an interpreter start, the protocol's own targets), not
+with the other launchers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench.scenarios import (
     memory,
     network_check,
     preload,
+    replica_groups,
     restarts,
     signal_teardown,
     spares,
@@ -48,7 +50,8 @@ SCENARIOS: dict[str, ModuleType] = {
 }
 SCALE: dict[str, ModuleType] = {m.NAME: m for m in (agent_start, control_plane, telemetry_head)}
 # Run by name or number only (``python -m bench stacks``): "all" stays scenarios 1-9 (tests/test_bench.py pins it).
-OPT_IN: dict[str, ModuleType] = {m.NAME: m for m in (stacks, network_check, restarts, spares, preload, telemetry)}
+OPT_IN: dict[str, ModuleType] = {
+    m.NAME: m for m in (stacks, network_check, restarts, spares, preload, telemetry, replica_groups)}
 NUMBERS = {str(i): name for i, name in enumerate([*SCENARIOS, *OPT_IN], start=1)}
 LOCAL = ("launch", "torch_start", "failure", "signal", "memory", "logging")
 

@@ -20,6 +20,10 @@ Agent -> runner                                   Runner -> agent
               tail, figures)
   done(exit_code, root_cause, interrupted_by)       verdict(exit_code, host, rank, reason, interrupted_by,
   pong / error(message, exit_code)                          stopped_after, line)   pod mode, and head mode with
+  group_restarted(group, restart, budget, rank,
+    cause, at, others)   --replica_groups: a group
+    stopped and starts again (its ranks' ends are
+    not told one by one)
                                                             --max_restarts: how the job ended (no more attempts);
                                                             line: the root cause as node 0 reports it
   want_stacks(reason)   SIGQUIT reached an agent    ping
@@ -99,6 +103,7 @@ class Kind(str, enum.Enum):
     COLLECTIVES = "collectives"  # beside stacks, the same id: each rank's collective record and the node's file
     ENTRY_TIMES = "entry_times"  # the straggler sample: when each rank entered some collectives (issue 31)
     USAGE = "usage"  # each live rank's CPU share and RSS over the last sample period (issue 40 §1)
+    GROUP_RESTARTED = "group_restarted"  # --replica_groups: a group of the node's restarts (issue 39 §2)
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

@@ -153,8 +153,8 @@ def add_elastic_flags(parser: argparse.ArgumentParser, *, join_timeout: bool) ->
     add(*spellings("--max_nodes"), type=int_arg(high=MAX_HOSTS),
         metavar="N", help="with --elastic: most nodes (default: hosts selected)")
     add(*spellings("--max_restarts"), type=int_arg(high=MAX_RESTARTS),
-        metavar="N", help="restarts after a failure (default 0): of the whole job on every node (xrun's own), or "
-        "with --elastic of each node's worker group (torch's agent)")
+        metavar="N", help="restarts after a failure (default 0): of the whole job on every node (xrun's own), of "
+        "each replica group alone with --replica_groups, or with --elastic of each node's worker group (torch's agent)")
     add(*spellings("--rdzv_backend"), metavar="NAME",
         help=f"with --elastic: {', '.join(RDZV_BACKENDS)} (default c10d)")
     add(*spellings("--rdzv_endpoint"), metavar="HOST:PORT",

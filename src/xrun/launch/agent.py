@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from xrun.common.output.streams import notice
 from xrun.common.result.errorfile import ErrorFiles
 from xrun.common.result.failure_report import conclude
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.common.spec import NodeSpec
 from xrun.errors import PreloadHelperLost
@@ -55,6 +56,9 @@ class AgentHooks(Protocol):
     def on_result(self, result: NodeResult) -> None:
         """Called once with the node's result, after every rank is gone."""
 
+    def on_group_restart(self, restart: GroupRestart) -> None:
+        """--replica_groups: a group stops and starts again; its ranks' ends are not told one by one."""
+
 
 def supervise_options(spec: NodeSpec) -> SuperviseOptions:
     options = spec.options
@@ -70,7 +74,16 @@ def supervise_options(spec: NodeSpec) -> SuperviseOptions:
         duplicate_filters=(options.duplicate_stdout_filters, options.duplicate_stderr_filters),
         local_echo=options.local_echo,
         on_rank_exit=options.on_rank_exit,
+        group_restarts=group_restarts(spec),
     )
+
+
+def group_restarts(spec: NodeSpec) -> int | None:
+    """--replica_groups: each group's budget, ``--max_restarts``, as its ranks are told it (torch's contract:
+    ``TORCHELASTIC_MAX_RESTARTS``; the head restarts no whole job then, xrun.runner.job.config); None without."""
+    if spec.replicas is None or not spec.ranks:
+        return None
+    return int(spec.ranks[0].env.get("TORCHELASTIC_MAX_RESTARTS") or 0)
 
 
 def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None, preload: PreloadHelper | None = None) -> int:
@@ -99,12 +112,14 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
     try:
         # a kill -9 of this agent leaves no directory
         with removed_if_the_agent_dies(error_files.directory, *([endpoints.directory] if endpoints else [])), \
-                agent_stores(spec):  # the node of rank 0 (of each replica group): the attempt's own store (issue 39)
+                agent_stores(spec) as stores:  # rank 0's node (of each replica group): the attempt's own store
             group = RankGroup(
                 rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),
                 on_rank_exit=hooks.on_rank_exit if hooks else None,
                 preload=preload,
+                on_group_restart=hooks.on_group_restart if hooks else None,
+                on_group_start=stores.renew,  # a replica group's restart reads nothing of its run before
             )
             doctor.attach(group)
             if hooks:

@@ -98,6 +98,9 @@ def restart_note(plan: Plan) -> list[str]:
     policy = plan.request.restart
     if not policy.restarts:
         return []
+    if plan.nodes and plan.nodes[0].replicas is not None:  # each group's budget, spent by its node
+        return [f"restarts: up to {policy.max_restarts} of each replica group alone after a failure in it, the other "
+                "groups running on; a group with none left fails the job"]
     stop = (f"; stop early when two attempts in a row fail the same way within {policy.min_attempt_s:g} s "
             f"(--min_attempt_s)" if policy.min_attempt_s > 0 else "")
     lines = [f"restarts: up to {policy.max_restarts} of the whole job on the same nodes after a failure{stop}"

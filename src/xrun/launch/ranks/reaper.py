@@ -114,6 +114,7 @@ class Reaper:
         self._sent: dict[int, int] = {}  # leftover pid -> the strongest signal its group got
         self._leftover_fds: dict[int, int] = {}  # pidfd -> pid
         self._survivors = Survivors()
+        self._retired: set[int] = set()  # sessions of a replica group's ranks started again since (``retire``)
 
     def attach(self, sel: selectors.BaseSelector, watchdog: Watchdog | None, *, pidfd: bool,
                subreaper: bool = False) -> None:
@@ -125,8 +126,15 @@ class Reaper:
         self._survivors.attach(watchdog.pid if watchdog is not None else None, subreaper=subreaper)
 
     def sids(self) -> set[int]:
-        """The ranks' sessions: a started rank's pid is its session id."""
-        return {r.pid for r in self._ranks if r.pid}
+        """The ranks' sessions, of the runs before a replica group's restart too: a started rank's pid is its
+        session id."""
+        return {r.pid for r in self._ranks if r.pid} | self._retired
+
+    def retire(self, rank: RankState) -> None:
+        """``rank`` is done and gives its place to a new run of it (``--replica_groups``): its session stays one of
+        the node's, so that what it left is reaped and swept as any rank's."""
+        if rank.pid:
+            self._retired.add(rank.pid)
 
     # -- main processes -------------------------------------------------------------------------------------
 
@@ -220,10 +228,11 @@ class Reaper:
         """How many ranks have no outcome yet: those reaped in the batch ``finish`` is working through count."""
         return sum(1 for r in self._ranks if r.outcome is None)
 
-    def signal_running(self, signum: int) -> int:
-        """Signal the group of every rank whose main process is not yet reaped (so its pgid is still ours)."""
+    def signal_running(self, signum: int, ranks: Sequence[RankState] | None = None) -> int:
+        """Signal the group of every rank (of ``ranks``: a replica group's) whose main process is not yet reaped (so
+        its pgid is still ours)."""
         count = 0
-        for rank in self._ranks:
+        for rank in self._ranks if ranks is None else ranks:
             if rank.running:
                 rank.signalled = True
                 proctable.signal_groups((rank.pid,), signum)

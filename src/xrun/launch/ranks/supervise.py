@@ -13,7 +13,9 @@
 The first rank that fails on its own stops the rest, unless ``--on_rank_exit keep`` (in-process recovery, issue 39
 §3: NVRx's ``inprocess.Wrapper`` rebuilds its group without the rank): then a rank that fails while another still
 runs is *lost*: recorded and named, nobody is signalled, and what it started (NVRx's monitor daemons) is left alone
-until the last rank ends; the last one's failure is the root cause. Otherwise the first failure stops the rest
+until the last rank ends; the last one's failure is the root cause. Under ``--replica_groups`` with restarts left in
+the failed rank's group, only that group stops and starts again (xrun.launch.replicas.supervision: ``_regroup``);
+the other groups' ranks are never signalled. Otherwise the first failure stops the rest
 (after ``before_failure_stop``, where the doctor takes the survivors' stacks): its siblings' process groups get
 SIGTERM, everything is given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main
 process is gone, the members of their sessions that are still alive (a leaked DataLoader worker, torch_shm_manager) are
@@ -41,8 +43,10 @@ import os
 import selectors
 import signal
 import threading  # already imported by subprocess; only to check we are on the main thread
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from xrun.common.output.logfiles import FilteredLogs
@@ -59,8 +63,11 @@ from xrun.launch.ranks.processes import RankProcess
 from xrun.launch.ranks.reaper import RankState, Reaper
 from xrun.launch.ranks.spawn import current_affinity, spawn_rank, watch_output
 from xrun.launch.ranks.teardown import Teardown
+from xrun.launch.replicas.supervision import GroupPolicy
+from xrun.launch.telemetry.endpoints import SOCKET_VARIABLE
 
 if TYPE_CHECKING:
+    from xrun.common.result.group_restart import GroupRestart
     from xrun.common.result.stacks import RankStack
     from xrun.common.telemetry.records import Reading
     from xrun.launch.preload.client import PreloadHelper
@@ -82,6 +89,7 @@ class SuperviseOptions:
     duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     local_echo: LocalEcho = LocalEcho()  # torchrun's --local-ranks-filter and --redirects: streams echoed by local rank
     on_rank_exit: OnRankExit = OnRankExit.STOP  # --on_rank_exit keep: a failed rank stops no other
+    group_restarts: int | None = None  # --replica_groups: each group's --max_restarts (None: one world)
 
 
 class RankGroup:
@@ -98,6 +106,8 @@ class RankGroup:
         *,
         on_rank_exit: Callable[[RankOutcome], None] | None = None,
         preload: PreloadHelper | None = None,
+        on_group_restart: Callable[[GroupRestart], None] | None = None,
+        on_group_start: Callable[[int], None] | None = None,
     ) -> None:
         ranks = [p.rank for p in procs]
         if len(set(ranks)) != len(ranks):
@@ -108,6 +118,12 @@ class RankGroup:
         self._ranks = [RankState(p) for p in procs]
         self._on_rank_exit = on_rank_exit
         self._preload = preload  # fork every rank from it (xrun.launch.preload); the caller owns its life
+        # --replica_groups: the group stopped (told to the caller), and about to start again (its new store)
+        self._groups = None if options.group_restarts is None else GroupPolicy.of(
+            ((p.rank, p.env) for p in procs), options.group_restarts)
+        self._on_group_restart = on_group_restart
+        self._on_group_start = on_group_start
+        self._affinity: frozenset[int] | None = None  # every start's, a group's restart too
         self._loop = GroupLoop()
         self._ran = False
         self._console = _console(procs, options, on_close=self._loop.unregister)
@@ -135,6 +151,10 @@ class RankGroup:
     def add_reader(self, fileobj: object, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the event loop whenever ``fileobj`` (an fd or has fileno()) is readable."""
         self._loop.add_reader(fileobj, callback)
+
+    def remove_reader(self, fileobj: int) -> None:
+        """Stop calling back for ``fileobj`` (an fd added by ``add_reader`` once the loop runs)."""
+        self._loop.unregister(fileobj)
 
     @property
     def console(self) -> Console:
@@ -192,6 +212,8 @@ class RankGroup:
             self._watchdog = Watchdog.start(self._options.shutdown_timeout)
             if self._watchdog.beat_every is not None:  # from this loop only: a loop that hangs stops beating
                 self.plugins.timers.add(self._watchdog.beat_due, self._watchdog.beat)
+            if self._groups is not None:
+                self.plugins.timers.add(self._groups.due, self._kill_overdue_groups)
             self._reaper.attach(sel, self._watchdog, pidfd=self._have_pidfd, subreaper=saved_subreaper is not None)
             owned_set = (*SHUTDOWN_SIGNALS, signal.SIGCHLD, *sorted(self._options.forward_signals),
                          *sorted(self.plugins.signals))
@@ -218,11 +240,11 @@ class RankGroup:
         self._loop.register_readers()
         if self._preload is not None:
             self._reaper.watch_helper(self._preload)
-        affinity = current_affinity()
+        self._affinity = current_affinity()
         for rank in self._ranks:
             while self._loop.signals:  # a Ctrl-C while starting: do not start the rest
                 self._handle_signal(self._loop.signals.popleft())
-            self._start(rank, affinity)
+            self._start(rank)
         self._run_loop()
         for rank in self._ranks:
             for stream in rank.streams:
@@ -232,12 +254,12 @@ class RankGroup:
         self._console.written()
         return self._result()
 
-    def _start(self, rank: RankState, affinity: frozenset[int] | None) -> None:
+    def _start(self, rank: RankState) -> None:
         if self._teardown.signum is not None:
             self._finish(rank, stopped=True)  # stopping already: do not start more work to kill it
             return
         options = self._options
-        logs = spawn_rank(rank, affinity, host=options.host, log_dir=options.log_dir, preload=self._preload)
+        logs = spawn_rank(rank, self._affinity, host=options.host, log_dir=options.log_dir, preload=self._preload)
         if not rank.pid:  # it could not start: its start_error and returncode say why
             self._finish(rank, stopped=False)
             return
@@ -321,6 +343,8 @@ class RankGroup:
         """Record one rank's outcome, stop the others if it is the first failure, tell the caller."""
         self._progress = True
         outcome = self._reaper.finish(rank, stopped=stopped)
+        if self._groups is not None and self._regroup(outcome, stopped=stopped):
+            return  # its group starts again: the caller hears of the restart (on_group_restart), not of this end
         if outcome.failed and not stopped and self._root is None:
             if self._keeps(outcome):
                 self._lost.append(outcome.rank)
@@ -348,6 +372,78 @@ class RankGroup:
         if self.plugins.before_failure_stop is not None and self._teardown.signum is None:
             self.plugins.before_failure_stop()
         self._teardown.begin(signal.SIGTERM, f"rank {rank.spec.rank} {describe(outcome)}")
+
+    # -- replica groups (--replica_groups: xrun.launch.replicas.supervision) --------------------------------------
+
+    def _regroup(self, outcome: RankOutcome, *, stopped: bool) -> bool:
+        """A rank of a group being restarted ended, or one failed on its own with its group's budget not spent:
+        its group stops (SIGTERM to its live ranks, against one deadline), and starts again once its last rank is
+        collected. False: the rank's end is the node's as without groups."""
+        groups = self._groups
+        assert groups is not None
+        group = groups.group_of(outcome.rank)
+        if not groups.stopping(group):
+            if (not outcome.failed or stopped or not outcome.started  # one that could not start would not again
+                    or self._teardown.signum is not None or self._root is not None):
+                return False
+            running = {groups.group_of(r.spec.rank) for r in self._reaper.running()}
+            restart = groups.fail(outcome.rank, describe(outcome), running=running, wall=time.time(),
+                                  deadline=time.monotonic() + self._options.shutdown_timeout)
+            if restart is None:  # its budget is spent: the job fails (the module doc of supervision says why)
+                if groups.budget:
+                    self._console.flush_held()
+                    notice(self._options.host, f"replica group {group}: rank {outcome.rank} {describe(outcome)}; its "
+                                               f"{groups.budget} restart(s) are spent (--max_restarts "
+                                               f"{groups.budget}): the job fails")
+                return False
+            self._console.flush_held()
+            notice(self._options.host, restart.line())
+            self._signal_group(group, signal.SIGTERM)
+            if self._on_group_restart is not None:
+                self._on_group_restart(restart)
+        members = set(groups.members(group))
+        if self._teardown.signum is None and all(r.outcome is not None for r in self._ranks if r.spec.rank in members):
+            self._start_group(group)
+        return True
+
+    def _signal_group(self, group: int, signum: int) -> None:
+        assert self._groups is not None
+        members = set(self._groups.members(group))
+        self._reaper.signal_running(signum, [r for r in self._ranks if r.spec.rank in members])
+
+    def _kill_overdue_groups(self) -> None:
+        assert self._groups is not None
+        for group in self._groups.overdue(time.monotonic()):
+            self._signal_group(group, signal.SIGKILL)
+
+    def _start_group(self, group: int) -> None:
+        """Start ``group``'s ranks again, their restart counted (``TORCHELASTIC_RESTART_COUNT``), the same way as
+        at the start (forked from the preload helper under ``--preload``), after the caller renewed its store. The
+        ended ranks' sessions stay the node's, so what they left is swept at the end."""
+        groups = self._groups
+        assert groups is not None
+        groups.started_again(group)
+        if self._on_group_start is not None:
+            self._on_group_start(group)
+        count = str(groups.restarts(group))
+        members = set(groups.members(group))
+        for i, old in enumerate(self._ranks):
+            if old.spec.rank not in members:
+                continue
+            for stream in old.streams:
+                self._console.close(stream)
+                stream.close_fd()
+                stream.close_log()
+            self._reaper.retire(old)
+            # the last run's exception is not the next one's; its socket (a rank killed -9 leaves it) would keep
+            # the next one's collective records from binding there (xrun.launch.telemetry)
+            for stale in (old.spec.error_file, old.spec.env.get(SOCKET_VARIABLE)):
+                if stale:
+                    with suppress(FileNotFoundError):
+                        os.unlink(stale)
+            rank = RankState(replace(old.spec, env={**old.spec.env, "TORCHELASTIC_RESTART_COUNT": count}))
+            self._ranks[i] = rank
+            self._start(rank)
 
     def _leftovers_gone(self) -> None:
         self._progress = True

@@ -24,9 +24,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import Protocol
 
 from xrun.common.output.streams import notice
 from xrun.common.procs.posix import leave
@@ -55,6 +56,46 @@ def lighthouse_argv(address: str, port: int) -> tuple[str, ...]:
     # by its path, not -m: torchft's parser reads the process's own argv past its first word after python
     return (sys.executable, torchft_main.__file__, *ARGS, "--bind",
             f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+
+
+class KeeperWatch:
+    """While the ranks run, the keeper's end (a pidfd in the rank group's loop) is the Lighthouse gone for good:
+    the keeper stops only when told, and ``gone(reason)`` is called once to end the job as a failure."""
+
+    def __init__(self, keeper: subprocess.Popen[bytes], gone: Callable[[str], None]) -> None:
+        self.keeper = keeper
+        self._gone = gone
+        self._fd: int | None = None
+        self._group: Readers | None = None
+
+    def attach(self, group: Readers) -> None:
+        """Watch from ``group``'s loop (each attempt's rank group in turn)."""
+        if self.keeper.poll() is not None:
+            self._ended()
+            return
+        self._fd, self._group = os.pidfd_open(self.keeper.pid), group
+        group.add_reader(self._fd, self._ended)
+
+    def detach(self) -> None:
+        if self._fd is not None:
+            if self._group is not None:
+                self._group.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = self._group = None
+
+    def _ended(self) -> None:
+        self.detach()
+        code = self.keeper.wait()
+        self._gone(f"torchft's Lighthouse is gone for good (its keeper, pid {self.keeper.pid}, exited with code "
+                   f"{code}): the replica groups cannot meet any more, so the job fails (--replica_groups)")
+
+
+class Readers(Protocol):
+    """What ``KeeperWatch`` needs of a rank group (xrun.launch.ranks.supervise.RankGroup)."""
+
+    def add_reader(self, fileobj: int, callback: Callable[[], None]) -> None: ...
+
+    def remove_reader(self, fileobj: int) -> None: ...
 
 
 @contextmanager

@@ -45,13 +45,14 @@ from xrun.common.output.status import PlainStatus, make_status, say
 from xrun.common.preflight import check_spec
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.common.result.errorfile import error_lines
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.common.result.summary import RankFigures
 from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
-from xrun.launch.replicas.lighthouse import lighthouse
+from xrun.launch.replicas.lighthouse import KeeperWatch, lighthouse
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
@@ -157,7 +158,7 @@ class Driver:
         self._importing: tuple[PreflightPassed, float] | None = None  # the preflight's answer once the helper is ready
         self._helper_error: PreloadError | None = None  # the helper could not start
         self._lighthouse = ExitStack()  # --replica_groups: node 0's Lighthouse, from its first preflight to the end
-        self._lighthouse_started = False
+        self._keeper: KeeperWatch | None = None  # its keeper, watched while the ranks run
 
     # -- the main loop ----------------------------------------------------------------------------------------
 
@@ -276,9 +277,9 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
-            if not self._lighthouse_started:  # --replica_groups, node 0: up before any rank, for every attempt
-                self._lighthouse_started = True
-                self._lighthouse.enter_context(lighthouse(spec))
+            if self._keeper is None:  # --replica_groups, node 0: up before any rank, for every attempt
+                keeper = self._lighthouse.enter_context(lighthouse(spec))
+                self._keeper = KeeperWatch(keeper, self._lighthouse_gone) if keeper is not None else None
             rule, port = action.port, None
             if rule is not None:
                 near = self._near or (self._connection.near if self._connection is not None else ANY_ADDRESS)
@@ -370,6 +371,8 @@ class Driver:
                 run_node(attempt.spec, hooks=self, preload=self._helper)
         finally:
             self._group = self._doctor = None
+            if self._keeper is not None:
+                self._keeper.detach()
 
     def _route(self) -> Route | None:
         """Where this node's console goes while its ranks run: to the head, which alone renders and shows every
@@ -388,6 +391,8 @@ class Driver:
             doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
             doctor.send_usage = self._send  # the ranks' CPU and RSS, for the head's record (issue 40 §1)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
+        if self._keeper is not None:
+            self._keeper.attach(group)
         self._inbox.nudge()
         self._send(message(Kind.STARTED))
 
@@ -408,6 +413,13 @@ class Driver:
             tail=list(outcome.stderr_tail) + (error_lines(outcome.rank, outcome.error) if outcome.error else []),
             figures=RankFigures.of(outcome).to_json(),  # the head's summary of the whole job
         ))
+
+    def _lighthouse_gone(self, reason: str) -> None:
+        """The head ends the job as a failure, naming why (its stop reaches these ranks as another node's would)."""
+        self._send(message(Kind.ERROR, message=reason, exit_code=NODE_FAILURE_EXIT))
+
+    def on_group_restart(self, restart: GroupRestart) -> None:
+        self._send(message(Kind.GROUP_RESTARTED, **restart.to_json()))
 
     def on_result(self, result: NodeResult) -> None:
         if result.collectives is not None:  # first: the stacks complete the node's answer (issue 31)

@@ -13,7 +13,7 @@ groups (replica groups, issue 39 §2) hosts one per group.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from xrun.common.output.streams import notice
@@ -25,7 +25,7 @@ from xrun.net import port_holder
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def store_endpoints(spec: NodeSpec) -> tuple[tuple[str, int], ...]:
+def store_endpoints(spec: NodeSpec) -> dict[int, tuple[str, int]]:
     """Where this node hosts stores: at rank 0's ``MASTER_PORT`` where this node runs rank 0 and the ranks are told
     to use the agent's store (none elsewhere); under ``--replica_groups`` at each group's whose rank 0 (``RANK``
     0 within the group) runs here. On ``MASTER_ADDR`` alone when it is a loopback address (every rank runs on this
@@ -33,12 +33,17 @@ def store_endpoints(spec: NodeSpec) -> tuple[tuple[str, int], ...]:
     torch's own store listens (a master name may resolve to another of this node's addresses here than on the
     other nodes)."""
     if spec.elastic is not None:
-        return ()
-    return tuple(
-        (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
+        return {}
+    return {
+        _group(rank.env): (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
         for rank in spec.ranks
         if rank.env.get("RANK") == "0" and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT")
-    )
+    }
+
+
+def _group(env: Mapping[str, str]) -> int:
+    """The replica group whose store it is (0: the one world's)."""
+    return int(env.get("REPLICA_GROUP_ID") or 0)
 
 
 def listen_address(master: str) -> str:
@@ -50,18 +55,41 @@ def listen_address(master: str) -> str:
         return ""
 
 
+class AgentStores:
+    """The stores this node hosts, by group: ``renew`` gives a restarted replica group a new, empty one."""
+
+    def __init__(self, node: str, endpoints: Mapping[int, tuple[str, int]]) -> None:
+        self.node = node
+        self._endpoints = dict(endpoints)
+        self.servers: dict[int, StoreServer] = {}
+
+    def open(self) -> None:
+        for group, endpoint in self._endpoints.items():
+            self.servers[group] = hosted(self.node, *endpoint)
+
+    def renew(self, group: int) -> None:
+        """Close ``group``'s store (if this node hosts it) and host a new, empty one at the same address."""
+        server = self.servers.pop(group, None)
+        if server is not None:
+            close(self.node, server)
+            self.servers[group] = hosted(self.node, *self._endpoints[group])
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            close(self.node, server)
+        self.servers.clear()
+
+
 @contextmanager
-def agent_stores(spec: NodeSpec) -> Iterator[tuple[StoreServer, ...]]:
+def agent_stores(spec: NodeSpec) -> Iterator[AgentStores]:
     """The attempt's stores, listening where ``store_endpoints`` says, for the ``with`` block (none on a node that
     hosts none). A port taken meanwhile is ``PortBusyError``."""
-    servers: list[StoreServer] = []
+    stores = AgentStores(spec.host, store_endpoints(spec))
     try:
-        for endpoint in store_endpoints(spec):
-            servers.append(hosted(spec.host, *endpoint))
-        yield tuple(servers)
+        stores.open()
+        yield stores
     finally:
-        for server in servers:
-            close(spec.host, server)
+        stores.close()
 
 
 def hosted(node: str, address: str, port: int) -> StoreServer:

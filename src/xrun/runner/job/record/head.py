@@ -46,6 +46,7 @@ from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.record.file import FLUSH_EVERY, EventsFile
 from xrun.runner.job.record.goodput import Goodput
 from xrun.runner.plan import Plan
+from xrun.runner.replicas.restarts import GroupRestarts
 
 if TYPE_CHECKING:
     from xrun.common.telemetry.records import EntryTimes
@@ -56,7 +57,8 @@ USAGE_KEPT_FOR = 2
 # k = world size / this (rounded up), so that a week's samples stay well under the file's samples_up_to (8,000
 # ranks: every 8th minute, ~80 KB each, ~100 MB a week)
 USAGE_RANKS_PER_SAMPLE = 1000
-_STARTED, _RANK_EXITED = Kind.STARTED.value, Kind.RANK_EXITED.value  # the kinds ``heard`` reads, looked up once
+# the kinds ``heard`` reads, looked up once
+_STARTED, _RANK_EXITED, _GROUP_RESTARTED = Kind.STARTED.value, Kind.RANK_EXITED.value, Kind.GROUP_RESTARTED.value
 _STOPPED_BY = {SignalReceived: "signal", Hung: "hang"}  # any other event: a failure's stop (a lost node too)
 
 
@@ -94,6 +96,7 @@ class JobRecord:
         self._figures: dict[tuple[int, int], RankFigures] = {}  # a rank_exited's figures, until its event
         self._named: dict[int, tuple[str, float]] = {}
         self._usage: dict[int, tuple[RankUsage, float]] = {}  # rank -> its latest reading and when it came
+        self.group_restarts = GroupRestarts()  # --replica_groups: summary.json's group_restarts
         self._on_event: dict[type, Callable[[Any, float], None]] = {
             Ready: self._ready, RankExited: self._rank_exited, ConnectionLost: self._connection_lost,
             Hung: self._hung}
@@ -223,6 +226,9 @@ class JobRecord:
         elif kind == _RANK_EXITED and msg.get("figures") is not None:
             figures = RankFigures.from_json(msg["figures"])
             self._figures[(node, figures.rank)] = figures
+        elif kind == _GROUP_RESTARTED:
+            self.write(now, "group_restarted", node=self._rank_of(node),
+                       **self.group_restarts.add(self._host(node), msg))
 
     def sampled(self, node: int, offset: ClockOffset | None, samples: Iterable[EntryTimes],
                 scores: StragglerScores, *, changed: bool, now: float) -> None:
@@ -313,13 +319,14 @@ class JobRecord:
         for fold in self.folds:
             fold.add(line)  # the line carries the goodput it closes
         goodput = self.goodput.to_json()
+        groups = {"group_restarts": self.group_restarts.to_json()} if self.group_restarts.heard else {}
         if self.file is None:
-            return {"goodput": goodput}
+            return {"goodput": goodput, **groups}
         self.file.write({**line, "goodput": goodput})
         finished = self.file.close()
         if self.file.error is not None or not finished:
             say(f"{EVENTS_FILE}: {self.file.error or 'the disk did not take the last lines in time'}")
-        return {"goodput": goodput,
+        return {"goodput": goodput, **groups,
                 "events": {"file": EVENTS_FILE, "bytes": self.file.size, "dropped": self.file.dropped()}}
 
     def _host(self, agent: int) -> str:

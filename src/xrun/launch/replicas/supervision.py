@@ -1,0 +1,72 @@
+"""Supervision by replica group (``--replica_groups``, issue 39 §2): the pure policy a rank group
+(xrun.launch.ranks.supervise) follows.
+
+A rank that fails on its own in group g, while the node is not stopping and g has restarts left of its budget
+(``--max_restarts``, each group its own), stops g only: g's live ranks get SIGTERM against one deadline
+(``--shutdown_timeout``), SIGKILL at it (``overdue``), no rank of another group is signalled. Once g's last rank is
+collected the rank group starts g again (a new, empty store first), and ``started_again`` ends the stop. A failure
+in a group whose budget is spent is a failure of the job, as without groups: the quorum does not go on without a
+group that cannot come back (the user asked for every group to finish), so every rank is stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from xrun.common.result.group_restart import GroupRestart
+
+GROUP_ID = "REPLICA_GROUP_ID"  # a rank's group, as its environment tells it (xrun.common.rankplan)
+
+
+class GroupPolicy:
+    """Each group's restarts and its stop in progress. ``groups``: the node's ranks -> their group."""
+
+    def __init__(self, groups: Mapping[int, int], budget: int) -> None:
+        self._group_of = dict(groups)
+        self.budget = budget
+        self._restarts = dict.fromkeys(groups.values(), 0)
+        self._deadlines: dict[int, float | None] = {}  # a group being stopped -> its SIGKILL deadline (None: sent)
+
+    @classmethod
+    def of(cls, ranks: Iterable[tuple[int, Mapping[str, str]]], budget: int) -> GroupPolicy:
+        """From each rank's number and environment."""
+        return cls({rank: int(env[GROUP_ID]) for rank, env in ranks}, budget)
+
+    def group_of(self, rank: int) -> int:
+        return self._group_of[rank]
+
+    def members(self, group: int) -> list[int]:
+        return [rank for rank, g in self._group_of.items() if g == group]
+
+    def stopping(self, group: int) -> bool:
+        return group in self._deadlines
+
+    def restarts(self, group: int) -> int:
+        return self._restarts[group]
+
+    def fail(self, rank: int, cause: str, *, running: Iterable[int], wall: float, deadline: float
+             ) -> GroupRestart | None:
+        """``rank`` failed on its own (``cause``: what followed "rank N"), while the groups ``running`` still have
+        live ranks: its group's restart, its stop due SIGKILL at ``deadline``; None when the budget is spent."""
+        group = self._group_of[rank]
+        if self._restarts[group] >= self.budget or group in self._deadlines:
+            return None
+        self._restarts[group] += 1
+        self._deadlines[group] = deadline
+        others = tuple(sorted(set(running) - {group}))
+        return GroupRestart(group=group, restart=self._restarts[group], budget=self.budget, rank=rank, cause=cause,
+                            at=wall, others=others)
+
+    def due(self) -> float | None:
+        """The next SIGKILL deadline (monotonic) of a group being stopped; None: none."""
+        return min((d for d in self._deadlines.values() if d is not None), default=None)
+
+    def overdue(self, now: float) -> list[int]:
+        """The groups whose deadline passed, each given once: their live ranks get SIGKILL."""
+        late = [g for g, d in self._deadlines.items() if d is not None and now >= d]
+        for group in late:
+            self._deadlines[group] = None
+        return late
+
+    def started_again(self, group: int) -> None:
+        del self._deadlines[group]
