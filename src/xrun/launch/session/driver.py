@@ -51,7 +51,6 @@ from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
-from xrun.launch.replicas.lighthouse import lighthouse
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
@@ -276,8 +275,13 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
-            if not self._lighthouse_started:  # --replica_groups, node 0: up before any rank, for every attempt
+            if spec.replicas is not None and not self._lighthouse_started:
+                # --replica_groups, node 0: up before any rank, for every attempt. Lazy: the Lighthouse's keeper and
+                # its parent-death signal (ctypes), ~3 ms of imports (python -X importtime), load in such a job
+                # only, not at every agent's start (issue 38)
                 self._lighthouse_started = True
+                from xrun.launch.replicas.lighthouse import lighthouse
+
                 self._lighthouse.enter_context(lighthouse(spec))
             rule, port = action.port, None
             if rule is not None:
