@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import xrun
+import xrun.launch.doctor.node_doctor as node_doctor
 import xrun.launch.preload as preload_package
 from tests.cluster.harness import processes_with_marker
 from tests.conftest import ROOT
@@ -58,6 +59,7 @@ from xrun.launch.doctor.stackdump import (
     pyspy_path,
     stack_problem,
 )
+from xrun.launch.procs.proctable import cpu_wait
 from xrun.launch.ranks.plugins import Plugins
 from xrun.launch.ranks.supervise import DumpTarget
 from xrun.runner.job.config import JobConfig
@@ -217,10 +219,13 @@ def test_quiet_watch_reports_one_silence_and_its_end():
 
 
 @pytest.mark.parametrize("failure_stacks", [True, False])
-def test_the_doctor_loads_its_readers_half_a_second_into_a_run_not_at_its_start(failure_stacks, monkeypatch):
+def test_the_doctor_loads_its_readers_half_a_second_of_its_ranks_own_time_into_a_run(failure_stacks, monkeypatch):
     # issue 38: nothing reads a rank at a fan-out's start; a run that lasts loads the readers before a failure's
-    # stop would wait for them (--failure_stacks), and without that, at the first dump or sample only
-    group = types.SimpleNamespace(plugins=Plugins())
+    # stop would wait for them (--failure_stacks), and without that, at the first dump or sample only. What a rank
+    # waited for a CPU is not its own time: a busy machine's no-op ranks, still starting, are no job yet
+    waited = {7: 0.25, 8: 0.375}  # seconds each rank (by pid) was runnable without a CPU
+    group = types.SimpleNamespace(plugins=Plugins(), live_targets=lambda: [DumpTarget(0, 0, 7), DumpTarget(1, 1, 8)])
+    monkeypatch.setattr(node_doctor, "cpu_wait", waited.__getitem__)
     doctor = NodeDoctor("h", AgentOptions(failure_stacks=failure_stacks))
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
@@ -228,8 +233,30 @@ def test_the_doctor_loads_its_readers_half_a_second_into_a_run_not_at_its_start(
     assert doctor._dumps is None and group.plugins.timers.timeout(None) == (READERS_AFTER if failure_stacks else None)
     clock[0] += READERS_AFTER
     group.plugins.timers.run()
+    if failure_stacks:  # rank 0 has lived 0.25 s of its own: again when it could have lived READERS_AFTER
+        assert doctor._dumps is None and group.plugins.timers.timeout(None) == 0.25
+        clock[0] += 0.25
+        group.plugins.timers.run()
     assert (doctor._dumps is not None) is failure_stacks
     assert group.plugins.timers.timeout(None) is None  # loaded once; the timer is done
+
+
+def test_cpu_wait_is_the_kernels_count_for_a_live_process_and_nothing_for_a_gone_one():
+    def schedstat(pid):  # run_delay in ns; a kernel without schedstats has no such file
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                return int(f.read().split()[1]) / 1e9
+        except OSError:
+            return 0.0
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # busy: its count may grow meanwhile
+    try:
+        before = schedstat(child.pid)
+        assert before <= cpu_wait(child.pid) <= schedstat(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_wait(child.pid) == 0.0
 
 
 def head(hang_timeout=None, action=HangAction.DUMP, tmp_path=None):

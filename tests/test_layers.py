@@ -207,14 +207,18 @@ def test_reading_every_backends_traits_loads_nothing_heavy():
     assert loaded_by(code, ("paramiko", "psutil", "rich", "torch", "xrun.runner.job.control_server")) == []
 
 
-def test_the_connected_agents_start_loads_no_reader_of_the_ranks():
+def test_the_connected_agents_start_loads_no_reader_of_the_ranks_and_nothing_a_plain_node_leaves_unused():
     # issue 38: nothing reads a rank before its first sample, Ctrl-\, silence or failure; the hang doctor's dumps
     # and telemetry's readers load then (xrun.launch.doctor.dumps), not at each of a fan-out's agents' start
     readers = ("xrun.launch.doctor.dumps", "xrun.launch.doctor.stackdump", "xrun.launch.telemetry.reads",
                "xrun.common.telemetry.records", "xrun.launch.telemetry.client", "xrun.common.result.stacks",
                "xrun.common.result.stackview", "xrun.common.result.collectiveview", "xrun.common.result.stragglers")
+    # what a plain job's agent uses only on some node or with some flag loads there: the store's server on rank 0's
+    # node, torchft's Lighthouse with --replica_groups, the rendezvous (and the rank plan) with --elastic's endpoint
+    unused = ("xrun.launch.store.server", "xrun.launch.replicas.lighthouse", "xrun.parent_death",
+              "xrun.common.rdzv", "xrun.common.rankplan")
     # what python -m xrun.launch --connect loads
-    assert loaded_by("import xrun.common.procs.posix, xrun.launch.session.main", readers) == []
+    assert loaded_by("import xrun.common.procs.posix, xrun.launch.session.main", readers + unused) == []
 
 
 def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():

@@ -26,8 +26,8 @@ from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.spec import ElasticOptions, NodeSpec, ReplicaGroups
 from xrun.errors import PortBusyError
-from xrun.launch.store import Limits, StoreServer
 from xrun.launch.store.agent_store import agent_stores, close, hosted, store_endpoints
+from xrun.launch.store.server import Limits, StoreServer
 from xrun.launch.store.table import Refused, Table
 from xrun.launch.store.wire import (
     MAX_KEY_BYTES,

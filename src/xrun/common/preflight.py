@@ -27,7 +27,6 @@ from xrun.common.network.interfaces import interface_names, resolvable
 from xrun.common.network.socket_ifname import AUTO, NONE, check_interface_name
 from xrun.common.output.logfiles import LogFileRefused, check_logs
 from xrun.common.ranks.cpusets import plan_bindings
-from xrun.common.rdzv import parse_endpoint
 from xrun.common.spec import NodeSpec, PythonMode
 from xrun.errors import UsageError, XrunError
 from xrun.fdlimit import agent_open_files, check_open_files
@@ -112,6 +111,10 @@ def check_endpoint(host: str, endpoint: str) -> None:
     """``--rdzv_endpoint``'s host resolves on this node (``host``): torch's c10d store retries a name that does not
     for its whole ``read_timeout`` and then dies in C++ with its stack on the console (issue 37 §3). Checked on
     every node, where torch will look the name up, not on the head: a name only the nodes resolve is fine."""
+    # lazy: the rendezvous's module and the rank plan under it (~3 ms of imports, python -X importtime) are read only
+    # for --elastic's endpoint, not by every agent's preflight (issue 38)
+    from xrun.common.rdzv import parse_endpoint
+
     name, _ = parse_endpoint(endpoint)
     try:
         socket.getaddrinfo(resolvable(name), None, type=socket.SOCK_STREAM)

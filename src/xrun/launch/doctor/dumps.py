@@ -2,10 +2,10 @@
 collective records), the straggler samples, the survivors' stacks at a failure, and the files the full dumps go to.
 
 ``xrun.launch.doctor.node_doctor`` makes one ``NodeDumps`` for its rank group at the first dump, sample or
-failure it acts on (or, with ``--failure_stacks``, half a second into the run), never at the agent's start:
-everything here (py-spy's runner, the Flight Recorder's records parsed and summed up, the stacks as data and their
-merged view, the background thread) is what reads a rank, and nothing reads a rank before its first sample
-(issue 38). Blocking work runs on the worker thread (xrun.launch.doctor.background), its result handed to the
+failure it acts on (or, with ``--failure_stacks``, half a second of the ranks' own time into the run), never at the
+agent's start: everything here (py-spy's runner, the Flight Recorder's records parsed and summed up, the stacks as
+data and their merged view, the background thread) is what reads a rank, and nothing reads a rank before its first
+sample (issue 38). Blocking work runs on the worker thread (xrun.launch.doctor.background), its result handed to the
 rank group's loop; at a failure within ``FAILURE_BUDGET``, before the stop.
 """
 

@@ -28,8 +28,9 @@ agent (xrun.launch.doctor.local_view) has no head: the doctor takes the stacks, 
 Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
 parsed and summed up, the stacks as data and their merged view, the worker thread) is
 ``xrun.launch.doctor.dumps``, loaded at the first dump, sample or failure the doctor acts on, or ``READERS_AFTER``
-into a run with ``--failure_stacks``, so that a failure's stop does not wait for the import (issue 38: nothing reads
-a rank before its first sample; a fan-out's no-op ranks end before either).
+of the ranks' own time (what they waited for a CPU left out) into a run with ``--failure_stacks``, so that a
+failure's stop does not wait for the import (issue 38: nothing reads a rank before its first sample; a fan-out's
+no-op ranks end before either, however busy the machine).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from xrun.common.spec import ON_DEMAND_BUDGET, AgentOptions
 from xrun.common.telemetry.usage import sample_every, usage_message
+from xrun.launch.procs.proctable import cpu_wait
 from xrun.launch.telemetry.usage import UsageReader
 
 if TYPE_CHECKING:
@@ -57,10 +59,12 @@ _CHECK_EVERY = 1.0  # at most: how late a silence (or the end of one) may be not
 # (xrun.common.result.stragglers), 3 to 16 scored a sample (xrun.common.telemetry.records.picked_per_sample): 10-40 s
 # at this period; a sample costs each rank ~20 ms of one core (a dump of its 1,000 entries), 0.2 % at this period
 SAMPLE_EVERY = 10.0
-# A rank group still running this long after its start is a job, not a fan-out's no-op ranks: with --failure_stacks
-# (the default) its readers are loaded then, in the loop's idle time, so that a failure's stop does not wait for
-# their import (a connected agent's stop of the survivors, no py-spy, 15 paired rounds: 5.9 -> 26.6 ms median when
-# they load at the failure); a job that ends sooner loads them only where it needs them (bench's failures: at 1 s)
+# A rank group that lived this long of its ranks' own time is a job, not a fan-out's no-op ranks: with
+# --failure_stacks (the default) its readers are loaded then, in the loop's idle time, so that a failure's stop does
+# not wait for their import (a connected agent's stop of the survivors, no py-spy, 15 paired rounds: 5.9 -> 26.6 ms
+# median when they load at the failure); a job that ends sooner loads them only where it needs them (bench's
+# failures: at 1 s). Own time leaves out what a rank waited for a CPU: on the namespace cluster's 2 cores a 32-host
+# fan-out's no-op ranks were still starting half a wall-clock second in, and every agent loaded the readers (issue 38)
 READERS_AFTER = 0.5
 
 
@@ -127,6 +131,8 @@ class NodeDoctor:
         self._group: RankGroup | None = None
         self._watch: QuietWatch | None = None
         self._next_sample = 0.0
+        self._started = 0.0  # when the group's ranks started (attach: just before), for their own time
+        self._readers_at = 0.0  # --failure_stacks: when their own time may first reach READERS_AFTER
         # the head scores the stragglers of the samples, which reach it as ``entry_times`` messages
         self.send_samples: Callable[[Message], None] | None = None
         # the head, for its record's samples: the ranks' CPU and RSS as ``usage`` messages (none without a head)
@@ -146,8 +152,10 @@ class NodeDoctor:
             group.plugins.timers.add(lambda: self._watch.next_check if self._watch else None, self._check_quiet)
         if self.options.failure_stacks:
             group.plugins.before_failure_stop = self.take_stop_stacks
-            readers_at = time.monotonic() + READERS_AFTER
-            group.plugins.timers.add(lambda: readers_at if self._dumps is None else None, self._ready_for_a_failure)
+            self._started = time.monotonic()
+            self._readers_at = self._started + READERS_AFTER
+            group.plugins.timers.add(lambda: self._readers_at if self._dumps is None else None,
+                                     self._ready_for_a_failure)
         self._next_usage = time.monotonic() + self._usage_every
         group.plugins.timers.add(lambda: self._next_usage if self.send_usage is not None else None, self._read_usage)
         if self._endpoints is not None:
@@ -194,8 +202,19 @@ class NodeDoctor:
         return self._dumps
 
     def _ready_for_a_failure(self) -> None:
-        """``READERS_AFTER`` into the run: the readers, loaded before a failure's stop has to wait for them."""
-        self._hands()
+        """Once a live rank has lived ``READERS_AFTER`` of its own time: the readers, loaded before a failure's stop
+        has to wait for them; else checked again when that could first be so."""
+        own = self.own_time(time.monotonic())
+        if own >= READERS_AFTER:
+            self._hands()
+        else:
+            self._readers_at = time.monotonic() + READERS_AFTER - own
+
+    def own_time(self, now: float) -> float:
+        """The longest a live rank has run or slept since the group started, the time it waited for a CPU left out
+        (0.0 with none alive: nothing to read)."""
+        waits = [cpu_wait(t.pid) for t in self.group.live_targets()]
+        return now - self._started - min(waits) if waits else 0.0
 
     def _scored(self) -> bool:
         return self.send_samples is not None

@@ -4,8 +4,9 @@ Ranks run in their own sessions (``start_new_session=True``), so a rank's sessio
 process it forks stays in that session unless it calls ``setsid()`` itself. Everything here finds processes by
 session id read from ``/proc/PID/stat`` and signals them by process group: never by name or pattern.
 
-Used by the supervisor (xrun.launch.ranks.supervise, xrun.launch.ranks.reaper) and by the watchdog process
-(xrun.launch.procs.watchdog), which stops the same sessions when the agent itself is killed.
+Used by the supervisor (xrun.launch.ranks.supervise, xrun.launch.ranks.reaper), by the watchdog process
+(xrun.launch.procs.watchdog), which stops the same sessions when the agent itself is killed, and by the hang
+doctor's clock of a rank's own time (xrun.launch.doctor.node_doctor, ``cpu_wait``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def read_proc(pid: int) -> ProcInfo | None:
     """One process's ids and state from ``/proc/PID/stat``; None when it is gone."""
     data = _read_stat(str(pid))
     return _parse_stat(pid, data) if data else None
+
+
+def cpu_wait(pid: int) -> float:
+    """Seconds ``pid`` has been runnable but waiting for a CPU since it started (``/proc/PID/schedstat``'s second
+    field, the kernel's sched-stats.rst); 0.0 when unreadable (a kernel without schedstats, the process gone)."""
+    try:
+        fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+    except OSError:
+        return 0.0
+    try:
+        return int(os.read(fd, 128).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    finally:
+        os.close(fd)
 
 
 def _read_stat(name: str, dir_fd: int | None = None) -> bytes:

@@ -52,7 +52,6 @@ from xrun.errors import PreloadError, PreloadHelperLost, XrunError
 from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
-from xrun.launch.replicas.lighthouse import KeeperWatch, lighthouse
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
     NODE_FAILURE_EXIT,
@@ -87,6 +86,7 @@ if TYPE_CHECKING:
     from xrun.launch.doctor.dumps import Diagnosis
     from xrun.launch.doctor.node_doctor import NodeDoctor
     from xrun.launch.preload.client import PreloadHelper
+    from xrun.launch.replicas.lighthouse import KeeperWatch
     from xrun.launch.session.pod import PodNode
 
 HELLO_AGAIN_EVERY = 2.0  # pod mode: after node 0 turned this node away (each try is a line on node 0's console)
@@ -277,7 +277,12 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
-            if self._keeper is None:  # --replica_groups, node 0: up before any rank, for every attempt
+            if spec.replicas is not None and self._keeper is None:
+                # --replica_groups, node 0: up before any rank, for every attempt. Lazy: the Lighthouse's keeper and
+                # its parent-death signal (ctypes), ~3 ms of imports (python -X importtime), load in such a job
+                # only, not at every agent's start (issue 38)
+                from xrun.launch.replicas.lighthouse import KeeperWatch, lighthouse
+
                 keeper = self._lighthouse.enter_context(lighthouse(spec))
                 self._keeper = KeeperWatch(keeper, self._lighthouse_gone) if keeper is not None else None
             rule, port = action.port, None

@@ -15,12 +15,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from xrun.common.output.streams import notice
 from xrun.common.spec import NodeSpec
 from xrun.errors import PortBusyError
-from xrun.launch.store.server import StoreServer
 from xrun.net import port_holder
+
+if TYPE_CHECKING:
+    from xrun.launch.store.server import StoreServer
 
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
@@ -94,6 +97,10 @@ def agent_stores(spec: NodeSpec) -> Iterator[AgentStores]:
 
 def hosted(node: str, address: str, port: int) -> StoreServer:
     """A new, empty store listening at ``address:port``, started; a port taken is ``PortBusyError`` on ``node``."""
+    # lazy: only rank 0's node hosts a store; the server (~5 ms of imports, python -X importtime) is not loaded by
+    # the other agents of a fan-out, which all decide through store_endpoints that they host none (issue 38)
+    from xrun.launch.store.server import StoreServer
+
     try:
         server = StoreServer(address, port)
     except OSError as err:
