@@ -19,9 +19,10 @@ The link decides what a request means. Alone (xrun.launch.doctor.local_view: the
 stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
 (xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
 ``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
-(xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
-to the head, which alone sees every node, and ``dump`` answers the head's request. Where no stack can be taken
-(py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
+(xrun.launch.doctor.head_link, the session driver's): a SIGQUIT asks the head for a job-wide dump, silence and
+speech are reported to the head, which alone sees every node, and ``dump`` answers the head's request. Where no
+stack can be taken (py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never
+notice.
 
 Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
 parsed and summed up, the stacks as data and their merged view, the worker thread) is
