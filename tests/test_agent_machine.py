@@ -139,6 +139,8 @@ CASES = [
     ("a stop while the ranks run stops them, stacks first when asked", HEAD, RUNNING,
      [StopOrder(TERM, "rank 3 failed", stacks=True), StopOrder(KILL, "second SIGINT")],
      [StopRanks(TERM, "rank 3 failed", stacks=True), StopRanks(KILL, "second SIGINT")], None),
+    ("the head's hang stop stops the ranks as hung", HEAD, RUNNING, [StopOrder(TERM, "no output", hung=True)],
+     [StopRanks(TERM, "no output", hung=True)], None),
     ("a forwarded signal and a dump reach running ranks only", HEAD, AT_BARRIER,
      [Signal(10), Dump(4), Start("h", 1), Signal(10), Dump(5)],
      [CloseProbes(), run("h", 1), ForwardSignal(10), TakeStacks(5)], None),
@@ -301,6 +303,7 @@ def test_event_sequences(config, before, steps, expected, exit_code):
     (message(Kind.START, master_port=0), Start(None, None)),
     (message(Kind.STOP, signal=9, deadline=5.0, reason="r", stacks=True), StopOrder(9, "r", True)),
     (message(Kind.STOP), StopOrder(TERM, "the runner asked to stop")),
+    (message(Kind.STOP, signal=15, reason="r", hung=True), StopOrder(TERM, "r", hung=True)),
     (message(Kind.RESTART, attempt=2, pick_master_port=False, master_port=0), Restart(2, None)),
     (message(Kind.VERDICT, exit_code=True, line=3), JobEnded(1, None)),  # fields of the wrong type read as absent
     (message(Kind.VERDICT, exit_code=7, line="job failed: x"), JobEnded(7, "job failed: x")),

@@ -285,7 +285,8 @@ def test_a_failing_rank_among_chatty_ranks_has_its_own_complete_tail(tmp_path):
     done = _xrun(tmp_path, env={"FAIL_RANK": "5"})
     assert done.returncode == 3
     report = done.stderr.decode()
-    assert "rank 5 failed first: exit code 3" in report
+    # "first" when some other rank was still running and was stopped, else the lone failure
+    assert re.search(r"rank 5 failed( first)?: exit code 3", report), report
     tail = report[report.index("of rank 5's stderr:"):].splitlines()[1:]
     assert [line.strip() for line in tail[:3]] == ["| shared on stderr", "| own stderr of rank 5", "| rank 5 own error"]
     assert b"[localhost:5] rank 5 own error" in done.stderr

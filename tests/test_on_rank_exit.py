@@ -55,7 +55,7 @@ def test_a_failed_rank_stops_no_other_and_the_survivors_decide(tmp_path, code, e
         last = summary["root_cause"]["rank"]
         assert last in (0, 2) and summary["root_cause"]["exit_code"] == 5
         assert summary["lost_ranks"] == sorted({0, 1, 2} - {last})
-        assert f"rank {last} failed first: exit code 5" in done.stderr
+        assert f"rank {last} failed last: exit code 5" in done.stderr
         assert f"; rank {', '.join(map(str, summary['lost_ranks']))} lost before it" in done.stderr
         assert summary["end"] is not None and "lost before it" in summary["end"]
 

@@ -95,7 +95,7 @@ def _outcome(**kw):
 def test_the_report_names_the_exit_code_once():
     root = _outcome()
     text = format_failure_report(NodeResult("n", (root,), root, None, 1))
-    assert text.splitlines()[0] == "xrun: node n: rank 0 failed first: exit code 1 after 2.97 s"
+    assert text.splitlines()[0] == "xrun: node n: rank 0 failed: exit code 1 after 2.97 s"
 
 
 # ---------------------------------------------------------------------------------------------------------------

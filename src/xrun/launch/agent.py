@@ -109,9 +109,9 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             doctor.attach(group)
             if hooks:
                 hooks.attach(group, doctor)
-            if hooks is None or hooks.alone:
-                # A node that is the whole job shows its ranks' stacks and acts on its hang itself. Lazy: the view
-                # loads the readers (collectiveview: ~12 ms of a connected agent's start, python -X importtime).
+            if hooks is None:
+                # The stand-alone agent has no head: it shows its ranks' stacks and acts on its hang itself. Lazy:
+                # the view loads the readers (collectiveview: ~12 ms of an agent's start, python -X importtime).
                 from xrun.launch.doctor.local_view import LocalView
 
                 doctor.link = LocalView(doctor)

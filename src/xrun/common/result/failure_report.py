@@ -170,8 +170,8 @@ def _headline(result: NodeResult) -> str:
     root = result.root_cause
     if root is not None:
         teardown = f", {IN_TEARDOWN}" if aborted_in_teardown(exit_code_of(root), root.stderr_tail) else ""
-        return (f"rank {root.rank} failed first: {describe_status(root)} after {root.runtime_s:.2f} s{teardown}"
-                f"{lost_before(result.lost)}")
+        return (f"rank {root.rank} {_failed(result, root)}: {describe_status(root)} after {root.runtime_s:.2f} s"
+                f"{teardown}{lost_before(result.lost)}")
     if result.interrupted_by is not None:
         return f"stopped by {signal_name(result.interrupted_by)}"
     failed = sum(1 for o in result.outcomes if o.failed)
@@ -181,6 +181,16 @@ def _headline(result: NodeResult) -> str:
     if leftovers:
         return f"all ranks exited with code 0; {leftovers} leftover process(es) had to be stopped"
     return "all ranks exited with code 0"
+
+
+def _failed(result: NodeResult, root: RankOutcome) -> str:
+    """Where the root cause stands among the other ranks' ends: ``failed last`` (--on_rank_exit keep: the ranks lost
+    before it ran on), ``failed first`` (the others were stopped, or failed after it), or ``failed`` (the others
+    had ended well)."""
+    if result.lost:
+        return "failed last"
+    others = [o for o in result.outcomes if o.rank != root.rank]
+    return "failed first" if any(o.failed or o.stopped_by_xrun for o in others) else "failed"
 
 
 def _exit_code(result: NodeResult) -> str:

@@ -5,14 +5,15 @@ back as the agent machine's actions, which the session driver (xrun.launch.sessi
 * ``TakeStacks`` (the head's ``dump``): the ranks' collective records, then their stacks, under the dump's id
   (``take_stacks``); under ``--elastic`` torch's agent owns the workers: an answer without stacks;
 * ``StopRanks`` with ``stacks`` (another node failed first): the survivors' stacks before the stop
-  (``stop_stacks``); at the attempt's end they go to the head before ``done`` (``report``);
+  (``stop_stacks``); at the attempt's end they go to the head before ``done`` (``report``); with ``hung`` (the
+  head found the job hung): the ranks stopped as hung, with the stacks of the dump that found the hang
+  (``stop_hung``);
 * the doctor's link (``DoctorLink``): SIGQUIT asks the head for a job-wide dump (``want_stacks``), silence and
   speech (``quiet``, ``spoke``) are the head's hang watch's; the straggler samples (``entry_times``) and the ranks'
   usage go to the head as they are read.
 
 The head half is ``xrun.runner.job.doctor_head`` (stacks, hangs) and ``xrun.runner.job.telemetry_head`` (samples,
-usage). A node that is the whole job with no head to ask (the stand-alone agent) or whose head is this process
-(the local run) links its doctor to ``xrun.launch.doctor.local_view`` instead, for the stacks and the hang.
+usage). The stand-alone agent, which has no head, links its doctor to ``xrun.launch.doctor.local_view`` instead.
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ class HeadLink:
                               problem=found.problem))
 
         doctor.dump(answer)
+
+    def stop_hung(self, reason: str) -> bool:
+        """The head found the job hung: the doctor stops the ranks as hung, the hang's dump in the node's report
+        (False under --elastic: no doctor, the ranks are stopped as any stop does)."""
+        if self.doctor is None:
+            return False
+        self.doctor.stop_hung(reason)
+        return True
 
     def stop_stacks(self, signum: int) -> None:
         """Another node failed first: what were these doing? (Not before a SIGKILL: there is no time.)"""

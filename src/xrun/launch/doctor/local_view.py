@@ -1,7 +1,8 @@
-"""The link of a node that is the whole job (the local run's one-node job, the stand-alone agent): it shows the
-merged stacks and the collectives' findings itself and acts on a hang (``--hang_action``).
-xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps; the head scores the stragglers
-(xrun.runner.backends.one_node); under the head of several nodes the driver is the link and the head compares.
+"""The doctor's link of the stand-alone agent (``python -m xrun.launch --world_info=...``, xrun.launch.standalone),
+which has no head: it shows the merged stacks and the collectives' findings itself and acts on a hang
+(``--hang_action``). xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps. Every other
+agent (a job of several nodes, pod mode, the local run's one-node job: xrun.runner.backends.one_node) has a head:
+the driver is the link, and the head's doctor (xrun.runner.job.doctor) shows the view and decides the hang.
 """
 
 from __future__ import annotations
@@ -36,10 +37,8 @@ class LocalView:
     def _hung(self, found: Diagnosis, reason: str) -> None:
         self._show(found, reason)
         action = self._doctor.options.hang_action
-        if action is not HangAction.DUMP:  # stop, or restart (the local backend's attempts decide)
-            self._doctor.group.stacks = tuple(found.stacks)
-            self._doctor.group.collectives = found.reading
-            self._doctor.group.stop_hung(f"{reason}; --hang_action {action.value}")
+        if action is not HangAction.DUMP:  # stop, or restart: with no head there is no attempt to retry
+            self._doctor.stop_hung(f"{reason}; --hang_action {action.value}")
 
     def _show(self, found: Diagnosis, reason: str) -> None:
         # lazy: the views load with the first dump's readers, not at every local run's start (~12 ms of imports)

@@ -15,14 +15,15 @@
 * under a head (``send_usage``), every sample period of the head's record (xrun.common.telemetry.usage), each live
   rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.
 
-The link decides what a request means. Alone (xrun.launch.doctor.local_view: the local run's one-node job, the
-stand-alone agent) this node is the whole job: the doctor takes the stacks, prints the merged view
+The link decides what a request means. Under a head (every agent but the stand-alone one: a job of several
+nodes, pod mode, the local run's one-node job) the link is the control channel (xrun.launch.doctor.head_link, the
+session driver's): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported to the head, which
+alone sees every node, and ``dump`` answers the head's request; the head's hang stop comes back as ``stop_hung``,
+which puts the stacks of the dump that found the hang in the node's report. The stand-alone agent
+(xrun.launch.doctor.local_view) has no head: the doctor takes the stacks, prints the merged view
 (xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
-``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Under a head the link is the control channel
-(xrun.launch.doctor.head_link, the session driver's): a SIGQUIT asks the head for a job-wide dump, silence and
-speech are reported to the head, which alone sees every node, and ``dump`` answers the head's request. Where no
-stack can be taken (py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never
-notice.
+``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Where no stack can be taken (py-spy missing, no ptrace
+permission), one line says why and what to grant; the ranks never notice.
 
 Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
 parsed and summed up, the stacks as data and their merged view, the worker thread) is
@@ -47,7 +48,7 @@ from xrun.launch.telemetry.usage import UsageReader
 if TYPE_CHECKING:
     from xrun.channel import Message
     from xrun.common.result.outcome import RankOutcome
-    from xrun.launch.doctor.dumps import DumpDone, NodeDumps
+    from xrun.launch.doctor.dumps import Diagnosis, DumpDone, NodeDumps
     from xrun.launch.ranks.supervise import RankGroup
     from xrun.launch.telemetry.endpoints import Endpoints
 
@@ -133,8 +134,9 @@ class NodeDoctor:
         self._usage = UsageReader()
         self._usage_every = sample_every()
         self._next_usage = 0.0
-        # this node itself when it is the whole job (xrun.launch.doctor.local_view), else the driver's link to the head
+        # the driver's link to the head, or, for the stand-alone agent, its own view (xrun.launch.doctor.local_view)
         self.link: DoctorLink | None = None
+        self._last_found: Diagnosis | None = None
 
     def attach(self, group: RankGroup) -> None:
         self._group = group
@@ -164,7 +166,20 @@ class NodeDoctor:
 
     def dump(self, on_done: DumpDone, *, budget: float = ON_DEMAND_BUDGET) -> None:
         """Take every live rank's stack (and collective records) in the background; ``on_done`` runs in the loop."""
-        self._hands().dump(on_done, budget)
+
+        def kept(found: Diagnosis) -> None:
+            self._last_found = found  # a hang's stop, next, reports the stacks of the dump that found the hang
+            on_done(found)
+
+        self._hands().dump(kept, budget)
+
+    def stop_hung(self, reason: str) -> None:
+        """--hang_action stop|restart: the job is hung; stop the ranks as hung (HANG_EXIT, ``reason``), the stacks
+        and collectives of the dump that found the hang in the node's report and ``failure.json``."""
+        found, group = self._last_found, self.group
+        if found is not None:
+            group.stacks, group.collectives = tuple(found.stacks), found.reading
+        group.stop_hung(reason)
 
     def _hands(self) -> NodeDumps:
         """What reads the ranks (xrun.launch.doctor.dumps), made at the first dump, sample or failure."""

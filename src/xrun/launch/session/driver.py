@@ -316,6 +316,8 @@ class Driver:
     def _stop_ranks(self, action: StopRanks) -> None:
         if self._group is None:
             return
+        if action.hung and self._head.stop_hung(action.reason):
+            return  # the head found the job hung: this node's report says so
         if action.stacks:
             self._head.stop_stacks(action.signum)  # another node failed first: what were these doing?
         self._group.request_stop(action.signum, action.reason)

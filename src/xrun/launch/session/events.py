@@ -81,6 +81,7 @@ class StopOrder(NamedTuple):
     signum: int
     reason: str
     stacks: bool = False  # another node failed first: take this node's stacks before the stop, for the report
+    hung: bool = False  # --hang_action stop|restart: the job is hung (the stacks are the hang's dump's)
 
 
 class Restart(NamedTuple):
@@ -206,6 +207,7 @@ class StopRanks(NamedTuple):
     signum: int
     reason: str
     stacks: bool = False  # the survivors' stacks first (xrun.launch.doctor.node_doctor)
+    hung: bool = False  # the head found the job hung: the ranks are stopped as hung (NodeDoctor.stop_hung)
 
 
 class ForwardSignal(NamedTuple):
@@ -275,7 +277,8 @@ def message_event(msg: Message, *, clock_ns: int | None = None) -> Event:
                      _int(msg.get("restart_count")))
     if kind == Kind.STOP.value:
         reason = str(msg.get("reason") or "the runner asked to stop")
-        return StopOrder(_int(msg.get("signal")) or signal.SIGTERM, reason, stacks=bool(msg.get("stacks")))
+        return StopOrder(_int(msg.get("signal")) or signal.SIGTERM, reason, stacks=bool(msg.get("stacks")),
+                         hung=bool(msg.get("hung")))
     if kind == Kind.RESTART.value:
         return Restart(_int(msg.get("attempt")), port_rule(msg))
     if kind == Kind.VERDICT.value:

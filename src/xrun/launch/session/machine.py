@@ -245,7 +245,7 @@ class AgentMachine:
 
     def _on_stop(self, event: StopOrder) -> None:
         if self.phase is Phase.RUNNING:
-            self._out.append(StopRanks(event.signum, event.reason, event.stacks))
+            self._out.append(StopRanks(event.signum, event.reason, event.stacks, event.hung))
         elif self.phase is Phase.STANDBY:
             self._told_to_leave(0)  # the job ended without this spare
         elif self.phase is Phase.BARRIER or (self.pod is not None and self.phase is Phase.HELLO):

@@ -516,11 +516,12 @@ class ControlServer:
                                        master_port=action.master_port, max_restarts=restarts, standby=action.standby))
 
     def _send_stop(self, action: SendStop) -> None:
-        """After a failure (not a signal, not a hang) the agents take their ranks' stacks before they stop them."""
+        """After a failure (not a signal) the agents take their ranks' stacks before they stop them; after a hang
+        they have them (the hang's dump) and stop the ranks as hung, so each node's report says so."""
         failure = self.job.failure
-        stacks = failure is not None and failure.exit_code != HANG_EXIT
+        hung = failure is not None and failure.exit_code == HANG_EXIT
         self.send_all(action.nodes, message(Kind.STOP, signal=action.signal, deadline=action.deadline,
-                                            reason=action.reason, stacks=stacks))
+                                            reason=action.reason, stacks=failure is not None and not hung, hung=hung))
 
     def _send_restart(self, action: SendRestart) -> None:
         """--max_restarts: the next attempt (what the doctor and the figures held was the attempt before's)."""
