@@ -14,7 +14,7 @@ during the warm-up and enters every collective 50 ms late after it: ``named_afte
 name it.
 
 The messages are encoded with the channel's own ``encode`` before the clock starts; timed is what the head does
-with them, as ``ControlServer._agent_message`` does: ``decode_body`` (the channel's frame -> message),
+with them, as the control server's readers do (``TelemetryHead``): ``decode_body`` (the channel's frame -> message),
 ``read_entry_times``, the node's clock offset and ``StragglerScores.add``; for a pong ``fields_error`` and
 ``ClockOffsets.pong``, and ``ClockOffsets.sent`` per ping; for a usage message ``decode_body`` and ``read_usage``
 (``usage_s``; with the record, its ``used`` is in ``record_s``). With ``record`` (1, the default: as with ``--log_dir``)

@@ -27,7 +27,7 @@ from xrun.channel.framing import (
     recv,
     send,
 )
-from xrun.channel.messages import STOP_STACKS, Kind, lines_messages, lines_of, message
+from xrun.channel.messages import STOP_STACKS, Kind, Reader, lines_messages, lines_of, message
 from xrun.channel.sockets import (
     DEAD_AFTER,
     HELLO_TIMEOUT,
@@ -56,6 +56,7 @@ __all__ = [
     "FrameReader",
     "Kind",
     "Message",
+    "Reader",
     "decode_body",
     "encode",
     "lines_messages",

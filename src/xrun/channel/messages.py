@@ -62,11 +62,15 @@ node's plan digest; no spec is ever sent, and every node exits with the code its
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from xrun.channel.fields import LINE_RECORDS, LINES_FIELDS, LINES_TEXT, fields_error, record_problem
 from xrun.channel.framing import ChannelError, Message
+
+# A feature's reader of one kind of an agent's message at the head (issue 38 §3): the sender's node, the message,
+# the head's monotonic now. A malformed field raises ValueError (or ChannelError): the sender's protocol error.
+Reader = Callable[[int, Message, float], None]
 
 
 class Kind(str, enum.Enum):

@@ -16,14 +16,14 @@
   rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.
 
 The link decides what a request means. Under a head (every agent but the stand-alone one: a job of several
-nodes, pod mode, the local run's one-node job) the link is the control channel
-(xrun.launch.session.driver.Driver): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported
-to the head, which alone sees every node, and ``dump`` answers the head's request; the head's hang stop comes back
-as ``stop_hung``, which puts the stacks of the dump that found the hang in the node's report. The stand-alone
-agent (xrun.launch.doctor.local_view) has no head: the doctor takes the stacks, prints the merged view
+nodes, pod mode, the local run's one-node job) the link is the control channel (xrun.launch.doctor.head_link, the
+session driver's): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported to the head, which
+alone sees every node, and ``dump`` answers the head's request; the head's hang stop comes back as ``stop_hung``,
+which puts the stacks of the dump that found the hang in the node's report. The stand-alone agent
+(xrun.launch.doctor.local_view) has no head: the doctor takes the stacks, prints the merged view
 (xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
-``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Where no stack can be taken
-(py-spy missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
+``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Where no stack can be taken (py-spy missing, no ptrace
+permission), one line says why and what to grant; the ranks never notice.
 
 Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
 parsed and summed up, the stacks as data and their merged view, the worker thread) is

@@ -14,10 +14,14 @@ loss, pod mode's signal latch this xrun's shutdown signals. Whoever supervises t
 So one thread at a time feeds the machine (a lock makes sure), and a supervising loop that freezes stops
 answering pings as it stops beating for its watchdog: the runner gives the node up as its ranks are stopped.
 
-The driver is also the rank group's link to the runner (``AgentHooks`` of xrun.launch.agent, the hang doctor's
-``DoctorLink``): what the ranks say on their way (``started``, ``rank_exited``, stacks and collective records,
-``want_stacks``, ``quiet``, ``spoke``, the straggler sample ``entry_times``, the ranks' ``usage``, the console's
-line records) goes out as it comes, past the machine; their end is the machine's event.
+The machine's actions are carried out through one lookup table (``_how_to_carry_out``: action type -> how), one
+line a kind (issue 38 §3). What is a feature's is its node half's, registered there: the hang doctor's and
+telemetry's link to the head (xrun.launch.doctor.head_link: stacks and collective records on demand and before a
+stop, ``want_stacks``, ``quiet``, ``spoke``, the straggler samples, the ranks' ``usage``), ``--precheck``'s probes
+(xrun.launch.network.precheck_answers), ``--preload``'s helper (xrun.launch.session.preloading), the live status
+(xrun.common.output.status). The driver is the rank group's link to the runner (``AgentHooks`` of
+xrun.launch.agent): ``started``, ``rank_exited`` and the console's line records go out as they come, past the
+machine; the ranks' end is the machine's event.
 
 Walk of a head-mode agent: ``xrun.launch.__main__`` -> ``session.main.main`` (command line, key) ->
 ``connection.connect`` -> ``Driver.run``: spec -> ``_preflight`` -> ready -> start -> ``_run_attempt`` ->
@@ -38,7 +42,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from xrun.channel import DEAD_AFTER, STOP_STACKS, ChannelError, Kind, Message, message
+from xrun.channel import DEAD_AFTER, ChannelError, Kind, Message, message
 from xrun.channel.link import Credentials, Link
 from xrun.common.output.consoleroute import Route, routed
 from xrun.common.output.status import PlainStatus, make_status, say
@@ -48,8 +52,9 @@ from xrun.common.result.errorfile import error_lines
 from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.common.result.summary import RankFigures
-from xrun.errors import PreloadError, PreloadHelperLost, XrunError
-from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, run_node, start_preload
+from xrun.errors import XrunError
+from xrun.launch.agent import run_node
+from xrun.launch.doctor.head_link import HeadLink
 from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
@@ -78,14 +83,12 @@ from xrun.launch.session.events import (
     Tick,
 )
 from xrun.launch.session.machine import AgentMachine
+from xrun.launch.session.preloading import Preloading
 from xrun.net import master_port
 from xrun.printable import one_line
 
 if TYPE_CHECKING:
-    from xrun.common.spec import NodeSpec
-    from xrun.launch.doctor.dumps import Diagnosis
     from xrun.launch.doctor.node_doctor import NodeDoctor
-    from xrun.launch.preload.client import PreloadHelper
     from xrun.launch.replicas.lighthouse import KeeperWatch
     from xrun.launch.session.pod import PodNode
 
@@ -153,10 +156,10 @@ class Driver:
         self._attempt: RunAttempt | None = None  # the machine asked for it: run by the main loop
         self._join_again = False
         self._group: Any = None  # a RankGroup, or the elastic StopBridge, while the ranks run
-        self._doctor: NodeDoctor | None = None
-        self._helper: PreloadHelper | None = None  # --preload: started at the first preflight, for every attempt
-        self._importing: tuple[PreflightPassed, float] | None = None  # the preflight's answer once the helper is ready
-        self._helper_error: PreloadError | None = None  # the helper could not start
+        # the features' node halves, and how each of the machine's actions is carried out (issue 38 §3)
+        self._head = HeadLink(self._send)  # the hang doctor's and telemetry's link to the head
+        self._preload = Preloading()  # --preload: the helper, started at the first preflight, for every attempt
+        self._doers = self._how_to_carry_out()
         self._lighthouse = ExitStack()  # --replica_groups: node 0's Lighthouse, from its first preflight to the end
         self._keeper: KeeperWatch | None = None  # its keeper, watched while the ranks run
 
@@ -166,7 +169,7 @@ class Driver:
         """The agent's life from the hello to its exit code."""
         try:
             if self.machine.pod is not None:  # pod mode knows its ranks at once: the import overlaps the join
-                self._start_helper(self.machine.pod.spec)
+                self._preload.start(self.machine.pod.spec)
             self._open()
             while self.machine.exit_code is None:
                 if self._attempt is not None:
@@ -183,8 +186,7 @@ class Driver:
         finally:
             self._close()
             self._inbox.close()
-            if self._helper is not None:
-                self._helper.close()
+            self._preload.close()
             self._lighthouse.close()
 
     def _open(self) -> None:
@@ -193,8 +195,7 @@ class Driver:
         self._probes = ProbeAnswers(self._connection.send)
 
     def _close(self) -> None:
-        if self._probes is not None:
-            self._probes.close()
+        self._close_probes()
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -202,12 +203,13 @@ class Driver:
     def _next_events(self) -> None:
         """Wait for events (or the machine's time) and feed them, up to an attempt the machine asks for: what comes
         after waits for the rank group's loop."""
-        due = self.machine.wake_at
-        if self._importing is not None:
-            due = self._importing[1] if due is None else min(due, self._importing[1])
-        helper = (self._helper.fileno(),) if self._importing is not None and self._helper is not None else ()
+        due, (imported_by, helper) = self.machine.wake_at, self._preload.wake()
+        if imported_by is not None:
+            due = imported_by if due is None else min(due, imported_by)
         self._inbox.wait(None if due is None else max(0.0, due - time.monotonic()), helper)
-        self._hear_helper()
+        preloaded = self._preload.hear(self._host)
+        if preloaded is not None:
+            self.feed(preloaded)
         while self._attempt is None and not self._join_again and self.machine.exit_code is None:
             event = self._inbox.next()
             if event is None:
@@ -232,43 +234,64 @@ class Driver:
     # -- the machine's actions --------------------------------------------------------------------------------
 
     def _carry_out(self, action: Action) -> Event | None:
+        return self._doers[type(action)](action)
+
+    def _how_to_carry_out(self) -> dict[type, Callable[[Any], Event | None]]:
+        """How each of the machine's actions is carried out (what it answers is fed in turn)."""
+        return {
+            Send: self._send_action,
+            Preflight: self._preflight,
+            RunAttempt: self._run_next,
+            StopRanks: self._stop_ranks,
+            ForwardSignal: self._forward_signal,
+            TakeStacks: lambda a: self._head.take_stacks(a.id),
+            AnswerProbe: self._answer_probe,
+            CloseProbes: lambda a: self._close_probes(),
+            ShowLine: lambda a: say(a.text),
+            ShowWaiting: self._show_waiting,
+            ShowStarted: self._show_started,
+            JoinAgain: self._join_later,
+            Exit: self._exit,
+        }
+
+    def _send_action(self, action: Send) -> Event | None:
         connection = self._connection
-        if isinstance(action, Send):
-            if connection is None:
-                return Delivered(False) if action.final else None
-            if action.final:
-                return Delivered(connection.send_final(action.message))
-            connection.send(action.message)
-        elif isinstance(action, Preflight):
-            return self._preflight(action)
-        elif isinstance(action, RunAttempt):
-            self._attempt = action
-        elif isinstance(action, StopRanks):
-            self._stop_ranks(action)
-        elif isinstance(action, ForwardSignal):
-            if self._group is not None:
-                self._group.forward_signal(action.signum)  # a RankGroup, or the elastic StopBridge
-        elif isinstance(action, TakeStacks):
-            self._dump(action.id)
-        elif isinstance(action, AnswerProbe):
-            if self._probes is not None:
-                self._probes.handle(dict(action.message))
-        elif isinstance(action, CloseProbes):
-            if self._probes is not None:
-                self._probes.close()
-        elif isinstance(action, ShowLine):
-            say(action.text)
-        elif isinstance(action, ShowWaiting):
-            if self._status is not None:
-                self._status.waiting(action.ready, list(action.missing), action.elapsed)
-        elif isinstance(action, ShowStarted):
-            if self._status is not None:
-                self._status.started(action.nodes, action.ranks, action.elapsed, action.master_addr, action.master_port)
-        elif isinstance(action, JoinAgain):
-            self._join_again = True
-        elif isinstance(action, Exit) and action.line is not None:
-            self._say(action.line)
+        if connection is None:
+            return Delivered(False) if action.final else None
+        if action.final:
+            return Delivered(connection.send_final(action.message))
+        connection.send(action.message)
         return None
+
+    def _run_next(self, action: RunAttempt) -> None:
+        self._attempt = action  # run by the main loop
+
+    def _forward_signal(self, action: ForwardSignal) -> None:
+        if self._group is not None:
+            self._group.forward_signal(action.signum)  # a RankGroup, or the elastic StopBridge
+
+    def _answer_probe(self, action: AnswerProbe) -> None:
+        if self._probes is not None:
+            self._probes.handle(dict(action.message))
+
+    def _close_probes(self) -> None:
+        if self._probes is not None:
+            self._probes.close()
+
+    def _show_waiting(self, action: ShowWaiting) -> None:
+        if self._status is not None:
+            self._status.waiting(action.ready, list(action.missing), action.elapsed)
+
+    def _show_started(self, action: ShowStarted) -> None:
+        if self._status is not None:
+            self._status.started(action.nodes, action.ranks, action.elapsed, action.master_addr, action.master_port)
+
+    def _join_later(self, action: JoinAgain) -> None:
+        self._join_again = True
+
+    def _exit(self, action: Exit) -> None:
+        if action.line is not None:
+            self._say(action.line)
 
     def _preflight(self, action: Preflight) -> Event | None:
         """What must hold before this node says ready (xrun.common.preflight: it enters the spec's working
@@ -291,79 +314,19 @@ class Driver:
                 port = master_port(spec.host, rule.port, pick=rule.pick, near=near)
         except XrunError as err:  # the runner ends the job with its code, naming this host (a spare: it is lost)
             return PreflightFailed(str(err), err.exit_code)
-        return self._once_preloaded(spec, PreflightPassed(port))
+        return self._preload.answer(spec, PreflightPassed(port))
 
-    # -- the preload helper (--preload, docs/preload.md): the agent's for its whole life ---------------------------
-
-    def _start_helper(self, spec: NodeSpec) -> None:
-        """Start the helper once, for ``spec``'s ranks (their interpreter, shared environment and directory): it
-        imports while the agent goes on. A helper that cannot start is found out by ``_once_preloaded``."""
-        if self._helper is None and spec.options.preload:
-            try:
-                self._helper = start_preload(spec, os.environ)
-            except PreloadError as err:
-                self._helper_error = err
-
-    def _once_preloaded(self, spec: NodeSpec, passed: PreflightPassed) -> Event | None:
-        """The preflight's answer: ``passed`` once the helper is ready (None: the main loop waits for it, pinged
-        meanwhile, at most ``PRELOAD_TIMEOUT``); failed when it cannot be (bad input: the module, exit code 2) or
-        died during the last attempt (``check_helper``: the job ends on this node)."""
-        self._start_helper(spec)
-        if self._helper_error is not None:
-            return PreflightFailed(str(self._helper_error), self._helper_error.exit_code)
-        helper = self._helper
-        if helper is None:
-            return passed
-        if helper.ready is None:
-            self._importing = (passed, time.monotonic() + PRELOAD_TIMEOUT)
-            return None
-        try:
-            check_helper(helper)
-        except PreloadHelperLost as err:  # not the user's input: the runner names the host, a spare may step in
-            return PreflightFailed(str(err), err.exit_code)
-        return passed
-
-    def _hear_helper(self) -> None:
-        """While the preflight waits for the helper: feed its answer once the helper is ready, or failed."""
-        if self._importing is None or self._helper is None:
-            return
-        (passed, deadline), helper = self._importing, self._helper
-        answer: Event | None = None
-        try:
-            if helper.poll_ready() is not None:
-                announce(helper, self.machine.spec.host if self.machine.spec else socket.gethostname())
-                answer = passed
-            elif time.monotonic() >= deadline:
-                helper.wait_ready(0)  # raises: the helper took too long, and it is killed
-        except PreloadError as err:
-            answer = PreflightFailed(str(err), err.exit_code)
-        if answer is not None:
-            self._importing = None
-            self.feed(answer)
+    def _host(self) -> str:
+        return self.machine.spec.host if self.machine.spec else socket.gethostname()
 
     def _stop_ranks(self, action: StopRanks) -> None:
         if self._group is None:
             return
-        if action.hung and self._doctor is not None:
-            self._doctor.stop_hung(action.reason)  # the head found the job hung: this node's report says so
-            return
-        if action.stacks and self._doctor is not None and action.signum != signal.SIGKILL:
-            self._doctor.take_stop_stacks()  # another node failed first: what were these doing?
+        if action.hung and self._head.stop_hung(action.reason):
+            return  # the head found the job hung: this node's report says so
+        if action.stacks:
+            self._head.stop_stacks(action.signum)  # another node failed first: what were these doing?
         self._group.request_stop(action.signum, action.reason)
-
-    def _dump(self, dump_id: int | str) -> None:
-        if self._doctor is None:  # --elastic: torch's agent owns the workers
-            self._send(message(Kind.STACKS, id=dump_id, stacks=[],
-                               problem=f"no stacks from {socket.gethostname()}: not taken under --elastic"))
-            return
-
-        def answer(found: Diagnosis) -> None:
-            if found.reading is not None:  # the ranks' collective records, the same id, first (issue 31)
-                self._send(found.reading.message(dump_id))
-            self._send(message(Kind.STACKS, id=dump_id, stacks=[s.to_json() for s in found.stacks],
-                               problem=found.problem))
-
-        self._doctor.dump(answer)
 
     # -- an attempt: the rank group's link to the runner (xrun.launch.agent.AgentHooks, DoctorLink) ------------
 
@@ -373,9 +336,10 @@ class Driver:
         them (xrun.launch.procs.watchdog)."""
         try:
             with routed(self._route()), watched_for_freezes(DEAD_AFTER):
-                run_node(attempt.spec, hooks=self, preload=self._helper)
+                run_node(attempt.spec, hooks=self, preload=self._preload.helper)
         finally:
-            self._group = self._doctor = None
+            self._group = None
+            self._head.attach(None)
             if self._keeper is not None:
                 self._keeper.detach()
 
@@ -390,11 +354,8 @@ class Driver:
 
     def attach(self, group: Any, doctor: NodeDoctor | None = None) -> None:
         """The rank group's loop takes over the inbox (woken once for what already waits)."""
-        self._group, self._doctor = group, doctor
-        if doctor is not None:
-            doctor.link = self  # SIGQUIT, silence and speech go to the head, which sees every node
-            doctor.send_samples = self._send  # the head scores the stragglers, across nodes (issue 31)
-            doctor.send_usage = self._send  # the ranks' CPU and RSS, for the head's record (issue 40 §1)
+        self._group = group
+        self._head.attach(doctor)
         group.add_reader(self._inbox.wake_fd, self._on_wake)
         if self._keeper is not None:
             self._keeper.attach(group)
@@ -427,21 +388,9 @@ class Driver:
         self._send(message(Kind.GROUP_RESTARTED, **restart.to_json()))
 
     def on_result(self, result: NodeResult) -> None:
-        if result.collectives is not None:  # first: the stacks complete the node's answer (issue 31)
-            self._send(result.collectives.message(STOP_STACKS))
-        if result.stacks:  # taken before the stop: the head merges every node's into its failure report
-            self._send(message(Kind.STACKS, id=STOP_STACKS, stacks=[s.to_json() for s in result.stacks], problem=None))
+        self._head.report(result)  # the stacks taken before the stop, before done
         root = result.root_cause.rank if result.root_cause is not None else None
         self.feed(AttemptEnded(result.exit_code, root, result.interrupted_by))
-
-    def stacks_wanted(self, reason: str) -> None:
-        self._send(message(Kind.WANT_STACKS, reason=reason))
-
-    def quiet(self, silent_for: float) -> None:
-        self._send(message(Kind.QUIET, silent_for=round(silent_for, 3)))
-
-    def spoke(self) -> None:
-        self._send(message(Kind.SPOKE))
 
     def _send(self, msg: Message) -> None:
         if self._connection is not None:

@@ -21,15 +21,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from xrun.channel import Kind, Message
 from xrun.common.output.status import say
-from xrun.common.output.streams import notice
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
-from xrun.common.result.stragglers import SAME_CLOCK, ClockOffset
 from xrun.launch.session.driver import run_local_node
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.control_server import ControlServer, NoSessions
@@ -43,6 +41,7 @@ from xrun.runner.plan import Plan, PortChoice
 class LocalServer(ControlServer):
     """The head of a one-node job: no barrier to show; the node's report is the job's (see the module doc)."""
 
+    alone = True  # its ranks share this process's clock; a straggler is named in the node's words
     said_why = False  # the node's preflight failed: it said why, and that is the job's last line
 
     def _agent_message(self, node: int, msg: Message) -> None:
@@ -55,13 +54,6 @@ class LocalServer(ControlServer):
         config = JobConfig.from_plan(plan, join_timeout=join_timeout)
         fresh = plan.request.master_port_choice is PortChoice.FREE and config.elastic is None
         return Job(replace(config, pick_master_port=fresh or config.pick_master_port), now=time.monotonic())
-
-    def _clock_of(self, node: int) -> ClockOffset:
-        return SAME_CLOCK  # its ranks share this process's clock
-
-    def _say_stragglers(self, node: int, lines: Sequence[str], now: float) -> None:
-        for line in lines:
-            notice(self._host(node), line)  # the node's words, as a one-node job's console has them
 
     def _show_joined(self, action: ShowJoined) -> None:
         pass
@@ -76,7 +68,7 @@ class LocalServer(ControlServer):
         if log_dir is not None and self.figures.ranks:  # the line or the table: the node's own report said it
             # "every node stopped X s later" times a stop across nodes; the one node's report has its own times
             write_job_summary(log_dir, self.figures.ranks, verdict._replace(stopped_after=None),
-                              self.stragglers.to_json(), recorded)
+                              self.telemetry.scores.to_json(), recorded)
 
     def _last_words(self, verdict: Verdict) -> list[str]:
         # --max_restarts: why they ended, each attempt's root cause; not after a preflight's finding, which ends

@@ -11,25 +11,25 @@ One per run, single-threaded, on the address the nodes use. Three classes, each 
   admitted agent's message, a dropped connection, a backend session that ends, a signal, time passing), feeds each
   to the machine (``feed``) and carries out the actions that come back (``_carry_out``): sends, admitted and
   closed connections, status lines (``xrun.common.output.status``), ``--precheck``'s check
-  (``xrun.runner.network.precheck_channel``). At the end the machine's verdict is the report
+  (``xrun.runner.network.precheck_head``). At the end the machine's verdict is the report
   (``xrun.runner.job.last_words``) and the exit code. Barrier, failure, keepalive and exit-code decisions are all the
   machine's; the wire format is ``xrun.channel``'s.
 
 The path of a ``ready``: the loop finds its connection readable -> ``Conn.read`` decodes the frame ->
-``ControlServer.read_from`` -> ``_agent_message`` -> ``agent_event`` (xrun.runner.job.wire) makes it ``Ready`` ->
-``feed`` -> ``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` -> ``_carry_out`` -> ``send`` ->
-``Conn.send`` to every node.
+``ControlServer.read_from`` -> ``_agent_message`` (no feature reads it) -> ``agent_event`` (xrun.runner.job.wire)
+makes it ``Ready`` -> ``feed`` -> ``Job.handle`` (the barrier: ``xrun.runner.job.barrier``) -> ``SendStart`` ->
+``_carry_out`` -> ``send`` -> ``Conn.send`` to every node.
 
-Beside the machine, the agents' ``lines`` go to the job's console (``xrun.runner.job.relay``: every node's lines
-rendered and merged in one place), and each attempt's agents tell what concerns neither the barrier nor the verdict,
-read from their messages before the machine gets them: every rank's figures (``xrun.runner.job.figures``), the hang
-doctor's messages (``xrun.runner.job.doctor``: its steps are carried out here like the machine's actions; SIGQUIT to
-xrun asks it for a job-wide dump, and a stop after a failure asks the agents for their ranks' stacks first; the
-ranks' collective records come with the stacks), the straggler samples (``entry_times``, scored by
-xrun.common.result.stragglers on each node's clock offset, which the pongs measure: ``clocks``), the ranks' CPU
-and RSS (``usage``, for the record) and ``--precheck``'s answers. A restart begins them anew (the clock offsets
-stay). The job's record (``--log_dir``, ``--metrics_port``: ``xrun.runner.job.record``) is handed each event fed
-with its actions and what is read beside it.
+Beside the machine, each feature reads the message kinds it owns (issue 38 §3): its head half registers them in one
+lookup table, ``readers`` (kind -> reader), built here at construction, one line a feature; a message is read there
+first (a malformed field is the sender's protocol error), then the machine gets it. The features: the job's console
+(``_lines``: every node's ``lines``, rendered and merged in one place, ``xrun.runner.job.relay``; the machine never
+hears them), every rank's figures (``xrun.runner.job.figures``), the hang doctor (``xrun.runner.job.doctor_head``:
+``stacks``, ``collectives``, ``want_stacks``, ``quiet``, ``spoke``; SIGQUIT to xrun asks it for a job-wide dump),
+telemetry (``xrun.runner.job.telemetry_head``: the straggler samples, the pongs' clocks, the ranks' usage) and
+``--precheck``'s answers (``xrun.runner.network.precheck_head``). A restart begins each anew (``_begin_attempt``).
+The job's record (``--log_dir``, ``--metrics_port``: ``xrun.runner.job.record``) is handed each event fed with its
+actions and every message heard.
 
 It holds 10,000 agents on its one thread (issue 15, ``python -m bench control_plane``): nothing done per message
 or per loop turn scans every connection or node (connections not yet admitted wait in open order, so the oldest
@@ -54,22 +54,20 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
-from xrun.channel import ChannelError, Kind, Message, lines_of, message
+from xrun.channel import ChannelError, Kind, Message, Reader, lines_of, message
 from xrun.common.output.render import Lines
 from xrun.common.output.status import PlainStatus, make_status, say
 from xrun.common.output.writer import writer
 from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS
 from xrun.common.result.outcome import HANG_EXIT
-from xrun.common.result.stragglers import ClockOffset, ClockOffsets, StragglerScores
-from xrun.common.telemetry.usage import read_usage
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
-from xrun.runner.job.doctor import Hang, HeadDoctor, Send, Show, Step
+from xrun.runner.job.doctor_head import DoctorHead
 from xrun.runner.job.end_files import write_end_files
 from xrun.runner.job.events import (
     Action,
@@ -79,7 +77,6 @@ from xrun.runner.job.events import (
     Event,
     Failure,
     HelloReceived,
-    Hung,
     PrecheckDone,
     RunPrecheck,
     SendAccept,
@@ -107,11 +104,10 @@ from xrun.runner.job.metrics import record_and_metrics
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.job.relay import head_console
 from xrun.runner.job.server_loop import SelectLoop
-from xrun.runner.job.wire import agent_event, hello_event, pong_clock, verdict_message
+from xrun.runner.job.telemetry_head import TelemetryHead
+from xrun.runner.job.wire import agent_event, hello_event, verdict_message
+from xrun.runner.network.precheck_head import PrecheckHead
 from xrun.runner.plan import Plan
-
-if TYPE_CHECKING:
-    from xrun.runner.network.precheck_channel import ChannelPrecheck
 
 ACCEPTS_PER_WAKEUP = 64  # a burst of connecting agents is taken in few loop turns, yet reads are not starved
 
@@ -150,6 +146,8 @@ class ControlServer:
     """One run's loop and its connections: what arrives goes to the machine (``feed``), its actions are carried
     out (``_carry_out``)."""
 
+    alone = False  # the job is one node in this process (the local run): its node's own words and clock
+
     def __init__(self, plan: Plan, gate: Gate, *, join_timeout: float, status: PlainStatus | None = None) -> None:
         self.plan = plan
         self.gate = gate
@@ -165,13 +163,28 @@ class ControlServer:
         self.events: deque[Event] = deque()  # fed to the machine one at a time (``feed``)
         self.feeding = False
         self.doers = self._how_to_carry_out()
-        self.clocks = ClockOffsets()  # each agent's clock against this one, from the pings (issue 31)
+        # the features' head halves, each registering the message kinds it reads (issue 38 §3)
+        options, world_size = plan.request.options, plan.world_size
+        self.figures = JobFigures()
+        self.doctor = DoctorHead(options, world_size, host=self._host, running=self._running, send_all=self.send_all,
+                                 feed=self.feed)
+        self.telemetry = TelemetryHead(world_size, host=self._host, status=self.status, record=lambda: self.record,
+                                       alone=self.alone)
+        self.precheck = PrecheckHead(send=self.send, add_timer=self.add_timer, stopping=lambda: self.job.stopping,
+                                     done=lambda result: self.feed(PrecheckDone(result)))
+        self.readers: dict[str, Reader] = {kind.value: read for reads in (
+            {Kind.LINES: self._lines},
+            self.figures.reads(),
+            self.doctor.reads(),
+            self.telemetry.reads(),
+            self.precheck.reads(),
+        ) for kind, read in reads.items()}
         self._wake_r, self._wake_w = os.pipe()  # post_signal's wake-up, from the main thread
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.add_reader(self._wake_r, self._drain_wake)
-        self._begin_attempt()
-        self.record, self.metrics = record_and_metrics(plan, self.job, lambda: self.stragglers, now=time.monotonic())
+        self.record, self.metrics = record_and_metrics(plan, self.job, lambda: self.telemetry.scores,
+                                                       now=time.monotonic())
 
     # What the tests (and a curious caller) read of the outcome.
     @property
@@ -197,13 +210,11 @@ class ControlServer:
 
     def _begin_attempt(self) -> None:
         """What an attempt's agents tell beside the machine, begun anew (--max_restarts: the attempt before's
-        dumps and figures are not this one's)."""
-        options = self.plan.request.options
-        self.doctor = HeadDoctor(self._host, hang_timeout=options.hang_timeout, hang_action=options.hang_action,
-                                 log_dir=options.log_dir, world_size=self.plan.world_size)
-        self.figures = JobFigures()
-        self.stragglers = StragglerScores(world_size=self.plan.world_size)
-        self.precheck: ChannelPrecheck | None = None  # --precheck: the network check while it runs
+        dumps, figures and scores are not this one's)."""
+        self.figures.begin_attempt()
+        self.doctor.begin_attempt()
+        self.telemetry.begin_attempt()
+        self.precheck.begin_attempt()
 
     def listen(self, addrs: Iterable[str], *, port: int = 0) -> int:
         """Bind one listener per distinct address, all on the same port (0: the kernel chooses)."""
@@ -274,7 +285,7 @@ class ControlServer:
                 self.add_timer(self.console.next_deadline, lambda: self.console.flush(time.monotonic()))
                 record = self.record
                 if record is not None:
-                    self.add_timer(record.due, lambda: record.tick(time.monotonic(), self.stragglers))
+                    self.add_timer(record.due, lambda: record.tick(time.monotonic(), self.telemetry.scores))
                 sessions.register(self)
                 while not self._finished(sessions):
                     self.loop.turn([self.job.next_deadline(), self.pending.deadline(), self.doctor.deadline()])
@@ -294,17 +305,17 @@ class ControlServer:
         recorded = None if self.record is None else self.record.close(verdict, time.monotonic())
         self._sum_up(verdict, log_dir, recorded)
         if log_dir is not None:
-            write_end_files(log_dir, verdict, self.doctor, recorded=self.record is not None)
+            write_end_files(log_dir, verdict, self.doctor.current, recorded=self.record is not None)
         return verdict.exit_code
 
     def _sum_up(self, verdict: Verdict, log_dir: str | None, recorded: Mapping[str, Any] | None) -> None:
         """Every rank's figures: the success line or the table, and ``summary.json`` (with the record's goodput)."""
-        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.stragglers.to_json(), recorded=recorded)
+        self.figures.sum_up(verdict, log_dir=log_dir, stragglers=self.telemetry.scores.to_json(), recorded=recorded)
 
     def _last_words(self, verdict: Verdict) -> list[str]:
         """The job's report (xrun.runner.job.last_words), and the stacks taken before a failure's stop."""
         lines = report_lines(verdict, strays=self.gate.strays + self.job.strays)
-        return lines + (self.doctor.stop_stack_lines() if verdict.exit_code != 0 else [])
+        return lines + (self.doctor.current.stop_stack_lines() if verdict.exit_code != 0 else [])
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -325,7 +336,7 @@ class ControlServer:
 
     def _on_signal_received(self, signum: int) -> None:
         if signum == signal.SIGQUIT:
-            self._want_stacks("SIGQUIT")
+            self.doctor.want("SIGQUIT")
             return
         if signum not in self.forwarded:
             self.feed(SignalReceived(signum))
@@ -339,7 +350,7 @@ class ControlServer:
         for conn in self.pending.expired(now):
             self.drop(conn)  # said nothing useful in time: a stray
         self.feed(Tick())
-        self._doctor_steps(self.doctor.check(now, self._running()))
+        self.doctor.check(now)
 
     def _finished(self, sessions: Sessions) -> bool:
         if self.job.all_over_at is None:
@@ -389,62 +400,25 @@ class ControlServer:
         return hello_event(conn.serial, conn.peer, msg, len(self.plan.agent_hosts))
 
     def _agent_message(self, node: int, msg: Message) -> None:
-        """An admitted agent's message: what the figures, the hang doctor and --precheck read of it first (a
-        malformed field is a protocol error: ``ChannelError``), then the machine's event."""
-        kind, now = msg.get("type"), time.monotonic()
-        if kind == Kind.LINES.value:  # the node's console: not the machine's business (its pongs keep it alive)
-            fd, host, records = lines_of(msg)
-            self.console.add(("node", node), fd, Lines(host, records), now)
+        """An admitted agent's message: read first by the feature that registered its kind (a malformed field is a
+        protocol error: ``ChannelError``), then the machine's event; a node's console lines are the console's
+        alone (not the machine's business: its pongs keep it alive)."""
+        kind, now = msg["type"], time.monotonic()  # a str: the frame's decoding checked it
+        read = self.readers.get(kind)
+        if read is not None:
+            try:
+                read(node, msg, now)
+            except ValueError as err:
+                raise ChannelError(f"{kind}: {err}") from None
+        if kind == Kind.LINES.value:
             return
-        try:
-            if kind == Kind.RANK_EXITED.value and msg.get("figures") is not None:
-                self.figures.add(msg["figures"])
-            elif kind == Kind.STACKS.value:
-                self._doctor_steps(self.doctor.stacks(node, msg, now))
-            elif kind == Kind.COLLECTIVES.value:
-                self.doctor.collectives(node, msg)
-            elif kind == Kind.ENTRY_TIMES.value:
-                self._score(node, msg, now)
-            elif kind == Kind.USAGE.value:
-                readings = read_usage(msg)  # checked with or without a record: every byte from a socket is hostile
-                if self.record is not None:
-                    self.record.used(readings, now)
-            elif kind == Kind.PONG.value:
-                self.clocks.pong(node, time.time_ns(), pong_clock(msg))
-            elif kind == Kind.WANT_STACKS.value:
-                self._want_stacks(f"{msg.get('reason') or 'a request'} at {self._host(node)}")
-            elif kind == Kind.QUIET.value:
-                self._doctor_steps(self.doctor.quiet(node, self._running(), now))
-            elif kind == Kind.SPOKE.value:
-                self.doctor.spoke(node)
-            elif kind in (Kind.PROBE_READY.value, Kind.PROBED.value) and self.precheck is not None:
-                self.precheck.message(node, msg, now)
-        except ValueError as err:
-            raise ChannelError(f"{kind}: {err}") from None
         if self.record is not None:
             self.record.heard(node, msg, now)
         self.feed(agent_event(node, msg))
 
-    def _score(self, node: int, msg: Message, now: float) -> None:
-        """A node's straggler samples (``entry_times``), scored on its clock; a rank named, or recovered, is a line
-        (and a record's event)."""
-        from xrun.common.telemetry.records import read_entry_times  # lazy: at the first sample (stragglers' too)
-
-        offset, samples = self._clock_of(node), read_entry_times(msg)
-        lines = self.stragglers.add(self._host(node), offset, samples)
-        self._say_stragglers(node, lines, now)
-        if self.record is not None:
-            self.record.sampled(node, offset, samples, self.stragglers, changed=bool(lines), now=now)
-
-    def _clock_of(self, node: int) -> ClockOffset | None:
-        """A node's clock against this one: the pongs' offset."""
-        return self.clocks.of(node)
-
-    def _say_stragglers(self, node: int, lines: Sequence[str], now: float) -> None:
-        """Each line on the console; the live status holds who is named now."""
-        for line in lines:
-            self.status.line(line)
-        self.status.stragglers(self.stragglers.status(), now)
+    def _lines(self, node: int, msg: Message, now: float) -> None:
+        fd, host, records = lines_of(msg)
+        self.console.add(("node", node), fd, Lines(host, records), now)
 
     def _closed(self, conn: Conn, reason: str) -> None:
         # a peer that broke the protocol, or hung up once challenged (it could not check node 0's proof, or had
@@ -500,7 +474,7 @@ class ControlServer:
             ShowJoined: self._show_joined,
             ShowWaiting: self._show_waiting,
             ShowStarted: self._show_started,
-            RunPrecheck: self._run_precheck,
+            RunPrecheck: lambda a: self.precheck.start(a.nodes, a.hosts, toward=a.toward),
         }
 
     def send_all(self, nodes: Iterable[int], msg: Message) -> None:
@@ -519,7 +493,7 @@ class ControlServer:
 
     def _send_ping(self, action: SendPing) -> None:
         for node in action.nodes:
-            self.clocks.sent(node, time.time_ns())  # the pong's clock against this round trip (issue 31)
+            self.telemetry.pinged(node)  # the pong's clock against this round trip (issue 31)
             self.send(node, message(Kind.PING))
 
     def _admit(self, action: Admit) -> None:
@@ -557,15 +531,6 @@ class ControlServer:
             self.send(node, message(Kind.RESTART, attempt=action.attempt, pick_master_port=node0 and
                                     action.pick_master_port, master_port=action.master_port if node0 else 0))
 
-    def _run_precheck(self, action: RunPrecheck) -> None:
-        # Lazy: the network check's coordinator loads only with --precheck (not at a one-node job's start)
-        from xrun.runner.network.precheck_channel import ChannelPrecheck
-
-        self.precheck = ChannelPrecheck(
-            action.nodes, action.hosts, toward=action.toward, now=time.monotonic(), send=self.send,
-            add_timer=self.add_timer, stopping=lambda: self.job.stopping,
-            done=lambda result: self.feed(PrecheckDone(result)))
-
     def _show_joined(self, action: ShowJoined) -> None:
         self.status.joined(action.host, action.ready, action.total)
 
@@ -575,21 +540,7 @@ class ControlServer:
     def _show_started(self, action: ShowStarted) -> None:
         self.status.started(action.nodes, action.ranks, action.elapsed, action.master_addr, action.master_port)
 
-    # -- the hang doctor's steps ---------------------------------------------------------------------------------
-
-    def _want_stacks(self, reason: str) -> None:
-        """A job-wide stack dump of the running nodes (SIGQUIT, or an agent's ``want_stacks``)."""
-        self._doctor_steps(self.doctor.want(reason, self._running(), time.monotonic()))
-
-    def _doctor_steps(self, steps: Iterable[Step]) -> None:
-        for step in steps:
-            if isinstance(step, Send):
-                self.send_all(step.nodes, step.message)
-            elif isinstance(step, Show):
-                for line in step.lines:
-                    say(line)
-            elif isinstance(step, Hang):
-                self.feed(Hung(step.reason, restart=step.restart, root_cause=step.root_cause))
+    # -- what the features ask of the job ---------------------------------------------------------------------
 
     def _running(self) -> list[int]:
         return [n.agent for n in self.job.nodes if n.state is NodeState.RUNNING and n.connected]

@@ -1,6 +1,6 @@
 """The hang doctor at the head: job-wide stack dumps and the job's hang watch (issue 14).
 
-``HeadDoctor`` sits beside the job state machine in xrun.runner.job.control_server, which feeds it what concerns
+``HeadDoctor`` sits beside the job state machine; its head half (xrun.runner.job.doctor_head) feeds it what concerns
 stacks and silence and carries out what it returns (``Send``: a message to nodes; ``Show``: lines for the user;
 ``Hang``: ``--hang_action stop`` fires, the machine's ``Hung`` event). It holds no socket and reads no clock: ``now`` is
 passed in, so it is tested with literal sequences; its only I/O is the file of full dumps a shown view names.

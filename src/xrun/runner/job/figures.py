@@ -2,7 +2,8 @@
 ``rank_exited``, and once the job is over the last attempt's are summed up as a node sums up its own ranks: one
 line on success, the table after a failure, and ``summary.json`` (how the job ended: its end line, root cause and
 stop signal; with the restart history, when there were attempts). The control server
-(``xrun.runner.job.control_server``) keeps one ``JobFigures`` per attempt.
+(``xrun.runner.job.control_server``) registers ``JobFigures.reads`` for the ``rank_exited`` messages, and a restart
+begins the figures anew (``begin_attempt``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from xrun.channel import Kind, Message, Reader
 from xrun.common.output.status import say
 from xrun.common.result.failure_report import write_json
 from xrun.common.result.summary import RankFigures, success_line, summary_json, table_lines
@@ -25,9 +27,16 @@ class JobFigures:
     def __init__(self) -> None:
         self.ranks: list[RankFigures] = []
 
-    def add(self, data: Mapping[str, Any]) -> None:
+    def reads(self) -> dict[Kind, Reader]:
+        return {Kind.RANK_EXITED: self._rank_exited}
+
+    def begin_attempt(self) -> None:
+        self.ranks = []  # the attempt before's are not this one's
+
+    def _rank_exited(self, node: int, msg: Message, now: float) -> None:
         """One rank's figures from its ``rank_exited``; malformed ones raise ValueError (a protocol error)."""
-        self.ranks.append(RankFigures.from_json(data))
+        if msg.get("figures") is not None:
+            self.ranks.append(RankFigures.from_json(msg["figures"]))
 
     def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None,
                recorded: Mapping[str, Any] | None = None) -> None:
