@@ -75,7 +75,10 @@ class HeadLink:
 
     def report(self, result: NodeResult) -> None:
         """The attempt's end: the collective records and the stacks taken before the stop (the head merges every
-        node's into its failure report), sent before ``done``."""
+        node's into its failure report), sent before ``done``. Not after a hang's stop: they are the hang's dump,
+        which the head already showed and keeps for its report (the collective held at the hang)."""
+        if result.hang is not None:
+            return
         if result.collectives is not None:  # first: the stacks complete the node's answer (issue 31)
             self.send(result.collectives.message(STOP_STACKS))
         if result.stacks:
