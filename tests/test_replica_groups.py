@@ -123,9 +123,43 @@ def test_max_restarts_is_each_groups_and_the_head_restarts_no_whole_job():
     assert {r.env["TORCHELASTIC_MAX_RESTARTS"] for r in shown.nodes[0].ranks} == {"3"}  # the nodes' budget
 
 
+def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
+    """2 nodes of 4 slots, 4 groups: each node's agent hosts its own groups' stores. The plan leaves node 0's address
+    (its groups' MASTER_ADDR, the Lighthouse's) to the start barrier; node 1's groups meet at node 1's name."""
+    shown = plan(4, world={"a": (0, 1, 2, 3), "b": (0, 1, 2, 3)}, backend="ssh")
+    assert not shown.node0_picks_port  # every group's port is counted up from the plan's, known to every node
+    keys = ("REPLICA_GROUP_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+            "TORCHFT_LIGHTHOUSE")
+    node0, node1 = ([tuple(r.env.get(k) for k in keys) for r in node.ranks] for node in shown.nodes)
+    assert node1 == [("2", "0", "2", "0", "b", "6002", "0,1", None), ("2", "1", "2", "1", "b", "6002", "0,1", None),
+                     ("3", "0", "2", "0", "b", "6003", "2,3", None), ("3", "1", "2", "1", "b", "6003", "2,3", None)]
+    assert [e[:4] + e[5:] for e in node0] == [
+        ("0", "0", "2", "0", "6000", "0,1", None), ("0", "1", "2", "1", "6000", "0,1", None),
+        ("1", "0", "2", "0", "6001", "2,3", None), ("1", "1", "2", "1", "6001", "2,3", None)]
+    assert {e[4] for e in node0} == {None}
+    # the start barrier's node 0 address: node 0's groups meet there, every rank finds the Lighthouse there
+    started = [with_rendezvous(node, "10.0.0.1", 7777) for node in shown.nodes]
+    assert [(r.env["MASTER_ADDR"], r.env["MASTER_PORT"], r.env["TORCHFT_LIGHTHOUSE"]) for r in started[0].ranks[1:3]] \
+        == [("10.0.0.1", "6000", "http://10.0.0.1:6004"), ("10.0.0.1", "6001", "http://10.0.0.1:6004")]
+    assert {(r.env["MASTER_ADDR"], r.env["TORCHFT_LIGHTHOUSE"]) for r in started[1].ranks} == {
+        ("b", "http://10.0.0.1:6004")}
+    assert with_rendezvous(shown.nodes[0], "fd00::1", 7777).ranks[0].env["TORCHFT_LIGHTHOUSE"] == "http://[fd00::1]:6004"
+    text = plan_text(shown, Invocation("ssh", ()))
+    assert ("replica groups: 4 of 2 ranks, each its own world and store (0 ranks 0-1 port 6000 on a, 1 ranks 2-3 port "
+            "6001 on a, 2 ranks 4-5 port 6002 on b, 3 ranks 6-7 port 6003 on b); torchft_lighthouse on node 0 at port "
+            "6004") in text
+    assert "master port:" not in text  # not a free one: the plan's, as given
+    assert plan_json(shown, Invocation("ssh", ()))["replica_groups"]["lighthouse"] == "<a address>:6004"
+
+
 @pytest.mark.parametrize(("groups", "kwargs", "said"), [
     (3, {}, "3 groups cannot split 4 ranks evenly; give a divisor of 4"),
-    (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh"}, "runs on one machine only for now"),
+    (1, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh"}, "1 puts group 0 on nodes a and b; choose G so that "
+     "each group lies on one node"),
+    (2, {"world": {"a": (0, 1, 2), "b": (0,)}, "backend": "pdsh"}, "2 puts group 1 on nodes a and b"),
+    (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
+     "nodes"),
+    (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "no_ssh"}, "does not apply in pod mode yet"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),
 ])
 def test_what_cannot_work_is_refused(groups, kwargs, said):
@@ -141,6 +175,14 @@ def test_what_cannot_work_is_refused(groups, kwargs, said):
 def test_bad_groups_are_one_line_and_exit_2(flags, said):
     done = run_xrun("--num_gpus", "4", *flags, "--dry-run", "t.py")
     assert done.returncode == 2 and done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_group_across_nodes_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "hosts").write_text("a slots=2\nb slots=2\n")
+    done = run_xrun("-H", str(tmp_path / "hosts"), "--launcher", "ssh", "--replica_groups", "1", "--dry-run", "t.py")
+    assert done.returncode == 2 and done.stderr == (
+        "xrun: --replica_groups: 1 puts group 0 on nodes a and b; choose G so that each group lies on one node (every "
+        "node's slot count a multiple of the group size, 4 ranks / G)\n"), done.stderr
 
 
 # -- the Lighthouse's keeper (real processes) ------------------------------------------------------------------

@@ -257,13 +257,8 @@ def group_env(env: dict[str, str], world: World, node_rank: int, local_rank: int
     if master is not None:
         env["MASTER_ADDR"] = master
     if rdzv.master_addr is not None:  # else the start barrier decides node 0's address
-        env["TORCHFT_LIGHTHOUSE"] = f"http://{_url_host(rdzv.master_addr)}:{replicas.lighthouse_port}"
+        env["TORCHFT_LIGHTHOUSE"] = replicas.lighthouse_url(rdzv.master_addr)
     return seen
-
-
-def _url_host(addr: str) -> str:
-    """An address as a URL's host: an IPv6 address in brackets."""
-    return f"[{addr}]" if ":" in addr else addr
 
 
 def node_ranks(

@@ -208,6 +208,10 @@ class ReplicaGroups:
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "master_ports": list(self.master_ports), "lighthouse_port": self.lighthouse_port}
 
+    def lighthouse_url(self, node0: str) -> str:
+        """``TORCHFT_LIGHTHOUSE`` for node 0 at address ``node0`` (an IPv6 address in brackets, as a URL's host)."""
+        return f"http://{f'[{node0}]' if ':' in node0 else node0}:{self.lighthouse_port}"
+
 
 @dataclass(frozen=True)
 class RankSpec:
@@ -289,11 +293,16 @@ def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_
     """``spec`` with what the start barrier decided filled in (a channel backend's plan has no MASTER_ADDR, and its
     port is only node 0's first try) and, with --max_restarts, the attempt (torch's contract:
     ``TORCHELASTIC_RESTART_COUNT``)."""
-    # --replica_groups (a local run only, for now): each group keeps the address and port planned for it
-    meet = {} if spec.replicas is not None else {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
+    told, unless_planned = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}, dict[str, str]()
+    if spec.replicas is not None:
+        # --replica_groups: each group keeps the port planned for it and the address where the plan knew it (a group
+        # on another node than node 0: that node's name); node 0's groups meet at node 0's address, where the
+        # Lighthouse listens
+        told = {}
+        unless_planned = {"MASTER_ADDR": master_addr, "TORCHFT_LIGHTHOUSE": spec.replicas.lighthouse_url(master_addr)}
     ranks = tuple(
         RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
-                 env={**r.env, **meet, "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+                 env={**unless_planned, **r.env, **told, "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
         for r in spec.ranks
     )
     return replace(spec, ranks=ranks)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xrun.common.spec import RankSpec
-from xrun.runner.backends import Invocation
+from xrun.runner.backends import Invocation, backend_traits
 from xrun.runner.plan import Plan
 from xrun.runner.pod.placement import dry_run_json, dry_run_lines
 from xrun.shell import render
@@ -78,6 +78,8 @@ def port_choice(plan: Plan) -> str:
     """``given`` (used as is), ``free`` (drawn by each local run) or ``node0`` (chosen by node 0's agent)."""
     if plan.node0_picks_port:
         return "node0"
+    if plan.nodes and plan.nodes[0].replicas is not None and not backend_traits(plan.backend).local:
+        return "given"  # --replica_groups on several nodes: every group's port is counted up from the plan's
     return plan.request.master_port_choice.value
 
 
@@ -154,12 +156,14 @@ def replicas_json(plan: Plan) -> dict[str, Any]:
 
 
 def replicas_note(plan: Plan) -> list[str]:
-    """--replica_groups: each group's ranks and port, and the Lighthouse node 0 runs."""
+    """--replica_groups: each group's ranks, port and (on several nodes) node, and the Lighthouse node 0 runs."""
     replicas = plan.nodes[0].replicas if plan.nodes else None
     if replicas is None:
         return []
     size = plan.world_size // replicas.count
+    hosts = [host for host, slots in plan.world.items() for _ in slots] if len(plan.nodes) > 1 else []
     groups = ", ".join(f"{g} ranks {g * size}-{(g + 1) * size - 1} port {port}"
+                       + (f" on {hosts[g * size]}" if hosts else "")  # several nodes: each group on one
                        for g, port in enumerate(replicas.master_ports))
     return [f"replica groups: {replicas.count} of {size} rank{'s' * (size != 1)}, each its own world and store "
             f"({groups}); torchft_lighthouse on node 0 at port {replicas.lighthouse_port}"]

@@ -29,7 +29,7 @@ from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.replica_options import FLAG as REPLICA_FLAG
-from xrun.runner.replica_options import ReplicaRequest, replica_groups
+from xrun.runner.replica_options import ReplicaRequest, check_groups_within_nodes, replica_groups
 from xrun.runner.restart_options import RestartPolicy
 from xrun.runner.torchrun import Torchrun
 from xrun.strict_numbers import MAX_RANKS
@@ -99,13 +99,15 @@ class Plan:
     def node0_picks_port(self) -> bool:
         """Node 0's agent chooses rank 0's port at the start barrier (the plan's port is only its first try).
 
-        Not for a local run (its free port is drawn into the plan) nor for ``--elastic`` (no barrier to tell it).
+        Not for a local run (its free port is drawn into the plan), for ``--elastic`` (no barrier to tell it) nor for
+        ``--replica_groups`` (each group's port counts up from the plan's, on the group's own node).
         """
         if self.rendezvous.master_port == 0:
             return True
         local = backend_traits(self.backend).local
         elastic = bool(self.nodes) and self.nodes[0].elastic is not None
-        return self.request.master_port_choice is PortChoice.FREE and not local and not elastic
+        replicas = bool(self.nodes) and self.nodes[0].replicas is not None  # its ports count up from the plan's
+        return self.request.master_port_choice is PortChoice.FREE and not (local or elastic or replicas)
 
     def agent_command(self, node: NodeSpec) -> AgentCommand:
         """The stand-alone agent command line equivalent to running ``node`` in-process."""
@@ -191,10 +193,12 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     replicas = None
     if request.replicas is not None:
-        if not traits.local:  # each group's MASTER_ADDR and ports are not yet agreed at a channel's start barrier
-            raise UsageError(REPLICA_FLAG, "runs on one machine only for now (a local run); several nodes are not "
-                             "supported yet")
+        if traits.nodes_start_themselves:
+            raise UsageError(REPLICA_FLAG, "does not apply in pod mode yet (--pod, --no_ssh, a pod platform); start "
+                             "the job from one machine (--launcher ssh or pdsh)")
         replicas = replica_groups(request.replicas, world_size=size, master_port=rdzv.master_port)
+        if not traits.local:
+            check_groups_within_nodes(world, replicas.count, master_port=rdzv.master_port)
     shape = world_shape(world)
     exports = dict(request.env)  # a local run: only its --export (planner.with_local_exports); one for every node
     nodes = tuple(

@@ -4,8 +4,10 @@ torchft's README runs one torchrun per replica group beside a Lighthouse the use
 G`` one xrun does both: the world's ranks fall into G groups of equal size (in rank order), each rank gets its
 group's contract (``xrun.common.rankplan.group_env``) and each group its own ``MASTER_PORT`` and store, and node 0
 runs torchft's Lighthouse. The ports: with ``--master_port P`` group g's is ``P + g`` and the Lighthouse's
-``P + G``; without it a local run draws a free port for each (the planner, ``with_replica_ports``). This module
-holds the typed request and the pure step from it to the node spec's ``ReplicaGroups``.
+``P + G``; without it a local run draws a free port for each (the planner, ``with_replica_ports``) and a run on
+several nodes counts them up from the default master port. On several nodes every group lies within one node
+(``check_groups_within_nodes``): its node's agent hosts its store and supervises it alone. This module holds the
+typed request and the pure steps from it to the node spec's ``ReplicaGroups``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 from dataclasses import dataclass
 
 from xrun.argsplit import spellings
+from xrun.common.rankplan import World
 from xrun.common.spec import ReplicaGroups
 from xrun.errors import UsageError
 from xrun.strict_numbers import MAX_RANKS, int_arg
@@ -60,3 +63,19 @@ def replica_groups(request: ReplicaRequest, *, world_size: int, master_port: int
         raise UsageError(FLAG, f"{groups} groups need ports {master_port}-{ports[-1]} (one per group and the "
                          "Lighthouse's after them); give a lower --master_port")
     return ReplicaGroups(count=groups, master_ports=ports[:groups], lighthouse_port=ports[groups])
+
+
+def check_groups_within_nodes(world: World, groups: int, *, master_port: int) -> None:
+    """Pure: on several nodes each group must lie within one node (its ranks, its store and its restarts are that
+    node's agent's alone) and its port be known before the start (every node counts it up from the master port)."""
+    if master_port == 0:
+        raise UsageError(FLAG, "needs a master port on several nodes (each group's is counted up from it): leave "
+                         "--master_port out, or give one other than 0")
+    hosts = [host for host, slots in world.items() for _ in slots]  # each rank's host, in rank order
+    size = len(hosts) // groups
+    for group in range(groups):
+        first, last = hosts[group * size], hosts[group * size + size - 1]
+        if first != last:
+            raise UsageError(FLAG, f"{groups} puts group {group} on nodes {first} and {last}; choose G so that each "
+                             f"group lies on one node (every node's slot count a multiple of the group size, "
+                             f"{len(hosts)} ranks / G)")
