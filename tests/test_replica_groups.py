@@ -365,7 +365,7 @@ def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
     assert not policy.stopping(1) and policy.restarts(1) == 1
     assert policy.fail(2, "exited with code 1", running={0, 1}, wall=200.0, deadline=150.0) is None  # spent
     assert policy.fail(0, "exited with code 1", running={0}, wall=201.0, deadline=151.0).line().endswith(
-        "restarting group 0 (restart 1 of 1), no other group is running")
+        "restarting group 0 (restart 1 of 1), no other group runs on this node")
     with pytest.raises(ValueError, match="a malformed group restart"):
         GroupRestart.from_json({**restart.to_json(), "group": "1"})
 

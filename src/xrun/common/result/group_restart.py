@@ -17,12 +17,12 @@ class GroupRestart:
     rank: int  # the job's rank whose end caused it
     cause: str  # what followed "rank N": "was killed by SIGKILL", "exited with code 1"
     at: float  # the wall clock (time.time()) when the node saw that rank's end
-    others: tuple[int, ...]  # the groups whose ranks kept running
+    others: tuple[int, ...]  # the groups on the same node whose ranks kept running (a node sees its own alone)
 
     def line(self) -> str:
         """The console's line (the node's notice adds ``xrun[host]: ``)."""
         if not self.others:
-            went_on = "no other group is running"
+            went_on = "no other group runs on this node"
         elif len(self.others) == 1:
             went_on = f"group {self.others[0]} keeps running"
         else:

@@ -1,0 +1,79 @@
+"""``--replica_groups`` across real hosts (network-namespace nodes with sshd; issue 39 §2): torchft 0.2.0's Manager,
+2 groups of 2 ranks, each group on a node of its own, the Lighthouse on node 0. A ``kill -9`` of a rank of group 1
+(node 1) restarts group 1 alone, on its node: group 0 keeps every pid and trains on, group 1 heals from it (the
+Managers meet across nodes: the quorum's store is one group's, at its node's address), both groups finish, exit 0,
+and nothing is left on either node. The job is tests/test_replica_groups.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.cluster.jobs import MARK
+from tests.cluster.test_restarts import assert_nothing_left
+from tests.conftest import ROOT, torchft_missing
+from tests.test_replica_groups import GROUPS_JOB, STEP_TIMEOUT_S, started, steps
+
+STEPS, SLEEP_S, KILL_AT = 6, 1.0, 2
+PORT = 29650  # group 0's store on node1, group 1's on node2 at +1, the Lighthouse on node1 at +2
+
+
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_training(cluster, tmp_path, python,
+                                                                                       backend):
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    hostfile = cluster.hostfile(tmp_path / "hosts", slots=2, nodes=["node1", "node2"])
+    mark, logs = uuid.uuid4().hex, tmp_path / "logs"
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--python", python,
+            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
+            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
+            "--replica_groups", "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
+            str(SLEEP_S)]
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    t0 = time.monotonic()
+    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
+        xrun = subprocess.Popen(argv, stdout=out_file, stderr=err_file, cwd=str(tmp_path), env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while (1, 1) not in steps(out_path.read_text(), KILL_AT):
+            assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
+                                                                          err_path.read_text()[-3000:])
+            time.sleep(0.05)
+        (victim,) = started(out_path.read_text())[(1, 1)]
+        os.kill(victim, signal.SIGKILL)  # the namespaces share the PID space: node2's rank 3
+        xrun.wait(120)
+    finally:
+        if xrun.poll() is None:
+            xrun.kill()
+            xrun.wait()
+    out, err = out_path.read_text(), err_path.read_text()
+    print(f"{backend}: the job took {time.monotonic() - t0:.1f} s")
+    assert xrun.returncode == 0, err[-3000:]
+    assert ("xrun[node2]: replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), no other "
+            "group runs on this node") in err, err[-3000:]
+    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
+    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
+    hosts = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}
+    assert hosts == {("0", "0"): "node1", ("0", "1"): "node1", ("1", "0"): "node2", ("1", "1"): "node2"}, out[-3000:]
+    pids = started(out)
+    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
+    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node2
+    (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
+    assert (record["host"], record["group"], record["rank"], record["cause"], record["others"]) == (
+        "node2", 1, 3, "was killed by SIGKILL", [])
+    for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
+        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
+        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+    assert_nothing_left(cluster, mark)
