@@ -88,8 +88,9 @@ def test_a_restart_keeps_each_groups_port_and_counts_the_attempt():
         ("6000", "1"), ("6000", "1"), ("6001", "1"), ("6001", "1")]
 
 
-def plan(groups, *, ports=(), world=None, backend="local", master_port=6000):
-    req = JobRequest(script="t.py", master_port=master_port, replicas=ReplicaRequest(groups, ports))
+def plan(groups, *, ports=(), world=None, backend="local", master_port=6000, spares=0):
+    req = JobRequest(script="t.py", master_port=master_port, replicas=ReplicaRequest(groups, ports),
+                     restart=RestartPolicy(spares=spares))
     return make_plan(req, world or {"localhost": (0, 1, 2, 3)}, backend)
 
 
@@ -160,6 +161,8 @@ def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
      "nodes"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "no_ssh"}, "does not apply in pod mode yet"),
+    (2, {"world": {"a": (0, 1), "b": (0, 1), "c": (0, 1)}, "backend": "ssh", "spares": 1},
+     "does not apply with --replica_groups yet: a lost node fails the job"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),
 ])
 def test_what_cannot_work_is_refused(groups, kwargs, said):
