@@ -70,6 +70,10 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
     pids = started(out)
     assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
     assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node2
+    for r in (0, 1):  # its new run healed from group 0 (a step past the kill first), not from step 0
+        again = out[out.index(f"TORCHFT group 1 rank {r} pid {pids[(1, r)][1]}"):]
+        first = re.search(rf"TORCHFT group 1 rank {r} step (\d+) at", again)
+        assert first is not None and int(first.group(1)) > KILL_AT, again[:2000]
     (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
     assert (record["host"], record["group"], record["rank"], record["cause"], record["others"]) == (
         "node2", 1, 3, "was killed by SIGKILL", [])
