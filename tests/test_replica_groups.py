@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -186,6 +187,22 @@ def test_a_group_across_nodes_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and done.stderr == (
         "xrun: --replica_groups: 1 puts group 0 on nodes a and b; choose G so that each group lies on one node (every "
         "node's slot count a multiple of the group size, 4 ranks / G)\n"), done.stderr
+
+
+def test_a_groups_store_port_taken_is_found_at_the_preflight_one_line_exit_2(tmp_path):
+    """Each node checks its groups' store ports before it says ready (on several nodes, found at the start, a taken
+    one would fail the job after every node began); here the local run's group 1."""
+    (tmp_path / "t.py").write_text("print('never')\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = run_xrun("--num_gpus", "2", "--replica_groups", "2", "--master_port", str(port - 1),
+                        str(tmp_path / "t.py"))
+    assert done.returncode == 2 and re.fullmatch(
+        rf"xrun: --replica_groups: port {port} \(group 1's store\) is already in use on localhost( by pid \d+ \(\S+\))?; "
+        r"give another --master_port \(group g's port is it \+ g\)\n", done.stderr), done.stderr
+    assert "never" not in done.stdout
 
 
 # -- the Lighthouse's keeper (real processes) ------------------------------------------------------------------

@@ -84,6 +84,7 @@ from xrun.launch.session.events import (
 )
 from xrun.launch.session.machine import AgentMachine
 from xrun.launch.session.preloading import Preloading
+from xrun.launch.store.agent_store import check_group_ports
 from xrun.net import master_port
 from xrun.printable import one_line
 
@@ -300,6 +301,7 @@ class Driver:
         spec = action.spec
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
+            check_group_ports(spec)  # --replica_groups: each of its groups' store ports (node 0's port rule: one)
             if spec.replicas is not None and self._keeper is None:
                 # --replica_groups, node 0: up before any rank, for every attempt. Lazy: the Lighthouse's keeper and
                 # its parent-death signal (ctypes), ~3 ms of imports (python -X importtime), load in such a job

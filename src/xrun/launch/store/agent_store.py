@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from xrun.common.output.streams import notice
 from xrun.common.spec import NodeSpec
-from xrun.errors import PortBusyError
-from xrun.net import port_holder
+from xrun.errors import PortBusyError, UsageError
+from xrun.net import port_holder, port_in_use
 
 if TYPE_CHECKING:
     from xrun.launch.store.server import StoreServer
@@ -42,6 +42,20 @@ def store_endpoints(spec: NodeSpec) -> dict[int, tuple[str, int]]:
         for rank in spec.ranks
         if rank.env.get("RANK") == "0" and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT")
     }
+
+
+def check_group_ports(spec: NodeSpec) -> None:
+    """``--replica_groups``: the ports of the groups' stores this node will host are free, checked at its preflight
+    (before it says ready: found at the start, a taken one would fail the job after every node began); a taken one
+    is a ``UsageError`` (exit 2) naming the group, the host and the holder."""
+    if spec.replicas is None:
+        return
+    for group, (_, port) in sorted(store_endpoints(spec).items()):
+        if port_in_use(port):
+            holder = port_holder(port)
+            raise UsageError("--replica_groups", f"port {port} (group {group}'s store) is already in use on "
+                             f"{spec.host}{f' by {holder}' if holder else ''}; give another --master_port (group g's "
+                             "port is it + g)")
 
 
 def _group(env: Mapping[str, str]) -> int:
