@@ -180,7 +180,7 @@ def test_exhausted_restarts_fail_cleanly_with_the_report_and_real_exit_code(job)
     code, out = job.finish(proc, 240)
     assert code == 9, out[-6000:]
     assert "restarting the worker group (restart 1 of 1)" in out
-    assert re.search(r"node node3: rank 2 failed first: exit code 9", out)
+    assert re.search(r"node node3: rank 2 failed: exit code 9", out)
     assert re.search(r"job failed: rank 2 \(local 0\) on node3 exited with code 9", out)
     assert_no_ranks_left(job)
 
