@@ -411,7 +411,7 @@ def run_head_mode(server: Server, credentials: Credentials, node_rank: int, *, e
 
 
 def run_local_node(sock: socket.socket, addr: str) -> int:
-    """The local run's node (a one-node job: xrun.runner.backends.local), over ``sock``, its end of a socketpair
+    """The local run's node (a one-node job: xrun.joined.one_node), over ``sock``, its end of a socketpair
     whose other end is the head's in this same process: the hello (node 0, at ``addr``: where rank 0's store
     listens), then the agent's life as in head mode, to its own exit code (the job's is the head's verdict)."""
     link = Link.plain(sock)
