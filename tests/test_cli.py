@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
-from xrun.runner.cli import main
+from xrun.joined import main
 
 HOSTFILE = os.path.join(ROOT, "hostfiles", "two-workers")
 
@@ -206,7 +206,7 @@ INTERRUPTED_LOAD = """
 import builtins, runpy, sys
 real_import = builtins.__import__
 def interrupted(name, *args, **kwargs):
-    if name == "xrun.runner.cli":
+    if name == "xrun.joined":
         raise KeyboardInterrupt
     return real_import(name, *args, **kwargs)
 builtins.__import__ = interrupted

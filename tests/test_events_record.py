@@ -181,7 +181,7 @@ def test_a_head_with_a_restart_records_it_in_order_and_sums_it_up(tmp_path):
 
 
 def test_a_local_run_is_recorded_by_its_head_as_a_one_node_job(tmp_path):
-    """``xrun script`` (no hostfile) is a one-node job (xrun.runner.backends.one_node): its head writes the same
+    """``xrun script`` (no hostfile) is a one-node job (xrun.joined.one_node): its head writes the same
     record, restart included, and its summary the same goodput."""
     logs = tmp_path / "logs"
     script = tmp_path / "flaky.py"

@@ -3,8 +3,9 @@ only for type checking.
 
 * three layers (issue 38 §2): ``xrun.runner`` (the head), ``xrun.launch`` (every node) and, below both, the shared
   ``xrun.common`` (what both need: the spec, the rank plan and env contract, records, the result views,
-  rendering). ``launch`` never imports ``runner``; ``common`` imports neither; ``runner`` imports ``launch`` only
-  in ``COMPOSITION``, the modules that join the head and a node in one process, at any level;
+  rendering). ``launch`` never imports ``runner`` and ``runner`` never imports ``launch``, at any level;
+  ``common`` imports neither. What joins the head and a node in one process sits above both (``xrun.joined``),
+  and only the entry (``xrun.__main__``) imports it;
 * only the elastic adapter (``xrun/launch/elastic/``) imports torch;
 * the imports inside ``xrun`` have no cycle, counting those inside functions and the type-checking ones: a
   function-level import that points back up is a circle all the same, only hidden (issue 30 §6);
@@ -154,19 +155,19 @@ def test_the_shared_layer_imports_neither_layer():
     assert bad == []
 
 
-# The one exception to "runner never imports launch", and the last: the modules that run the head and a node in one
-# process. The local run is a one-node job (issue 38 §1): the head's server on a thread and the node's driver on the
-# main thread, joined by a socketpair (backends/one_node.py, which took the place of backends/local.py's call of the
-# agent and local_job.py's restarts); pod mode's every node runs its own agent beside node 0's server
-# (pod/runtime.py). A module leaves this set once it no longer imports launch (the second assert), and no other
-# may join it.
-COMPOSITION = {"xrun.runner.backends.one_node", "xrun.runner.pod.runtime"}
+def test_runner_never_imports_launch():
+    bad = [e for e in import_edges() if e.source.startswith("xrun.runner") and e.target.startswith("xrun.launch")]
+    assert bad == []
 
 
-def test_runner_imports_launch_only_where_the_head_and_a_node_share_a_process():
-    runner_to_launch = [e for e in import_edges() if e.source.startswith("xrun.runner") and e.target.startswith("xrun.launch")]  # noqa: E501
-    assert [f"{e.source} -> {e.target}" for e in runner_to_launch if e.source not in COMPOSITION] == []
-    assert {e.source for e in runner_to_launch} == COMPOSITION
+# The runs that join the head and a node in one process (the local run's one-node job, a pod node): above both
+# layers, handed to the head's command line by the entry as a typed ``InProcess``
+JOINED = "xrun.joined"
+
+
+def test_only_the_entry_imports_what_joins_the_layers():
+    importers = {e.source for e in import_edges() if e.target == JOINED or e.target.startswith(JOINED + ".")}
+    assert {name for name in importers if name != JOINED and not name.startswith(JOINED + ".")} == {"xrun.__main__"}
 
 
 # --network=allreduce's worker: a process of its own (python -m), started only for that mode, imported by nobody
@@ -226,7 +227,7 @@ def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():
     # what a job without samples, dumps, TLS, --log_dir or --metrics_port uses; the rest loads at its first use
     unused = ("ssl", "xrun.channel.tls", "xrun.channel.tlspipe", "xrun.common.telemetry.records",
               "xrun.runner.job.record.head", "xrun.common.result.stacks", "xrun.common.result.collectiveview")
-    assert loaded_by("import xrun.runner.cli, xrun.runner.backends.one_node", unused) == []
+    assert loaded_by("import xrun.joined, xrun.joined.one_node", unused) == []
 
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():
 # so it ranks with the plan, below the backends it names (it loads them lazily). Pod mode is one folder whose
 # modules sit at two ranks: what the request and the plan need of it (its flags, the platform's variables, the
 # placement, the plan digest, the shared secret) with the plan, which names them; the rest (node 0's server, its
-# hello policy, each node's runtime) above the job, which it runs. A module named in RANKS is a unit of its own.
+# hello policy) above the job, which it runs. A module named in RANKS is a unit of its own.
 POD_PLANNING = ("xrun.runner.pod.options", "xrun.runner.pod.platforms", "xrun.runner.pod.placement",
                 "xrun.runner.pod.digest", "xrun.runner.pod.secret")
 RANKS = {
@@ -321,8 +322,9 @@ def test_the_channel_imports_no_layer():
 
 
 def test_shared_modules_import_no_layer():
-    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and the three layers (``python -m xrun`` is the entry)
-    shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES and m != "xrun.__main__"]
+    # errors, printable, strict_numbers, hostlist, net, shell, ...: below the channel and the three layers (``python -m xrun`` is the entry,
+    # xrun.joined sits above the layers)
+    shared = [m for m in all_modules() if m.count(".") == 1 and m not in LAYER_PACKAGES | {"xrun.__main__", JOINED}]
     assert "xrun.errors" in shared
     layers = tuple(LAYER_PACKAGES) + tuple(p + "." for p in LAYER_PACKAGES)
     bad = [e for e in import_edges() if e.source in shared and e.target.startswith(layers)]

@@ -1,5 +1,5 @@
 """Pod mode end to end on this machine: three xrun processes, one per "node" (127.0.0.1-3), each started by
-hand with its own --node_rank, as Kubernetes or a person starts them (xrun.runner.pod.runtime). No cluster needed.
+hand with its own --node_rank, as Kubernetes or a person starts them (xrun.joined.pod). No cluster needed.
 """
 
 import json

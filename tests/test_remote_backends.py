@@ -13,6 +13,7 @@ from xrun.channel.link import Credentials
 from xrun.common.command import connect_argv, connect_target, token_from_env
 from xrun.common.rankplan import LaunchOptions
 from xrun.errors import UsageError
+from xrun.joined import IN_PROCESS
 from xrun.launch.session.connection import Server, connect
 from xrun.launch.session.main import AgentArgs, build_parser, parse_args, split_endpoint
 from xrun.runner.backends import known_backends
@@ -185,7 +186,7 @@ def test_missing_pdsh_is_one_line_with_the_fix(monkeypatch):
     monkeypatch.setattr(pdsh_module.shutil, "which", lambda name: None)
     plan = plan_for("pdsh")
     with pytest.raises(UsageError, match="apt-get install pdsh, or use --launcher ssh"):
-        get_backend("pdsh").execute(plan)
+        get_backend("pdsh").execute(plan, IN_PROCESS)
 
 
 def test_missing_paramiko_is_one_line_with_the_fix(monkeypatch):

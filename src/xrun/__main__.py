@@ -1,4 +1,5 @@
-"""``python -m xrun`` and the ``xrun`` console script.
+"""``python -m xrun`` and the ``xrun`` console script: ``xrun.joined``'s entry (the head's command line, handed what
+joins the head and a node in one process).
 
 xrun takes over SIGINT once it has started; before that, while its modules load (tens of milliseconds), a Ctrl-C
 is Python's KeyboardInterrupt: nothing has started yet, so it ends xrun with 130, as a Ctrl-C later does,
@@ -9,7 +10,7 @@ import sys
 
 def main() -> None:
     try:
-        from xrun.runner.cli import entry  # inside the guard: a Ctrl-C while it loads exits 130
+        from xrun.joined import entry  # inside the guard: a Ctrl-C while it loads exits 130
     except KeyboardInterrupt:
         sys.exit(130)
     entry()

@@ -54,7 +54,7 @@ and checks field shapes (``xrun.channel.fields``); a connection that fails any c
 After it, an admitted node's ``lines`` are still checked record by record (``lines_of``: shapes and sizes,
 ``xrun.channel.fields.LINES_FIELDS``): a bad record is a protocol error that costs its own connection only.
 
-Pod mode (``xrun.runner.pod.runtime``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
+Pod mode (``xrun.joined.pod``, ``xrun.launch.session.driver.run_pod_node``): node 0's xrun hosts the server;
 both sides prove the key derived from the shared secret (the server first, in the challenge) and ``digest`` is the
 node's plan digest; no spec is ever sent, and every node exits with the code its ``verdict`` carries.
 """

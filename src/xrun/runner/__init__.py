@@ -1,4 +1,6 @@
-"""Head-node layer: command line -> hosts -> selection -> plan -> backend -> job.
+"""Head-node layer: command line -> hosts -> selection -> plan -> backend -> job. Never imports ``xrun.launch``:
+the runs that join the head and a node in one process (the local run, a pod node) are ``xrun.joined``, above
+both, handed to ``cli`` as ``InProcess`` (``backends.base``).
 
 Folders, lowest first; each imports only those before it (``tests/test_layers.py`` holds the order):
 ``hosts`` (where the nodes come from); then the request and its plan (``plan``, ``remote_options``,

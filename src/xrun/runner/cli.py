@@ -1,5 +1,6 @@
 """``xrun``: the head-node command line. ``parse_request`` turns argv into a ``JobRequest``; ``main`` is wiring:
-parse -> plan (``xrun.runner.planner``) -> validate -> print the dry run or execute."""
+parse -> plan (``xrun.runner.planner``) -> validate -> print the dry run or execute. The runs whose head and node
+share xrun's process come in as ``InProcess`` from the entry point above both layers (``xrun.joined``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from xrun.fdlimit import raise_open_files_limit
 from xrun.hostlist import address_problem
 from xrun.printable import one_line
 from xrun.runner.backends import known_backends
-from xrun.runner.backends.base import get_backend
+from xrun.runner.backends.base import InProcess, get_backend
 from xrun.runner.dryrun import print_plan
 from xrun.runner.hosts.selection import Selection
 from xrun.runner.hosts.this_machine import count_accelerators
@@ -156,7 +157,7 @@ def _request(ns: argparse.Namespace, program: str, program_args: tuple[str, ...]
     return request, ns.dry_run
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None, in_process: InProcess) -> int:
     args = sys.argv[1:] if argv is None else argv
     tolerant_streams()
     raise_open_files_limit()  # before any socket or pipe: a large job must not die of the login's 1,024
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_plan(plan, invocation, dry_run)
             return 0
         validate(plan)
-        return backend.execute(plan)
+        return backend.execute(plan, in_process)
     except XrunError as err:
         print(f"xrun: {one_line(str(err))}", file=sys.stderr)
         return err.exit_code
@@ -188,10 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def entry() -> None:
+def entry(in_process: InProcess) -> None:
     """Console-script entry: run, then leave without CPython's interpreter teardown (``posix.leave``).
 
     By the time main() returns every rank is gone and every file is closed; the interpreter's own teardown
     (module cleanup, collecting everything imported) would only add tens of milliseconds to the job's end.
     """
-    leave(main())
+    leave(main(None, in_process))

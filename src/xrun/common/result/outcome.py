@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 # --hang_action stop: no rank wrote output for --hang_timeout seconds (timeout(1)'s "timed out" code)
 HANG_EXIT = 124
+# a job's end with no rank's exit code to pass on: a lost node, a join timeout, an agent's error, a lost head;
+# the head's verdict and every node's agent give the same code
+NODE_FAILURE_EXIT = 1
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The doctor's link of the stand-alone agent (``python -m xrun.launch --world_info=...``, xrun.launch.standalone),
 which has no head: it shows the merged stacks and the collectives' findings itself and acts on a hang
 (``--hang_action``). xrun.launch.doctor.node_doctor has the doctor, xrun.launch.doctor.dumps its dumps. Every other
-agent (a job of several nodes, pod mode, the local run's one-node job: xrun.runner.backends.one_node) has a head:
+agent (a job of several nodes, pod mode, the local run's one-node job: xrun.joined.one_node) has a head:
 the driver is the link, and the head's doctor (xrun.runner.job.doctor) shows the view and decides the hang.
 """
 

@@ -10,7 +10,7 @@
   the node's result, so the failure report shows what they were doing (``--no_failure_stacks``: off);
 * with telemetry (the default; xrun.launch.telemetry): every dump also reads the ranks' collective records while
   py-spy works, keeps the full records in a file on the node and hands the summaries on (``Diagnosis``); and
-  the head, which scores stragglers (a one-node job's too: xrun.runner.backends.one_node), gets every
+  the head, which scores stragglers (a one-node job's too: xrun.joined.one_node), gets every
   ``SAMPLE_EVERY`` seconds the ranks' entry times as ``entry_times`` messages (``send_samples``);
 * under a head (``send_usage``), every sample period of the head's record (xrun.common.telemetry.usage), each live
   rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.

@@ -50,7 +50,7 @@ from xrun.common.preflight import check_spec
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch, owned_signals
 from xrun.common.result.errorfile import error_lines
 from xrun.common.result.group_restart import GroupRestart
-from xrun.common.result.outcome import NodeResult, RankOutcome
+from xrun.common.result.outcome import NODE_FAILURE_EXIT, NodeResult, RankOutcome
 from xrun.common.result.summary import RankFigures
 from xrun.errors import XrunError
 from xrun.launch.agent import run_node
@@ -59,7 +59,6 @@ from xrun.launch.network.precheck_answers import ProbeAnswers
 from xrun.launch.procs.watchdog import watched_for_freezes
 from xrun.launch.session.connection import SPEC_TIMEOUT, Connection, Server, connect, hello
 from xrun.launch.session.events import (
-    NODE_FAILURE_EXIT,
     Action,
     AnswerProbe,
     AttemptEnded,
@@ -412,7 +411,7 @@ def run_head_mode(server: Server, credentials: Credentials, node_rank: int, *, e
 
 
 def run_local_node(sock: socket.socket, addr: str) -> int:
-    """The local run's node (a one-node job: xrun.runner.backends.local), over ``sock``, its end of a socketpair
+    """The local run's node (a one-node job: xrun.joined.one_node), over ``sock``, its end of a socketpair
     whose other end is the head's in this same process: the hello (node 0, at ``addr``: where rank 0's store
     listens), then the agent's life as in head mode, to its own exit code (the job's is the head's verdict)."""
     link = Link.plain(sock)

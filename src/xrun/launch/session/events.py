@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Union
 
 from xrun.channel import Kind, Message
+from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.common.spec import NodeSpec
 from xrun.errors import XrunError
-
-NODE_FAILURE_EXIT = 1  # a verdict without a usable code; a lost runner or node 0
 
 # -- what the runner says -------------------------------------------------------------------------------------
 

@@ -35,9 +35,9 @@ import signal
 from typing import TYPE_CHECKING, Any, Callable
 
 from xrun.channel import Kind, message
+from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.common.spec import NodeSpec, with_rendezvous
 from xrun.launch.session.events import (
-    NODE_FAILURE_EXIT,
     Accept,
     Action,
     AnswerProbe,

@@ -1,5 +1,5 @@
-"""Pod mode's node, as the head layer hands it to the node layer: every node starts xrun itself, and node 0's
-xrun hosts the job's control server (``xrun.runner.pod.runtime`` plans the job, starts node 0's server and builds
+"""Pod mode's node, as the node layer is handed it: every node starts xrun itself, and node 0's
+xrun hosts the job's control server (``xrun.joined.pod`` takes the head's plan, starts node 0's server and builds
 this; ``xrun.launch.session.driver.run_pod_node`` runs the node's part). Plain data: no rule of the job's is
 here (those are node 0's machine's, ``xrun.runner.job.machine``), only what this node needs to follow them."""
 

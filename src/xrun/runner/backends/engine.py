@@ -32,6 +32,7 @@ from xrun.common.command import connect_argv, token_from_env
 from xrun.errors import UsageError
 from xrun.parent_death import die_with_parent
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.base import InProcess
 from xrun.runner.backends.channel import Endpoint, Endpoints, one_endpoint, run_over_channel
 from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
 from xrun.runner.backends.routes import control_address
@@ -125,7 +126,7 @@ class EngineBackend:
 
     # -- execution -------------------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan) -> int:
+    def execute(self, plan: Plan, in_process: InProcess) -> int:
         program = self.program()
         if self._which(program) is None:
             raise UsageError("--launcher", f"{self.name}: {program} not found on PATH; {self.install_hint}")

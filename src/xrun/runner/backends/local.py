@@ -1,5 +1,5 @@
 """The local backend: this machine is the only node, a one-node job whose head and agent both run in xrun's own
-process (xrun.runner.backends.one_node)."""
+process (xrun.joined.one_node, handed in as ``InProcess.one_node_job``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from xrun.common.command import agent_argv
 from xrun.common.ranks.cpusets import gpu_nodes, plan_bindings
 from xrun.common.spec import NodeSpec
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.base import InProcess
 from xrun.runner.plan import Plan
 
 
@@ -43,9 +44,5 @@ class LocalBackend:
             cpus=local_cpu_sets(node),
         )
 
-    def execute(self, plan: Plan) -> int:
-        # Lazy: the head and the node's driver load only for a real run (a dry run, and reading the traits, load
-        # none of it).
-        from xrun.runner.backends.one_node import run_one_node_job
-
-        return run_one_node_job(plan)
+    def execute(self, plan: Plan, in_process: InProcess) -> int:
+        return in_process.one_node_job(plan)

@@ -20,6 +20,7 @@ from typing import Any
 
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.base import InProcess
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, one_endpoint, run_over_channel
 from xrun.runner.backends.echoes import EchoFilter
 from xrun.runner.backends.launcher_process import LaunchedHosts, LauncherProcess
@@ -70,7 +71,7 @@ class PdshBackend:
         note = f"started as: PDSH_SSH_ARGS_APPEND={ssh_args_append(plan.request.remote)!r} {render(pdsh_argv(plan))}"
         return Invocation(backend=self.name, commands=commands, note=note)
 
-    def execute(self, plan: Plan) -> int:
+    def execute(self, plan: Plan, in_process: InProcess) -> int:
         pdsh = shutil.which("pdsh")
         if pdsh is None:
             raise UsageError("--launcher", "pdsh is not installed: apt-get install pdsh, or use --launcher ssh")

@@ -2,7 +2,7 @@
 
 There is no fan-out: each xrun runs its own node's agent in-process, with the same env contract as the remote
 backends (``--export`` and ``.xrun_env`` apply, ``PYTHONPATH`` gets the working directory), and joins the
-job's control channel, which node 0's xrun hosts (``xrun.runner.pod.runtime``): the same start barrier, teardown,
+job's control channel, which node 0's xrun hosts (``xrun.joined.pod``): the same start barrier, teardown,
 keepalives and exit code as the head-node backends, and a plan digest so that a node started with another
 command line is refused by name. Every node must be given the same hostfile (or platform), selection and
 ``--master_port``; ``MASTER_ADDR`` is ``--master_addr``, the platform's, or else the first host's name as
@@ -15,6 +15,7 @@ from __future__ import annotations
 from xrun.common.command import agent_argv
 from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.base import InProcess
 from xrun.runner.plan import Plan
 
 
@@ -44,9 +45,6 @@ class NoSshBackend:
             "start xrun with the matching --node_rank on every other node",
         )
 
-    def execute(self, plan: Plan) -> int:
+    def execute(self, plan: Plan, in_process: InProcess) -> int:
         this_node(plan)
-        # Lazy: node 0's server loads only for a real run (a dry run, and reading the traits, load none of it).
-        from xrun.runner.pod.runtime import run_pod
-
-        return run_pod(plan)
+        return in_process.pod_share(plan)

@@ -13,6 +13,7 @@ from typing import Any
 
 from xrun.net import route_source
 from xrun.runner.backends import Invocation, NodeCommand, Traits
+from xrun.runner.backends.base import InProcess
 from xrun.runner.backends.channel import Endpoint, Endpoints, agent_connect_argv, run_over_channel
 from xrun.runner.job.relay import StreamLines
 from xrun.runner.plan import Plan
@@ -47,7 +48,7 @@ class SshBackend:
             "agent's stdin; spec, env and args travel over the control channel",
         )
 
-    def execute(self, plan: Plan) -> int:
+    def execute(self, plan: Plan, in_process: InProcess) -> int:
         results = connect_all(list(plan.agent_hosts), plan.request.remote.ssh)  # the hot spares' too: standby
         try:
             connected = [r for r in results if isinstance(r, Connected)]

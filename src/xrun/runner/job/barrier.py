@@ -10,11 +10,11 @@ starts each node as soon as it is ready: torch's rendezvous is the barrier, and 
 
 from __future__ import annotations
 
+from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.runner.job.config import ElasticRule, JobConfig
 from xrun.runner.job.events import Action, Failure, RunPrecheck, SendStart, ShowLine, ShowStarted, ShowWaiting
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.spares import Spares
-from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 
 STATUS_EVERY = 1.0  # the waiting-for-nodes status while the barrier holds
 

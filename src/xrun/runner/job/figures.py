@@ -58,7 +58,7 @@ def write_job_summary(log_dir: str, ranks: Sequence[RankFigures], verdict: Verdi
                       stragglers: Mapping[str, Any] | None = None, recorded: Mapping[str, Any] | None = None) -> None:
     """``{log_dir}/summary.json``, the job's: every rank's figures, how the job ended, its attempts (with
     ``--max_restarts``), the ranks' straggler scores (when any was scored) and the record's ``goodput`` and
-    ``events`` (docs/events.md). The local run's head writes it without the line (xrun.runner.backends.one_node)."""
+    ``events`` (docs/events.md). The local run's head writes it without the line (xrun.joined.one_node)."""
     data = {**summary_json(ranks, exit_code=verdict.exit_code, lost=verdict.lost_ranks), **verdict_json(verdict)}
     if verdict.attempts:
         data["attempts"] = [attempt.to_json() for attempt in verdict.attempts]

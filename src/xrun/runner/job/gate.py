@@ -76,7 +76,7 @@ class Gate:
 
     def __init__(self, keys: NodeKeys, *, nodes: int, prove_server: bool,
                  identity: ServerIdentity | None = None, in_process: bool = False) -> None:
-        # in process: the one node's link is a socketpair (xrun.runner.backends.one_node): no certificate to mint
+        # in process: the one node's link is a socketpair (xrun.joined.one_node): no certificate to mint
         self.identity = None if in_process else identity if identity is not None else _mint()
         self.tls = None if self.identity is None else self.identity.server_context()
         self.keys = keys

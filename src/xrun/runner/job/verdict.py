@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.hints import IN_TEARDOWN, aborted_in_teardown
-from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.result.outcome import HANG_EXIT, NODE_FAILURE_EXIT
 from xrun.runner.job.events import AgentError, Attempt, Done, Failure, Hung, RankExited, SessionEnded, Verdict
 from xrun.runner.job.nodes import Node, NodeState
 
 if TYPE_CHECKING:
     from xrun.runner.network.precheck_decision import NodesBad
 
-NODE_FAILURE_EXIT = 1  # lost node, join timeout, agent error: no rank exit code to pass on
 REFUSED_EXIT = 2  # a node the hello policy refused: the job was started inconsistently (a usage error)
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
+from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.runner.job.events import AgentError, Done, Event, Heard, HelloReceived, RankExited, Ready, Verdict
 from xrun.runner.job.last_words import headline
-from xrun.runner.job.verdict import NODE_FAILURE_EXIT
 
 
 def hello_event(conn: int, peer: str, msg: Message, nodes: int) -> HelloReceived | None:

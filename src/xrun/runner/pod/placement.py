@@ -11,7 +11,7 @@ given and no platform variable is present. The platform is detected here, once. 
   (the master address must then come from the platform or ``--master_addr``), else this machine. Flags win
   over detected values. The request is rewritten in today's terms: ``no_ssh`` with this node's rank, the
   master, and a run id every node computes alike (``xrun-MASTER-PORT``) unless ``--run_id`` is given.
-  The runtime is the ``no_ssh`` backend's (``xrun.runner.pod.runtime``);
+  The runtime is the ``no_ssh`` backend's (``xrun.joined.pod``);
 * ``pod_setup(plan, token=...)`` then gives the pod-mode runtime what it needs (``PodSetup``): this node's
   rank, the world, the master, node 0's control endpoint (``--control_port``, default master port - 1), the
   token and the plan digest.

@@ -1,6 +1,6 @@
 """The local run as a one-node job (issue 38 §1): the head's control server and the node's driver, the same two as
 a multi-node job's, joined inside xrun's one process by a socketpair (no TLS, no listening socket, no second
-interpreter). Pod mode's node 0 has the same shape over loopback TCP (xrun.runner.pod.runtime).
+interpreter). Pod mode's node 0 has the same shape over loopback TCP (xrun.joined.pod).
 
     the SignalLatch (from here on a shutdown signal is recorded, never its default action; the head is told)
     -> socket.socketpair(): the head's end a plain connection (``ControlServer.open_plain``), the node's a plain

@@ -1,5 +1,5 @@
-"""Pod mode's runtime on each node, the head layer's part: what each node's xrun does when every node starts xrun
-itself (issue 11).
+"""Pod mode's runtime on each node: what each node's xrun does when every node starts xrun itself (issue 11): node
+0's head and every node's own agent, joined in its one process.
 
     the SignalLatch (from here on a shutdown signal is recorded, never its default action) -> token
     (XRUN_TOKEN / --token_file, then gone from the ranks' environment) -> PodSetup
@@ -26,9 +26,10 @@ from dataclasses import replace
 from xrun.channel import ChannelError
 from xrun.common.output.status import say
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS, SignalLatch
+from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.common.spec import NodeSpec
 from xrun.launch.session.driver import run_pod_node
-from xrun.launch.session.events import NODE_FAILURE_EXIT, PortRule
+from xrun.launch.session.events import PortRule
 from xrun.launch.session.pod import Node0, PodNode
 from xrun.runner.job.machine import LINGER
 from xrun.runner.job.relay import merges_nodes
