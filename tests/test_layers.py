@@ -16,11 +16,14 @@ only for type checking.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 
 from tests.conftest import ROOT
 
@@ -45,8 +48,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def all_modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+@functools.cache  # walked once a run: a test asks for every import edge (test_folders_depend_one_way: ~16 s)
+def all_modules() -> Mapping[str, Path]:
+    return MappingProxyType({module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))})
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -84,7 +88,8 @@ def _targets(node: ast.Import | ast.ImportFrom, source: str, is_package: bool) -
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def import_edges() -> list[Edge]:
+@functools.cache  # the source does not change during a run: parsed once, not once per test (~1 s each)
+def import_edges() -> tuple[Edge, ...]:
     modules = all_modules()
     edges = []
     for source, path in modules.items():
@@ -92,10 +97,10 @@ def import_edges() -> list[Edge]:
         for node, level in _imports(tree, Level.MODULE):
             for target in _targets(node, source, path.name == "__init__.py"):
                 edges.append(Edge(source, target, level))
-    return edges
+    return tuple(edges)
 
 
-def internal_graph(edges: list[Edge], levels: set[Level]) -> dict[str, set[str]]:
+def internal_graph(edges: tuple[Edge, ...], levels: set[Level]) -> dict[str, set[str]]:
     """Module -> the xrun modules it loads, parents included (importing a.b.c runs a/__init__ and a/b/__init__)."""
     modules = all_modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
