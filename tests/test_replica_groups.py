@@ -246,10 +246,11 @@ GROUPS_JOB = os.path.join(ROOT, "tests", "procs", "torchft_groups_job.py")
 
 
 def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(tmp_path):
-    """One xrun runs both groups and the Lighthouse; a kill -9 of the Lighthouse mid-training, between two quorums
-    (a step computes 1 s): xrun says so and starts it again, both groups finish every step, exit 0, and no
-    Lighthouse is left. (torchft 0.2.0's Manager does not survive a Lighthouse lost in the middle of a quorum: that
-    group's later quorums all time out, measured here; docs/replica-groups.md.)"""
+    """One xrun runs both groups and the Lighthouse; a kill -9 of the Lighthouse mid-training (a step computes 1 s):
+    xrun says so and starts it again, both groups finish every step, exit 0, and no Lighthouse is left. torchft
+    0.2.0's Manager does not survive a Lighthouse lost in the middle of a quorum (that group's later quorums time
+    out, docs/replica-groups.md; a loaded machine stretches a quorum enough to meet the kill now and then): such a
+    group's rank gives up and the group restarts on its own budget (--max_restarts 1), and training goes on."""
     why = torchft_missing()
     if why:
         pytest.skip(why)
@@ -257,8 +258,8 @@ def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(t
     out_path, err_path = tmp_path / "out", tmp_path / "err"
     with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
         xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups",
-                                 "2", GROUPS_JOB, "6", "1"], stdout=out_file, stderr=err_file, cwd=str(tmp_path),
-                                env=env)
+                                 "2", "--max_restarts", "1", GROUPS_JOB, "6", "1"], stdout=out_file, stderr=err_file,
+                                cwd=str(tmp_path), env=env)
     try:
         assert eventually(lambda: len(steps(out_path.read_text(), 3)) == 4, within=60), out_path.read_text()
         keepers = [p for p in children(xrun.pid) if "xrun.launch.replicas.lighthouse" in cmdline(p)]
