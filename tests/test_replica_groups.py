@@ -8,6 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -254,13 +257,9 @@ def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(t
     why = torchft_missing()
     if why:
         pytest.skip(why)
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    out_path, err_path = tmp_path / "out", tmp_path / "err"
-    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
-        xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups",
-                                 "2", "--max_restarts", "1", GROUPS_JOB, "6", "1"], stdout=out_file, stderr=err_file,
-                                cwd=str(tmp_path), env=env)
-    try:
+    argv = [sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups", "2",
+            "--max_restarts", "1", GROUPS_JOB, "6", "1"]
+    with torchft_xrun(argv, tmp_path) as (xrun, out_path, err_path):
         assert eventually(lambda: len(steps(out_path.read_text(), 3)) == 4, within=60), out_path.read_text()
         keepers = [p for p in children(xrun.pid) if "xrun.launch.replicas.lighthouse" in cmdline(p)]
         (keeper,) = keepers
@@ -269,10 +268,6 @@ def test_two_groups_train_together_and_the_lighthouse_is_restarted_when_killed(t
         assert "replicas/torchft_main.py --min_replicas 1 --bind 127.0.0.1:" in shown
         os.kill(light, signal.SIGKILL)
         xrun.wait(90)
-    finally:
-        if xrun.poll() is None:
-            xrun.kill()
-            xrun.wait()
     out, err = out_path.read_text(), err_path.read_text()
     assert xrun.returncode == 0, err[-3000:]
     restarted = f"torchft's Lighthouse (pid {light}) was killed by SIGKILL; restarting it (--replica_groups)"
@@ -300,23 +295,13 @@ def test_a_killed_rank_restarts_its_group_alone_and_the_other_keeps_training(tmp
     why = torchft_missing()
     if why:
         pytest.skip(why)
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    out_path, err_path, logs = tmp_path / "out", tmp_path / "err", tmp_path / "logs"
-    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
-        xrun = subprocess.Popen([sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups",
-                                 "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
-                                 str(SLEEP_S)], stdout=out_file, stderr=err_file, cwd=str(tmp_path), env=env)
-    try:
+    logs = tmp_path / "logs"
+    argv = [sys.executable, "-m", "xrun", "--num_gpus", "4", "--no_local_rank", "--replica_groups", "2",
+            "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS), str(SLEEP_S)]
+    with torchft_xrun(argv, tmp_path) as (xrun, out_path, err_path):
         assert eventually(lambda: (1, 1) in steps(out_path.read_text(), 3), within=60), out_path.read_text()
-        (victim,) = started(out_path.read_text())[(1, 1)]
-        os.kill(victim, signal.SIGKILL)
-        assert eventually(lambda: all(len(started(out_path.read_text())[(1, r)]) == 2 for r in (0, 1)), within=60)
-        again = [started_at(started(out_path.read_text())[(1, r)][1]) for r in (0, 1)]  # while they run
+        again = kill_a_rank_of_group_1(xrun, out_path, err_path, within=60)
         xrun.wait(120)
-    finally:
-        if xrun.poll() is None:
-            xrun.kill()
-            xrun.wait()
     out, err = out_path.read_text(), err_path.read_text()
     assert xrun.returncode == 0, err[-3000:]
     assert ("xrun[localhost]: replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), "
@@ -335,6 +320,36 @@ def test_a_killed_rank_restarts_its_group_alone_and_the_other_keeps_training(tmp
     for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
         times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
         assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+
+
+@contextmanager
+def torchft_xrun(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None) \
+        -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+    """xrun running a torchft job, its output in files (torchft's logs fill a pipe); killed if the test leaves it
+    running."""
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    env = env or {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:
+        xrun = subprocess.Popen(argv, stdout=out_file, stderr=err_file, cwd=str(tmp_path), env=env)
+    try:
+        yield xrun, out_path, err_path
+    finally:
+        if xrun.poll() is None:
+            xrun.kill()
+            xrun.wait()
+
+
+def kill_a_rank_of_group_1(xrun: subprocess.Popen[bytes], out_path: Path, err_path: Path, within: float) \
+        -> list[float]:
+    """kill -9 of group 1's rank 1; once both of group 1's ranks started again (within ``within`` s, xrun still
+    running), when each of their new runs started (read while they run)."""
+    (victim,) = started(out_path.read_text())[(1, 1)]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + within
+    while not all(len(started(out_path.read_text())[(1, r)]) == 2 for r in (0, 1)):
+        assert time.monotonic() < deadline and xrun.poll() is None, err_path.read_text()[-3000:]
+        time.sleep(0.05)
+    return [started_at(started(out_path.read_text())[(1, r)][1]) for r in (0, 1)]
 
 
 def started(out: str) -> dict[tuple[int, int], list[int]]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -21,7 +19,7 @@ import pytest
 from tests.cluster.jobs import MARK
 from tests.cluster.test_restarts import assert_nothing_left
 from tests.conftest import ROOT, torchft_missing
-from tests.test_replica_groups import GROUPS_JOB, STEP_TIMEOUT_S, started, started_at, steps
+from tests.test_replica_groups import GROUPS_JOB, STEP_TIMEOUT_S, kill_a_rank_of_group_1, started, steps, torchft_xrun
 
 STEPS, SLEEP_S, KILL_AT = 6, 1.0, 2
 PORT = 29650  # group 0's store on node1, group 1's on node2 at +1, the Lighthouse on node1 at +2
@@ -42,28 +40,15 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
             "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
             "--replica_groups", "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
             str(SLEEP_S)]
-    out_path, err_path = tmp_path / "out", tmp_path / "err"
     t0 = time.monotonic()
-    with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:  # torchft's logs fill a pipe
-        xrun = subprocess.Popen(argv, stdout=out_file, stderr=err_file, cwd=str(tmp_path), env=env)
-    try:
+    with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         deadline = time.monotonic() + 60
         while (1, 1) not in steps(out_path.read_text(), KILL_AT):
             assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
                                                                           err_path.read_text()[-3000:])
             time.sleep(0.05)
-        (victim,) = started(out_path.read_text())[(1, 1)]
-        os.kill(victim, signal.SIGKILL)  # the namespaces share the PID space: node2's rank 3
-        deadline = time.monotonic() + 30
-        while not all(len(started(out_path.read_text())[(1, r)]) == 2 for r in (0, 1)):
-            assert time.monotonic() < deadline and xrun.poll() is None, err_path.read_text()[-3000:]
-            time.sleep(0.05)
-        again = [started_at(started(out_path.read_text())[(1, r)][1]) for r in (0, 1)]  # while they run
+        again = kill_a_rank_of_group_1(xrun, out_path, err_path, within=30)  # one PID space: node2's rank 3
         xrun.wait(120)
-    finally:
-        if xrun.poll() is None:
-            xrun.kill()
-            xrun.wait()
     out, err = out_path.read_text(), err_path.read_text()
     print(f"{backend}: the job took {time.monotonic() - t0:.1f} s")
     assert xrun.returncode == 0, err[-3000:]
