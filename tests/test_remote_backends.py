@@ -249,10 +249,22 @@ def _fake_pdsh(*hosts):
     children = " & ".join(f"{shlex.quote(sys.executable)} -c {shlex.quote(sleeper)} {host}" for host in hosts)
     proc = subprocess.Popen(["sh", "-c", f"{children} & wait"])
     deadline = time.monotonic() + 10
-    while len(psutil.Process(proc.pid).children()) < len(hosts):
+    # Counting children is not enough: a forked child is still `sh` until its exec, and only then does its argv
+    # carry the host (seen once in CI under load). Wait until every host is a word of some child's argv.
+    while not all(any(host in argv for argv in _argvs_of_children(proc)) for host in hosts):
         assert time.monotonic() < deadline, "the fake ssh clients did not start"
         time.sleep(0.01)
     return proc
+
+
+def _argvs_of_children(proc):
+    argvs = []
+    for child in psutil.Process(proc.pid).children():
+        try:
+            argvs.append(child.cmdline())
+        except psutil.Error:  # a child between fork and exec may vanish from view for a moment
+            continue
+    return argvs
 
 
 def test_pdsh_is_finished_once_it_waits_only_for_lost_nodes():
