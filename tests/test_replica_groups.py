@@ -20,13 +20,18 @@ from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.result.group_restart import GroupRestart
 from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
 from xrun.errors import UsageError
+from xrun.joined.pod import pod_node
 from xrun.launch.replicas import lighthouse
 from xrun.launch.replicas.supervision import GroupPolicy
+from xrun.launch.session.pod import Node0
 from xrun.runner.backends import Invocation
+from xrun.runner.cli import parse_request
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.job.config import JobConfig
 from xrun.runner.plan import JobRequest, PortChoice, make_plan
-from xrun.runner.planner import with_replica_ports
+from xrun.runner.planner import plan_job, with_replica_ports
+from xrun.runner.pod.digest import first_difference
+from xrun.runner.pod.placement import pod_setup
 from xrun.runner.replica_options import ReplicaRequest
 from xrun.runner.restart_options import RestartPolicy
 
@@ -164,7 +169,6 @@ def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
     (2, {"world": {"a": (0, 1, 2), "b": (0,)}, "backend": "pdsh"}, "2 puts group 1 on nodes a and b"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
      "nodes"),
-    (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "no_ssh"}, "does not apply in pod mode yet"),
     (2, {"world": {"a": (0, 1), "b": (0, 1), "c": (0, 1)}, "backend": "ssh", "spares": 1},
      "does not apply with --replica_groups yet: a lost node fails the job"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),
@@ -206,6 +210,59 @@ def test_a_groups_store_port_taken_is_found_at_the_preflight_one_line_exit_2(tmp
         rf"xrun: --replica_groups: port {port} \(group 1's store\) is already in use on localhost( by pid \d+ \(\S+\))?; "
         r"give another --master_port \(group g's port is it \+ g\)\n", done.stderr), done.stderr
     assert "never" not in done.stdout
+
+
+# -- pod mode: every node's xrun plans the job alone (docs/pod-mode.md) -------------------------------------------
+
+
+def pod_plan(node_rank, *flags, groups=2, hosts=("--hosts", "a,b")):
+    request, _ = parse_request(["--pod", "--platform", "none", *hosts, "--num_gpus", "2", "--node_rank",
+                                str(node_rank), "--replica_groups", str(groups), *flags, "t.py"])
+    return plan_job(request)
+
+
+def test_pod_mode_plans_the_same_groups_on_every_node():
+    """Node 0's groups and the Lighthouse meet at node 0's name (a pod plan knows it: no barrier decides it), node
+    1's groups at node 1's; every node's digest is the same and names the groups; the job as a whole is never
+    restarted (--max_restarts is each group's, spent by its node), so no node waits for node 0's restart."""
+    plans = [pod_plan(k, "--max_restarts", "2") for k in (0, 1)]
+    keys = ("REPLICA_GROUP_ID", "RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHFT_LIGHTHOUSE")
+    for plan_k in plans:
+        assert [[tuple(r.env[k] for k in keys) for r in node.ranks] for node in plan_k.nodes] == [
+            [("0", "0", "a", "29500", "http://a:29502"), ("0", "1", "a", "29500", "http://a:29502")],
+            [("1", "0", "b", "29501", "http://a:29502"), ("1", "1", "b", "29501", "http://a:29502")]]
+    setups = [pod_setup(plan_k, token=None) for plan_k in plans]
+    assert setups[0].digest == setups[1].digest
+    assert setups[0].digest.fields["replicas"] == {"count": 2, "master_ports": [29500, 29501], "lighthouse_port": 29502}
+    other = pod_setup(plan_job(parse_request(["--pod", "--platform", "none", "--hosts", "a,b", "--num_gpus", "2",
+                                              "--node_rank", "1", "--max_restarts", "2", "t.py"])[0]), token=None)
+    assert first_difference(setups[0].digest, other.digest, node_name="node 1 (b)") == (
+        "node 1 (b) has no --replica_groups; node 0 has --replica_groups 2")
+    assert not pod_node(plans[1], setups[1], Node0("a", 29499, "a")).restarts
+    assert not JobConfig.from_plan(plans[0], join_timeout=1).rejoins
+
+
+def test_pod_mode_refuses_what_head_mode_refuses_and_unnamed_nodes():
+    with pytest.raises(UsageError, match="1 puts group 0 on nodes a and b; choose G so that each group lies on one"):
+        pod_plan(0, groups=1)
+    with pytest.raises(UsageError, match="needs every node's name in pod mode .* name them with -H HOSTFILE or "
+                       "--hosts PATTERN"):  # node1's groups would meet at "node1", which no one resolves
+        pod_plan(0, hosts=("--num_nodes", "2", "--master_addr", "m"))
+
+
+def test_pod_control_port_lies_below_every_groups_port():
+    """One rule: the job's ports count up from the master port (group g's store at + g, the Lighthouse's at + G),
+    node 0's control port defaults to the master port - 1 and may be none of them."""
+    assert pod_setup(pod_plan(0), token=None).control_port == 29499
+    assert pod_setup(pod_plan(0, "--control_port", "29503"), token=None).control_port == 29503
+    with pytest.raises(UsageError, match=r"--control_port: 29501 is replica group 1's store port \(--master_port "
+                       r"29500 \+ 1, --replica_groups\); give one outside 29500-29502"):
+        pod_plan(0, "--control_port", "29501")
+    done = run_xrun("--pod", "--hosts", "a,b", "--num_gpus", "2", "--node_rank", "1", "--replica_groups", "2",
+                    "--master_port", "7000", "--control_port", "7002", "--dry-run", "t.py")
+    assert done.returncode == 2 and done.stderr == (
+        "xrun: --control_port: 7002 is the Lighthouse's port (--master_port 7000 + 2, --replica_groups); give one "
+        "outside 7000-7002, or leave it out (--master_port - 1)\n"), done.stderr
 
 
 # -- the Lighthouse's keeper (real processes) ------------------------------------------------------------------

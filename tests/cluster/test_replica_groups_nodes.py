@@ -3,7 +3,8 @@
 (node 1) restarts group 1 alone, on its node (its ranks running again <= 0.5 s after node2's agent saw the death):
 group 0 keeps every pid and trains on, group 1 heals from it (the
 Managers meet across nodes: the quorum's store is one group's, at its node's address), both groups finish, exit 0,
-and nothing is left on either node. The job is tests/test_replica_groups.py's."""
+and nothing is left on either node. The job is tests/test_replica_groups.py's. Started from node1 over ssh and pdsh,
+and in pod mode: each node's own xrun (``--pod --node_rank K``), node 0's console and record showing both nodes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import re
 import sys
 import time
 import uuid
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +28,7 @@ STEPS, SLEEP_S, KILL_AT = 6, 1.0, 2
 PORT = 29650  # group 0's store on node1, group 1's on node2 at +1, the Lighthouse on node1 at +2
 
 
-@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+@pytest.mark.parametrize("backend", ["ssh", "pdsh", "pod"])
 def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_training(cluster, tmp_path, python,
                                                                                        backend):
     why = torchft_missing()
@@ -35,13 +38,22 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
     mark, logs = uuid.uuid4().hex, tmp_path / "logs"
     env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--python", python,
-            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
-            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
-            "--replica_groups", "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
-            str(SLEEP_S)]
+    common = [sys.executable, "-m", "xrun", "-H", str(hostfile), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
+              "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
+              "--replica_groups", "2", "--max_restarts", "1"]
+    job = [GROUPS_JOB, str(STEPS), str(SLEEP_S)]
+    if backend == "pod":  # each node's own xrun; node 0's (node1) hosts the channel, the Lighthouse and the record
+        argv = cluster.node_argv("node1", [*common, "--pod", "--node_rank", "0", "--log_dir", str(logs), *job])
+        others = [cluster.node_argv("node2", [*common, "--pod", "--node_rank", "1", *job])]
+    else:
+        argv = [*common, "--launcher", backend, "--python", python, "--ssh_config", str(cluster.ssh_config),
+                "--log_dir", str(logs), *job]
+        others = []
     t0 = time.monotonic()
-    with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
+    with ExitStack() as stack:
+        nodes = [stack.enter_context(torchft_xrun(other, mkdir(tmp_path / f"node{k + 2}"), env))
+                 for k, other in enumerate(others)]
+        xrun, out_path, err_path = stack.enter_context(torchft_xrun(argv, tmp_path, env))
         deadline = time.monotonic() + 60
         while (1, 1) not in steps(out_path.read_text(), KILL_AT):
             assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
@@ -49,6 +61,8 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
             time.sleep(0.05)
         again = kill_a_rank_of_group_1(xrun, out_path, err_path, within=30)  # one PID space: node2's rank 3
         xrun.wait(120)
+        for other, _, other_err in nodes:  # every node's xrun exits with the job's code
+            assert other.wait(30) == 0, other_err.read_text()[-3000:]
     out, err = out_path.read_text(), err_path.read_text()
     print(f"{backend}: the job took {time.monotonic() - t0:.1f} s")
     assert xrun.returncode == 0, err[-3000:]
@@ -74,3 +88,8 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
         times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
         assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
     assert_nothing_left(cluster, mark)
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path

@@ -74,7 +74,7 @@ def pod_node(plan: Plan, setup: PodSetup, node0: Node0) -> PodNode:
         node_rank=setup.node_rank, num_nodes=setup.num_nodes, world_size=plan.world_size, spec=spec,
         master_addr=plan.rendezvous.known_master_addr, master_port=plan.rendezvous.master_port,
         ready_port=PortRule(plan.node0_picks_port, setup.master_port) if static_node0 else None,
-        restarts=bool(plan.request.restart.restarts),
+        restarts=plan.job_restart.restarts,
         verdict_wait=plan.request.options.shutdown_timeout + STOP_GRACE + LINGER + 5.0,
         forward_console=merges_nodes(plan), node0=node0, join_timeout=plan.request.remote.join_timeout,
         digest=setup.digest.to_json(), key=pod_key(setup.token, run_id=plan.request.run_id),

@@ -109,6 +109,13 @@ class Plan:
         replicas = bool(self.nodes) and self.nodes[0].replicas is not None  # its ports count up from the plan's
         return self.request.master_port_choice is PortChoice.FREE and not (local or elastic or replicas)
 
+    @property
+    def job_restart(self) -> RestartPolicy:
+        """``--max_restarts`` of the job as a whole; under ``--replica_groups`` it is each group's budget, spent by
+        the group's node (``xrun.launch.replicas.supervision``), and the job itself is never restarted."""
+        replicas = bool(self.nodes) and self.nodes[0].replicas is not None
+        return replace(self.request.restart, max_restarts=0) if replicas else self.request.restart
+
     def agent_command(self, node: NodeSpec) -> AgentCommand:
         """The stand-alone agent command line equivalent to running ``node`` in-process."""
         return AgentCommand(
@@ -193,9 +200,9 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         raise UsageError("--master_port", "0 cannot work with --elastic on several nodes: each needs the port up front")
     replicas = None
     if request.replicas is not None:
-        if traits.nodes_start_themselves:
-            raise UsageError(REPLICA_FLAG, "does not apply in pod mode yet (--pod, --no_ssh, a pod platform); start "
-                             "the job from one machine (--launcher ssh or pdsh)")
+        if request.pod.numbered and len(world) > 1:  # pod mode: a node's groups meet at its name (group_env)
+            raise UsageError(REPLICA_FLAG, "needs every node's name in pod mode (a node's groups meet at it), but "
+                             "the nodes are only counted: name them with -H HOSTFILE or --hosts PATTERN")
         if spares:  # a node's groups meet at its name, and the head restarts no job under --replica_groups
             raise UsageError("--spares", "does not apply with --replica_groups yet: a lost node fails the job (its "
                              "groups restarting on a spare is not built; docs/replica-groups.md)")

@@ -52,13 +52,20 @@ def replica_request(ns: argparse.Namespace) -> ReplicaRequest | None:
     return ReplicaRequest(groups=ns.replica_groups)
 
 
+def counted_ports(groups: int, master_port: int) -> tuple[int, ...]:
+    """The ports of a run on several nodes (every node counts them alike): group g's store at ``master_port + g``,
+    the Lighthouse's after them at ``master_port + groups``. Pod mode's control port stays below them
+    (``xrun.runner.pod.placement.control_port``)."""
+    return tuple(range(master_port, master_port + groups + 1))
+
+
 def replica_groups(request: ReplicaRequest, *, world_size: int, master_port: int) -> ReplicaGroups:
     """Pure: the groups of a world of ``world_size`` ranks, their ports and the Lighthouse's."""
     groups = request.groups
     if world_size % groups:
         raise UsageError(FLAG, f"{groups} groups cannot split {world_size} ranks evenly; give a divisor of "
                          f"{world_size}")
-    ports = request.ports or tuple(range(master_port, master_port + groups + 1))
+    ports = request.ports or counted_ports(groups, master_port)
     if ports[-1] > 65535:
         raise UsageError(FLAG, f"{groups} groups need ports {master_port}-{ports[-1]} (one per group and the "
                          "Lighthouse's after them); give a lower --master_port")

@@ -4,7 +4,7 @@ restarts, on which hot spares (issue 23)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from xrun.common.spec import OnRankExit
@@ -47,7 +47,6 @@ class JobConfig:
     @classmethod
     def from_plan(cls, plan: Plan, *, join_timeout: float) -> JobConfig:
         elastic = plan.nodes[0].elastic if plan.nodes else None
-        replicas = plan.nodes[0].replicas if plan.nodes else None
         return cls(
             hosts=tuple(f"node {node.node_rank}" if plan.request.pod.numbered else node.host for node in plan.nodes),
             join_timeout=join_timeout,
@@ -57,8 +56,7 @@ class JobConfig:
             master_port=plan.rendezvous.master_port,
             pick_master_port=plan.node0_picks_port,
             elastic=None if elastic is None else ElasticRule(elastic.min_nodes or 1, plan.rendezvous.known_master_addr),
-            # --replica_groups: --max_restarts is each group's, spent by its node (xrun.launch.replicas.supervision)
-            restart=replace(plan.request.restart, max_restarts=0) if replicas else plan.request.restart,
+            restart=plan.job_restart,
             numbered=plan.request.pod.numbered,
             precheck=plan.request.remote.precheck,
             spares=plan.spares,

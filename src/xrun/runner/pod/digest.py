@@ -16,7 +16,9 @@ In the digest (the same on every node of a correctly started job):
 * ``exports``: the NAMES of the variables sent to the ranks (values may be secrets, and may differ per node
   on purpose, e.g. ``NCCL_SOCKET_IFNAME``);
 * ``elastic``: the elastic settings, or null;
-* ``restarts``: ``--max_restarts`` of a static job, only when above 0 (every node must wait for node 0's restart).
+* ``restarts``: ``--max_restarts`` of a static job, only when above 0 (every node must wait for node 0's restart);
+* ``replicas``: ``--replica_groups``, only with it: the group count, the groups' store ports and the Lighthouse's
+  (a node with other groups would tell its ranks another contract and meet no one).
 
 Out, because they differ between the nodes of a good job or belong to the node, not the job: this node's rank
 and host name, the working directory, the interpreter path (venvs live in different places), environment
@@ -123,6 +125,7 @@ def make_digest(fields: Mapping[str, Any]) -> PlanDigest:
 def plan_digest(plan: Plan) -> PlanDigest:
     request = plan.request
     elastic = plan.nodes[0].elastic if plan.nodes else None  # resolved: counts and endpoint filled in
+    replicas = plan.nodes[0].replicas if plan.nodes else None
     return make_digest({
         "xrun": __version__,
         "script": request.script,
@@ -134,6 +137,7 @@ def plan_digest(plan: Plan) -> PlanDigest:
         "elastic": elastic.to_json() if elastic is not None else None,
         # --max_restarts: every node's xrun must wait for node 0's restart (absent without: digests stay as they were)
         **({"restarts": request.restart.max_restarts} if request.restart.restarts else {}),
+        **({"replicas": replicas.to_json()} if replicas is not None else {}),  # absent without: digests as they were
     })
 
 
@@ -247,6 +251,13 @@ def _restarts(them: str, b: Any, me: str, a: Any) -> str:
     return f"{them} has --max_restarts {b or 0}; {me} has --max_restarts {a or 0}"
 
 
+def _replicas(them: str, b: Any, me: str, a: Any) -> str:
+    def groups(value: Any) -> str:  # their ports follow from the master port, compared before
+        return f"--replica_groups {value.get('count')}" if isinstance(value, dict) else "no --replica_groups"
+
+    return f"{them} has {groups(b)}; {me} has {groups(a)}"
+
+
 _WORDING: dict[str, Describe] = {
     "xrun": _version,
     "script": _script,
@@ -257,4 +268,5 @@ _WORDING: dict[str, Describe] = {
     "exports": _exports,
     "elastic": _elastic,
     "restarts": _restarts,
+    "replicas": _replicas,
 }

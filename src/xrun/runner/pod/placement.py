@@ -35,6 +35,7 @@ from xrun.runner.pod.digest import PlanDigest, plan_digest
 from xrun.runner.pod.options import PlatformChoice
 from xrun.runner.pod.platforms import Detection, detect, platform_markers_present
 from xrun.runner.pod.secret import load_token
+from xrun.runner.replica_options import counted_ports
 
 NODE_FILE_LIMIT = 16 << 20  # a line per slot: 16 MiB is some 500 000 slots of 32-character names
 
@@ -259,16 +260,25 @@ class PodSetup:
 
 
 def control_port(request: JobRequest) -> int:
-    """``--control_port``, else the master port - 1 (node 0 hosts both: they must differ). Below it, not above:
-    NVIDIA's in-process restart takes the ports above MASTER_PORT (its stores at + 1 and + 2 + k per restart in its
-    examples, issue 39 §3), and rank 0's agent hosts the job's store at MASTER_PORT itself (xrun.launch.store)."""
+    """``--control_port``, else the master port - 1. One rule: the job's own ports count up from the master port
+    (rank 0's store at it; with ``--replica_groups G`` group g's store at + g and the Lighthouse's at + G,
+    ``counted_ports``), so node 0's control port is below them, never one of them. Below, not above: NVIDIA's
+    in-process restart takes the ports above MASTER_PORT too (its stores at + 1 and + 2 + k per restart in its
+    examples, issue 39 §3)."""
     port = request.pod.control_port
     if port is None:
         port = request.master_port - 1
         if request.master_port != 0 and port < 1:
             raise UsageError("--control_port", f"the default, --master_port - 1, is {port}: pass --control_port PORT")
-    elif port == request.master_port:
+        return port
+    if port == request.master_port:
         raise UsageError("--control_port", f"{port} is the master port too; node 0 needs two ports")
+    if request.replicas is not None and port in counted_ports(request.replicas.groups, request.master_port):
+        group = port - request.master_port
+        whose = "the Lighthouse's" if group == request.replicas.groups else f"replica group {group}'s store"
+        raise UsageError("--control_port", f"{port} is {whose} port (--master_port {request.master_port} + {group}, "
+                         f"--replica_groups); give one outside {request.master_port}-"
+                         f"{request.master_port + request.replicas.groups}, or leave it out (--master_port - 1)")
     return port
 
 
