@@ -211,7 +211,8 @@ def test_a_link_planted_where_the_page_goes_is_replaced_not_written_through(tmp_
 def groups_record():
     """A local run of 2 replica groups × 2 ranks, group 1's rank 1 (the job's rank 3) ending twice, each time
     restarting its group alone (as the head records it: tests/test_replica_groups.py runs a real one)."""
-    env = {"RANK": "0", "WORLD_SIZE": "2", "REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "2"}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "2",
+           "TORCHELASTIC_MAX_RESTARTS": "2"}
     lines = [{"t": 0.0, "event": "job_started", "unix_ns": 1_796_588_070_174_682_281, "xrun": "0.1.0", "nodes": 1,
               "world_size": 4, "hosts": ["localhost"], "spares": 0, "max_restarts": 0, "hang_timeout": None,
               "sample_every_s": 60.0, "usage_every": 1, "run_id": "xrun-groups", "command": ["python", "t.py"],
@@ -251,11 +252,12 @@ def test_a_replica_groups_restarts_are_marked_their_runs_cut_and_tabled():
                                            (1.2, 2.3, Outcome.OK)]}
     assert page.group_restarts == (("0.7", "1", "1 of 2", "localhost", "3", "was killed by SIGKILL", "0"),
                                    ("1.2", "1", "2 of 2", "localhost", "3", "exited with code 3", "none"))
-    assert ("replica group restarts", "replica group 1 restarted twice") in page.facts
+    assert page.facts[-2:] == (("replica groups", "2, each restarted alone up to 2 time(s) (--max_restarts)"),
+                               ("replica group restarts", "replica group 1 restarted twice"))
     assert "Replica group 1 restarted twice (--replica_groups: each restart under the timeline)." in page.root_cause
     html = render(page, "")
     assert ('<table id="group-restarts"><thead><tr><th>t (s)</th><th>group</th><th>restart</th><th>host</th>'
             '<th>rank</th><th>its end</th><th>groups that ran on</th></tr></thead><tbody><tr><td>0.7</td><td>1</td>'
             '<td>1 of 2</td><td>localhost</td><td>3</td><td>was killed by SIGKILL</td><td>0</td></tr>') in html
     plain = render(report_of(record()), "")
-    assert "Replica group" not in plain and "group restart" not in plain
+    assert "Replica group" not in plain and "replica group" not in plain and "group restart" not in plain

@@ -503,6 +503,10 @@ def _facts(fold: _Fold, summary: Mapping[str, Any] | None, count: int) -> tuple[
                                  f"wall ({_share(goodput.get('share'))})"))
         for phase, seconds in _mapping(goodput.get("lost_s")).items():
             facts.append((f"lost to {_text(phase)} (s)", _text(seconds)))
+    env = _mapping(s.get("env"))
+    if "NUM_REPLICA_GROUPS" in env:  # the job's max restarts is 0 there: each group has its own budget
+        facts.append(("replica groups", f"{_text(env['NUM_REPLICA_GROUPS'])}, each restarted alone up to "
+                                        f"{_text(env.get('TORCHELASTIC_MAX_RESTARTS'))} time(s) (--max_restarts)"))
     if fold.restarted:
         facts.append(("replica group restarts", restarted_words(fold.restarted)))
     events = _mapping((summary or {}).get("events"))
