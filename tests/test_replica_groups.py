@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, eventually, run_xrun, torchft_missing
+from tests.report_browser import open_report
+from xrun.channel import Kind, message
 from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
-from xrun.common.result.group_restart import GroupRestart
+from xrun.common.result.group_restart import GROUPS_NAMED, GroupRestart, restarted_words
+from xrun.common.result.summary import RankFigures, success_line
 from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
 from xrun.errors import UsageError
 from xrun.joined.pod import pod_node
@@ -28,11 +31,13 @@ from xrun.runner.backends import Invocation
 from xrun.runner.cli import parse_request
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.job.config import JobConfig
+from xrun.runner.job.figures import JobFigures
 from xrun.runner.plan import JobRequest, PortChoice, make_plan
 from xrun.runner.planner import plan_job, with_replica_ports
 from xrun.runner.pod.digest import first_difference
 from xrun.runner.pod.placement import pod_setup
 from xrun.runner.replica_options import ReplicaRequest
+from xrun.runner.report.command import report
 from xrun.runner.restart_options import RestartPolicy
 
 GROUP_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
@@ -347,8 +352,9 @@ def test_a_killed_rank_restarts_its_group_alone_and_the_other_keeps_training(tmp
     rank 3): group 1 alone stops and starts again (its new ranks started <= 0.5 s after xrun saw the death, by the
     kernel's start times against the record's ``at``), heals from group 0, and both groups finish every step; group 0
     keeps its pids and never waits between two steps longer than a step's time + its gloo timeout + 1 s; exit 0;
-    summary.json and events.jsonl name the restart. (A job of its own: a Lighthouse killed in the middle of a quorum
-    would restart a group too, above.)"""
+    summary.json and events.jsonl name the restart, the end line counts it, and ``xrun report`` draws it (in a real
+    browser: its mark on rank 3's lane, its row in the table). (A job of its own: a Lighthouse killed in the middle
+    of a quorum would restart a group too, above.)"""
     why = torchft_missing()
     if why:
         pytest.skip(why)
@@ -374,6 +380,11 @@ def test_a_killed_rank_restarts_its_group_alone_and_the_other_keeps_training(tmp
     assert (record["group"], record["restart"], record["budget"], record["rank"], record["cause"],
             record["others"]) == (1, 1, 1, 3, "was killed by SIGKILL", [0])
     assert max(again) - record["at"] <= 0.5, (again, record["at"])  # death seen -> group 1 running again
+    assert re.search(r"^xrun\[localhost\]: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
+    drawn = open_report(Path(report(str(logs))), tmp_path, "group-restart")
+    said = ("replica group 1 restarted (restart 1 of 1) on localhost: rank 3 was killed by SIGKILL; group 0 ran on")
+    assert said in drawn.svg_text and said in drawn.text  # beside its mark on the timeline, and in the marks' table
+    assert "rank 3 (localhost)" in drawn.lanes and "Replica group restarts" in drawn.text
     for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
         times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
         assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
@@ -459,8 +470,27 @@ def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
     assert policy.fail(2, "exited with code 1", running={0, 1}, wall=200.0, deadline=150.0) is None  # spent
     assert policy.fail(0, "exited with code 1", running={0}, wall=201.0, deadline=151.0).line().endswith(
         "restarting group 0 (restart 1 of 1), no other group runs on this node")
+    assert policy.restarted() == ((0, 1), (1, 1))  # the node's end line says them (restarted_words, below)
     with pytest.raises(ValueError, match="a malformed group restart"):
         GroupRestart.from_json({**restart.to_json(), "group": "1"})
+
+
+def test_the_end_line_says_which_groups_restarted_how_often_once():
+    """The success line (the node's for a local run, the head's, from the nodes' group_restarted, for several) and a
+    failed node's first line: each group restarted, counted, not a phrase per restart."""
+    figures = [RankFigures("a", r, r, 12.0, 1.0, None, "exit code 0", True) for r in range(4)]
+    assert restarted_words({}) == "" and restarted_words({0: 0}) == ""
+    assert success_line(figures, (), {1: 2}) == "4 ranks ok in 12.0 s; replica group 1 restarted twice"
+    assert restarted_words({3: 3, 0: 1}) == "replica group 0 restarted once, group 3 3 times"
+    assert restarted_words({g: 1 for g in range(GROUPS_NAMED + 1)}) == (
+        f"{GROUPS_NAMED + 1} replica groups restarted, {GROUPS_NAMED + 1} times in all")
+    head = JobFigures()
+    said = GroupRestart(group=1, restart=1, budget=2, rank=3, cause="was killed by SIGKILL", at=1.0, others=())
+    for _ in range(2):
+        head.reads()[Kind.GROUP_RESTARTED](1, message(Kind.GROUP_RESTARTED, **said.to_json()), 0.0)
+    assert head.group_restarts == {1: 2}
+    with pytest.raises(ValueError, match="a malformed group restart"):
+        head.reads()[Kind.GROUP_RESTARTED](1, message(Kind.GROUP_RESTARTED, group=1), 0.0)
 
 
 GROUP_RANK = os.path.join(ROOT, "tests", "procs", "group_rank.py")
@@ -485,6 +515,8 @@ def test_a_group_that_always_fails_spends_its_budget_and_the_job_fails(tmp_path)
             "keeps running") in done.stderr
     assert ("xrun[localhost]: replica group 1: rank 3 exited with code 3; its 1 restart(s) are spent (--max_restarts "
             "1): the job fails") in done.stderr
+    assert re.search(r"^xrun: node localhost: rank 3 failed first: exit code 3 after [\d.]+ s; replica group 1 "
+                     r"restarted once$", done.stderr, re.M), done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["exit_code"] == 3 and summary["root_cause"]["rank"] == 3
     assert [(g["group"], g["restart"], g["rank"]) for g in summary["group_restarts"]] == [(1, 1, 3)]

@@ -206,3 +206,58 @@ def test_a_link_planted_where_the_page_goes_is_replaced_not_written_through(tmp_
     report(str(logs))
     assert target.read_text() == "theirs" and not (logs / "report.html").is_symlink()
     assert [p.name for p in logs.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def groups_record():
+    """A local run of 2 replica groups × 2 ranks, group 1's rank 1 (the job's rank 3) ending twice, each time
+    restarting its group alone (as the head records it: tests/test_replica_groups.py runs a real one)."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "2",
+           "TORCHELASTIC_MAX_RESTARTS": "2"}
+    lines = [{"t": 0.0, "event": "job_started", "unix_ns": 1_796_588_070_174_682_281, "xrun": "0.1.0", "nodes": 1,
+              "world_size": 4, "hosts": ["localhost"], "spares": 0, "max_restarts": 0, "hang_timeout": None,
+              "sample_every_s": 60.0, "usage_every": 1, "run_id": "xrun-groups", "command": ["python", "t.py"],
+              "env": env, "local_ranks": [4]},
+             {"t": 0.1, "event": "attempt_started", "attempt": 0, "nodes": 1},
+             {"t": 0.2, "event": "node_started", "attempt": 0, "node": 0, "host": "localhost"}]
+    for t, restart, cause, others in ((0.7, 1, "was killed by SIGKILL", [0]), (1.2, 2, "exited with code 3", [])):
+        lines.append({"t": t, "event": "group_restarted", "node": 0, "host": "localhost", "group": 1,
+                      "restart": restart, "budget": 2, "rank": 3, "cause": cause, "at": 1_796_588_070.9,
+                      "others": others})
+    lines += [{"t": t, "event": "rank_exited", "attempt": 0, "node": 0, "host": "localhost", "rank": r,
+               "local_rank": r, "code": 0, "signal": None, "stopped": False}
+              for r, t in ((0, 1.1), (1, 1.1), (2, 2.3), (3, 2.3))]
+    lines.append({"t": 2.4, "event": "attempt_ended", "attempt": 0, "began_at_s": 0.0, "ran_s": 2.2,
+                  "ended_at_s": 2.4, "root_cause": None, "replaced": [], "ending": "final"})
+    lines.append({"t": 2.4, "event": "job_ended", "exit_code": 0, "root_cause": None, "interrupted_by": None,
+                  "attempts": 1})
+    return lines
+
+
+def test_a_replica_groups_restarts_are_marked_their_runs_cut_and_tabled():
+    """--replica_groups: each group restart is a mark on the lane of the rank whose end caused it, ends the group's
+    ranks' runs there (that rank's failed, the other's stopped by xrun), and is a row of its own table; the facts
+    and the root cause count them. A run without groups has none of it."""
+    page = report_of(groups_record())
+    assert [(m.lane, m.t, m.kind, m.text) for m in page.marks] == [
+        ("rank 3 (localhost)", 0.7, "group restart", "replica group 1 restarted (restart 1 of 2) on localhost: rank 3 "
+                                                     "was killed by SIGKILL; group 0 ran on"),
+        ("rank 3 (localhost)", 1.2, "group restart", "replica group 1 restarted (restart 2 of 2) on localhost: rank 3 "
+                                                     "exited with code 3; no other group ran on its node")]
+    runs = {lane: [(s.start, s.end, s.outcome) for s in page.spans if s.lane == lane]
+            for lane in ("rank 1 (localhost)", "rank 2 (localhost)", "rank 3 (localhost)")}
+    assert runs == {"rank 1 (localhost)": [(0.2, 1.1, Outcome.OK)],  # group 0: one run
+                    "rank 2 (localhost)": [(0.2, 0.7, Outcome.STOPPED), (0.7, 1.2, Outcome.STOPPED),
+                                           (1.2, 2.3, Outcome.OK)],
+                    "rank 3 (localhost)": [(0.2, 0.7, Outcome.FAILED), (0.7, 1.2, Outcome.FAILED),
+                                           (1.2, 2.3, Outcome.OK)]}
+    assert page.group_restarts == (("0.7", "1", "1 of 2", "localhost", "3", "was killed by SIGKILL", "0"),
+                                   ("1.2", "1", "2 of 2", "localhost", "3", "exited with code 3", "none"))
+    assert page.facts[-2:] == (("replica groups", "2, each restarted alone up to 2 time(s) (--max_restarts)"),
+                               ("replica group restarts", "replica group 1 restarted twice"))
+    assert "Replica group 1 restarted twice (--replica_groups: each restart under the timeline)." in page.root_cause
+    html = render(page, "")
+    assert ('<table id="group-restarts"><thead><tr><th>t (s)</th><th>group</th><th>restart</th><th>host</th>'
+            '<th>rank</th><th>its end</th><th>groups that ran on</th></tr></thead><tbody><tr><td>0.7</td><td>1</td>'
+            '<td>1 of 2</td><td>localhost</td><td>3</td><td>was killed by SIGKILL</td><td>0</td></tr>') in html
+    plain = render(report_of(record()), "")
+    assert "Replica group" not in plain and "replica group" not in plain and "group restart" not in plain

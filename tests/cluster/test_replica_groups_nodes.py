@@ -3,8 +3,9 @@
 (node 1) restarts group 1 alone, on its node (its ranks running again <= 0.5 s after node2's agent saw the death):
 group 0 keeps every pid and trains on, group 1 heals from it (the
 Managers meet across nodes: the quorum's store is one group's, at its node's address), both groups finish, exit 0,
-and nothing is left on either node. The job is tests/test_replica_groups.py's. Started from node1 over ssh and pdsh,
-and in pod mode: each node's own xrun (``--pod --node_rank K``), node 0's console and record showing both nodes."""
+and nothing is left on either node; the head's end line counts the restart. The job is tests/test_replica_groups.py's.
+Started from node1 over ssh and pdsh, and in pod mode: each node's own xrun (``--pod --node_rank K``), node 0's
+console and record showing both nodes."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
     assert xrun.returncode == 0, err[-3000:]
     assert ("xrun[node2]: replica group 1: rank 3 was killed by SIGKILL; restarting group 1 (restart 1 of 1), no other "
             "group runs on this node") in err, err[-3000:]
+    # the head's end line counts it, from node2's word (a local run's is its node's: tests/test_replica_groups.py)
+    assert re.search(r"^xrun: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
     said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
     assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
     hosts = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}

@@ -28,6 +28,7 @@ from xrun.common.output.streams import notice
 from xrun.common.output.writer import writer
 from xrun.common.procs.posix import signal_name
 from xrun.common.result.errorfile import error_lines
+from xrun.common.result.group_restart import restarted_words
 from xrun.common.result.hints import IN_TEARDOWN, aborted_in_teardown, failure_hint
 from xrun.common.result.outcome import NodeResult, RankOutcome, describe_status, exit_code_of
 from xrun.common.result.summary import RankFigures, lost_before, success_line, summary_json, table_lines
@@ -46,7 +47,7 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
         if log_dir is not None:
             write_failure_json(os.path.join(host_log_dir(log_dir, result.host), FAILURE_JSON), result)
     elif announce and result.exit_code == 0 and figures:
-        notice(result.host, success_line(figures, result.lost))
+        notice(result.host, success_line(figures, result.lost, dict(result.group_restarts)))
     if log_dir is not None:
         write_json(os.path.join(host_log_dir(log_dir, result.host), SUMMARY_JSON),
                    summary_json(figures, exit_code=result.exit_code, lost=result.lost))
@@ -56,7 +57,8 @@ def conclude(result: NodeResult, log_dir: str | None, *, announce: bool = True) 
 def format_failure_report(result: NodeResult) -> str:
     """The report for stderr: what happened on this node, the root cause first, then its stderr tail."""
     root = result.root_cause
-    lines = [f"xrun: node {result.host}: {_headline(result)}{_exit_code(result)}"]
+    restarted = restarted_words(dict(result.group_restarts))  # --replica_groups: the groups restarted before it
+    lines = [f"xrun: node {result.host}: {_headline(result)}{_exit_code(result)}{'; ' if restarted else ''}{restarted}"]
     ordered = ([root] if root else []) + [o for o in result.outcomes if o is not root and _notable(o)]
     shown = ordered[: _SHOWN_CONSEQUENCES + 1]
     for outcome in shown:

@@ -1,12 +1,16 @@
 """One replica group's restart as data (``--replica_groups``, issue 39 §2): which group, the how-many-th of its
 budget, whose end caused it and when. The node's rank group decides it (xrun.launch.replicas.supervision), says it in
 one line (``line``) and tells the head (a ``group_restarted`` message: ``to_json``), which keeps it for
-``summary.json`` and ``events.jsonl`` (xrun.runner.replicas.restarts, ``from_json``: every field checked)."""
+``summary.json`` and ``events.jsonl`` (xrun.runner.replicas.restarts, ``from_json``: every field checked).
+``restarted_words``: how many times which group restarted, in a few words (the end line, report.html)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+GROUPS_NAMED = 4  # groups named one by one in restarted_words; more: counted (a 1,000-group job's end is one line)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,21 @@ class GroupRestart:
             raise ValueError(f"a malformed group restart: {data!r}"[:200])
         return cls(group=_int(data, "group"), restart=_int(data, "restart"), budget=_int(data, "budget"),
                    rank=_int(data, "rank"), cause=cause, at=float(at), others=tuple(others))
+
+
+def restarted_words(counts: Mapping[int, int]) -> str:
+    """Each group's restarts (group -> how many) in a few words, once for the whole run: ``replica group 1
+    restarted twice``, ``replica group 0 restarted once, group 3 3 times``; beyond GROUPS_NAMED groups their count
+    and the total. Empty when no group restarted."""
+    restarted = sorted((group, n) for group, n in counts.items() if n > 0)
+    if len(restarted) > GROUPS_NAMED:
+        return f"{len(restarted)} replica groups restarted, {_times(sum(n for _, n in restarted))} in all"
+    return ", ".join(f"{'replica group' if i == 0 else 'group'} {group} {'restarted ' if i == 0 else ''}{_times(n)}"
+                     for i, (group, n) in enumerate(restarted))
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
 def _is_int(value: object) -> bool:

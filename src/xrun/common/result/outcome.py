@@ -73,6 +73,7 @@ class NodeResult:
     lost: tuple[int, ...] = ()  # --on_rank_exit keep: ranks that failed while others ran on (not the exit code's)
     stacks: tuple[RankStack, ...] = ()  # the other ranks' stacks taken before the stop (failure or hang)
     collectives: Reading | None = None  # and their collective records (xrun.launch.telemetry; None: not read)
+    group_restarts: tuple[tuple[int, int], ...] = ()  # --replica_groups: (group, its restarts) of each one restarted
 
 
 def node_result(
@@ -85,6 +86,7 @@ def node_result(
     lost: tuple[int, ...] = (),
     stacks: Sequence[RankStack] = (),
     collectives: Reading | None = None,
+    group_restarts: tuple[tuple[int, int], ...] = (),
 ) -> NodeResult:
     """The node's result from its outcomes (any order; kept in rank order) with the exit code decided."""
     return NodeResult(
@@ -97,6 +99,7 @@ def node_result(
         lost=lost,
         stacks=tuple(stacks),
         collectives=collectives,
+        group_restarts=group_restarts,
     )
 
 

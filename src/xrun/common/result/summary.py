@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xrun.common.result.group_restart import restarted_words
 from xrun.common.result.outcome import RankOutcome, describe_status
 from xrun.printable import columns, one_line
 
@@ -63,9 +64,12 @@ class RankFigures:
             raise ValueError(f"malformed rank figures: {err}") from None
 
 
-def success_line(figures: Sequence[RankFigures], lost: Collection[int] = ()) -> str:
+def success_line(figures: Sequence[RankFigures], lost: Collection[int] = (),
+                 group_restarts: Mapping[int, int] | None = None) -> str:
     """``16 ranks ok in 312 s; peak RSS 4.1 GiB (rank 3)``: the wall time is the longest rank's. The ranks ``lost``
-    under --on_rank_exit keep are named: ``15 ranks ok in 312 s, rank 3 lost on the way (signal SIGKILL (9))``."""
+    under --on_rank_exit keep are named: ``15 ranks ok in 312 s, rank 3 lost on the way (signal SIGKILL (9))``;
+    under --replica_groups, the groups restarted (group -> how many times): ``; replica group 1 restarted twice``
+    (the figures are each rank's last run's)."""
     count = len(figures) - len(lost)
     line = f"{count} rank{'s' if count != 1 else ''} ok in {seconds(max((f.wall_s for f in figures), default=0.0))}"
     gone = [f for f in sorted(figures, key=lambda f: f.rank) if f.rank in lost]
@@ -75,7 +79,8 @@ def success_line(figures: Sequence[RankFigures], lost: Collection[int] = ()) -> 
     if known:
         peak = max(known, key=lambda f: (f.peak_rss_bytes, -f.rank))
         line += f"; peak RSS {format_bytes(peak.peak_rss_bytes or 0)} (rank {peak.rank})"
-    return line
+    restarted = restarted_words(group_restarts or {})
+    return f"{line}; {restarted}" if restarted else line
 
 
 def lost_before(ranks: Sequence[int]) -> str:

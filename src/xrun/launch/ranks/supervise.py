@@ -457,7 +457,8 @@ class RankGroup:
             self.plugins.before_result(outcomes)
         root = next(o for o in outcomes if o.rank == self._root.spec.rank) if self._root is not None else None
         return node_result(self._options.host, outcomes, root, self._interrupted_by, hang=self._hang,
-                           lost=tuple(self._lost), stacks=self.stacks, collectives=self.collectives)
+                           lost=tuple(self._lost), stacks=self.stacks, collectives=self.collectives,
+                           group_restarts=() if self._groups is None else self._groups.restarted())
 
     def _close_all(self) -> None:
         self._loop.close()  # first: the fds below may then close in any order

@@ -44,6 +44,10 @@ class GroupPolicy:
     def restarts(self, group: int) -> int:
         return self._restarts[group]
 
+    def restarted(self) -> tuple[tuple[int, int], ...]:
+        """(group, its restarts) of each group restarted, for the node's end line."""
+        return tuple((group, n) for group, n in sorted(self._restarts.items()) if n)
+
     def fail(self, rank: int, cause: str, *, running: Iterable[int], wall: float, deadline: float
              ) -> GroupRestart | None:
         """``rank`` failed on its own (``cause``: what followed "rank N"), while the groups ``running`` still have

@@ -3,19 +3,22 @@
 line on success, the table after a failure, and ``summary.json`` (how the job ended: its end line, root cause and
 stop signal; with the restart history, when there were attempts). The control server
 (``xrun.runner.job.control_server``) registers ``JobFigures.reads`` for the ``rank_exited`` messages, and a restart
-begins the figures anew (``begin_attempt``).
+begins the figures anew (``begin_attempt``). Under ``--replica_groups`` it counts each group's restarts (the
+nodes' ``group_restarted``: a group restarts within an attempt, its node decides it) for the success line.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xrun.channel import Kind, Message, Reader
 from xrun.common.output.status import say
 from xrun.common.result.failure_report import write_json
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.summary import RankFigures, success_line, summary_json, table_lines
 from xrun.runner.job.events import Verdict
 from xrun.runner.job.last_words import verdict_json
@@ -26,9 +29,10 @@ class JobFigures:
 
     def __init__(self) -> None:
         self.ranks: list[RankFigures] = []
+        self.group_restarts: Counter[int] = Counter()  # --replica_groups: group -> its restarts, the whole run's
 
     def reads(self) -> dict[Kind, Reader]:
-        return {Kind.RANK_EXITED: self._rank_exited}
+        return {Kind.RANK_EXITED: self._rank_exited, Kind.GROUP_RESTARTED: self._group_restarted}
 
     def begin_attempt(self) -> None:
         self.ranks = []  # the attempt before's are not this one's
@@ -37,6 +41,10 @@ class JobFigures:
         """One rank's figures from its ``rank_exited``; malformed ones raise ValueError (a protocol error)."""
         if msg.get("figures") is not None:
             self.ranks.append(RankFigures.from_json(msg["figures"]))
+
+    def _group_restarted(self, node: int, msg: Message, now: float) -> None:
+        """A malformed one raises ValueError (a protocol error)."""
+        self.group_restarts[GroupRestart.from_json(dict(msg)).group] += 1
 
     def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None,
                recorded: Mapping[str, Any] | None = None) -> None:
@@ -47,7 +55,7 @@ class JobFigures:
             return
         exit_code = verdict.exit_code
         if exit_code == 0:
-            say(success_line(self.ranks, verdict.lost_ranks))
+            say(success_line(self.ranks, verdict.lost_ranks, self.group_restarts))
         else:
             sys.stderr.write("\n".join(table_lines(self.ranks)) + "\n")
         if log_dir is not None:

@@ -1,7 +1,9 @@
 """What report.html shows, folded over the record's lines (docs/events.md): pure, no I/O.
 
 The timeline has a lane for the job (its attempts, restarts, stops, hangs), one per node (its attempts on its host,
-spare swaps, losses) and one per rank (its life in each attempt to its exit, straggler marks); the charts have
+spare swaps, losses) and one per rank (its life in each attempt to its exit, straggler marks; under
+``--replica_groups`` each group restart ends its ranks' runs there, marked on the lane of the rank whose end caused
+it, and listed in a table of its own); the charts have
 the ranks' lateness, CPU and memory over the samples. Bounds keep a 1,000-node page small and quick to draw: above
 ``RANK_LANES_UP_TO`` ranks only the ranks with something to show get a lane; at most ``LINES_UP_TO`` lines a chart
 (the latest ranks, or the spread over all ranks); at most ``POINTS`` samples a chart (evenly thinned). The page says
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from statistics import median
 from typing import Any
+
+from xrun.common.result.group_restart import restarted_words
 
 RANK_LANES_UP_TO = 256  # a lane for every rank up to this world size
 LINES_UP_TO = 16  # lines a chart draws: one per rank up to this many, else the spread (min, median, max)
@@ -51,7 +55,8 @@ class Span:
 class Mark:
     lane: str
     t: float
-    kind: str  # restart, failure, spare swap, node lost, hang, stop, straggler, recovered, first collective
+    kind: str  # restart, group restart, failure, spare swap, node lost, hang, stop, straggler, recovered, first
+    # collective
     text: str
 
 
@@ -84,9 +89,11 @@ class Report:
     attempts: tuple[tuple[str, ...], ...]  # rows of ATTEMPT_COLUMNS
     charts: tuple[Chart, ...]  # lateness, CPU, memory
     notes: tuple[str, ...] = ()
+    group_restarts: tuple[tuple[str, ...], ...] = ()  # rows of GROUP_RESTART_COLUMNS (--replica_groups)
 
 
 ATTEMPT_COLUMNS = ("attempt", "started (s)", "ended (s)", "trained (s)", "ending", "root cause", "spares seated")
+GROUP_RESTART_COLUMNS = ("t (s)", "group", "restart", "host", "rank", "its end", "groups that ran on")
 
 
 @dataclass
@@ -103,6 +110,10 @@ class _Fold:
     node_ran_on: dict[tuple[int, int], str] = field(default_factory=dict)  # (attempt, node) -> the host it ran on
     node_end: dict[tuple[int, int], float] = field(default_factory=dict)  # (attempt, node) -> lost at
     exited: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank)
+    run_t: dict[tuple[int, int], float] = field(default_factory=dict)  # (attempt, rank) -> its run's start, once
+    # its replica group restarted (before: its node's start)
+    group_restarts: list[tuple[str, ...]] = field(default_factory=list)
+    restarted: dict[int, int] = field(default_factory=dict)  # replica group -> its restarts
     spans: list[tuple[Lane, Span]] = field(default_factory=list)
     marks: list[tuple[Lane, Mark]] = field(default_factory=list)
     attempts: list[tuple[str, ...]] = field(default_factory=list)
@@ -152,6 +163,7 @@ def report_of(lines: Sequence[Mapping[str, Any]], *, summary: Mapping[str, Any] 
         attempts=tuple(fold.attempts),
         charts=_charts(fold.samples, world),
         notes=tuple(notes),
+        group_restarts=tuple(fold.group_restarts),
     )
 
 
@@ -185,7 +197,8 @@ def _rank_exited(fold: _Fold, line: Mapping[str, Any]) -> None:
     if node is not None:
         fold.rank_node[rank] = node
     t = _t(line)
-    start = fold.node_t.get((attempt, node if node is not None else -1), fold.attempt_t.get(attempt, t))
+    start = fold.run_t.get((attempt, rank), fold.node_t.get((attempt, node if node is not None else -1),
+                                                            fold.attempt_t.get(attempt, t)))
     code, sig = line.get("code"), line.get("signal")
     said = f"exit code {_text(code)}" if sig is None else f"killed by {_text(sig)}"
     if line.get("stopped"):
@@ -257,6 +270,49 @@ def _first_collective(fold: _Fold, line: Mapping[str, Any]) -> None:
         fold.marks.append((("rank", rank), Mark("", _t(line), "first collective", said)))
 
 
+def _group_restarted(fold: _Fold, line: Mapping[str, Any]) -> None:
+    """A replica group's restart (``--replica_groups``, its node's decision): its ranks' runs end here (the rank
+    whose end caused it failed, the others were stopped by xrun) and start again; marked on that rank's lane."""
+    group, rank, node, restart = (_int(line.get(k)) for k in ("group", "rank", "node", "restart"))
+    if group is None:
+        return
+    t, host, cause = _t(line), _text(line.get("host")), _text(line.get("cause"))
+    attempt = max(fold.attempt_t, default=0)  # the head restarts no whole job under --replica_groups: the one there is
+    others = [_text(g) for g in line.get("others") or () if _int(g) is not None]
+    went_on = f"group{'s' if len(others) > 1 else ''} {', '.join(others)} ran on" if others else \
+        "no other group ran on its node"
+    of = f"restart {_text(restart)} of {_text(line.get('budget'))}"
+    fold.marks.append((("rank", rank) if rank is not None else JOB, Mark(
+        "", t, "group restart", f"replica group {group} restarted ({of}) on {host}: rank {_text(rank)} {cause}; "
+                                f"{went_on}")))
+    for member in _group_ranks(fold, group) or ([rank] if rank is not None else []):
+        start = fold.run_t.get((attempt, member), fold.node_t.get((attempt, node if node is not None else -1),
+                                                                  fold.attempt_t.get(attempt, t)))
+        outcome, said = (Outcome.FAILED, cause) if member == rank else (
+            Outcome.STOPPED, f"stopped by xrun for rank {_text(rank)}'s end")
+        fold.spans.append((("rank", member), Span("", start, t, outcome, f"attempt {attempt} on {host}, replica "
+                                                                          f"group {group} before its {of}: {said}")))
+        fold.run_t[(attempt, member)] = t
+        _add_host(fold.rank_hosts, member, host)
+        if node is not None:
+            fold.rank_node.setdefault(member, node)
+    fold.restarted[group] = fold.restarted.get(group, 0) + 1
+    fold.group_restarts.append((f"{t:g}", str(group), of.removeprefix("restart "), host, _text(rank), cause,
+                                ", ".join(others) or "none"))
+
+
+def _group_ranks(fold: _Fold, group: int) -> range:
+    """A replica group's ranks: the world split into ``NUM_REPLICA_GROUPS`` (rank 0's env) equal groups in rank
+    order (docs/replica-groups.md); empty when the record does not say it."""
+    world = _int(fold.started.get("world_size")) or 0
+    count = _mapping(fold.started.get("env")).get("NUM_REPLICA_GROUPS")
+    groups = int(count) if isinstance(count, str) and count.isdecimal() else 0
+    if not groups or world % groups or not 0 <= group < groups:
+        return range(0)
+    size = world // groups
+    return range(group * size, group * size + size)
+
+
 def _sample(fold: _Fold, line: Mapping[str, Any]) -> None:
     fold.samples.append(line)
 
@@ -294,7 +350,7 @@ _ON_LINE = {
     "node_started": _node_started, "rank_exited": _rank_exited, "failure": _failure, "hang_detected": _hang,
     "node_lost": _node_lost, "stop_requested": _stop, "spare_swapped": _swapped, "straggler_named": _straggler,
     "straggler_recovered": _straggler, "first_collective": _first_collective, "sample": _sample,
-    "attempt_ended": _attempt_ended, "job_ended": _job_ended,
+    "attempt_ended": _attempt_ended, "job_ended": _job_ended, "group_restarted": _group_restarted,
 }
 
 
@@ -321,7 +377,8 @@ def _unexited_ranks(fold: _Fold, attempt: int, node: int, start: float, end: flo
             fold.rank_node.setdefault(rank, node)
             _add_host(fold.rank_hosts, rank, host)
             said = "no exit in the record" + (" (its node was lost)" if outcome is Outcome.LOST else "")
-            fold.spans.append((("rank", rank), Span("", start, end, outcome, f"attempt {attempt} on {host}: {said}")))
+            fold.spans.append((("rank", rank), Span("", fold.run_t.get((attempt, rank), start), end, outcome,
+                                                    f"attempt {attempt} on {host}: {said}")))
 
 
 def _ranks_of(local_ranks: Any) -> dict[int, range]:
@@ -425,6 +482,9 @@ def _root_cause(fold: _Fold, failure: Mapping[str, Any] | None) -> tuple[str, ..
     restarts = [row for row in fold.attempts if row[4] == "restart"]
     for row in restarts:
         said.append(f"Attempt {row[0]} was restarted after: {row[5]}.")
+    groups = restarted_words(fold.restarted)
+    if groups:
+        said.append(f"{groups[0].upper()}{groups[1:]} (--replica_groups: each restart under the timeline).")
     return tuple(said)
 
 
@@ -443,6 +503,12 @@ def _facts(fold: _Fold, summary: Mapping[str, Any] | None, count: int) -> tuple[
                                  f"wall ({_share(goodput.get('share'))})"))
         for phase, seconds in _mapping(goodput.get("lost_s")).items():
             facts.append((f"lost to {_text(phase)} (s)", _text(seconds)))
+    env = _mapping(s.get("env"))
+    if "NUM_REPLICA_GROUPS" in env:  # the job's max restarts is 0 there: each group has its own budget
+        facts.append(("replica groups", f"{_text(env['NUM_REPLICA_GROUPS'])}, each restarted alone up to "
+                                        f"{_text(env.get('TORCHELASTIC_MAX_RESTARTS'))} time(s) (--max_restarts)"))
+    if fold.restarted:
+        facts.append(("replica group restarts", restarted_words(fold.restarted)))
     events = _mapping((summary or {}).get("events"))
     if events.get("dropped"):
         facts.append(("record lines dropped", _text(events.get("dropped"))))

@@ -21,17 +21,17 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from xrun.runner.report.model import ATTEMPT_COLUMNS, Chart, Mark, Outcome, Report, Span
+from xrun.runner.report.model import ATTEMPT_COLUMNS, GROUP_RESTART_COLUMNS, Chart, Mark, Outcome, Report, Span
 
 COLOURS = {Outcome.OK: "#4c9a2a", Outcome.FAILED: "#d62728", Outcome.STOPPED: "#9e9e9e", Outcome.LOST: "#8c564b",
            Outcome.RUNNING: "#1f77b4"}
-SYMBOLS = {"restart": "triangle-left", "failure": "x", "spare swap": "star", "node lost": "x-thin-open",
-           "hang": "hourglass", "stop": "square", "straggler": "diamond", "recovered": "diamond-open",
-           "first collective": "circle-open"}
+SYMBOLS = {"restart": "triangle-left", "group restart": "triangle-left-open", "failure": "x", "spare swap": "star",
+           "node lost": "x-thin-open", "hang": "hourglass", "stop": "square", "straggler": "diamond",
+           "recovered": "diamond-open", "first collective": "circle-open"}
 # the kinds written beside their mark (the others: on hover and in the marks' table), and where: marks of the same
 # moment (a failure, the restart that follows it) apart
-PLACES = {"restart": "top right", "spare swap": "top right", "straggler": "top right", "hang": "bottom right",
-          "failure": "bottom right"}
+PLACES = {"restart": "top right", "group restart": "top right", "spare swap": "top right", "straggler": "top right",
+          "hang": "bottom right", "failure": "bottom right"}
 MARK_LABELS_UP_TO = 40  # marks of one kind written beside their symbol (more: on hover and in the table only)
 LANE_PX = 22
 
@@ -80,6 +80,7 @@ def render(report: Report, plotly_js: str) -> str:
                [(s.lane, f"{s.start:g}", f"{s.end:g}", s.outcome.value, s.text) for s in report.spans], id_="spans"),
         "</details></section>",
         "<section><h2>Attempts</h2>", _table(ATTEMPT_COLUMNS, report.attempts, id_="attempts"), "</section>",
+        *_group_restarts(report),
         *(_chart_section(f"chart{i}", chart) for i, chart in enumerate(report.charts)),
         "<section><h2>Command and env contract</h2>",
         "<p>Rank 0's command and the variables xrun set for it on top of its node's environment (each rank's own "
@@ -91,6 +92,17 @@ def render(report: Report, plotly_js: str) -> str:
     parts.extend(f"<script>{s}</script>" for s in scripts)
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def _group_restarts(report: Report) -> list[str]:
+    """--replica_groups: each group's restart (none: no section, the page of a run without groups is as it was)."""
+    if not report.group_restarts:
+        return []
+    return ["<section><h2>Replica group restarts</h2>",
+            "<p>Each restart of a replica group alone (--replica_groups, docs/replica-groups.md), as its node decided "
+            "it: the rank whose end caused it (its mark on the timeline), the how-many-th of the group's own "
+            "--max_restarts, and the groups on that node that ran on.</p>",
+            _table(GROUP_RESTART_COLUMNS, report.group_restarts, id_="group-restarts"), "</section>"]
 
 
 def _timeline(report: Report) -> dict[str, Any]:
