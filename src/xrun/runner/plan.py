@@ -196,9 +196,6 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         if traits.nodes_start_themselves:
             raise UsageError(REPLICA_FLAG, "does not apply in pod mode yet (--pod, --no_ssh, a pod platform); start "
                              "the job from one machine (--launcher ssh or pdsh)")
-        if spares:  # a node's groups meet at its name, and the head restarts no job under --replica_groups
-            raise UsageError("--spares", "does not apply with --replica_groups yet: a lost node fails the job (its "
-                             "groups restarting on a spare is not built; docs/replica-groups.md)")
         replicas = replica_groups(request.replicas, world_size=size, master_port=rdzv.master_port)
         if not traits.local:
             check_groups_within_nodes(world, replicas.count, master_port=rdzv.master_port)
