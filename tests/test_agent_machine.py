@@ -208,7 +208,7 @@ CASES = [
     ("restarts: a restart before any attempt is stale", HEAD, AT_BARRIER, [Restart(1)], [], None),
     # -- hot spares -----------------------------------------------------------------------------------------------
     ("a spare: its preflight, then ready without a port", HEAD, [], [Spec(NODE, standby=True), PreflightPassed()],
-     [Preflight(NODE, None), ready()], None),
+     [Preflight(NODE, None, standby=True), ready()], None),
     ("a spare answers pings and probes, then takes a lost node's place", HEAD, STANDING,
      [Ping(), PROBE, Spec(NODE, restarts=True, port=PICK), PreflightPassed(29501), Start("h", 29501, 2)],
      [PONG, AnswerProbe(PROBE.message), CloseProbes(), Preflight(NODE, PICK), ready(29501), CloseProbes(),
@@ -217,7 +217,7 @@ CASES = [
     ("a spare told to stop exits 0", HEAD, STANDING, [StopOrder(TERM, "x")], [CloseProbes(), Exit(0)], 0),
     ("a spare whose preflight fails never stands by", HEAD, [], [Spec(NODE, standby=True), PreflightFailed("bad", 2),
                                                                  Delivered(True)],
-     [Preflight(NODE, None), error("bad", 2), Exit(2)], 2),
+     [Preflight(NODE, None, standby=True), error("bad", 2), Exit(2)], 2),
     ("a second standby spec is no place", HEAD, STANDING, [Spec(NODE, standby=True)], [], None),
     # -- what waits for the preflight and for the ranks ------------------------------------------------------------
     ("a stop during the preflight is taken up after it", HEAD, [Spec(NODE)],

@@ -21,7 +21,7 @@ from xrun.common.output.writer import writer
 from xrun.common.rankplan import LaunchOptions, Rendezvous, node_ranks
 from xrun.common.result.group_restart import GROUPS_NAMED, GroupRestart, restarted_words
 from xrun.common.result.summary import RankFigures, success_line
-from xrun.common.spec import NodeSpec, ReplicaGroups, with_rendezvous
+from xrun.common.spec import NodeSpec, ReplicaGroups, moved_to, with_rendezvous
 from xrun.errors import UsageError
 from xrun.joined.pod import pod_node
 from xrun.launch.replicas import lighthouse
@@ -94,12 +94,29 @@ def test_a_channel_plan_leaves_addresses_to_the_barrier_and_node_spec_round_trip
     assert spec.world_size == 2  # the job's ranks, not the group's
 
 
-def test_a_restart_keeps_each_groups_port_and_counts_the_attempt():
-    """--max_restarts: the next attempt's ranks keep their group's port (the local run's restarts pass one port)."""
+def test_the_start_keeps_each_groups_port_and_restart_count():
+    """The head restarts no job under --replica_groups: each group counts its own restarts, so the start keeps the
+    port and the count each rank's group was planned (or moved, ``moved_to``) with."""
     node = plan(2).nodes[0]
     again = with_rendezvous(node, "127.0.0.1", 7777, 1)
     assert [(r.env["MASTER_PORT"], r.env["TORCHELASTIC_RESTART_COUNT"]) for r in again.ranks] == [
-        ("6000", "1"), ("6000", "1"), ("6001", "1"), ("6001", "1")]
+        ("6000", "0"), ("6000", "0"), ("6001", "0"), ("6001", "0")]
+
+
+def test_a_lost_nodes_spec_moved_to_a_spare_meets_there_and_counts_on():
+    """--spares: node b's groups on the spare c: their MASTER_ADDR (b's name in the plan) becomes c, each group's
+    restart count is the head's, the ports and node 0's Lighthouse stay."""
+    lost = plan(3, world={"a": (0, 1), "b": (0, 1, 2, 3)}, backend="ssh").nodes[1]
+    assert {r.env["MASTER_ADDR"] for r in lost.ranks} == {"b"}
+    moved = with_rendezvous(moved_to(lost, "c", {1: 1, 2: 2}), "10.0.0.1", 6000)
+    assert moved.host == "c" and moved.node_rank == 1
+    assert [(r.rank, r.env["MASTER_ADDR"], r.env["MASTER_PORT"], r.env["TORCHELASTIC_RESTART_COUNT"],
+             r.env["TORCHFT_LIGHTHOUSE"]) for r in moved.ranks] == [
+        (2, "c", "6001", "1", "http://10.0.0.1:6003"), (3, "c", "6001", "1", "http://10.0.0.1:6003"),
+        (4, "c", "6002", "2", "http://10.0.0.1:6003"), (5, "c", "6002", "2", "http://10.0.0.1:6003")]
+    policy = GroupPolicy.of(((r.rank, r.env) for r in moved.ranks), budget=2)
+    assert (policy.restarts(1), policy.restarts(2)) == (1, 2)  # the spare's agent counts each budget on
+    assert policy.fail(5, "exited with code 1", running={1}, wall=0.0, deadline=0.0) is None  # group 2's is spent
 
 
 def plan(groups, *, ports=(), world=None, backend="local", master_port=6000, spares=0):
@@ -174,8 +191,6 @@ def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
     (2, {"world": {"a": (0, 1, 2), "b": (0,)}, "backend": "pdsh"}, "2 puts group 1 on nodes a and b"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
      "nodes"),
-    (2, {"world": {"a": (0, 1), "b": (0, 1), "c": (0, 1)}, "backend": "ssh", "spares": 1},
-     "does not apply with --replica_groups yet: a lost node fails the job"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),
 ])
 def test_what_cannot_work_is_refused(groups, kwargs, said):

@@ -25,6 +25,8 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Done,
     Drop,
+    GroupRestarted,
+    GroupsMoved,
     Heard,
     NodesFaulty,
     PrecheckDone,
@@ -48,6 +50,7 @@ from xrun.runner.job.last_words import report_lines
 from xrun.runner.job.machine import Job
 from xrun.runner.job.nodes import NodeState
 from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.replicas.moves import GroupLayout, GroupMove
 from xrun.runner.restart_options import RestartPolicy
 
 # world a, b, c (agents 0-2); spares d, e (agents 3, 4)
@@ -101,6 +104,45 @@ def test_a_lost_node_is_replaced_by_the_first_spare_same_rank_same_slots():
     assert "  attempt 1 (70.0 s): succeeded (on d in place of c (node 2))" in report_lines(verdict)
     assert [a for a in actions if isinstance(a, SendVerdict)] == [SendVerdict((0, 1, 3, 4), verdict)]
     assert "c" in job.lost_hosts()  # its session may stay open: it is cut off
+
+
+# --replica_groups 3 --max_restarts 1 --spares 1: one group of 2 ranks on each of a, b, c; the spare d (agent 3)
+GROUPS = replace(STATIC, spares=("d",), restart=RestartPolicy(spares=1), world_size=6,
+                 groups=GroupLayout(1, (((0, 0),), ((1, 2),), ((2, 4),))))
+GROUPS_RUNNING = [*JOINED, hello(3), Ready(3), Ready(0, 29501), Ready(1), Ready(2)]
+
+
+def test_a_lost_nodes_groups_move_to_the_spare_which_alone_starts_and_no_other_node_is_stopped():
+    job, actions = play([*GROUPS_RUNNING, 5.0, ConnectionLost(2, "connection reset")], config=GROUPS)
+    assert not [a for a in actions if isinstance(a, (SendStop, SendRestart))]  # a and b hear nothing
+    assert "node 2 (c) is lost: the hot spare d takes its place (node rank 2, same slots); c is not used again" \
+        in lines(actions)
+    assert ("the replica groups of c start again on d (group 2 restart 1 of 1); every other node's groups keep "
+            "running") in lines(actions)
+    assert GroupsMoved(2, "c", "d", "lost node c: its agent's connection dropped (connection reset)",
+                       (GroupMove(2, 1, 4),)) in actions
+    assert SendSpec(3, False, node_rank=2, group_restarts=((2, 1),)) in actions
+    job, actions = play([Ready(3)], job)  # the spare's preflight passed: it alone starts, at node 0's endpoint
+    assert [a for a in actions if isinstance(a, SendStart)] == [SendStart((3,), "10.0.0.1", 29501)]
+    job, _ = play([60.0, Done(0), Done(1), Done(3)], job)
+    verdict = job.verdict()
+    assert verdict.exit_code == 0 and verdict.attempts[0].replaced == (Replacement(2, "c", "d", 0),)
+
+
+@pytest.mark.parametrize(("before", "lost", "why"), [
+    ([GroupRestarted(2, group=2, restart=1)], 2, "the restarts of its group(s) 2 are spent (--max_restarts 1)"),
+    ([], 0, "node 0 hosts torchft's Lighthouse and xrun's channel, so no spare can take its place"),
+    ([ConnectionLost(3, "gone")], 1, "no hot spare stands by (--spares)"),
+])
+def test_a_lost_node_whose_groups_cannot_move_fails_the_job_saying_why(before, lost, why):
+    job, actions = play([*GROUPS_RUNNING, *before, 5.0, ConnectionLost(lost, "connection reset")], config=GROUPS)
+    host = "abc"[lost]
+    assert [a for a in actions if isinstance(a, SendStop)] and not [a for a in actions if isinstance(a, GroupsMoved)]
+    assert job.failure.reason == (f"lost node {host}: its agent's connection dropped (connection reset); its replica "
+                                  f"groups cannot start again elsewhere: {why}")
+    job, _ = play([Done(n, 143) for n in range(3) if n != lost] + [6.0, Tick()], job)
+    assert report_lines(job.verdict()) == [f"job failed: {job.failure.reason} (exit code 1); every node stopped 0.00 s "
+                                           "later"]  # no word of --max_restarts: the groups' budgets are theirs
 
 
 def test_the_replaced_agent_is_no_ones_its_late_words_and_hellos_change_nothing():
@@ -309,6 +351,7 @@ EVENTS = st.one_of(
     st.builds(Done, AGENT, st.sampled_from([0, 1, 143])),
     st.builds(AgentError, AGENT, st.just("preflight")),
     st.builds(ConnectionLost, AGENT, st.just("connection closed")),
+    st.builds(GroupRestarted, AGENT, st.integers(0, 3), st.integers(1, 2)),
     st.builds(SessionEnded, st.none() | st.sampled_from(["a", "c", "d", "e"]), st.none()),
     st.builds(NodesFaulty, st.lists(st.integers(0, 3), max_size=3).map(tuple), st.just("bad link")),
     st.sampled_from([PrecheckDone(checked(OK, OK, OK, OK, OK)), PrecheckDone(checked(OK, SLOW, OK, GONE, OK)),
@@ -316,12 +359,14 @@ EVENTS = st.one_of(
     st.just(Tick()),
     st.floats(0.0, 12.0),
 )
-# --precheck --spares 2 without --max_restarts (issue 33): the same property
+# --precheck --spares 2 without --max_restarts (issue 33), and --replica_groups with 2 spares: the same property
 PRECHECK_ONLY = replace(SPARES, restart=RestartPolicy(spares=2), precheck=True)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([SPARES, replace(SPARES, precheck=True), PRECHECK_ONLY]), st.lists(EVENTS, max_size=50))
+@given(st.sampled_from([SPARES, replace(SPARES, precheck=True), PRECHECK_ONLY,
+                        replace(GROUPS, spares=("d", "e"), restart=RestartPolicy(spares=2))]),
+       st.lists(EVENTS, max_size=50))
 def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(config, steps):
     job, verdict = Job(config, now=0.0), None
     for taken in replay(job, [*steps, SignalReceived(int(signal.SIGTERM)), 1000.0, Tick()]):

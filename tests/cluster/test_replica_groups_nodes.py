@@ -96,3 +96,57 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
 def mkdir(path: Path) -> Path:
     path.mkdir()
     return path
+
+
+def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_training(cluster, tmp_path, python):
+    """node2 (group 1's) killed whole at group 1's step 2, node3 standing by: group 1 starts again on node3 (its
+    store and MASTER_ADDR there, its restart counted), node1's group 0 keeps every pid, both finish, exit 0."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    hostfile = cluster.hostfile(tmp_path / "hosts", slots=2, nodes=["node1", "node2", "node3"])
+    mark, logs = uuid.uuid4().hex, tmp_path / "logs"
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
+            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
+            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
+            "--replica_groups", "2", "--max_restarts", "1", "--spares", "1", "--log_dir", str(logs), GROUPS_JOB,
+            str(STEPS), str(SLEEP_S)]
+    with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
+        deadline = time.monotonic() + 60
+        while (1, 1) not in steps(out_path.read_text(), KILL_AT):
+            assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
+                                                                          err_path.read_text()[-3000:])
+            time.sleep(0.05)
+        killed = time.time()
+        cluster.kill_node("node2")  # its agent, group 1's ranks, its sshd
+        xrun.wait(120)
+    out, err = out_path.read_text(), err_path.read_text()
+    assert xrun.returncode == 0, err[-3000:]
+    assert "xrun: node 1 (node2) is lost: the hot spare node3 takes its place (node rank 1, same slots)" in err, err
+    assert ("xrun: the replica groups of node2 start again on node3 (group 1 restart 1 of 1); every other node's "
+            "groups keep running") in err, err[-3000:]
+    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
+    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
+    done_on = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) done", out)}
+    assert done_on == {("0", "0"): "node1", ("0", "1"): "node1", ("1", "0"): "node3", ("1", "1"): "node3"}, out
+    pids = started(out)
+    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
+    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node3
+    for r in (0, 1):  # its new run healed from group 0 (a step past the kill first), not from step 0
+        rerun = out[out.index(f"TORCHFT group 1 rank {r} pid {pids[(1, r)][1]}"):]
+        first = re.search(rf"TORCHFT group 1 rank {r} step (\d+) at", rerun)
+        assert first is not None and int(first.group(1)) > KILL_AT, rerun[:2000]
+    for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
+        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
+        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+    summary = json.loads((logs / "summary.json").read_text())
+    (record,) = summary["group_restarts"]
+    assert (record["host"], record["group"], record["restart"], record["rank"], record["others"]) == (
+        "node3", 1, 1, 2, []), record
+    assert record["cause"].startswith("was lost with its node node2 (lost node node2: "), record
+    print(f"node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s")
+    assert [a["replaced"] for a in summary["attempts"]] == [
+        [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]], summary["attempts"]
+    assert_nothing_left(cluster, mark)

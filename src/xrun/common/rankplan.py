@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xrun.common.spec import PythonMode, RankSpec, ReplicaGroups
+from xrun.common.spec import REPLICA_GROUP_ID, RESTART_COUNT, PythonMode, RankSpec, ReplicaGroups
 from xrun.errors import UsageError, WorldInfoError
 from xrun.hostlist import host_name_problem
 from xrun.printable import shown
@@ -203,7 +203,7 @@ def rank_env(
         "MASTER_PORT": _number(rdzv.master_port),
         "CUDA_VISIBLE_DEVICES": _devices(slots),
         "TORCHELASTIC_RUN_ID": rdzv.run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
+        RESTART_COUNT: "0",
         "TORCHELASTIC_MAX_RESTARTS": _number(max_restarts),
         # rank 0's agent hosts the store at MASTER_PORT, a new one each attempt (xrun.launch.store; issue 39)
         "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -251,7 +251,7 @@ def group_env(env: dict[str, str], world: World, node_rank: int, local_rank: int
         "ROLE_WORLD_SIZE": _number(size),
         "MASTER_PORT": _number(replicas.master_ports[group]),
         "CUDA_VISIBLE_DEVICES": _devices(slots),
-        "REPLICA_GROUP_ID": _number(group),
+        REPLICA_GROUP_ID: _number(group),
         "NUM_REPLICA_GROUPS": _number(replicas.count),
     })
     if master is not None:

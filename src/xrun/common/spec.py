@@ -21,6 +21,8 @@ from xrun.strict_numbers import MAX_RANKS
 
 SPEC_VERSION = 1
 DEFAULT_MASTER_PORT = 29500
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # torch's contract: the ranks' attempt (their group's restarts)
+REPLICA_GROUP_ID = "REPLICA_GROUP_ID"  # --replica_groups: a rank's group (xrun.common.rankplan)
 # torch elastic gives workers 30 s between SIGTERM and SIGKILL; matching it keeps checkpoints-on-TERM working.
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # --join_timeout: how long a job waits for its last node (spot nodes pulling images start minutes apart).
@@ -293,19 +295,43 @@ def with_rendezvous(spec: NodeSpec, master_addr: str, master_port: int, restart_
     """``spec`` with what the start barrier decided filled in (a channel backend's plan has no MASTER_ADDR, and its
     port is only node 0's first try) and, with --max_restarts, the attempt (torch's contract:
     ``TORCHELASTIC_RESTART_COUNT``)."""
-    told, unless_planned = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}, dict[str, str]()
+    told = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), RESTART_COUNT: str(restart_count)}
+    unless_planned = dict[str, str]()
     if spec.replicas is not None:
         # --replica_groups: each group keeps the port planned for it and the address where the plan knew it (a group
         # on another node than node 0: that node's name); node 0's groups meet at node 0's address, where the
-        # Lighthouse listens
+        # Lighthouse listens. Each group counts its own restarts (the head restarts no job): a group moved to a hot
+        # spare starts from its count so far (``moved_to``)
         told = {}
         unless_planned = {"MASTER_ADDR": master_addr, "TORCHFT_LIGHTHOUSE": spec.replicas.lighthouse_url(master_addr)}
     ranks = tuple(
-        RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv,
-                 env={**unless_planned, **r.env, **told, "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+        RankSpec(rank=r.rank, local_rank=r.local_rank, argv=r.argv, env={**unless_planned, **r.env, **told})
         for r in spec.ranks
     )
     return replace(spec, ranks=ranks)
+
+
+def moved_to(spec: NodeSpec, host: str, restarts: Mapping[int, int]) -> NodeSpec:
+    """A node's ``spec`` for the hot spare on ``host`` that takes its place (same node rank, same slots). Under
+    ``--replica_groups`` its groups meet at the spare (their ``MASTER_ADDR``, the lost host's name in the plan,
+    becomes ``host``), and those in ``restarts`` (group -> its restart count: ``TORCHELASTIC_RESTART_COUNT``, from
+    which the spare's agent counts each group's budget on) start from their count so far."""
+    if spec.replicas is None:
+        return replace(spec, host=host)
+    lost = spec.host
+    ranks = []
+    for r in spec.ranks:
+        group = replica_group(r.env)
+        count = {RESTART_COUNT: str(restarts[group])} if group in restarts else {}
+        ranks.append(replace(r, env={**r.env, **count, **({"MASTER_ADDR": host} if r.env.get("MASTER_ADDR") == lost
+                                                          else {})}))
+    return replace(spec, host=host, ranks=tuple(ranks))
+
+
+def replica_group(env: Mapping[str, str]) -> int:
+    """A rank's replica group, as its environment tells it (``REPLICA_GROUP_ID``, xrun.common.rankplan); 0 for a
+    rank of a job without groups."""
+    return int(env.get(REPLICA_GROUP_ID) or 0)
 
 
 def _options_to_json(options: AgentOptions) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from xrun.common.spec import RankSpec
+from xrun.common.spec import REPLICA_GROUP_ID, RankSpec
 from xrun.runner.backends import Invocation, backend_traits
 from xrun.runner.plan import Plan
 from xrun.runner.pod.placement import dry_run_json, dry_run_lines
@@ -117,9 +117,14 @@ def spares_note(plan: Plan) -> list[str]:
     """--spares (issue 23): what the hot spares are for, which --max_restarts and --precheck decide (issue 33)."""
     if not plan.spares:
         return []
-    what = "a lost node's place goes to it at a restart" if plan.request.restart.restarts else \
-        ("it takes the place of a node --precheck finds bad before any rank starts; a node lost after the start ends "
-         "the job (no restart without --max_restarts)")
+    if plan.request.replicas is not None and plan.request.restart.restarts:
+        what = ("a lost node's replica groups start again on it, each restart of its budget; every other node keeps "
+                "running")
+    elif plan.request.restart.restarts:
+        what = "a lost node's place goes to it at a restart"
+    else:
+        what = ("it takes the place of a node --precheck finds bad before any rank starts; a node lost after the start "
+                "ends the job (no restart without --max_restarts)")
     return [f"spares: {', '.join(plan.spares)} (hot: its agent starts with the job and waits; {what})"]
 
 
@@ -195,8 +200,8 @@ def plan_text(plan: Plan, invocation: Invocation) -> str:
             lines.append(f"  exports: {' '.join(sorted(node.env))}")
         for rank in node.ranks:
             cpus = f" [cpus {invocation.cpus[rank.rank]}]" if rank.rank in invocation.cpus else ""
-            group = (f", group {rank.env['REPLICA_GROUP_ID']} rank {rank.env['RANK']}"
-                     if "REPLICA_GROUP_ID" in rank.env else "")
+            group = (f", group {rank.env[REPLICA_GROUP_ID]} rank {rank.env['RANK']}"
+                     if REPLICA_GROUP_ID in rank.env else "")
             lines.append(f"  rank {rank.rank} (local {rank.local_rank}{group}){cpus}: {render(rank.argv)}")
     for agent, host in enumerate(plan.spares, start=len(plan.nodes)):
         lines.append(f"spare {host}: agent {agent}, standing by outside the world")

@@ -203,9 +203,6 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
         if request.pod.numbered and len(world) > 1:  # pod mode: a node's groups meet at its name (group_env)
             raise UsageError(REPLICA_FLAG, "needs every node's name in pod mode (a node's groups meet at it), but "
                              "the nodes are only counted: name them with -H HOSTFILE or --hosts PATTERN")
-        if spares:  # a node's groups meet at its name, and the head restarts no job under --replica_groups
-            raise UsageError("--spares", "does not apply with --replica_groups yet: a lost node fails the job (its "
-                             "groups restarting on a spare is not built; docs/replica-groups.md)")
         replicas = replica_groups(request.replicas, world_size=size, master_port=rdzv.master_port)
         if not traits.local:
             check_groups_within_nodes(world, replicas.count, master_port=rdzv.master_port)

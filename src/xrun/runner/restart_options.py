@@ -46,7 +46,8 @@ def add_restart_flags(parser: argparse.ArgumentParser) -> None:
         *spellings("--spares"), type=int_arg(high=MAX_HOSTS), metavar="N",
         help="with --precheck or --max_restarts: the last N selected hosts stand by as hot spares outside the "
         "world; one takes the place of a node --precheck finds bad before any rank starts, or of a lost node at "
-        "the next attempt (same node rank, same slots); ssh and pdsh (default 0)")
+        "the next attempt (same node rank, same slots; under --replica_groups only the lost node's groups start "
+        "again there); ssh and pdsh (default 0)")
 
 
 def restart_policy(ns: argparse.Namespace) -> RestartPolicy:

@@ -54,7 +54,7 @@ from xrun.common.output.streams import Console, flush_python_output, notice
 from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS, OwnedSignals, owned_signals
 from xrun.common.result.outcome import NodeResult, RankOutcome, describe, node_result
-from xrun.common.spec import LocalEcho, OnRankExit
+from xrun.common.spec import RESTART_COUNT, LocalEcho, OnRankExit
 from xrun.launch.procs import proctable
 from xrun.launch.procs.watchdog import Watchdog
 from xrun.launch.ranks.group_loop import HOLD_POLL_S, GroupLoop
@@ -441,7 +441,7 @@ class RankGroup:
                 if stale:
                     with suppress(FileNotFoundError):
                         os.unlink(stale)
-            rank = RankState(replace(old.spec, env={**old.spec.env, "TORCHELASTIC_RESTART_COUNT": count}))
+            rank = RankState(replace(old.spec, env={**old.spec.env, RESTART_COUNT: count}))
             self._ranks[i] = rank
             self._start(rank)
 

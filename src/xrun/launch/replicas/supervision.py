@@ -14,23 +14,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from xrun.common.result.group_restart import GroupRestart
-
-GROUP_ID = "REPLICA_GROUP_ID"  # a rank's group, as its environment tells it (xrun.common.rankplan)
+from xrun.common.spec import RESTART_COUNT, replica_group
 
 
 class GroupPolicy:
     """Each group's restarts and its stop in progress. ``groups``: the node's ranks -> their group."""
 
-    def __init__(self, groups: Mapping[int, int], budget: int) -> None:
+    def __init__(self, groups: Mapping[int, int], budget: int, restarts: Mapping[int, int] | None = None) -> None:
         self._group_of = dict(groups)
         self.budget = budget
-        self._restarts = dict.fromkeys(groups.values(), 0)
+        self._restarts = dict.fromkeys(groups.values(), 0) | dict(restarts or {})  # a moved group's so far
         self._deadlines: dict[int, float | None] = {}  # a group being stopped -> its SIGKILL deadline (None: sent)
 
     @classmethod
     def of(cls, ranks: Iterable[tuple[int, Mapping[str, str]]], budget: int) -> GroupPolicy:
-        """From each rank's number and environment."""
-        return cls({rank: int(env[GROUP_ID]) for rank, env in ranks}, budget)
+        """From each rank's number and environment: its group, and the group's restarts so far (its
+        ``TORCHELASTIC_RESTART_COUNT``: 0, but for the groups of a lost node that a hot spare took over, which go on
+        counting against their budget, xrun.runner.replicas.moves)."""
+        ranks = list(ranks)
+        return cls({rank: replica_group(env) for rank, env in ranks}, budget,
+                   {replica_group(env): int(env.get(RESTART_COUNT) or 0) for _, env in ranks})
 
     def group_of(self, rank: int) -> int:
         return self._group_of[rank]

@@ -301,7 +301,7 @@ class Driver:
         try:
             check_spec(spec)  # the script, interpreter and log files here, before the barrier counts it ready
             check_group_ports(spec)  # --replica_groups: each of its groups' store ports (node 0's port rule: one)
-            if spec.replicas is not None and self._keeper is None:
+            if spec.replicas is not None and self._keeper is None and not action.standby:
                 # --replica_groups, node 0: up before any rank, for every attempt. Lazy: the Lighthouse's keeper and
                 # its parent-death signal (ctypes), ~3 ms of imports (python -X importtime), load in such a job
                 # only, not at every agent's start (issue 38)

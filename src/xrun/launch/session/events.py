@@ -194,6 +194,7 @@ class Preflight(NamedTuple):
 
     spec: NodeSpec
     port: PortRule | None
+    standby: bool = False  # a hot spare's check: nothing of the job starts here (node 0's Lighthouse)
 
 
 class RunAttempt(NamedTuple):

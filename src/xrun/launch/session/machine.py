@@ -198,7 +198,7 @@ class AgentMachine:
         if self.phase is Phase.STANDBY and event.standby:
             return
         self.spec, self.restarts, self.standby = event.spec, event.restarts, event.standby
-        self._preflight(Preflight(event.spec, None if event.standby else event.port))
+        self._preflight(Preflight(event.spec, None if event.standby else event.port, event.standby))
 
     def _on_spec_unusable(self, event: SpecUnusable) -> None:
         if self.pod is None and self.phase in (Phase.HELLO, Phase.STANDBY):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from xrun.common.output.streams import notice
-from xrun.common.spec import NodeSpec
+from xrun.common.spec import NodeSpec, replica_group
 from xrun.errors import PortBusyError, UsageError
 from xrun.net import port_holder, port_in_use
 
@@ -38,7 +38,7 @@ def store_endpoints(spec: NodeSpec) -> dict[int, tuple[str, int]]:
     if spec.elastic is not None:
         return {}
     return {
-        _group(rank.env): (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
+        replica_group(rank.env): (listen_address(rank.env.get("MASTER_ADDR", "")), int(rank.env["MASTER_PORT"]))
         for rank in spec.ranks
         if rank.env.get("RANK") == "0" and rank.env.get(USE_AGENT_STORE) == "True" and rank.env.get("MASTER_PORT")
     }
@@ -56,11 +56,6 @@ def check_group_ports(spec: NodeSpec) -> None:
             raise UsageError("--replica_groups", f"port {port} (group {group}'s store) is already in use on "
                              f"{spec.host}{f' by {holder}' if holder else ''}; give another --master_port (group g's "
                              "port is it + g)")
-
-
-def _group(env: Mapping[str, str]) -> int:
-    """The replica group whose store it is (0: the one world's)."""
-    return int(env.get("REPLICA_GROUP_ID") or 0)
 
 
 def listen_address(master: str) -> str:

@@ -122,8 +122,9 @@ def attempt_lines(history: Sequence[Attempt]) -> list[str]:
 class Attempts:
     """The job's attempts so far: the current one's number and beginning, the history of those over."""
 
-    def __init__(self, policy: RestartPolicy, *, t0: float) -> None:
+    def __init__(self, policy: RestartPolicy, *, t0: float, groups: bool = False) -> None:
         self.policy = policy
+        self.groups = groups  # --replica_groups: a lost node's failure says itself why no spare took its groups
         self.t0 = t0
         self.number = 0
         self.began = t0
@@ -156,7 +157,7 @@ class Attempts:
         return self.number
 
     def lines(self) -> tuple[str, ...]:
-        if self.ending is None or not self.history:
+        if self.ending is None or not self.history or (self.groups and self.ending is Ending.NODE_LOST):
             return ()
         return tuple(ending_lines(self.ending, self.policy, self.history, lost=self.lost, spares=self.spares))
 

@@ -109,11 +109,21 @@ class Barrier:
         node0 = self.nodes[0]
         return self.config.master_addr or reachable(node0.addr, node0.host, len(self.nodes))
 
-    def _start_all(self, now: float) -> list[Action]:
+    def _master_port(self) -> int | None:
         node0, config = self.nodes[0], self.config
-        master_addr = self._master_addr()
         picked = config.pick_master_port or not config.master_port
-        master_port = node0.master_port if picked and node0.master_port else config.master_port
+        return node0.master_port if picked and node0.master_port else config.master_port
+
+    def start_late(self, node: Node) -> list[Action]:
+        """--replica_groups: a hot spare that took a lost node's place is ready after the start: it alone starts,
+        told the attempt's endpoint (node 0's, where the Lighthouse listens; its own groups meet at the spare)."""
+        node.state = NodeState.RUNNING
+        return [SendStart((node.agent,), self._master_addr(), self._master_port(), self.attempt)]
+
+    def _start_all(self, now: float) -> list[Action]:
+        config = self.config
+        master_addr = self._master_addr()
+        master_port = self._master_port()
         self.started_at = now
         started = ShowStarted(len(self.nodes), config.world_size, now - self.t0, master_addr, master_port)
         for node in self.nodes:

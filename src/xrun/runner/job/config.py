@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from xrun.common.spec import OnRankExit
+from xrun.runner.replicas.moves import GroupLayout
 from xrun.runner.restart_options import RestartPolicy
 
 if TYPE_CHECKING:
@@ -38,6 +39,18 @@ class JobConfig:
     precheck: bool = False  # --precheck (issue 24): the network check across the nodes before any rank starts
     spares: tuple[str, ...] = ()  # --spares: the hot spares' hosts, whose agent ids follow the world's
     keep_survivors: bool = False  # --on_rank_exit keep: a rank's failure stops no other (issue 39 §3)
+    groups: GroupLayout | None = None  # --replica_groups: where they lie, each one's budget (a lost node's move)
+
+    @property
+    def spare_role(self) -> str:
+        """What a hot spare is there for: a lost node's place at a restart (``--max_restarts``), a lost node's replica
+        groups (``--replica_groups``, whose budget is each group's), or, without either (``--precheck`` alone,
+        issue 33), only the place of a node ``--precheck`` finds bad."""
+        if self.groups is not None and self.groups.budget:
+            return "a lost node's replica groups, which start again on it"
+        if self.restart.restarts:
+            return "a lost node's place at a restart"
+        return "the place of a node --precheck finds bad before the start"
 
     @property
     def rejoins(self) -> bool:
@@ -61,4 +74,6 @@ class JobConfig:
             precheck=plan.request.remote.precheck,
             spares=plan.spares,
             keep_survivors=plan.request.options.on_rank_exit is OnRankExit.KEEP,
+            groups=GroupLayout.of([[(r.rank, r.env) for r in node.ranks] for node in plan.nodes],
+                                  plan.request.restart.max_restarts) if plan.nodes and plan.nodes[0].replicas else None,
         )

@@ -65,6 +65,7 @@ from xrun.common.output.writer import writer
 from xrun.common.procs.posix import signal_name
 from xrun.common.procs.signals import SHUTDOWN_SIGNALS
 from xrun.common.result.outcome import HANG_EXIT
+from xrun.common.spec import moved_to
 from xrun.runner.job.config import JobConfig
 from xrun.runner.job.connections import Closed, Conn, Connections, listener
 from xrun.runner.job.doctor_head import DoctorHead
@@ -76,6 +77,7 @@ from xrun.runner.job.events import (
     Drop,
     Event,
     Failure,
+    GroupsMoved,
     HelloReceived,
     PrecheckDone,
     RunPrecheck,
@@ -475,6 +477,7 @@ class ControlServer:
             ShowWaiting: self._show_waiting,
             ShowStarted: self._show_started,
             RunPrecheck: lambda a: self.precheck.start(a.nodes, a.hosts, toward=a.toward),
+            GroupsMoved: lambda a: None,  # for the record alone (xrun.runner.job.record.head), fed every action
         }
 
     def send_all(self, nodes: Iterable[int], msg: Message) -> None:
@@ -510,7 +513,10 @@ class ControlServer:
         plan = self.plan
         spec = plan.nodes[0 if action.standby else action.node if action.node_rank is None else action.node_rank]
         host = plan.agent_hosts[action.node]
-        spec = spec if spec.host == host else replace(spec, host=host)
+        if action.node_rank is not None:  # a lost or bad node's (--replica_groups: its groups meet at the spare)
+            spec = moved_to(spec, host, dict(action.group_restarts))
+        elif spec.host != host:  # a spare's standby: node 0's
+            spec = replace(spec, host=host)
         restarts = self.job.config.restart.max_restarts  # the agent waits for a restart after its done
         self.send(action.node, message(Kind.SPEC, spec=spec.to_json(), pick_master_port=action.pick_master_port,
                                        master_port=action.master_port, max_restarts=restarts, standby=action.standby))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple, Union
 if TYPE_CHECKING:
     from xrun.runner.network.node_results import PrecheckResult
     from xrun.runner.pod.digest import PlanDigest
+    from xrun.runner.replicas.moves import GroupMove
 
 # -- events ---------------------------------------------------------------------------------------------------
 
@@ -74,6 +75,15 @@ class Heard(NamedTuple):
     node: int
 
 
+class GroupRestarted(NamedTuple):
+    """--replica_groups: the node's agent restarted one of its groups on its own (``restart``: the how-many-th of
+    its budget); the head counts it, for a lost node's groups moved to a hot spare (xrun.runner.replicas.moves)."""
+
+    node: int
+    group: int
+    restart: int
+
+
 class ConnectionLost(NamedTuple):
     """The node's connection closed or broke (the socket layer has already closed it)."""
 
@@ -120,11 +130,11 @@ class Tick(NamedTuple):
 
 
 # Sent by an admitted agent: the machine ignores them from a node without a connection.
-AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, ConnectionLost)
-AgentEvent = Union[Ready, RankExited, Done, AgentError, Heard, ConnectionLost]
+AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost)
+AgentEvent = Union[Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost]
 Event = Union[
-    HelloReceived, Ready, RankExited, Done, AgentError, Heard, ConnectionLost, SessionEnded, SignalReceived, Hung,
-    NodesFaulty, Tick, PrecheckDone,
+    HelloReceived, Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost, SessionEnded,
+    SignalReceived, Hung, NodesFaulty, Tick, PrecheckDone,
 ]
 
 # -- actions --------------------------------------------------------------------------------------------------
@@ -152,6 +162,8 @@ class SendSpec(NamedTuple):
     master_port: int = 0  # node 0: rank 0's port to check (given) or to try first (picking); 0: none
     node_rank: int | None = None  # None: the agent's own (``node``)
     standby: bool = False
+    # --replica_groups: the lost node's groups start again on this spare, each from its restarts ((group, count), ...)
+    group_restarts: tuple[tuple[int, int], ...] = ()
 
 
 class SendAccept(NamedTuple):
@@ -228,6 +240,17 @@ class ShowStarted(NamedTuple):
     master_port: int | None
 
 
+class GroupsMoved(NamedTuple):
+    """--replica_groups: the groups of node ``node_rank`` (lost: ``reason``) start again on the hot spare ``spare``;
+    each is a restart of its budget, recorded as the group's ``group_restarted``."""
+
+    node_rank: int
+    lost: str
+    spare: str
+    reason: str
+    moves: tuple["GroupMove", ...]
+
+
 class SendVerdict(NamedTuple):
     """Pod mode: how the job ended, to every node still connected (each exits with its code)."""
 
@@ -237,7 +260,7 @@ class SendVerdict(NamedTuple):
 
 Action = Union[
     Admit, TurnAway, SendSpec, SendAccept, SendStart, SendRestart, SendStop, SendPing, SendVerdict, Drop, ShowLine,
-    ShowJoined, ShowWaiting, ShowStarted, RunPrecheck,
+    ShowJoined, ShowWaiting, ShowStarted, RunPrecheck, GroupsMoved,
 ]
 
 # -- the outcome ----------------------------------------------------------------------------------------------

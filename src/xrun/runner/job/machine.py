@@ -70,6 +70,8 @@ from xrun.runner.job.events import (
     Done,
     Event,
     Failure,
+    GroupRestarted,
+    GroupsMoved,
     Heard,
     HelloReceived,
     Hung,
@@ -78,6 +80,7 @@ from xrun.runner.job.events import (
     RankExited,
     Ready,
     SendPing,
+    SendSpec,
     SendStop,
     SendVerdict,
     SessionEnded,
@@ -103,6 +106,7 @@ from xrun.runner.job.verdict import (
     refused_failure,
     session_failure,
 )
+from xrun.runner.replicas.moves import GroupBook
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -118,7 +122,9 @@ class Job:
         self.policy = policy if policy is not None else SendSpecs(picks, 0 if config.elastic else config.master_port)
         self.nodes = Nodes(config.hosts)
         # --spares: agent ids after the world's
-        self.spares = Spares(config.spares, first_agent=len(config.hosts), restarts=config.restart.restarts)
+        self.spares = Spares(config.spares, first_agent=len(config.hosts), role=config.spare_role)
+        # --replica_groups: each group's restarts, for a lost node's groups moved to a spare (issue 39 §2)
+        self.groups = GroupBook(config.groups) if config.groups is not None else None
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None, keep_survivors=config.keep_survivors,
                                world_size=config.world_size)
@@ -128,7 +134,8 @@ class Job:
         self.next_ping = now
         self._out: list[Action] = []
         self.strays = 0  # hellos the policy turned away
-        self.attempts = Attempts(config.restart, t0=now)  # --max_restarts: attempt over -> the next, or the end
+        # --max_restarts: attempt over -> the next, or the end
+        self.attempts = Attempts(config.restart, t0=now, groups=config.groups is not None)
 
     # -- the interface --------------------------------------------------------------------------------------
 
@@ -246,7 +253,11 @@ class Job:
         node = self.nodes.by_agent[event.node]
         node.state, node.master_port = NodeState.READY, event.master_port
         self._out.append(ShowJoined(node.host, self.nodes.up(), len(self.nodes)))
-        if not self.stopping:
+        if self.stopping:
+            return
+        if self.groups is not None and self.barrier.started_at is not None:  # a spare has a lost node's groups
+            self._out += self.barrier.start_late(node)
+        else:
             self._out += self.barrier.ready(node, self.now)
 
     def _rank_exited(self, event: RankExited) -> None:
@@ -276,6 +287,11 @@ class Job:
     def _heard(self, event: Heard) -> None:
         """Any other word (started, pong): ``_from_world`` noted the time."""
 
+    def _group_restarted(self, event: GroupRestarted) -> None:
+        """--replica_groups: a node restarted a group on its own; counted against the group's budget here too."""
+        if self.groups is not None:
+            self.groups.heard(event.group, event.restart)
+
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes.by_agent[event.node]
         node.connected = False
@@ -289,10 +305,15 @@ class Job:
         for node in self.nodes if event.host is None else self.nodes.by_host.get(event.host, []):
             if node.over or node.connected:
                 continue  # a connected node's own connection tells how it ended
+            failure = session_failure(event, node.host)
+            why_not = self._why_groups_stay(node)
+            if why_not is None:
+                self._move_groups(node, failure.reason)
+                continue
+            failure = failure._replace(reason=failure.reason + why_not)
             node.state = NodeState.LOST
             if self.stopping:
                 continue
-            failure = session_failure(event, node.host)
             if self.stop.elastic_survivable():
                 self._say(f"{failure.reason}; the elastic job goes on without it")
             else:
@@ -477,7 +498,38 @@ class Job:
         self._out += self.stop.fail(failure, self.now)
 
     def _lose(self, node: Node, reason: str) -> None:
-        self._out += self.stop.lose(node, reason, self.now)
+        why_not = self._why_groups_stay(node)
+        if why_not is None:
+            self._move_groups(node, f"lost node {node.host}: {reason}")
+        else:
+            self._out += self.stop.lose(node, reason + why_not, self.now)
+
+    def _why_groups_stay(self, node: Node) -> str | None:
+        """--replica_groups: None when the lost ``node``'s groups can move to a hot spare on standby (the ranks run,
+        each of its groups has a restart left, it is not node 0: xrun.runner.replicas.moves); else what its loss's
+        reason adds ("" without groups or spares, or before the start)."""
+        groups = self.groups
+        if groups is None or not self.config.spares or self.stopping or self.barrier.started_at is None:
+            return ""  # without --spares (pod mode has none) a lost node is what it is without groups
+        why = groups.why_not(node.rank) or (None if self.spares.ready() else "no hot spare stands by (--spares)")
+        return None if why is None else f"; its replica groups cannot start again elsewhere: {why}"
+
+    def _move_groups(self, node: Node, reason: str) -> None:
+        """The lost ``node`` (``reason``) hands its replica groups to the next hot spare on standby: the spare is
+        sent the node's spec, those groups' restart counts with it, and starts alone once ready (``_ready``); every
+        other node runs on untouched, and each group's move is a restart of its budget."""
+        groups = self.groups
+        assert groups is not None
+        lost = node.host
+        replacement, seating = self.spares.seat(self.nodes, node, self.attempts.number)
+        self.attempts.replaced += (replacement,)
+        moves = groups.move(node.rank)
+        counts = ", ".join(f"group {move.group} restart {move.restart} of {groups.layout.budget}" for move in moves)
+        self._out += [*seating, GroupsMoved(node.rank, lost, node.host, reason, moves),
+                      ShowLine(f"the replica groups of {lost} start again on {node.host} ({counts}); every other "
+                               "node's groups keep running"),
+                      SendSpec(node.agent, False, node_rank=node.rank,
+                               group_restarts=tuple((move.group, move.restart) for move in moves))]
 
     def _say(self, text: str) -> None:
         self._out.append(ShowLine(text))
@@ -490,6 +542,7 @@ Job._HANDLERS = {
     Done: Job._done,
     AgentError: Job._agent_error,
     Heard: Job._heard,
+    GroupRestarted: Job._group_restarted,
     ConnectionLost: Job._connection_lost,
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,

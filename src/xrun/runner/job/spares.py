@@ -37,11 +37,9 @@ from xrun.runner.job.nodes import Node, Nodes, NodeState, Tally
 class Spares:
     """The spares still standing by (or still to connect), by agent id, and the hosts the job will not use again."""
 
-    def __init__(self, hosts: tuple[str, ...], *, first_agent: int, restarts: bool) -> None:
+    def __init__(self, hosts: tuple[str, ...], *, first_agent: int, role: str) -> None:
         tally = Tally(len(hosts))  # their own counts: a spare never counts among the world's nodes
-        # what a spare is there for: without --max_restarts (--precheck alone, issue 33) no restart seats one
-        self.role = "a lost node's place at a restart" if restarts else \
-            "the place of a node --precheck finds bad before the start"
+        self.role = role  # what a spare is there for (``JobConfig.spare_role``), said when one stands by
         self.standing = {first_agent + i: Node(first_agent + i, host, tally) for i, host in enumerate(hosts)}
         self.gone: set[str] = set()  # lost spares and nodes a spare replaced: the job never uses them again
 

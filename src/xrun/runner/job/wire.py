@@ -2,9 +2,9 @@
 (``xrun.runner.job.control_server``) makes of an agent's hello and messages, and the verdict it sends back.
 
 A proven hello for a node rank of the world is a ``HelloReceived``; an admitted agent's ``ready``, ``rank_exited``,
-``done`` and ``error`` are their events, any other kind (``started``, ``pong``, a kind a newer agent added) is
-``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the connection it
-came on. The verdict goes back as a message (pod mode, restarts).
+``done``, ``error`` and ``group_restarted`` are their events, any other kind (``started``, ``pong``, a kind a newer
+agent added) is ``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the
+connection it came on. The verdict goes back as a message (pod mode, restarts).
 """
 
 from __future__ import annotations
@@ -12,7 +12,17 @@ from __future__ import annotations
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
 from xrun.common.result.outcome import NODE_FAILURE_EXIT
-from xrun.runner.job.events import AgentError, Done, Event, Heard, HelloReceived, RankExited, Ready, Verdict
+from xrun.runner.job.events import (
+    AgentError,
+    Done,
+    Event,
+    GroupRestarted,
+    Heard,
+    HelloReceived,
+    RankExited,
+    Ready,
+    Verdict,
+)
 from xrun.runner.job.last_words import headline
 
 
@@ -53,6 +63,8 @@ def agent_event(node: int, msg: Message) -> Event:
         return Done(node, exit_code=_int(msg, "exit_code") or 0)
     if kind == Kind.ERROR.value:
         return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
+    if kind == Kind.GROUP_RESTARTED.value:  # --replica_groups: the record reads the rest (xrun.runner.replicas)
+        return GroupRestarted(node, group=_int(msg, "group") or 0, restart=_int(msg, "restart") or 0)
     return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
 
 

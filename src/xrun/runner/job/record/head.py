@@ -22,6 +22,7 @@ from xrun.channel import Kind, Message
 from xrun.common.output.logfiles import EVENTS_FILE
 from xrun.common.output.status import say
 from xrun.common.procs.posix import signal_name
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.stragglers import ClockOffset, StragglerScores
 from xrun.common.result.summary import RankFigures
 from xrun.common.telemetry.usage import RankUsage, sample_every
@@ -32,6 +33,7 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Drop,
     Event,
+    GroupsMoved,
     Heard,
     Hung,
     RankExited,
@@ -101,7 +103,8 @@ class JobRecord:
             Ready: self._ready, RankExited: self._rank_exited, ConnectionLost: self._connection_lost,
             Hung: self._hung}
         self._on_action: dict[type, Callable[[Any, Event, float], None]] = {
-            Admit: self._admit, Drop: self._drop, SendStart: self._start, SendStop: self._stop}
+            Admit: self._admit, Drop: self._drop, SendStart: self._start, SendStop: self._stop,
+            GroupsMoved: self._groups_moved}
         options = plan.request.options
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
@@ -203,6 +206,13 @@ class JobRecord:
         self.write(now, "node_lost", attempt=self.job.attempts.number, node=self._rank_of(agent),
                    host=self._host(agent), reason=reason)
 
+    def _groups_moved(self, action: GroupsMoved, event: Event, now: float) -> None:
+        groups = self.job.config.groups
+        assert groups is not None
+        for line in self.group_restarts.moved(action.lost, action.spare, action.reason, action.moves,
+                                              budget=groups.budget, at=self.unix0_ns / 1e9 + now - self.t0):
+            self.write(now, "group_restarted", node=action.node_rank, **line)
+
     def _start(self, action: SendStart, event: Event, now: float) -> None:
         if action.attempt == self._started_attempt:
             return  # --elastic: each node is started as it is ready; the attempt began with the first
@@ -228,7 +238,7 @@ class JobRecord:
             self._figures[(node, figures.rank)] = figures
         elif kind == _GROUP_RESTARTED:
             self.write(now, "group_restarted", node=self._rank_of(node),
-                       **self.group_restarts.add(self._host(node), msg))
+                       **self.group_restarts.add(self._host(node), GroupRestart.from_json(dict(msg))))
 
     def sampled(self, node: int, offset: ClockOffset | None, samples: Iterable[EntryTimes],
                 scores: StragglerScores, *, changed: bool, now: float) -> None:
