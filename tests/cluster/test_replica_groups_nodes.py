@@ -55,11 +55,7 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
         nodes = [stack.enter_context(torchft_xrun(other, mkdir(tmp_path / f"node{k + 2}"), env))
                  for k, other in enumerate(others)]
         xrun, out_path, err_path = stack.enter_context(torchft_xrun(argv, tmp_path, env))
-        deadline = time.monotonic() + 60
-        while (1, 1) not in steps(out_path.read_text(), KILL_AT):
-            assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
-                                                                          err_path.read_text()[-3000:])
-            time.sleep(0.05)
+        wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         again = kill_a_rank_of_group_1(xrun, out_path, err_path, within=30)  # one PID space: node2's rank 3
         xrun.wait(120)
         for other, _, other_err in nodes:  # every node's xrun exits with the job's code
@@ -78,18 +74,12 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
     pids = started(out)
     assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
     assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node2
-    for r in (0, 1):  # its new run healed from group 0 (a step past the kill first), not from step 0
-        rerun = out[out.index(f"TORCHFT group 1 rank {r} pid {pids[(1, r)][1]}"):]
-        first = re.search(rf"TORCHFT group 1 rank {r} step (\d+) at", rerun)
-        assert first is not None and int(first.group(1)) > KILL_AT, rerun[:2000]
     (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
     assert (record["host"], record["group"], record["rank"], record["cause"], record["others"]) == (
         "node2", 1, 3, "was killed by SIGKILL", [])
     print(f"{backend}: group 1's death seen -> its ranks running again: {max(again) - record['at']:.3f} s")
     assert max(again) - record["at"] <= 0.5, (again, record["at"])  # the namespaces share this machine's clock
-    for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
-        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
-        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+    assert_group_1_healed_and_group_0_never_stalled(out, pids)
     assert_nothing_left(cluster, mark)
 
 
@@ -114,11 +104,7 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
             "--replica_groups", "2", "--max_restarts", "1", "--spares", "1", "--log_dir", str(logs), GROUPS_JOB,
             str(STEPS), str(SLEEP_S)]
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
-        deadline = time.monotonic() + 60
-        while (1, 1) not in steps(out_path.read_text(), KILL_AT):
-            assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
-                                                                          err_path.read_text()[-3000:])
-            time.sleep(0.05)
+        wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         killed = time.time()
         cluster.kill_node("node2")  # its agent, group 1's ranks, its sshd
         xrun.wait(120)
@@ -134,13 +120,7 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     pids = started(out)
     assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
     assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node3
-    for r in (0, 1):  # its new run healed from group 0 (a step past the kill first), not from step 0
-        rerun = out[out.index(f"TORCHFT group 1 rank {r} pid {pids[(1, r)][1]}"):]
-        first = re.search(rf"TORCHFT group 1 rank {r} step (\d+) at", rerun)
-        assert first is not None and int(first.group(1)) > KILL_AT, rerun[:2000]
-    for r in (0, 1):  # group 0's longest wait between two committed steps, beyond the step's own time
-        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
-        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+    assert_group_1_healed_and_group_0_never_stalled(out, pids)
     summary = json.loads((logs / "summary.json").read_text())
     (record,) = summary["group_restarts"]
     assert (record["host"], record["group"], record["restart"], record["rank"], record["others"]) == (
@@ -150,3 +130,23 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     assert [a["replaced"] for a in summary["attempts"]] == [
         [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]], summary["attempts"]
     assert_nothing_left(cluster, mark)
+
+
+def wait_for_group_1_at_the_kills_step(xrun, out_path: Path, err_path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while (1, 1) not in steps(out_path.read_text(), KILL_AT):
+        assert time.monotonic() < deadline and xrun.poll() is None, (out_path.read_text()[-3000:],
+                                                                      err_path.read_text()[-3000:])
+        time.sleep(0.05)
+
+
+def assert_group_1_healed_and_group_0_never_stalled(out: str, pids: dict[tuple[int, int], list[int]]) -> None:
+    """Group 1's new run healed from group 0 (its first step is past the kill's, not step 0); group 0's longest
+    wait between two committed steps stayed within a step + its gloo timeout + 1 s."""
+    for r in (0, 1):
+        rerun = out[out.index(f"TORCHFT group 1 rank {r} pid {pids[(1, r)][1]}"):]
+        first = re.search(rf"TORCHFT group 1 rank {r} step (\d+) at", rerun)
+        assert first is not None and int(first.group(1)) > KILL_AT, rerun[:2000]
+    for r in (0, 1):
+        times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
+        assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
