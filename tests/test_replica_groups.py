@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -599,3 +600,44 @@ def test_the_lighthouse_gone_for_good_fails_the_job(tmp_path):
     assert xrun.returncode == 1, err[-3000:]
     assert (f"torchft's Lighthouse is gone for good (its keeper, pid {keeper}, exited with code -9): the replica groups "
             "cannot meet any more, so the job fails (--replica_groups); stopping 2 ranks") in err
+
+
+def test_a_nodes_ranks_of_a_group_across_nodes_wait_held_for_the_heads_start(tmp_path):
+    """Real processes, no torch: the node holds rank 3 of group 1 (WORLD_SIZE 2: the group spans nodes) beside rank
+    0, group 0's alone (WORLD_SIZE 1), which ends at once. Rank 3 fails in its first run: the node tells the head
+    (on_group_failed) and, once the rank is gone, that the group's ranks here are gone (on_group_stopped); the node
+    waits held with no rank running, its loop alive, until the head's start (0.3 s later, here through a pipe
+    another thread writes), which starts rank 3 again as restart 1; it ends 0, the node too."""
+    from xrun.launch.ranks.processes import RankProcess
+    from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
+
+    path = {"PATH": "/bin:/usr/bin"}
+    procs = [RankProcess(0, 0, ("true",), {**path, "REPLICA_GROUP_ID": "0", "WORLD_SIZE": "1"}),
+             RankProcess(3, 1, ("sh", "-c", 'exit $((3 - 3 * TORCHELASTIC_RESTART_COUNT))'),  # 3, then 0
+                         {**path, "REPLICA_GROUP_ID": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"})]
+    said: list[tuple[object, ...]] = []
+    wake_r, wake_w = os.pipe()
+    group: RankGroup
+
+    def stopped(g: int) -> None:
+        said.append(("stopped", g, time.monotonic()))
+        threading.Timer(0.3, os.write, (wake_w, b"!")).start()  # the head's start_group, a round trip later
+
+    def head_says_start() -> None:
+        os.read(wake_r, 1)
+        said.append(("start", 1, time.monotonic()))
+        group.start_group(1, 1)
+
+    group = RankGroup(procs, SuperviseOptions(host="h", quiet=True, shutdown_timeout=5, group_restarts=1),
+                      on_group_failed=lambda r: said.append(("failed", r.group, r.rank, r.restart)),
+                      on_group_stopped=stopped, on_group_restart=lambda r: said.append(("own", r)))
+    group.add_reader(wake_r, head_says_start)
+    try:
+        result = group.run()
+    finally:
+        os.close(wake_r)
+        os.close(wake_w)
+    assert result.exit_code == 0 and [o.returncode for o in result.outcomes] == [0, 0], result
+    assert [s[:4] if s[0] == "failed" else s[:2] for s in said] == [("failed", 1, 3, 1), ("stopped", 1), ("start", 1)]
+    assert float(said[2][2]) - float(said[1][2]) >= 0.25  # held for the head's word, the loop still running
+    assert result.group_restarts == ((1, 1),)
