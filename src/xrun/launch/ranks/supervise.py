@@ -14,7 +14,8 @@ The first rank that fails on its own stops the rest, unless ``--on_rank_exit kee
 §3: NVRx's ``inprocess.Wrapper`` rebuilds its group without the rank): then a rank that fails while another still
 runs is *lost*: recorded and named, nobody is signalled, and what it started (NVRx's monitor daemons) is left alone
 until the last rank ends; the last one's failure is the root cause. Under ``--replica_groups`` with restarts left in
-the failed rank's group, only that group stops and starts again (xrun.launch.replicas.supervision: ``_regroup``);
+the failed rank's group, only that group stops and starts again (xrun.launch.replicas.supervision: ``_regroup``;
+a group across nodes once the head says so, ``start_group``, after its ``stop_group`` or this node's failure);
 the other groups' ranks are never signalled. Otherwise the first failure stops the rest
 (after ``before_failure_stop``, where the doctor takes the survivors' stacks): its siblings' process groups get
 SIGTERM, everything is given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main
