@@ -27,6 +27,7 @@ from xrun.launch.session.events import (
     JobEnded,
     JoinAgain,
     LinkLost,
+    OrderGroup,
     OtherMessage,
     Ping,
     PortRule,
@@ -45,6 +46,8 @@ from xrun.launch.session.events import (
     Spec,
     SpecUnusable,
     Start,
+    StartGroup,
+    StopGroup,
     StopOrder,
     StopRanks,
     TakeStacks,
@@ -284,6 +287,9 @@ CASES = [
     ("pod: without, it waits for the verdict", pod(), POD_RUNNING, [Shutdown(TERM), AttemptEnded(143, interrupted_by=TERM)],
      [done(143, by=TERM)], None),
     ("head mode has no signals of its own here", HEAD, AT_BARRIER, [Shutdown(TERM)], [], None),
+    ("--replica_groups: the head's stop and start of a group across nodes go to the running ranks", HEAD, RUNNING,
+     [StopGroup(1), StartGroup(1, 2)], [OrderGroup(StopGroup(1)), OrderGroup(StartGroup(1, 2))], None),
+    ("and before the ranks run they are no news", HEAD, AT_BARRIER, [StopGroup(1), StartGroup(1, 2)], [], None),
 ]
 
 
@@ -313,6 +319,9 @@ def test_event_sequences(config, before, steps, expected, exit_code):
     (message(Kind.SIGNAL, signal=10), Signal(10)),
     (message(Kind.SIGNAL, signal="USR1"), OtherMessage("'signal'")),
     (message(Kind.PING), Ping()),
+    (message(Kind.STOP_GROUP, group=1), StopGroup(1)),
+    (message(Kind.START_GROUP, group=1, restart=2), StartGroup(1, 2)),
+    (message(Kind.START_GROUP, group=1), OtherMessage("'start_group'")),  # no restart count: no start
     (message(Kind.ACCEPT), Accept()),
     ({"type": "news"}, OtherMessage("'news'")),
 ])

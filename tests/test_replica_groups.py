@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from xrun.joined.pod import pod_node
 from xrun.launch.replicas import lighthouse
 from xrun.launch.replicas.supervision import GroupPolicy
 from xrun.launch.session.pod import Node0
+from xrun.launch.store.agent_store import store_endpoints
 from xrun.runner.backends import Invocation
 from xrun.runner.cli import parse_request
 from xrun.runner.dryrun import plan_json, plan_text
@@ -186,9 +188,10 @@ def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
 
 @pytest.mark.parametrize(("groups", "kwargs", "said"), [
     (3, {}, "3 groups cannot split 4 ranks evenly; give a divisor of 4"),
-    (1, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh"}, "1 puts group 0 on nodes a and b; choose G so that "
-     "each group lies on one node"),
-    (2, {"world": {"a": (0, 1, 2), "b": (0,)}, "backend": "pdsh"}, "2 puts group 1 on nodes a and b"),
+    (1, {"world": {"a": (0, 1), "b": (0, 1), "c": (0, 1)}, "backend": "ssh", "spares": 1}, "1 puts group 0 on nodes "
+     "a and b, and a group across nodes cannot move to a hot spare yet"),
+    (2, {"world": {"a": (0, 1, 2), "b": (0,), "c": (0,)}, "backend": "pdsh", "spares": 1}, "2 puts group 1 on nodes "
+     "a and b"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
      "nodes"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),
@@ -208,12 +211,27 @@ def test_bad_groups_are_one_line_and_exit_2(flags, said):
     assert done.returncode == 2 and done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
 
 
-def test_a_group_across_nodes_is_one_line_and_exit_2(tmp_path):
-    (tmp_path / "hosts").write_text("a slots=2\nb slots=2\n")
-    done = run_xrun("-H", str(tmp_path / "hosts"), "--launcher", "ssh", "--replica_groups", "1", "--dry-run", "t.py")
+def test_a_group_across_nodes_meets_at_its_rank_0s_node():
+    """Group 0 spans a and b, group 1 b and c (2 slots each, groups of 3): each rank is told its group's world, and
+    the group meets at its rank 0's node, whose agent alone hosts the group's store."""
+    nodes = [with_rendezvous(n, "10.0.0.1", 6000) for n in plan(2, world={"a": (0, 1), "b": (0, 1), "c": (0, 1)},
+                                                                  backend="ssh").nodes]
+    keys = ("REPLICA_GROUP_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    assert [[tuple(r.env[k] for k in keys) for r in node.ranks] for node in nodes] == [
+        [("0", "0", "3", "0", "10.0.0.1", "6000"), ("0", "1", "3", "1", "10.0.0.1", "6000")],
+        [("0", "2", "3", "0", "10.0.0.1", "6000"), ("1", "0", "3", "0", "b", "6001")],
+        [("1", "1", "3", "0", "b", "6001"), ("1", "2", "3", "1", "b", "6001")]]
+    assert [sorted(store_endpoints(n)) for n in nodes] == [[0], [1], []]
+
+
+def test_a_group_across_nodes_with_a_spare_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "hosts").write_text("a slots=2\nb slots=2\nc slots=2\n")
+    done = run_xrun("-H", str(tmp_path / "hosts"), "--launcher", "ssh", "--replica_groups", "1", "--max_restarts",
+                    "1", "--spares", "1", "--dry-run", "t.py")
     assert done.returncode == 2 and done.stderr == (
-        "xrun: --replica_groups: 1 puts group 0 on nodes a and b; choose G so that each group lies on one node (every "
-        "node's slot count a multiple of the group size, 4 ranks / G)\n"), done.stderr
+        "xrun: --replica_groups: 1 puts group 0 on nodes a and b, and a group across nodes cannot move to a hot spare "
+        "yet (--spares): choose G so that each group lies on one node (every node's slot count a multiple of the group "
+        "size, 4 ranks / G), or leave --spares out\n"), done.stderr
 
 
 def test_a_groups_store_port_taken_is_found_at_the_preflight_one_line_exit_2(tmp_path):
@@ -263,8 +281,8 @@ def test_pod_mode_plans_the_same_groups_on_every_node():
 
 
 def test_pod_mode_refuses_what_head_mode_refuses_and_unnamed_nodes():
-    with pytest.raises(UsageError, match="1 puts group 0 on nodes a and b; choose G so that each group lies on one"):
-        pod_plan(0, groups=1)
+    across = pod_plan(0, groups=1)  # a group across nodes: node 0's agent hosts its store, the head restarts it
+    assert {r.env["MASTER_ADDR"] for node in across.nodes for r in node.ranks} == {"a"}
     with pytest.raises(UsageError, match="needs every node's name in pod mode .* name them with -H HOSTFILE or "
                        "--hosts PATTERN"):  # node1's groups would meet at "node1", which no one resolves
         pod_plan(0, hosts=("--num_nodes", "2", "--master_addr", "m"))
@@ -480,7 +498,7 @@ def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
     assert policy.fail(2, "exited with code 1", running={0, 1}, wall=100.1, deadline=50.1) is None  # already stopping
     assert policy.due() == 50.0 and policy.overdue(49.9) == []
     assert policy.overdue(50.0) == [1] and policy.overdue(60.0) == [] and policy.due() is None  # SIGKILL once
-    policy.started_again(1)
+    assert policy.gone(1)  # a group of this node's alone starts again at once
     assert not policy.stopping(1) and policy.restarts(1) == 1
     assert policy.fail(2, "exited with code 1", running={0, 1}, wall=200.0, deadline=150.0) is None  # spent
     assert policy.fail(0, "exited with code 1", running={0}, wall=201.0, deadline=151.0).line().endswith(
@@ -488,6 +506,28 @@ def test_a_groups_failure_restarts_that_group_until_its_budget_is_spent():
     assert policy.restarted() == ((0, 1), (1, 1))  # the node's end line says them (restarted_words, below)
     with pytest.raises(ValueError, match="a malformed group restart"):
         GroupRestart.from_json({**restart.to_json(), "group": "1"})
+
+
+def test_a_group_across_nodes_waits_for_the_heads_start_and_counts_from_it():
+    """Group 1 has 2 of its 4 ranks here (WORLD_SIZE 4): shared, so its stop here (a rank's failure, or the head's
+    stop_group) ends held, not started again, and the head's start_group carries the restart count; group 0 lies
+    here alone and restarts on its own."""
+    env = {0: {"REPLICA_GROUP_ID": "0", "WORLD_SIZE": "2"}, 1: {"REPLICA_GROUP_ID": "1", "WORLD_SIZE": "4"}}
+    policy = GroupPolicy.of([(0, env[0]), (1, env[0]), (4, env[1]), (5, env[1])], budget=2)
+    assert policy.shared == {1}
+    restart = policy.fail(4, "was killed by SIGKILL", running={0, 1}, wall=10.0, deadline=5.0)
+    assert restart is not None and restart.restart == 1 and policy.stopping(1)
+    assert restart.line(across_nodes=True) == (
+        "replica group 1: rank 4 was killed by SIGKILL; stopping its ranks on this node, the head restarts group 1 "
+        "on every node it spans (restart 1 of 2)")
+    assert not policy.order_stop(1, deadline=6.0)  # the head's stop_group for the stop under way: nothing new
+    assert not policy.gone(1) and policy.held() and policy.stopping(1)  # its ranks here gone: held for the head
+    assert not policy.start(0, 1)  # group 0 is not held
+    assert policy.start(1, 1) and not policy.held() and not policy.stopping(1) and policy.restarts(1) == 1
+    assert not policy.order_stop(0, deadline=7.0)  # group 0 is this node's own: the head never stops it
+    assert policy.order_stop(1, deadline=7.0) and policy.due() == 7.0  # a rank of it failed on another node
+    assert not policy.gone(1) and policy.start(1, 2) and policy.restarts(1) == 2
+    assert policy.fail(5, "exited with code 1", running={0}, wall=11.0, deadline=8.0) is None  # spent: the job fails
 
 
 def test_the_end_line_says_which_groups_restarted_how_often_once():
@@ -560,3 +600,44 @@ def test_the_lighthouse_gone_for_good_fails_the_job(tmp_path):
     assert xrun.returncode == 1, err[-3000:]
     assert (f"torchft's Lighthouse is gone for good (its keeper, pid {keeper}, exited with code -9): the replica groups "
             "cannot meet any more, so the job fails (--replica_groups); stopping 2 ranks") in err
+
+
+def test_a_nodes_ranks_of_a_group_across_nodes_wait_held_for_the_heads_start(tmp_path):
+    """Real processes, no torch: the node holds rank 3 of group 1 (WORLD_SIZE 2: the group spans nodes) beside rank
+    0, group 0's alone (WORLD_SIZE 1), which ends at once. Rank 3 fails in its first run: the node tells the head
+    (on_group_failed) and, once the rank is gone, that the group's ranks here are gone (on_group_stopped); the node
+    waits held with no rank running, its loop alive, until the head's start (0.3 s later, here through a pipe
+    another thread writes), which starts rank 3 again as restart 1; it ends 0, the node too."""
+    from xrun.launch.ranks.processes import RankProcess
+    from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
+
+    path = {"PATH": "/bin:/usr/bin"}
+    procs = [RankProcess(0, 0, ("true",), {**path, "REPLICA_GROUP_ID": "0", "WORLD_SIZE": "1"}),
+             RankProcess(3, 1, ("sh", "-c", 'exit $((3 - 3 * TORCHELASTIC_RESTART_COUNT))'),  # 3, then 0
+                         {**path, "REPLICA_GROUP_ID": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0"})]
+    said: list[tuple[object, ...]] = []
+    wake_r, wake_w = os.pipe()
+    group: RankGroup
+
+    def stopped(g: int) -> None:
+        said.append(("stopped", g, time.monotonic()))
+        threading.Timer(0.3, os.write, (wake_w, b"!")).start()  # the head's start_group, a round trip later
+
+    def head_says_start() -> None:
+        os.read(wake_r, 1)
+        said.append(("start", 1, time.monotonic()))
+        group.start_group(1, 1)
+
+    group = RankGroup(procs, SuperviseOptions(host="h", quiet=True, shutdown_timeout=5, group_restarts=1),
+                      on_group_failed=lambda r: said.append(("failed", r.group, r.rank, r.restart)),
+                      on_group_stopped=stopped, on_group_restart=lambda r: said.append(("own", r)))
+    group.add_reader(wake_r, head_says_start)
+    try:
+        result = group.run()
+    finally:
+        os.close(wake_r)
+        os.close(wake_w)
+    assert result.exit_code == 0 and [o.returncode for o in result.outcomes] == [0, 0], result
+    assert [s[:4] if s[0] == "failed" else s[:2] for s in said] == [("failed", 1, 3, 1), ("stopped", 1), ("start", 1)]
+    assert float(said[2][2]) - float(said[1][2]) >= 0.25  # held for the head's word, the loop still running
+    assert result.group_restarts == ((1, 1),)

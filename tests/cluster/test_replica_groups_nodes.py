@@ -5,7 +5,8 @@ group 0 keeps every pid and trains on, group 1 heals from it (the
 Managers meet across nodes: the quorum's store is one group's, at its node's address), both groups finish, exit 0,
 and nothing is left on either node; the head's end line counts the restart. The job is tests/test_replica_groups.py's.
 Started from node1 over ssh and pdsh, and in pod mode: each node's own xrun (``--pod --node_rank K``), node 0's
-console and record showing both nodes."""
+console and record showing both nodes. A group across nodes (node2 and node3), restarted by the head on both while
+node1's group trains on, is the last test."""
 
 from __future__ import annotations
 
@@ -129,6 +130,58 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     print(f"node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s")
     assert [a["replaced"] for a in summary["attempts"]] == [
         [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]], summary["attempts"]
+    assert_nothing_left(cluster, mark)
+
+
+def test_a_killed_rank_of_a_group_across_nodes_restarts_it_on_both_and_the_other_group_keeps_training(
+        cluster, tmp_path, python):
+    """Group 0 on node1 (2 slots: its node's own), group 1 across node2 and node3 (1 slot each: the head's, its
+    store on node2, its rank 0's node). A kill -9 of group 1's rank 1 on node3 at its step 2: node3 stops its rank
+    of it and tells the head, which stops node2's, waits for both to be gone, then starts both again; node1 hears
+    nothing and group 0 keeps every pid; group 1 heals from group 0; both finish, exit 0, nothing left; the record
+    has one entry for the restart, from the head, naming both hosts."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=1\nnode3 slots=1\n")
+    mark, logs = uuid.uuid4().hex, tmp_path / "logs"
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
+            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
+            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
+            "--replica_groups", "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
+            str(SLEEP_S)]
+    t0 = time.monotonic()
+    with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
+        wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
+        again = kill_a_rank_of_group_1(xrun, out_path, err_path, within=30)  # one PID space: node3's rank 3
+        xrun.wait(120)
+    out, err = out_path.read_text(), err_path.read_text()
+    print(f"across nodes: the job took {time.monotonic() - t0:.1f} s")
+    assert xrun.returncode == 0, err[-3000:]
+    assert ("xrun[node3]: replica group 1: rank 3 was killed by SIGKILL; stopping its ranks on this node, the head "
+            "restarts group 1 on every node it spans (restart 1 of 1)") in err, err[-3000:]
+    assert ("xrun: replica group 1: rank 3 was killed by SIGKILL on node3; restarting group 1 on node2, node3 "
+            "(restart 1 of 1), every other group keeps running") in err, err[-3000:]
+    assert "xrun[node2]: replica group 1: stopping its ranks on this node, as a rank of it failed on another" in err
+    assert "xrun[node1]: replica group" not in err  # node1 holds no rank of group 1: it hears nothing
+    assert re.search(r"^xrun: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
+    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
+    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
+    hosts = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}
+    assert hosts == {("0", "0"): "node1", ("0", "1"): "node1", ("1", "0"): "node2", ("1", "1"): "node3"}, out[-3000:]
+    pids = started(out)
+    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
+    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again on both its nodes
+    (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
+    assert (record["host"], record["hosts"], record["group"], record["restart"], record["rank"], record["cause"]) == (
+        "node3", ["node2", "node3"], 1, 1, 3, "was killed by SIGKILL"), record
+    print(f"across nodes: group 1's death seen -> its ranks running again on both nodes: "
+          f"{max(again) - record['at']:.3f} s")
+    assert max(again) - record["at"] <= 0.5, (again, record["at"])  # the namespaces share this machine's clock
+    assert_group_1_healed_and_group_0_never_stalled(out, pids)
     assert_nothing_left(cluster, mark)
 
 

@@ -24,6 +24,9 @@ Agent -> runner                                   Runner -> agent
     cause, at, others)   --replica_groups: a group
     stopped and starts again (its ranks' ends are
     not told one by one)
+  group_failed(same fields)   a rank of a group     stop_group(group)     --replica_groups: stop the node's
+    across nodes failed here: its ranks here stop   start_group(group, restart)   ranks of a group across
+  group_stopped(group)   its ranks here are gone      nodes; start them again once every node's are gone
                                                             --max_restarts: how the job ended (no more attempts);
                                                             line: the root cause as node 0 reports it
   want_stacks(reason)   SIGQUIT reached an agent    ping
@@ -108,6 +111,10 @@ class Kind(str, enum.Enum):
     ENTRY_TIMES = "entry_times"  # the straggler sample: when each rank entered some collectives (issue 31)
     USAGE = "usage"  # each live rank's CPU share and RSS over the last sample period (issue 40 §1)
     GROUP_RESTARTED = "group_restarted"  # --replica_groups: a group of the node's restarts (issue 39 §2)
+    GROUP_FAILED = "group_failed"  # a rank of a group across nodes failed here: its ranks here are stopping
+    GROUP_STOPPED = "group_stopped"  # the node's ranks of a group across nodes are gone (after either)
+    STOP_GROUP = "stop_group"  # the head: stop the node's ranks of a group across nodes
+    START_GROUP = "start_group"  # the head: start them again (every node's are gone), the group's restart count
 
 
 STOP_STACKS = "stop"  # the id of the stacks a node took before its ranks were stopped (not an answer to dump)

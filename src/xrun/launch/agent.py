@@ -18,7 +18,7 @@ starts it at its preflight.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
@@ -34,7 +34,7 @@ from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
 from xrun.launch.ranks.processes import rank_processes, shared_environment
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
-from xrun.launch.store.agent_store import agent_stores
+from xrun.launch.store.agent_store import AgentStores, agent_stores
 from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
 
 if TYPE_CHECKING:
@@ -58,6 +58,13 @@ class AgentHooks(Protocol):
 
     def on_group_restart(self, restart: GroupRestart) -> None:
         """--replica_groups: a group stops and starts again; its ranks' ends are not told one by one."""
+
+    def on_group_failed(self, restart: GroupRestart) -> None:
+        """--replica_groups: a rank of a group across nodes failed here; its ranks here are stopping (the head
+        restarts the group on every node it spans)."""
+
+    def on_group_stopped(self, group: int) -> None:
+        """--replica_groups: the ranks here of a group across nodes are gone; it waits for the head's start."""
 
 
 def supervise_options(spec: NodeSpec) -> SuperviseOptions:
@@ -120,6 +127,8 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
                 preload=preload,
                 on_group_restart=hooks.on_group_restart if hooks else None,
                 on_group_start=stores.renew,  # a replica group's restart reads nothing of its run before
+                on_group_failed=hooks.on_group_failed if hooks else None,
+                on_group_stopped=_group_stopped(stores, hooks),
             )
             doctor.attach(group)
             if hooks:
@@ -136,6 +145,18 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
         error_files.close()
         if endpoints is not None:
             endpoints.close()
+
+
+def _group_stopped(stores: AgentStores, hooks: AgentHooks | None) -> Callable[[int], None]:
+    """A group across nodes whose ranks here are gone: its store (if hosted here) closes before the head hears it,
+    so no rank of it started again elsewhere reads the old one."""
+
+    def stopped(group: int) -> None:
+        stores.close_group(group)
+        if hooks:
+            hooks.on_group_stopped(group)
+
+    return stopped
 
 
 def _endpoints(spec: NodeSpec) -> Endpoints | None:

@@ -23,8 +23,13 @@ class GroupRestart:
     at: float  # the wall clock (time.time()) when the node saw that rank's end
     others: tuple[int, ...]  # the groups on the same node whose ranks kept running (a node sees its own alone)
 
-    def line(self) -> str:
-        """The console's line (the node's notice adds ``xrun[host]: ``)."""
+    def line(self, *, across_nodes: bool = False) -> str:
+        """The console's line (the node's notice adds ``xrun[host]: ``); ``across_nodes``: the group spans nodes,
+        and the head restarts it on each once its ranks are gone from every one (xrun.runner.replicas.spans)."""
+        if across_nodes:
+            return (f"replica group {self.group}: rank {self.rank} {self.cause}; stopping its ranks on this node, the "
+                    f"head restarts group {self.group} on every node it spans (restart {self.restart} of "
+                    f"{self.budget})")
         if not self.others:
             went_on = "no other group runs on this node"
         elif len(self.others) == 1:

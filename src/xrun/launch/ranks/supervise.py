@@ -14,7 +14,8 @@ The first rank that fails on its own stops the rest, unless ``--on_rank_exit kee
 §3: NVRx's ``inprocess.Wrapper`` rebuilds its group without the rank): then a rank that fails while another still
 runs is *lost*: recorded and named, nobody is signalled, and what it started (NVRx's monitor daemons) is left alone
 until the last rank ends; the last one's failure is the root cause. Under ``--replica_groups`` with restarts left in
-the failed rank's group, only that group stops and starts again (xrun.launch.replicas.supervision: ``_regroup``);
+the failed rank's group, only that group stops and starts again (xrun.launch.replicas.supervision: ``_regroup``;
+a group across nodes once the head says so, ``start_group``, after its ``stop_group`` or this node's failure);
 the other groups' ranks are never signalled. Otherwise the first failure stops the rest
 (after ``before_failure_stop``, where the doctor takes the survivors' stacks): its siblings' process groups get
 SIGTERM, everything is given one monotonic deadline, and whatever is left then gets SIGKILL. When every rank's main
@@ -108,6 +109,8 @@ class RankGroup:
         preload: PreloadHelper | None = None,
         on_group_restart: Callable[[GroupRestart], None] | None = None,
         on_group_start: Callable[[int], None] | None = None,
+        on_group_failed: Callable[[GroupRestart], None] | None = None,
+        on_group_stopped: Callable[[int], None] | None = None,
     ) -> None:
         ranks = [p.rank for p in procs]
         if len(set(ranks)) != len(ranks):
@@ -123,6 +126,9 @@ class RankGroup:
             ((p.rank, p.env) for p in procs), options.group_restarts)
         self._on_group_restart = on_group_restart
         self._on_group_start = on_group_start
+        # a group across nodes: its failure here, and its ranks here gone, told to the head, which restarts it
+        self._on_group_failed = on_group_failed
+        self._on_group_stopped = on_group_stopped
         self._affinity: frozenset[int] | None = None  # every start's, a group's restart too
         self._loop = GroupLoop()
         self._ran = False
@@ -133,6 +139,7 @@ class RankGroup:
             self._reaper, host=options.host, shutdown_timeout=options.shutdown_timeout,
             collect_exits=self._collect_exits, finish=lambda r: self._finish(r, stopped=True),
             before_notice=self._console.flush_held,
+            held=lambda: self._groups is not None and self._groups.held(),
         )
         self._watchdog: Watchdog | None = None
         self._have_pidfd = hasattr(os, "pidfd_open")  # Linux >= 5.3; without: SIGCHLD and a short poll
@@ -194,6 +201,25 @@ class RankGroup:
         count = self._reaper.signal_main(signum)
         notice(self._options.host, f"forwarded {signal_name(signum)} to {count} rank{'s' if count != 1 else ''}")
         return count
+
+    def stop_group(self, group: int) -> None:
+        """--replica_groups, the head's word for a group across nodes (a rank of it failed elsewhere): stop its ranks
+        here as for a failure here (SIGTERM, SIGKILL at the deadline); once they are gone, the head hears of it."""
+        groups = self._groups
+        if groups is None or self._teardown.signum is not None:
+            return
+        if not groups.order_stop(group, deadline=time.monotonic() + self._options.shutdown_timeout):
+            return
+        self._console.flush_held()
+        notice(self._options.host, f"replica group {group}: stopping its ranks on this node, as a rank of it failed "
+                                   "on another node (the head restarts it on every node it spans)")
+        self._signal_group(group, signal.SIGTERM)
+        self._gone_yet(group)
+
+    def start_group(self, group: int, restart: int) -> None:
+        """--replica_groups, the head's word: the held group across nodes starts again here, its ``restart``-th."""
+        if self._groups is not None and self._teardown.signum is None and self._groups.start(group, restart):
+            self._start_group(group)
 
     def run(self) -> NodeResult:
         """Start every rank and supervise until each one and its session are gone."""
@@ -397,14 +423,27 @@ class RankGroup:
                                                f"{groups.budget}): the job fails")
                 return False
             self._console.flush_held()
-            notice(self._options.host, restart.line())
+            shared = group in groups.shared
+            notice(self._options.host, restart.line(across_nodes=shared))
             self._signal_group(group, signal.SIGTERM)
-            if self._on_group_restart is not None:
-                self._on_group_restart(restart)
-        members = set(groups.members(group))
-        if self._teardown.signum is None and all(r.outcome is not None for r in self._ranks if r.spec.rank in members):
-            self._start_group(group)
+            told = self._on_group_failed if shared else self._on_group_restart
+            if told is not None:
+                told(restart)
+        self._gone_yet(group)
         return True
+
+    def _gone_yet(self, group: int) -> None:
+        """Once every rank of the stopping ``group`` here is collected: a group of this node's alone starts again at
+        once; one across nodes waits for the head's start, which hears that its ranks here are gone."""
+        groups = self._groups
+        assert groups is not None
+        members = set(groups.members(group))
+        if self._teardown.signum is not None or any(r.outcome is None for r in self._ranks if r.spec.rank in members):
+            return
+        if groups.gone(group):
+            self._start_group(group)
+        elif self._on_group_stopped is not None:
+            self._on_group_stopped(group)
 
     def _signal_group(self, group: int, signum: int) -> None:
         assert self._groups is not None
@@ -422,7 +461,6 @@ class RankGroup:
         ended ranks' sessions stay the node's, so what they left is swept at the end."""
         groups = self._groups
         assert groups is not None
-        groups.started_again(group)
         if self._on_group_start is not None:
             self._on_group_start(group)
         count = str(groups.restarts(group))

@@ -35,8 +35,12 @@ class Teardown:
         collect_exits: Callable[[], None],
         finish: Callable[[RankState], None],
         before_notice: Callable[[], None] = lambda: None,
+        held: Callable[[], bool] = lambda: False,
     ) -> None:
         self._host = host
+        # --replica_groups: a group across nodes waits for the head's start with none of its ranks here running:
+        # the node is not over until it starts again, or a stop begins
+        self._held = held
         self._shutdown_timeout = shutdown_timeout
         self._before_notice = before_notice  # held console lines go out before the agent speaks
         self._reaper = reaper
@@ -100,7 +104,7 @@ class Teardown:
             return
         if self._kill_deadline is None and self.deadline is not None and now >= self.deadline:
             self.escalate("the shutdown deadline passed")
-        if not self.done and not self._reaper.running():
+        if not self.done and not self._reaper.running() and (self.signum is not None or not self._held()):
             if not self._sweeping or not self._reaper.watching:
                 self.sweep()
 

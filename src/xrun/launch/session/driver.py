@@ -68,6 +68,7 @@ from xrun.launch.session.events import (
     Exit,
     ForwardSignal,
     JoinAgain,
+    OrderGroup,
     Preflight,
     PreflightFailed,
     PreflightPassed,
@@ -77,6 +78,7 @@ from xrun.launch.session.events import (
     ShowStarted,
     ShowWaiting,
     Shutdown,
+    StartGroup,
     StopRanks,
     TakeStacks,
     Tick,
@@ -244,6 +246,7 @@ class Driver:
             RunAttempt: self._run_next,
             StopRanks: self._stop_ranks,
             ForwardSignal: self._forward_signal,
+            OrderGroup: self._order_group,
             TakeStacks: lambda a: self._head.take_stacks(a.id),
             AnswerProbe: self._answer_probe,
             CloseProbes: lambda a: self._close_probes(),
@@ -269,6 +272,17 @@ class Driver:
     def _forward_signal(self, action: ForwardSignal) -> None:
         if self._group is not None:
             self._group.forward_signal(action.signum)  # a RankGroup, or the elastic StopBridge
+
+    def _order_group(self, action: OrderGroup) -> None:
+        """--replica_groups: the head's stop or start of a group across nodes, to the rank group (never the elastic
+        bridge: groups are refused with --elastic)."""
+        order, group = action.order, self._group
+        if group is None:
+            return
+        if isinstance(order, StartGroup):
+            group.start_group(order.group, order.restart)
+        else:
+            group.stop_group(order.group)
 
     def _answer_probe(self, action: AnswerProbe) -> None:
         if self._probes is not None:
@@ -387,6 +401,12 @@ class Driver:
 
     def on_group_restart(self, restart: GroupRestart) -> None:
         self._send(message(Kind.GROUP_RESTARTED, **restart.to_json()))
+
+    def on_group_failed(self, restart: GroupRestart) -> None:
+        self._send(message(Kind.GROUP_FAILED, **restart.to_json()))
+
+    def on_group_stopped(self, group: int) -> None:
+        self._send(message(Kind.GROUP_STOPPED, group=group))
 
     def on_result(self, result: NodeResult) -> None:
         self._head.report(result)  # the stacks taken before the stop, before done

@@ -124,6 +124,19 @@ class Signal(NamedTuple):
     signum: int
 
 
+class StopGroup(NamedTuple):
+    """--replica_groups: stop this node's ranks of ``group``, a group across nodes (a rank of it failed elsewhere)."""
+
+    group: int
+
+
+class StartGroup(NamedTuple):
+    """--replica_groups: every node's ranks of ``group`` are gone: start this node's again, its ``restart``-th."""
+
+    group: int
+    restart: int
+
+
 class OtherMessage(NamedTuple):
     """A kind this agent does not act on (a newer runner's)."""
 
@@ -174,7 +187,8 @@ class Tick(NamedTuple):
 
 
 Event = Union[Spec, SpecUnusable, Accept, Waiting, Start, StopOrder, Restart, JobEnded, Probe, Ping, Dump, Signal,
-              OtherMessage, LinkLost, Shutdown, PreflightPassed, PreflightFailed, AttemptEnded, Delivered, Tick]
+              StopGroup, StartGroup, OtherMessage, LinkLost, Shutdown, PreflightPassed, PreflightFailed, AttemptEnded,
+              Delivered, Tick]
 
 # -- actions --------------------------------------------------------------------------------------------------
 
@@ -212,6 +226,13 @@ class StopRanks(NamedTuple):
 
 class ForwardSignal(NamedTuple):
     signum: int
+
+
+class OrderGroup(NamedTuple):
+    """The head's word for a group across nodes, passed on to the rank group: its stop, or its start (xrun.launch
+    .replicas.supervision)."""
+
+    order: StopGroup | StartGroup
 
 
 class TakeStacks(NamedTuple):
@@ -257,7 +278,7 @@ class Exit(NamedTuple):
     line: str | None = None
 
 
-Action = Union[Send, Preflight, RunAttempt, StopRanks, ForwardSignal, TakeStacks, AnswerProbe, CloseProbes,
+Action = Union[Send, Preflight, RunAttempt, StopRanks, ForwardSignal, OrderGroup, TakeStacks, AnswerProbe, CloseProbes,
                ShowLine, ShowWaiting, ShowStarted, JoinAgain, Exit]
 
 # -- a message as an event ------------------------------------------------------------------------------------
@@ -291,6 +312,12 @@ def message_event(msg: Message, *, clock_ns: int | None = None) -> Event:
     if kind == Kind.SIGNAL.value:
         signum = _int(msg.get("signal"))
         return Signal(signum) if signum is not None else OtherMessage(repr(kind))
+    group = _int(msg.get("group"))
+    if kind == Kind.STOP_GROUP.value and group is not None:
+        return StopGroup(group)
+    restart = _int(msg.get("restart"))
+    if kind == Kind.START_GROUP.value and group is not None and restart is not None:
+        return StartGroup(group, restart)
     if kind == Kind.ACCEPT.value:
         return Accept()
     if kind == Kind.WAITING.value:

@@ -51,6 +51,7 @@ from xrun.launch.session.events import (
     JobEnded,
     JoinAgain,
     LinkLost,
+    OrderGroup,
     OtherMessage,
     Ping,
     Preflight,
@@ -68,6 +69,8 @@ from xrun.launch.session.events import (
     Spec,
     SpecUnusable,
     Start,
+    StartGroup,
+    StopGroup,
     StopOrder,
     StopRanks,
     TakeStacks,
@@ -84,9 +87,10 @@ TURNED_AWAY = ("node 0 turned this node away without a word (its old connection 
 NOT_ACCEPTED = ("the runner did not accept this agent ({}): the job was already ending, another agent holds this "
                 "node's place, or the token is stale or wrong")
 FROM_RUNNER = (Spec, SpecUnusable, Accept, Waiting, Start, StopOrder, Restart, JobEnded, Probe, Ping, Dump, Signal,
-               OtherMessage)
+               StopGroup, StartGroup, OtherMessage)
 KIND = {Accept: Kind.ACCEPT, Waiting: Kind.WAITING, Start: Kind.START, StopOrder: Kind.STOP, Restart: Kind.RESTART,
-        JobEnded: Kind.VERDICT, Ping: Kind.PING, Dump: Kind.DUMP, Signal: Kind.SIGNAL}
+        JobEnded: Kind.VERDICT, Ping: Kind.PING, Dump: Kind.DUMP, Signal: Kind.SIGNAL, StopGroup: Kind.STOP_GROUP,
+        StartGroup: Kind.START_GROUP}
 
 
 class Phase(enum.Enum):
@@ -104,7 +108,7 @@ class Phase(enum.Enum):
 # it is still its time). What the running ranks act on; what a preflight that waits (for the preload helper's
 # imports, which may take minutes) acts on. Anything else waits while the preflight or the ranks run.
 _ANSWERS = (PreflightPassed, PreflightFailed, AttemptEnded, Delivered, Tick)
-_RUNNING_OWN = (StopOrder, Signal, Dump, Ping, LinkLost, Shutdown)
+_RUNNING_OWN = (StopOrder, Signal, Dump, Ping, LinkLost, Shutdown, StopGroup, StartGroup)
 _PREFLIGHT_OWN = (Ping, LinkLost)
 
 
@@ -276,6 +280,12 @@ class AgentMachine:
     def _on_signal(self, event: Signal) -> None:
         if self.phase is Phase.RUNNING:
             self._out.append(ForwardSignal(event.signum))
+
+    def _on_group_order(self, event: StopGroup | StartGroup) -> None:
+        """--replica_groups: the head's stop or start of a group across nodes, for the running ranks only (between
+        attempts or after them there is nothing to stop, and the head sends no start)."""
+        if self.phase is Phase.RUNNING:
+            self._out.append(OrderGroup(event))
 
     def _on_other(self, event: OtherMessage) -> None:
         pass  # a newer runner's word: nothing this agent acts on
@@ -449,6 +459,8 @@ _HANDLERS: dict[type, Callable[[AgentMachine, Any], None]] = {  # each handler t
     Ping: AgentMachine._on_ping,
     Dump: AgentMachine._on_dump,
     Signal: AgentMachine._on_signal,
+    StopGroup: AgentMachine._on_group_order,
+    StartGroup: AgentMachine._on_group_order,
     OtherMessage: AgentMachine._on_other,
     LinkLost: AgentMachine._on_link_lost,
     Shutdown: AgentMachine._on_shutdown,

@@ -80,11 +80,19 @@ class AgentStores:
             self.servers[group] = hosted(self.node, *endpoint)
 
     def renew(self, group: int) -> None:
-        """Close ``group``'s store (if this node hosts it) and host a new, empty one at the same address."""
+        """Close ``group``'s store (if this node hosts it and it is open) and host a new, empty one at the same
+        address."""
+        self.close_group(group)
+        if group in self._endpoints:
+            self.servers[group] = hosted(self.node, *self._endpoints[group])
+
+    def close_group(self, group: int) -> None:
+        """A group across nodes whose ranks here are gone: its store closes now, before the other nodes' ranks of it
+        may start again, so that one of them that starts first waits in its client's connect retry for the new
+        store (``renew``) and never reads the old one."""
         server = self.servers.pop(group, None)
         if server is not None:
             close(self.node, server)
-            self.servers[group] = hosted(self.node, *self._endpoints[group])
 
     def close(self) -> None:
         for server in self.servers.values():

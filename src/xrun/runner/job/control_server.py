@@ -77,11 +77,13 @@ from xrun.runner.job.events import (
     Drop,
     Event,
     Failure,
+    GroupRestartedAcross,
     GroupsMoved,
     HelloReceived,
     PrecheckDone,
     RunPrecheck,
     SendAccept,
+    SendGroupOrder,
     SendPing,
     SendRestart,
     SendSpec,
@@ -478,6 +480,8 @@ class ControlServer:
             ShowStarted: self._show_started,
             RunPrecheck: lambda a: self.precheck.start(a.nodes, a.hosts, toward=a.toward),
             GroupsMoved: lambda a: None,  # for the record alone (xrun.runner.job.record.head), fed every action
+            GroupRestartedAcross: lambda a: self.figures.group_restarted(a.restart.group),  # and the record
+            SendGroupOrder: self._send_group_order,
         }
 
     def send_all(self, nodes: Iterable[int], msg: Message) -> None:
@@ -520,6 +524,13 @@ class ControlServer:
         restarts = self.job.config.restart.max_restarts  # the agent waits for a restart after its done
         self.send(action.node, message(Kind.SPEC, spec=spec.to_json(), pick_master_port=action.pick_master_port,
                                        master_port=action.master_port, max_restarts=restarts, standby=action.standby))
+
+    def _send_group_order(self, action: SendGroupOrder) -> None:
+        """--replica_groups: stop, or start again, the nodes' ranks of a group across nodes."""
+        if action.restart is None:
+            self.send_all(action.nodes, message(Kind.STOP_GROUP, group=action.group))
+        else:
+            self.send_all(action.nodes, message(Kind.START_GROUP, group=action.group, restart=action.restart))
 
     def _send_stop(self, action: SendStop) -> None:
         """After a failure (not a signal) the agents take their ranks' stacks before they stop them; after a hang

@@ -20,6 +20,7 @@ exit code and its root cause, as data the report prints and (pod mode, ``SendVer
 from typing import TYPE_CHECKING, NamedTuple, Union
 
 if TYPE_CHECKING:
+    from xrun.common.result.group_restart import GroupRestart
     from xrun.runner.network.node_results import PrecheckResult
     from xrun.runner.pod.digest import PlanDigest
     from xrun.runner.replicas.moves import GroupMove
@@ -84,6 +85,21 @@ class GroupRestarted(NamedTuple):
     restart: int
 
 
+class GroupFailed(NamedTuple):
+    """--replica_groups: a rank of a group across nodes failed on the node, whose ranks of it are stopping; the
+    head restarts the group on every node it spans (xrun.runner.replicas.spans)."""
+
+    node: int
+    restart: "GroupRestart"  # the node's word: its count, the head counts its own
+
+
+class GroupStopped(NamedTuple):
+    """--replica_groups: the node's ranks of a group across nodes are gone."""
+
+    node: int
+    group: int
+
+
 class ConnectionLost(NamedTuple):
     """The node's connection closed or broke (the socket layer has already closed it)."""
 
@@ -130,10 +146,12 @@ class Tick(NamedTuple):
 
 
 # Sent by an admitted agent: the machine ignores them from a node without a connection.
-AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost)
-AgentEvent = Union[Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost]
+AGENT_EVENTS = (Ready, RankExited, Done, AgentError, Heard, GroupRestarted, GroupFailed, GroupStopped, ConnectionLost)
+AgentEvent = Union[Ready, RankExited, Done, AgentError, Heard, GroupRestarted, GroupFailed, GroupStopped,
+                   ConnectionLost]
 Event = Union[
-    HelloReceived, Ready, RankExited, Done, AgentError, Heard, GroupRestarted, ConnectionLost, SessionEnded,
+    HelloReceived, Ready, RankExited, Done, AgentError, Heard, GroupRestarted, GroupFailed, GroupStopped,
+    ConnectionLost, SessionEnded,
     SignalReceived, Hung, NodesFaulty, Tick, PrecheckDone,
 ]
 
@@ -251,6 +269,24 @@ class GroupsMoved(NamedTuple):
     moves: tuple["GroupMove", ...]
 
 
+class SendGroupOrder(NamedTuple):
+    """--replica_groups: to the agents ``nodes``, holding ranks of the group across nodes ``group``: stop them
+    (``restart`` None), or start them again as the group's ``restart``-th."""
+
+    nodes: tuple[int, ...]
+    group: int
+    restart: int | None = None
+
+
+class GroupRestartedAcross(NamedTuple):
+    """--replica_groups: the head restarts a group across nodes (the failed rank on ``host``; its nodes ``hosts``),
+    recorded as the group's ``group_restarted``."""
+
+    host: str
+    hosts: tuple[str, ...]
+    restart: "GroupRestart"
+
+
 class SendVerdict(NamedTuple):
     """Pod mode: how the job ended, to every node still connected (each exits with its code)."""
 
@@ -260,7 +296,7 @@ class SendVerdict(NamedTuple):
 
 Action = Union[
     Admit, TurnAway, SendSpec, SendAccept, SendStart, SendRestart, SendStop, SendPing, SendVerdict, Drop, ShowLine,
-    ShowJoined, ShowWaiting, ShowStarted, RunPrecheck, GroupsMoved,
+    ShowJoined, ShowWaiting, ShowStarted, RunPrecheck, GroupsMoved, SendGroupOrder, GroupRestartedAcross,
 ]
 
 # -- the outcome ----------------------------------------------------------------------------------------------

@@ -44,7 +44,11 @@ class JobFigures:
 
     def _group_restarted(self, node: int, msg: Message, now: float) -> None:
         """A malformed one raises ValueError (a protocol error)."""
-        self.group_restarts[GroupRestart.from_json(dict(msg)).group] += 1
+        self.group_restarted(GroupRestart.from_json(dict(msg)).group)
+
+    def group_restarted(self, group: int) -> None:
+        """A node's restart of its group, or the head's of a group across nodes (xrun.runner.replicas.spans)."""
+        self.group_restarts[group] += 1
 
     def sum_up(self, verdict: Verdict, *, log_dir: str | None, stragglers: Mapping[str, Any] | None = None,
                recorded: Mapping[str, Any] | None = None) -> None:

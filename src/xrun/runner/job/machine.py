@@ -70,8 +70,11 @@ from xrun.runner.job.events import (
     Done,
     Event,
     Failure,
+    GroupFailed,
     GroupRestarted,
+    GroupRestartedAcross,
     GroupsMoved,
+    GroupStopped,
     Heard,
     HelloReceived,
     Hung,
@@ -79,6 +82,7 @@ from xrun.runner.job.events import (
     PrecheckDone,
     RankExited,
     Ready,
+    SendGroupOrder,
     SendPing,
     SendSpec,
     SendStop,
@@ -107,6 +111,7 @@ from xrun.runner.job.verdict import (
     session_failure,
 )
 from xrun.runner.replicas.moves import GroupBook
+from xrun.runner.replicas.spans import Spans
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -125,6 +130,7 @@ class Job:
         self.spares = Spares(config.spares, first_agent=len(config.hosts), role=config.spare_role)
         # --replica_groups: each group's restarts, for a lost node's groups moved to a spare (issue 39 §2)
         self.groups = GroupBook(config.groups) if config.groups is not None else None
+        self.spans = Spans(self.groups) if self.groups is not None else None  # groups across nodes: the head's
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None, keep_survivors=config.keep_survivors,
                                world_size=config.world_size)
@@ -274,6 +280,9 @@ class Job:
         node = self.nodes.by_agent[event.node]
         node.state, node.exit_code = NodeState.DONE, event.exit_code
         failure = done_failure(event, node.host)
+        if self.spans is not None:  # a group across nodes restarting waits no longer for this node's ranks of it
+            for group, restart in self.spans.over(node.rank):
+                self._start_group(group, restart)
         # --on_rank_exit keep: the node's ranks' own exits, heard one by one, decide (a lost rank is no failure)
         if failure is not None and not self.stopping and not self.config.keep_survivors:
             self._fail(failure)
@@ -291,6 +300,42 @@ class Job:
         """--replica_groups: a node restarted a group on its own; counted against the group's budget here too."""
         if self.groups is not None:
             self.groups.heard(event.group, event.restart)
+
+    def _group_failed(self, event: GroupFailed) -> None:
+        """--replica_groups: a rank of a group across nodes failed on the event's node, which is stopping its ranks
+        of it: the restart is counted, and every other node holding ranks of it told to stop them
+        (xrun.runner.replicas.spans); no other node hears of it."""
+        if self.spans is None or self.stopping:
+            return  # the job is stopping: every rank is
+        node = self.nodes.by_agent[event.node]
+        span = self.spans.failed(node.rank, event.restart)
+        if span is None:
+            return  # its restart is under way: this node's stop is part of it
+        restart, hosts = span.restart, tuple(self.nodes[n].host for n in span.holders)
+        self._out += [
+            GroupRestartedAcross(node.host, hosts, restart),
+            ShowLine(f"replica group {restart.group}: rank {restart.rank} {restart.cause} on {node.host}; restarting "
+                     f"group {restart.group} on {', '.join(hosts)} (restart {restart.restart} of {restart.budget}), "
+                     "every other group keeps running"),
+            SendGroupOrder(tuple(self.nodes[n].agent for n in span.to_stop), restart.group),
+        ]
+
+    def _group_stopped(self, event: GroupStopped) -> None:
+        """--replica_groups: the node's ranks of a group across nodes are gone; once every node's are, each starts
+        them again."""
+        if self.spans is None:
+            return
+        restart = self.spans.stopped(self.nodes.by_agent[event.node].rank, event.group)
+        if restart is not None:
+            self._start_group(event.group, restart)
+
+    def _start_group(self, group: int, restart: int) -> None:
+        """The group across nodes starts again on each of its nodes still running (none once the job stops: its
+        stop reaches every rank)."""
+        assert self.spans is not None
+        nodes = tuple(self.nodes[n].agent for n in self.spans.holders[group] if not self.nodes[n].over)
+        if not self.stopping and nodes:
+            self._out.append(SendGroupOrder(nodes, group, restart))
 
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes.by_agent[event.node]
@@ -543,6 +588,8 @@ Job._HANDLERS = {
     AgentError: Job._agent_error,
     Heard: Job._heard,
     GroupRestarted: Job._group_restarted,
+    GroupFailed: Job._group_failed,
+    GroupStopped: Job._group_stopped,
     ConnectionLost: Job._connection_lost,
     SessionEnded: Job._session_ended,
     SignalReceived: Job._signal,

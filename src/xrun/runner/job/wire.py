@@ -2,21 +2,24 @@
 (``xrun.runner.job.control_server``) makes of an agent's hello and messages, and the verdict it sends back.
 
 A proven hello for a node rank of the world is a ``HelloReceived``; an admitted agent's ``ready``, ``rank_exited``,
-``done``, ``error`` and ``group_restarted`` are their events, any other kind (``started``, ``pong``, a kind a newer
-agent added) is ``Heard``: it is alive. A malformed field is a protocol error (``ChannelError``), which closes the
-connection it came on. The verdict goes back as a message (pod mode, restarts).
+``done``, ``error``, ``group_restarted``, ``group_failed`` and ``group_stopped`` are their events, any other kind
+(``started``, ``pong``, a kind a newer agent added) is ``Heard``: it is alive. A malformed field is a protocol error
+(``ChannelError``), which closes the connection it came on. The verdict goes back as a message (pod mode, restarts).
 """
 
 from __future__ import annotations
 
 from xrun.channel import ChannelError, Kind, Message, message
 from xrun.channel.fields import PONG_FIELDS, fields_error
+from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.outcome import NODE_FAILURE_EXIT
 from xrun.runner.job.events import (
     AgentError,
     Done,
     Event,
+    GroupFailed,
     GroupRestarted,
+    GroupStopped,
     Heard,
     HelloReceived,
     RankExited,
@@ -65,6 +68,13 @@ def agent_event(node: int, msg: Message) -> Event:
         return AgentError(node, str(msg.get("message")), _int(msg, "exit_code") or NODE_FAILURE_EXIT)
     if kind == Kind.GROUP_RESTARTED.value:  # --replica_groups: the record reads the rest (xrun.runner.replicas)
         return GroupRestarted(node, group=_int(msg, "group") or 0, restart=_int(msg, "restart") or 0)
+    if kind == Kind.GROUP_FAILED.value:
+        try:
+            return GroupFailed(node, GroupRestart.from_json(dict(msg)))
+        except ValueError as err:
+            raise ChannelError(f"group_failed: {err}") from None
+    if kind == Kind.GROUP_STOPPED.value:
+        return GroupStopped(node, group=_int(msg, "group") or 0)
     return Heard(node)  # started, pong, or a kind a newer agent added: it is alive
 
 

@@ -1,13 +1,13 @@
 """A lost node's replica groups moved to a hot spare (``--replica_groups`` with ``--spares``, issue 39 §2): the
 head's count of each group's restarts, and whether a lost node's groups can start again elsewhere.
 
-Each group lies within one node (``xrun.runner.plan``), and its node's agent restarts it after a rank's death on its
-own, telling the head (``group_restarted``, counted here by ``heard``). A node's loss is the head's to handle: when
-every group on the lost node has a restart left of its budget (``--max_restarts``, each group's own) and a spare
-stands by, the spare takes the node's place and only those groups start again there, each restart counted
-(``move``); the other nodes hear nothing of it. Node 0 is never moved: it hosts the Lighthouse and the channel.
-Pure, like the job machine (``xrun.runner.job.machine``) that asks it.
-"""
+With ``--spares`` each group lies within one node (``xrun.runner.plan``), and its node's agent restarts it after a
+rank's death on its own, telling the head (``group_restarted``, counted here by ``heard``); a group across nodes,
+refused with spares, is restarted by the head (xrun.runner.replicas.spans), counted in the same ``restarts``. A
+node's loss is the head's to handle: when every group on the lost node has a restart left of its budget
+(``--max_restarts``, each group's own) and a spare stands by, the spare takes the node's place and only those groups
+start again there, each restart counted (``move``); the other nodes hear nothing of it. Node 0 is never moved: it
+hosts the Lighthouse and the channel. Pure, like the job machine (``xrun.runner.job.machine``) that asks it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The replica groups' restarts as the head hears them (``group_restarted``, one per restart, from the node that
 decided it: xrun.launch.replicas.supervision): a line of ``events.jsonl`` each and, in ``summary.json``,
-``group_restarts`` (docs/replica-groups.md). A group's restart after a rank's end is its node's; the head decides
-only the move of a lost node's groups to a hot spare (xrun.runner.replicas.moves), recorded here alike."""
+``group_restarts`` (docs/replica-groups.md). A group's restart after a rank's end is its node's when the group lies
+within one node; the head decides the restart of a group across nodes (xrun.runner.replicas.spans) and the move of
+a lost node's groups to a hot spare (xrun.runner.replicas.moves), recorded here alike."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from xrun.runner.replicas.moves import GroupMove
 
 class GroupRestarts:
     def __init__(self) -> None:
-        self.heard: list[tuple[str, GroupRestart]] = []  # (host, restart), in the order they came
+        self.heard: list[dict[str, Any]] = []  # the record's lines, in the order they came
 
-    def add(self, host: str, restart: GroupRestart) -> dict[str, Any]:
-        """A group's restart on ``host``: a node's ``group_restarted`` (``GroupRestart.from_json``), or the head's
-        move of a lost node's groups to a hot spare (``moved``); the record's line for it."""
-        self.heard.append((host, restart))
-        return {"host": host, **restart.to_json()}
+    def add(self, host: str, restart: GroupRestart, *, hosts: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A group's restart on ``host``: a node's ``group_restarted`` (``GroupRestart.from_json``), the head's
+        move of a lost node's groups to a hot spare (``moved``), or the head's restart of a group across nodes
+        (the failed rank's ``host``; ``hosts``: every node of the group, xrun.runner.replicas.spans); the record's
+        line for it."""
+        line = {"host": host, **({"hosts": list(hosts)} if hosts else {}), **restart.to_json()}
+        self.heard.append(line)
+        return line
 
     def moved(self, lost: str, spare: str, reason: str, moves: Iterable[GroupMove], *, budget: int, at: float
               ) -> list[dict[str, Any]]:
@@ -32,4 +36,4 @@ class GroupRestarts:
                 for move in moves]
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [{"host": host, **restart.to_json()} for host, restart in self.heard]
+        return list(self.heard)

@@ -33,6 +33,8 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Drop,
     Event,
+    GroupFailed,
+    GroupRestartedAcross,
     GroupsMoved,
     Heard,
     Hung,
@@ -104,7 +106,7 @@ class JobRecord:
             Hung: self._hung}
         self._on_action: dict[type, Callable[[Any, Event, float], None]] = {
             Admit: self._admit, Drop: self._drop, SendStart: self._start, SendStop: self._stop,
-            GroupsMoved: self._groups_moved}
+            GroupsMoved: self._groups_moved, GroupRestartedAcross: self._restarted_across}
         options = plan.request.options
         self.write(self.t0, "job_started", unix_ns=self.unix0_ns, xrun=__version__, nodes=len(plan.nodes),
                    world_size=plan.world_size, hosts=list(plan.agent_hosts), spares=len(plan.spares),
@@ -212,6 +214,11 @@ class JobRecord:
         for line in self.group_restarts.moved(action.lost, action.spare, action.reason, action.moves,
                                               budget=groups.budget, at=self.unix0_ns / 1e9 + now - self.t0):
             self.write(now, "group_restarted", node=action.node_rank, **line)
+
+    def _restarted_across(self, action: GroupRestartedAcross, event: Event, now: float) -> None:
+        assert isinstance(event, GroupFailed)  # the head restarts a group across nodes on a node's word alone
+        self.write(now, "group_restarted", node=self._rank_of(event.node),
+                   **self.group_restarts.add(action.host, action.restart, hosts=action.hosts))
 
     def _start(self, action: SendStart, event: Event, now: float) -> None:
         if action.attempt == self._started_attempt:
