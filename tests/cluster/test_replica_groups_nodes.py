@@ -68,13 +68,7 @@ def test_a_killed_rank_restarts_its_group_on_its_node_and_the_other_node_keeps_t
             "group runs on this node") in err, err[-3000:]
     # the head's end line counts it, from node2's word (a local run's is its node's: tests/test_replica_groups.py)
     assert re.search(r"^xrun: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
-    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
-    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
-    hosts = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}
-    assert hosts == {("0", "0"): "node1", ("0", "1"): "node1", ("1", "0"): "node2", ("1", "1"): "node2"}, out[-3000:]
-    pids = started(out)
-    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
-    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again, on node2
+    pids = assert_both_finished_and_group_1_alone_restarted(out, group_1_on=("node2", "node2"))
     (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
     assert (record["host"], record["group"], record["rank"], record["cause"], record["others"]) == (
         "node2", 1, 3, "was killed by SIGKILL", [])
@@ -96,14 +90,8 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     if why:
         pytest.skip(why)
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=2, nodes=["node1", "node2", "node3"])
-    mark, logs = uuid.uuid4().hex, tmp_path / "logs"
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
-            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
-            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
-            "--replica_groups", "2", "--max_restarts", "1", "--spares", "1", "--log_dir", str(logs), GROUPS_JOB,
-            str(STEPS), str(SLEEP_S)]
+    logs = tmp_path / "logs"
+    argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1")
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         killed = time.time()
@@ -145,14 +133,8 @@ def test_a_killed_rank_of_a_group_across_nodes_restarts_it_on_both_and_the_other
         pytest.skip(why)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=2\nnode2 slots=1\nnode3 slots=1\n")
-    mark, logs = uuid.uuid4().hex, tmp_path / "logs"
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
-            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
-            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
-            "--replica_groups", "2", "--max_restarts", "1", "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
-            str(SLEEP_S)]
+    logs = tmp_path / "logs"
+    argv, env, mark = ssh_job(cluster, python, hostfile, logs)
     t0 = time.monotonic()
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
@@ -168,13 +150,7 @@ def test_a_killed_rank_of_a_group_across_nodes_restarts_it_on_both_and_the_other
     assert "xrun[node2]: replica group 1: stopping its ranks on this node, as a rank of it failed on another" in err
     assert "xrun[node1]: replica group" not in err  # node1 holds no rank of group 1: it hears nothing
     assert re.search(r"^xrun: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
-    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
-    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
-    hosts = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}
-    assert hosts == {("0", "0"): "node1", ("0", "1"): "node1", ("1", "0"): "node2", ("1", "1"): "node3"}, out[-3000:]
-    pids = started(out)
-    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
-    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again on both its nodes
+    pids = assert_both_finished_and_group_1_alone_restarted(out, group_1_on=("node2", "node3"))
     (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
     assert (record["host"], record["hosts"], record["group"], record["restart"], record["rank"], record["cause"]) == (
         "node3", ["node2", "node3"], 1, 1, 3, "was killed by SIGKILL"), record
@@ -203,3 +179,30 @@ def assert_group_1_healed_and_group_0_never_stalled(out: str, pids: dict[tuple[i
     for r in (0, 1):
         times = sorted(steps(out, n)[(0, r)] for n in range(1, STEPS + 1) if (0, r) in steps(out, n))
         assert max(b - a for a, b in zip(times, times[1:])) <= SLEEP_S + STEP_TIMEOUT_S + 1, times
+
+
+def assert_both_finished_and_group_1_alone_restarted(out: str, group_1_on: tuple[str, str]
+                                                     ) -> dict[tuple[int, int], list[int]]:
+    """Every rank finished every step; group 0 ran on node1 and kept every pid, group 1's two ranks (on
+    ``group_1_on``) started twice each. The pids, by (group, rank within it)."""
+    said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
+    assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
+    hosts = {(int(g), int(r)): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) pid", out)}
+    assert hosts == {(0, 0): "node1", (0, 1): "node1", (1, 0): group_1_on[0], (1, 1): group_1_on[1]}, out[-3000:]
+    pids = started(out)
+    assert [len(pids[(0, r)]) for r in (0, 1)] == [1, 1]  # group 0 never signalled: every pid kept
+    assert [len(pids[(1, r)]) for r in (0, 1)] == [2, 2]  # group 1 started again
+    return pids
+
+
+def ssh_job(cluster, python: str, hostfile: Path, logs: Path, *flags: str) -> tuple[list[str], dict[str, str], str]:
+    """The torchft job over ssh, 2 groups with a restart each (and ``flags``): its argv, its environment, its mark."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
+            "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
+            "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
+            "--replica_groups", "2", "--max_restarts", "1", *flags, "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
+            str(SLEEP_S)]
+    return argv, env, mark
