@@ -562,6 +562,37 @@ def test_hang_action_stop_ends_with_its_code_and_leaves_no_process(tmp_path):
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
 
 
+# node 1 of a two-node world {"a": [0, 1], "localhost": [0, 1]}: its ranks are 2 and 3 of WORLD_SIZE 4
+NODE_1_OF_2 = ["--world_info=eyJhIjogWzAsIDFdLCAibG9jYWxob3N0IjogWzAsIDFdfQ==", "--node_rank=1",
+               "--master_addr=127.0.0.1"]
+
+
+def test_a_stand_alone_agent_is_a_one_node_job_whose_head_stops_its_hang_and_sums_it_up(tmp_path):
+    """Issue 38 §1: ``python -m xrun.launch --world_info=...`` (DeepSpeed's per-node form, no head) runs through the
+    head's control server and the node's driver as the local run: the head's doctor decides the hang and the head
+    writes the job's summary.json (the local run's keys) beside the node's own."""
+    script = "import os, time\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n" \
+             "time.sleep(60)\n"
+    (tmp_path / "job.py").write_text(script)
+    marker = f"xrun-stand-alone-{os.getpid()}-{time.monotonic_ns()}"
+    logs = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "-m", "xrun.launch", *NODE_1_OF_2, "--master_port=29517",
+                           f"--log_dir={logs}", "--hang_timeout=1.5", "--hang_action=stop", "job.py"],
+                          cwd=tmp_path, env={**os.environ, "XRUN_TEST_MARKER": marker}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == HANG_EXIT, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[localhost:2] rank 2 of 4", "[localhost:3] rank 3 of 4"]
+    # the head's doctor: its words (a job's, not the node's), then the node's report of the stop
+    assert "xrun: no rank on any node wrote output for 1.5 s (--hang_timeout): " in proc.stderr, proc.stderr
+    assert "xrun: node localhost: stopped as hung: no rank on any node wrote output for 1.5 s" in proc.stderr
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["exit_code"] == HANG_EXIT and summary["root_cause"]["exit_code"] == HANG_EXIT, summary
+    assert {"ranks", "end", "goodput", "events"} <= set(summary) and "attempts" not in summary, summary
+    assert sorted(r["rank"] for r in summary["ranks"]) == [2, 3]  # numbered in the whole world, as told
+    assert json.loads((logs / "localhost" / "failure.json").read_text())["hang"]
+    assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
+
+
 @needs_pyspy
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", [None, "--no_failure_stacks"])
