@@ -250,7 +250,7 @@ def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():
     # what a job without samples, dumps, TLS, --log_dir or --metrics_port uses; the rest loads at its first use
     unused = ("ssl", "xrun.channel.tls", "xrun.channel.tlspipe", "xrun.common.telemetry.records",
               "xrun.runner.job.record.head", "xrun.common.result.stacks", "xrun.common.result.collectiveview")
-    assert loaded_by("import xrun.joined, xrun.joined.one_node", unused) == []
+    assert loaded_by("import xrun.joined.entry, xrun.joined.one_node", unused) == []
 
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
