@@ -567,29 +567,33 @@ NODE_1_OF_2 = ["--world_info=eyJhIjogWzAsIDFdLCAibG9jYWxob3N0IjogWzAsIDFdfQ==", 
                "--master_addr=127.0.0.1"]
 
 
-def test_a_stand_alone_agent_is_a_one_node_job_whose_head_stops_its_hang_and_sums_it_up(tmp_path):
+def test_a_stand_alone_agent_is_a_one_node_job_whose_head_restarts_its_hang_and_sums_it_up(tmp_path):
     """Issue 38 §1: ``python -m xrun.launch --world_info=...`` (DeepSpeed's per-node form, no head) runs through the
-    head's control server and the node's driver as the local run: the head's doctor decides the hang and the head
-    writes the job's summary.json (the local run's keys) beside the node's own."""
-    script = "import os, time\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n" \
-             "time.sleep(60)\n"
+    head's control server and the node's driver as the local run: the head's doctor decides the hang, the head's
+    ``Job`` restarts it (--hang_action restart, --max_restarts) and writes the job's summary.json with its attempts
+    beside the node's own."""
+    script = ("import os, time\nattempt = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+              "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'attempt', attempt, flush=True)\n"
+              "time.sleep(60 if attempt == '0' else 0)\n")
     (tmp_path / "job.py").write_text(script)
     marker = f"xrun-stand-alone-{os.getpid()}-{time.monotonic_ns()}"
     logs = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "xrun.launch", *NODE_1_OF_2, "--master_port=29517",
-                           f"--log_dir={logs}", "--hang_timeout=1.5", "--hang_action=stop", "job.py"],
-                          cwd=tmp_path, env={**os.environ, "XRUN_TEST_MARKER": marker}, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == HANG_EXIT, proc.stderr
-    assert sorted(proc.stdout.splitlines()) == ["[localhost:2] rank 2 of 4", "[localhost:3] rank 3 of 4"]
-    # the head's doctor: its words (a job's, not the node's), then the node's report of the stop
+                           f"--log_dir={logs}", "--hang_timeout=1.5", "--hang_action=restart", "--max_restarts=1",
+                           "job.py"], cwd=tmp_path, env={**os.environ, "XRUN_TEST_MARKER": marker},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted(f"[localhost:{rank}] rank {rank} of 4 attempt {attempt}"
+                                                      for attempt in (0, 1) for rank in (2, 3))  # the world's
+    # the head's doctor (a job's words, not the node's), then the head's restart
     assert "xrun: no rank on any node wrote output for 1.5 s (--hang_timeout): " in proc.stderr, proc.stderr
-    assert "xrun: node localhost: stopped as hung: no rank on any node wrote output for 1.5 s" in proc.stderr
+    assert "xrun: restarting the job: attempt 1 of 2" in proc.stderr, proc.stderr
     summary = json.loads((logs / "summary.json").read_text())
-    assert summary["exit_code"] == HANG_EXIT and summary["root_cause"]["exit_code"] == HANG_EXIT, summary
-    assert {"ranks", "end", "goodput", "events"} <= set(summary) and "attempts" not in summary, summary
-    assert sorted(r["rank"] for r in summary["ranks"]) == [2, 3]  # numbered in the whole world, as told
-    assert json.loads((logs / "localhost" / "failure.json").read_text())["hang"]
+    assert summary["exit_code"] == 0 and {"ranks", "end", "goodput", "events"} <= set(summary), summary
+    first, last = summary["attempts"]
+    assert "--hang_timeout" in first["root_cause"] and last["root_cause"] is None, summary["attempts"]
+    assert sorted(r["rank"] for r in summary["ranks"]) == [2, 3]
+    assert (logs / "localhost" / "rank2" / "stdout.log").exists()
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
 
 

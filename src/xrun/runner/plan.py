@@ -135,6 +135,7 @@ class Plan:
             script=self.request.script,
             args=self.request.args,
             elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
+            max_restarts=self.job_restart.max_restarts if node.elastic is None else 0,  # the job's, as its head runs it
         )
 
 
@@ -142,12 +143,15 @@ def standalone_plan(command: AgentCommand) -> Plan:
     """The one-node job a stand-alone agent's command line asks for (``python -m xrun.launch --world_info=...``,
     DeepSpeed's per-node form: xrun.joined.standalone), the inverse of ``Plan.agent_command``: its node alone, with
     the ranks the command line gives it (numbered in its whole world, told that world's WORLD_SIZE) and rank 0's
-    address and port as given: no port is picked, since the other nodes' agents were told the same."""
+    address and port as given: no port is picked, since the other nodes' agents were told the same. Its
+    ``--max_restarts`` (without ``--elastic``) restarts this node's ranks through the head's ``Job``, each attempt
+    at the same port."""
     spec = command.node_spec()
     rdzv = command.rendezvous
     request = JobRequest(script=command.script, args=command.args, master_addr=rdzv.master_addr,
                          master_port=rdzv.master_port, master_port_choice=PortChoice.GIVEN, launch=command.launch,
-                         options=command.options, run_id=rdzv.run_id, elastic=command.elastic)
+                         options=command.options, run_id=rdzv.run_id, elastic=command.elastic,
+                         restart=RestartPolicy(max_restarts=command.max_restarts))
     world = {spec.host: command.world.get(spec.host, ())}
     return Plan(request=request, world=world, rendezvous=rdzv, backend="local", nodes=(spec,))
 
