@@ -91,12 +91,17 @@ class Plan:
         return sum(len(slots) for slots in self.world.values())
 
     @property
+    def ranks_run(self) -> int:
+        """How many ranks this job runs: the world's, but for a stand-alone agent's node of a larger world
+        (``standalone_plan``) that node's own (its ranks keep the world's numbers and ``WORLD_SIZE``)."""
+        return sum(len(node.ranks) for node in self.nodes)
+
+    @property
     def heard_world_size(self) -> int | None:
         """The world's size where this job runs every rank of it, as the head's views count the default group (the
-        ranks 0..N-1, one that sends no record named); None for a stand-alone agent's node of a larger world
-        (``standalone_plan``): its head hears only this node's ranks, and knows the others by no record."""
-        whole = all(node.world_size == self.world_size for node in self.nodes if node.ranks)
-        return self.world_size if whole else None
+        ranks 0..N-1, one that sends no record named); None for a stand-alone agent's node of a larger world: its
+        head hears only this node's ranks, and knows the others by no record."""
+        return self.world_size if self.ranks_run == self.world_size else None
 
     @property
     def shown_master_addr(self) -> str:
@@ -146,14 +151,12 @@ def standalone_plan(command: AgentCommand) -> Plan:
     address and port as given: no port is picked, since the other nodes' agents were told the same. Its
     ``--max_restarts`` (without ``--elastic``) restarts this node's ranks through the head's ``Job``, each attempt
     at the same port."""
-    spec = command.node_spec()
     rdzv = command.rendezvous
     request = JobRequest(script=command.script, args=command.args, master_addr=rdzv.master_addr,
                          master_port=rdzv.master_port, master_port_choice=PortChoice.GIVEN, launch=command.launch,
                          options=command.options, run_id=rdzv.run_id, elastic=command.elastic,
                          restart=RestartPolicy(max_restarts=command.max_restarts))
-    world = {spec.host: command.world.get(spec.host, ())}
-    return Plan(request=request, world=world, rendezvous=rdzv, backend="local", nodes=(spec,))
+    return Plan(request=request, world=command.world, rendezvous=rdzv, backend="local", nodes=(command.node_spec(),))
 
 
 def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str) -> tuple[World, tuple[str, ...]]:
