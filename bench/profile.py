@@ -71,7 +71,7 @@ def _last():
         sys.stdout.flush(); sys.stderr.flush()
         os._exit(7)
 atexit.register(_last)
-from xrun.joined import main
+from xrun.joined.entry import main
 try:
     main(sys.argv[1:])
 except SystemExit:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, run_xrun
-from xrun.joined import main
+from xrun.joined.entry import main
 
 HOSTFILE = os.path.join(ROOT, "hostfiles", "two-workers")
 
@@ -206,7 +206,7 @@ INTERRUPTED_LOAD = """
 import builtins, runpy, sys
 real_import = builtins.__import__
 def interrupted(name, *args, **kwargs):
-    if name == "xrun.joined":
+    if name == "xrun.joined.entry":
         raise KeyboardInterrupt
     return real_import(name, *args, **kwargs)
 builtins.__import__ = interrupted

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT, run_xrun
 from xrun.common.spec import parse_module_list
 from xrun.errors import UsageError
-from xrun.joined import main
+from xrun.joined.entry import main
 from xrun.runner.cli import build_parser
 
 pytestmark = pytest.mark.fuzz

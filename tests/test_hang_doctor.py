@@ -562,6 +562,41 @@ def test_hang_action_stop_ends_with_its_code_and_leaves_no_process(tmp_path):
     assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
 
 
+# node 1 of a two-node world {"a": [0, 1], "localhost": [0, 1]}: its ranks are 2 and 3 of WORLD_SIZE 4
+NODE_1_OF_2 = ["--world_info=eyJhIjogWzAsIDFdLCAibG9jYWxob3N0IjogWzAsIDFdfQ==", "--node_rank=1",
+               "--master_addr=127.0.0.1"]
+
+
+def test_a_stand_alone_agent_is_a_one_node_job_whose_head_restarts_its_hang_and_sums_it_up(tmp_path):
+    """Issue 38 §1: ``python -m xrun.launch --world_info=...`` (DeepSpeed's per-node form, no head) runs through the
+    head's control server and the node's driver as the local run: the head's doctor decides the hang, the head's
+    ``Job`` restarts it (--hang_action restart, --max_restarts) and writes the job's summary.json with its attempts
+    beside the node's own."""
+    script = ("import os, time\nattempt = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+              "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'attempt', attempt, flush=True)\n"
+              "time.sleep(60 if attempt == '0' else 0)\n")
+    (tmp_path / "job.py").write_text(script)
+    marker = f"xrun-stand-alone-{os.getpid()}-{time.monotonic_ns()}"
+    logs = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "-m", "xrun.launch", *NODE_1_OF_2, "--master_port=29517",
+                           f"--log_dir={logs}", "--hang_timeout=1.5", "--hang_action=restart", "--max_restarts=1",
+                           "job.py"], cwd=tmp_path, env={**os.environ, "XRUN_TEST_MARKER": marker},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted(f"[localhost:{rank}] rank {rank} of 4 attempt {attempt}"
+                                                      for attempt in (0, 1) for rank in (2, 3))  # the world's
+    # the head's doctor (a job's words, not the node's), then the head's restart
+    assert "xrun: no rank on any node wrote output for 1.5 s (--hang_timeout): " in proc.stderr, proc.stderr
+    assert "xrun: restarting the job: attempt 1 of 2" in proc.stderr, proc.stderr
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and {"ranks", "end", "goodput", "events"} <= set(summary), summary
+    first, last = summary["attempts"]
+    assert "--hang_timeout" in first["root_cause"] and last["root_cause"] is None, summary["attempts"]
+    assert sorted(r["rank"] for r in summary["ranks"]) == [2, 3]
+    assert (logs / "localhost" / "rank2" / "stdout.log").exists()
+    assert not processes_with_marker(f"XRUN_TEST_MARKER={marker}")
+
+
 @needs_pyspy
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", [None, "--no_failure_stacks"])

@@ -5,7 +5,9 @@ only for type checking.
   ``xrun.common`` (what both need: the spec, the rank plan and env contract, records, the result views,
   rendering). ``launch`` never imports ``runner`` and ``runner`` never imports ``launch``, at any level;
   ``common`` imports neither. What joins the head and a node in one process sits above both (``xrun.joined``),
-  and only the entry (``xrun.__main__``) imports it;
+  and only a process's entry imports it;
+* an entry (a ``__main__``: ``python -m xrun``, ``python -m xrun.launch``) is a root, no module of the layer whose
+  folder holds it (``-m`` puts it there): nothing imports it, so what it imports puts no layer above another;
 * only the elastic adapter (``xrun/launch/elastic/``) imports torch;
 * the imports inside ``xrun`` have no cycle, counting those inside functions and the type-checking ones: a
   function-level import that points back up is a circle all the same, only hidden (issue 30 §6);
@@ -150,29 +152,45 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def is_entry(module: str) -> bool:
+    """A process's entry (``python -m PACKAGE`` runs PACKAGE/__main__.py as ``__main__``): a root, in no layer."""
+    return module == "__main__" or module.endswith(".__main__")
+
+
+def layer_edges() -> list[Edge]:
+    """Every import of a layer's module: an entry's are the root's, not its folder's layer's."""
+    return [e for e in import_edges() if not is_entry(e.source)]
+
+
+def test_nothing_imports_an_entry():
+    assert [e for e in import_edges() if is_entry(e.target)] == []
+
+
 def test_launch_never_imports_runner():
-    bad = [e for e in import_edges() if e.source.startswith("xrun.launch") and e.target.startswith("xrun.runner")]
+    bad = [e for e in layer_edges() if e.source.startswith("xrun.launch") and e.target.startswith("xrun.runner")]
     assert bad == []
 
 
 def test_the_shared_layer_imports_neither_layer():
-    bad = [e for e in import_edges() if e.source.startswith("xrun.common") and e.target.startswith(("xrun.launch", "xrun.runner"))]  # noqa: E501
+    bad = [e for e in layer_edges() if e.source.startswith("xrun.common") and e.target.startswith(("xrun.launch", "xrun.runner"))]  # noqa: E501
     assert bad == []
 
 
 def test_runner_never_imports_launch():
-    bad = [e for e in import_edges() if e.source.startswith("xrun.runner") and e.target.startswith("xrun.launch")]
+    bad = [e for e in layer_edges() if e.source.startswith("xrun.runner") and e.target.startswith("xrun.launch")]
     assert bad == []
 
 
-# The runs that join the head and a node in one process (the local run's one-node job, a pod node): above both
-# layers, handed to the head's command line by the entry as a typed ``InProcess``
+# The runs that join the head and a node in one process (the local run's and the stand-alone agent's one-node job,
+# a pod node): above both layers; xrun's entry hands them to the head's command line as a typed ``InProcess``, the
+# agent's entry (python -m xrun.launch) runs the stand-alone agent's
 JOINED = "xrun.joined"
 
 
-def test_only_the_entry_imports_what_joins_the_layers():
+def test_only_the_entries_import_what_joins_the_layers():
     importers = {e.source for e in import_edges() if e.target == JOINED or e.target.startswith(JOINED + ".")}
-    assert {name for name in importers if name != JOINED and not name.startswith(JOINED + ".")} == {"xrun.__main__"}
+    outside = {name for name in importers if name != JOINED and not name.startswith(JOINED + ".")}
+    assert outside == {"xrun.__main__", "xrun.launch.__main__"} and all(is_entry(name) for name in outside)
 
 
 # --network=allreduce's worker: a process of its own (python -m), started only for that mode, imported by nobody
@@ -232,7 +250,7 @@ def test_the_local_runs_start_loads_no_tls_no_reader_and_no_record():
     # what a job without samples, dumps, TLS, --log_dir or --metrics_port uses; the rest loads at its first use
     unused = ("ssl", "xrun.channel.tls", "xrun.channel.tlspipe", "xrun.common.telemetry.records",
               "xrun.runner.job.record.head", "xrun.common.result.stacks", "xrun.common.result.collectiveview")
-    assert loaded_by("import xrun.joined, xrun.joined.one_node", unused) == []
+    assert loaded_by("import xrun.joined.entry, xrun.joined.one_node", unused) == []
 
 
 # -- folders by concept (issue 21) --------------------------------------------------------------------------------
@@ -260,8 +278,8 @@ RANKS = {
         {"xrun.launch.ranks"},
         {"xrun.launch.doctor"},
         {"xrun.launch.elastic"},
-        {"xrun.launch.agent", "xrun.launch.standalone", "xrun.launch.engine_env", "xrun.launch.check_probe"},
-        {"xrun.launch.session", "xrun.launch.__main__"},
+        {"xrun.launch.agent", "xrun.launch.engine_env", "xrun.launch.check_probe"},
+        {"xrun.launch.session"},
     ],
     "xrun.runner": [
         {"xrun.runner.hosts", "xrun.runner.torchrun"},
@@ -303,13 +321,13 @@ def rank_of(unit: str) -> int:
 
 def test_every_module_of_a_layer_has_its_place():
     for module in all_modules():
-        if ".".join(module.split(".")[:2]) in RANKS and module not in RANKS:
+        if ".".join(module.split(".")[:2]) in RANKS and module not in RANKS and not is_entry(module):
             rank_of(unit_of(module))
 
 
 def test_folders_depend_one_way():
     upward = []
-    for edge in import_edges():
+    for edge in layer_edges():
         if edge.target not in all_modules():  # function-level imports count too (issue 30 §6)
             continue
         source, target = unit_of(edge.source), unit_of(edge.target)

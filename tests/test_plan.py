@@ -10,7 +10,8 @@ from xrun.errors import UsageError
 from xrun.runner.backends import Invocation, NodeCommand
 from xrun.runner.dryrun import plan_json, plan_text
 from xrun.runner.hosts.selection import Selection
-from xrun.runner.plan import JobRequest, make_plan
+from xrun.runner.job.config import JobConfig
+from xrun.runner.plan import JobRequest, make_plan, standalone_plan
 from xrun.runner.planner import is_local_world
 from xrun.shell import render
 
@@ -106,6 +107,25 @@ def test_agent_accepts_deepspeed_style_argv():
     spec = parsed.node_spec()
     assert [r.env["RANK"] for r in spec.ranks] == ["0", "1"]
     assert spec.ranks[0].argv[-4:] == ("--local_rank=0", "--deepspeed", "--lr", "1")
+
+
+def test_a_stand_alone_agents_plan_is_its_node_alone_numbered_in_the_whole_world():
+    # issue 38 §1: node 1 of {"a": [0, 1], "b": [0, 1]}, as DeepSpeed's per-node launcher starts it
+    command = parse_agent_argv(["--world_info=eyJhIjogWzAsIDFdLCAiYiI6IFswLCAxXX0=", "--node_rank=1",
+                                "--master_addr=10.0.0.1", "--master_port=29600", "--max_restarts=2", "train.py"])
+    plan = standalone_plan(command)
+    [node] = plan.nodes
+    assert (node.host, node.node_rank, plan.world, plan.backend) == ("b", 1, {"a": (0, 1), "b": (0, 1)}, "local")
+    assert [(r.rank, r.env["WORLD_SIZE"], r.env["MASTER_ADDR"], r.env["MASTER_PORT"]) for r in node.ranks] == [
+        (2, "4", "10.0.0.1", "29600"), (3, "4", "10.0.0.1", "29600")]
+    assert node.ranks[0].env["TORCHELASTIC_MAX_RESTARTS"] == "2"
+    # its head runs and hears this node's ranks only: the views do not count ranks 0..3 as the default group
+    assert (plan.world_size, plan.ranks_run, plan.heard_world_size) == (4, 2, None)
+    config = JobConfig.from_plan(plan, join_timeout=60.0)
+    assert (config.world_size, config.master_port, config.pick_master_port, config.restart.max_restarts) == (
+        2, 29600, False, 2)
+    # the plan's own stand-alone command line is the one it came from
+    assert plan.agent_command(node) == command
 
 
 def test_module_with_no_python_is_an_error():

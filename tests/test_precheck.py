@@ -267,7 +267,7 @@ def two_hosts(tmp_path):
 
 
 def xrun(capsys, *argv):
-    from xrun.joined import main
+    from xrun.joined.entry import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

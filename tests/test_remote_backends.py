@@ -13,7 +13,7 @@ from xrun.channel.link import Credentials
 from xrun.common.command import connect_argv, connect_target, token_from_env
 from xrun.common.rankplan import LaunchOptions
 from xrun.errors import UsageError
-from xrun.joined import IN_PROCESS
+from xrun.joined.entry import IN_PROCESS
 from xrun.launch.session.connection import Server, connect
 from xrun.launch.session.main import AgentArgs, build_parser, parse_args, split_endpoint
 from xrun.runner.backends import known_backends

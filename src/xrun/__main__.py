@@ -10,7 +10,7 @@ import sys
 
 def main() -> None:
     try:
-        from xrun.joined import entry  # inside the guard: a Ctrl-C while it loads exits 130
+        from xrun.joined.entry import entry  # inside the guard: a Ctrl-C while it loads exits 130
     except KeyboardInterrupt:
         sys.exit(130)
     entry()

@@ -335,5 +335,6 @@ def parse_agent_argv(argv: Sequence[str]) -> AgentCommand:
         options=replace(agent_options(ns), preload=preload_option(ns, split.program, os.environ)),
         script=split.program,
         args=split.program_args,
-        elastic=elastic_options(ns),
+        elastic=elastic_options(ns, static_restarts=True),
+        max_restarts=0 if ns.elastic else ns.max_restarts or 0,  # with --elastic: torch's, in ``elastic``
     )

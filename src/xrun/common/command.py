@@ -58,10 +58,12 @@ class AgentCommand:
     script: str
     args: tuple[str, ...]
     elastic: ElasticOptions | None = None
+    max_restarts: int = 0  # a static job's --max_restarts, its head's (with --elastic it is torch's, in ``elastic``)
 
     def node_spec(self) -> NodeSpec:
         host = list(self.world)[self.node_rank] if 0 <= self.node_rank < len(self.world) else "?"
-        ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args)
+        ranks = node_ranks(self.world, self.node_rank, self.rendezvous, self.launch, self.script, self.args,
+                           max_restarts=self.max_restarts)
         return NodeSpec(
             host=host, node_rank=self.node_rank, ranks=ranks, options=self.options, run_id=self.rendezvous.run_id,
             elastic=resolve_elastic(self.elastic, self.world, self.rendezvous),
@@ -113,6 +115,7 @@ def agent_argv(command: AgentCommand) -> tuple[str, ...]:
     argv += [f"--network_interface={options.network_interface}"] if options.network_interface != "auto" else []
     argv += ["--no_telemetry"] if not options.telemetry else []
     argv += [f"--preload={','.join(options.preload)}"] if options.preload else []
+    argv += [f"--max_restarts={command.max_restarts}"] if command.max_restarts else []
     argv += elastic_argv(command.elastic)
     return tuple(argv) + ("--", command.script) + command.args
 

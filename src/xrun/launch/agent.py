@@ -7,19 +7,15 @@ or, with ``--elastic``, torch's agent (xrun.launch.elastic.run) -> NodeResult ->
 (xrun.launch.ranks.gpu_release) -> report (xrun.common.result.failure_report.conclude) -> exit code. Imports no
 torch; the elastic path loads only when asked for.
 
-With ``--preload`` (docs/preload.md) the agent starts one helper that imports the modules (``start_preload``: the
-ranks' interpreter and options, their shared environment, working directory and sys.path[0]), waits for it
-(``helper_ready``: at most ``PRELOAD_TIMEOUT``, its import time said in one line), forks every attempt's ranks from
-it and stops it when the agent ends. ``preloaded`` is that life for the stand-alone agent, which has no control
-channel; every other agent's driver (xrun.launch.session.driver: connected, pod, the local run's one-node job)
-starts it at its preflight.
+With ``--preload`` (docs/preload.md) every attempt's ranks are forked from the helper the driver started at its
+preflight (xrun.launch.session.preloading). Every agent runs under a driver (xrun.launch.session.driver: connected,
+pod, or a one-node job's: the local run and the stand-alone agent, xrun.joined): ``AgentHooks`` is its side.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from xrun.common.output.streams import notice
@@ -28,14 +24,13 @@ from xrun.common.result.failure_report import conclude
 from xrun.common.result.group_restart import GroupRestart
 from xrun.common.result.outcome import NodeResult, RankOutcome
 from xrun.common.spec import NodeSpec
-from xrun.errors import PreloadHelperLost
 from xrun.launch.doctor.node_doctor import NodeDoctor
 from xrun.launch.procs.watchdog import removed_if_the_agent_dies
 from xrun.launch.ranks.gpu_release import wait_for_gpu_release
-from xrun.launch.ranks.processes import rank_processes, shared_environment
+from xrun.launch.ranks.processes import rank_processes
 from xrun.launch.ranks.supervise import RankGroup, SuperviseOptions
 from xrun.launch.store.agent_store import AgentStores, agent_stores
-from xrun.launch.telemetry.endpoints import Endpoints, require_rank_site
+from xrun.launch.telemetry.endpoints import Endpoints
 
 if TYPE_CHECKING:
     from xrun.launch.preload.client import PreloadHelper
@@ -44,7 +39,7 @@ if TYPE_CHECKING:
 class AgentHooks(Protocol):
     """What a control channel plugs into the agent (xrun.launch.session.driver.Driver)."""
 
-    alone: bool  # this node is the whole job (the local run): it prints its ranks' report and success line
+    alone: bool  # this node is the whole job (a one-node job): it prints its ranks' report and success line
 
     def attach(self, group: RankGroup, doctor: NodeDoctor | None = None) -> None:
         """Register readers on the group's event loop; keep the group to call request_stop(); become the
@@ -93,7 +88,7 @@ def group_restarts(spec: NodeSpec) -> int | None:
     return int(spec.ranks[0].env.get("TORCHELASTIC_MAX_RESTARTS") or 0)
 
 
-def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None, preload: PreloadHelper | None = None) -> int:
+def run_node(spec: NodeSpec, *, hooks: AgentHooks, preload: PreloadHelper | None = None) -> int:
     """Run this node's ranks to the end (forked from ``preload``, if given); print the failure report; return the
     node's exit code."""
     if spec.elastic is not None:  # torch's elastic agent supervises; the adapter keeps xrun's contract
@@ -106,13 +101,12 @@ def run_node(spec: NodeSpec, *, hooks: AgentHooks | None = None, preload: Preloa
     # before the node reports: xrun's exit and the next attempt's barrier both wait for its GPUs (issue 29)
     wait_for_gpu_release(result)
     # a node of several reports its failure, the head sums up the job; the whole job's node says its success too
-    code = conclude(result, spec.options.log_dir, announce=hooks is None or hooks.alone)
-    if hooks:
-        hooks.on_result(result)
+    code = conclude(result, spec.options.log_dir, announce=hooks.alone)
+    hooks.on_result(result)
     return code
 
 
-def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper | None) -> NodeResult:
+def _run_group(spec: NodeSpec, hooks: AgentHooks, preload: PreloadHelper | None) -> NodeResult:
     error_files = ErrorFiles()  # each rank's TORCHELASTIC_ERROR_FILE, for this run only
     endpoints = _endpoints(spec)
     doctor = NodeDoctor(spec.host, spec.options, endpoints=endpoints, world_size=spec.world_size)
@@ -123,22 +117,15 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             group = RankGroup(
                 rank_processes(spec, os.environ, error_files, endpoints),
                 supervise_options(spec),
-                on_rank_exit=hooks.on_rank_exit if hooks else None,
+                on_rank_exit=hooks.on_rank_exit,
                 preload=preload,
-                on_group_restart=hooks.on_group_restart if hooks else None,
+                on_group_restart=hooks.on_group_restart,
                 on_group_start=stores.renew,  # a replica group's restart reads nothing of its run before
-                on_group_failed=hooks.on_group_failed if hooks else None,
+                on_group_failed=hooks.on_group_failed,
                 on_group_stopped=_group_stopped(stores, hooks),
             )
             doctor.attach(group)
-            if hooks:
-                hooks.attach(group, doctor)
-            if hooks is None:
-                # The stand-alone agent has no head: it shows its ranks' stacks and acts on its hang itself. Lazy:
-                # the view loads the readers (collectiveview: ~12 ms of an agent's start, python -X importtime).
-                from xrun.launch.doctor.local_view import LocalView
-
-                doctor.link = LocalView(doctor)
+            hooks.attach(group, doctor)
             return group.run()
     finally:
         doctor.close()
@@ -147,14 +134,13 @@ def _run_group(spec: NodeSpec, hooks: AgentHooks | None, preload: PreloadHelper 
             endpoints.close()
 
 
-def _group_stopped(stores: AgentStores, hooks: AgentHooks | None) -> Callable[[int], None]:
+def _group_stopped(stores: AgentStores, hooks: AgentHooks) -> Callable[[int], None]:
     """A group across nodes whose ranks here are gone: its store (if hosted here) closes before the head hears it,
     so no rank of it started again elsewhere reads the old one."""
 
     def stopped(group: int) -> None:
         stores.close_group(group)
-        if hooks:
-            hooks.on_group_stopped(group)
+        hooks.on_group_stopped(group)
 
     return stopped
 
@@ -170,62 +156,3 @@ def _endpoints(spec: NodeSpec) -> Endpoints | None:
         notice(spec.host, f"no collective records from this node's ranks: cannot make their socket directory "
                           f"({err.strerror or err}; set TMPDIR to a writable directory)")
         return None
-
-
-# -- the preload helper's life (docs/preload.md) ------------------------------------------------------------------
-
-PRELOAD_TIMEOUT = 600.0  # s for the helper's imports: torch and its kin on a cold shared filesystem, with room
-
-
-def start_preload(spec: NodeSpec, base_env: Mapping[str, str]) -> PreloadHelper | None:
-    """Start the helper that imports ``spec``'s ``--preload`` modules for its ranks (None without it, or without
-    ranks); it imports while the caller goes on. ``PreloadError`` (exit code 2) when it cannot start."""
-    if not spec.options.preload or not spec.ranks or spec.elastic is not None:
-        return None
-    require_rank_site()  # every forked rank does the rank-side sitecustomize's work (preload/become.py)
-    # lazy: the helper's client and its wire load only in a job that preloads (about 5 ms of every agent's start)
-    from xrun.launch.preload.client import PreloadHelper
-
-    return PreloadHelper.start_for(spec.options.preload, spec.ranks[0].argv, env=shared_environment(spec, base_env),
-                                   cwd=spec.cwd or os.getcwd())
-
-
-def helper_ready(helper: PreloadHelper, host: str, timeout: float = PRELOAD_TIMEOUT) -> None:
-    """Wait for the helper's imports (``PreloadError``: the line that says what went wrong), then ``announce``."""
-    helper.wait_ready(timeout)
-    announce(helper, host)
-
-
-def announce(helper: PreloadHelper, host: str) -> None:
-    """Say how long the ready helper's imports took and, when ``ps`` cannot show a forked rank's own command line,
-    why."""
-    ready = helper.ready
-    assert ready is not None
-    notice(host, f"preloaded {','.join(helper.modules)} in {ready.seconds:.2f} s; the ranks are forked from the "
-                 f"helper (pid {helper.pid})")
-    if ready.titles is not None:
-        notice(host, f"ps shows the preload helper's command line for every forked rank, not the rank's own: "
-                     f"{ready.titles}")
-
-
-def check_helper(helper: PreloadHelper) -> None:
-    """Before an attempt after the first: a helper that died since (killed, the OOM killer) ends the job on this
-    node, in one line (``PreloadHelperLost``): the attempt's ranks cannot be forked (docs/preload.md)."""
-    how = helper.gone()
-    if how is not None:
-        raise PreloadHelperLost(f"--preload: the helper (pid {helper.pid}) {how} during the last attempt, so the "
-                                "next attempt's ranks cannot be forked on this node: the job ends here (if the OOM "
-                                "killer took it, preload fewer modules or give the node more memory)")
-
-
-@contextmanager
-def preloaded(spec: NodeSpec) -> Iterator[PreloadHelper | None]:
-    """The helper for an agent's whole life, ready (None without ``--preload``), stopped when it ends."""
-    helper = start_preload(spec, os.environ)
-    try:
-        if helper is not None:
-            helper_ready(helper, spec.host)
-        yield helper
-    finally:
-        if helper is not None:
-            helper.close()

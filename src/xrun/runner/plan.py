@@ -91,6 +91,19 @@ class Plan:
         return sum(len(slots) for slots in self.world.values())
 
     @property
+    def ranks_run(self) -> int:
+        """How many ranks this job runs: the world's, but for a stand-alone agent's node of a larger world
+        (``standalone_plan``) that node's own (its ranks keep the world's numbers and ``WORLD_SIZE``)."""
+        return sum(len(node.ranks) for node in self.nodes)
+
+    @property
+    def heard_world_size(self) -> int | None:
+        """The world's size where this job runs every rank of it, as the head's views count the default group (the
+        ranks 0..N-1, one that sends no record named); None for a stand-alone agent's node of a larger world: its
+        head hears only this node's ranks, and knows the others by no record."""
+        return self.world_size if self.ranks_run == self.world_size else None
+
+    @property
     def shown_master_addr(self) -> str:
         """MASTER_ADDR as ``--dry-run`` shows it: ``<node0 address>`` where the start barrier decides it."""
         return self.rendezvous.master_addr or f"<{next(iter(self.world))} address>"
@@ -127,7 +140,23 @@ class Plan:
             script=self.request.script,
             args=self.request.args,
             elastic=node.elastic,  # resolved: the command line carries the counts, endpoint and id it ran with
+            max_restarts=self.job_restart.max_restarts if node.elastic is None else 0,  # the job's, as its head runs it
         )
+
+
+def standalone_plan(command: AgentCommand) -> Plan:
+    """The one-node job a stand-alone agent's command line asks for (``python -m xrun.launch --world_info=...``,
+    DeepSpeed's per-node form: xrun.joined.standalone), the inverse of ``Plan.agent_command``: its node alone, with
+    the ranks the command line gives it (numbered in its whole world, told that world's WORLD_SIZE) and rank 0's
+    address and port as given: no port is picked, since the other nodes' agents were told the same. Its
+    ``--max_restarts`` (without ``--elastic``) restarts this node's ranks through the head's ``Job``, each attempt
+    at the same port."""
+    rdzv = command.rendezvous
+    request = JobRequest(script=command.script, args=command.args, master_addr=rdzv.master_addr,
+                         master_port=rdzv.master_port, master_port_choice=PortChoice.GIVEN, launch=command.launch,
+                         options=command.options, run_id=rdzv.run_id, elastic=command.elastic,
+                         restart=RestartPolicy(max_restarts=command.max_restarts))
+    return Plan(request=request, world=command.world, rendezvous=rdzv, backend="local", nodes=(command.node_spec(),))
 
 
 def split_spares(world: Mapping[str, tuple[int, ...]], spares: int, backend: str) -> tuple[World, tuple[str, ...]]:

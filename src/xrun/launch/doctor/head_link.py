@@ -13,7 +13,7 @@ back as the agent machine's actions, which the session driver (xrun.launch.sessi
   usage go to the head as they are read.
 
 The head half is ``xrun.runner.job.doctor_head`` (stacks, hangs) and ``xrun.runner.job.telemetry_head`` (samples,
-usage). The stand-alone agent, which has no head, links its doctor to ``xrun.launch.doctor.local_view`` instead.
+usage). Every agent has a head, the stand-alone agent's too (a one-node job: xrun.joined.standalone).
 """
 
 from __future__ import annotations

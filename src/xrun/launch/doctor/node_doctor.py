@@ -15,15 +15,13 @@
 * under a head (``send_usage``), every sample period of the head's record (xrun.common.telemetry.usage), each live
   rank's CPU and RSS read from ``/proc`` (xrun.launch.telemetry.usage) as one ``usage`` message, telemetry or not.
 
-The link decides what a request means. Under a head (every agent but the stand-alone one: a job of several
-nodes, pod mode, the local run's one-node job) the link is the control channel (xrun.launch.doctor.head_link, the
-session driver's): a SIGQUIT asks the head for a job-wide dump, silence and speech are reported to the head, which
-alone sees every node, and ``dump`` answers the head's request; the head's hang stop comes back as ``stop_hung``,
-which puts the stacks of the dump that found the hang in the node's report. The stand-alone agent
-(xrun.launch.doctor.local_view) has no head: the doctor takes the stacks, prints the merged view
-(xrun.common.result.stackview) and writes the full dumps to a file; a silence is the job's hang, and
-``--hang_action stop`` stops it (exit code ``HANG_EXIT``). Where no stack can be taken (py-spy missing, no ptrace
-permission), one line says why and what to grant; the ranks never notice.
+The link decides what a request means. Every agent has a head (a job of several nodes, pod mode, and a one-node
+job: the local run and the stand-alone agent, xrun.joined) and the link is the control channel
+(xrun.launch.doctor.head_link, the session driver's): a SIGQUIT asks the head for a job-wide dump, silence and
+speech are reported to the head, which alone sees every node, shows the merged view (xrun.common.result.stackview)
+and decides a hang, and ``dump`` answers the head's request; the head's hang stop comes back as ``stop_hung``,
+which puts the stacks of the dump that found the hang in the node's report. Where no stack can be taken (py-spy
+missing, no ptrace permission), one line says why and what to grant; the ranks never notice.
 
 Every node agent loads this module at its start; what reads a rank (py-spy's runner, the Flight Recorder's records
 parsed and summed up, the stacks as data and their merged view, the worker thread) is
@@ -77,7 +75,8 @@ def until_the_next_sample(wall_now: float) -> float:
 
 
 class DoctorLink(Protocol):
-    """Where a node's requests and silences go: this node itself (``LocalView``) or the head."""
+    """Where a node's requests and silences go: the head, over the session driver's channel (head_link); a Protocol
+    because the driver sits above this folder (tests/test_layers.py's ranks)."""
 
     def stacks_wanted(self, reason: str) -> None:
         """SIGQUIT reached this node's agent."""
@@ -140,7 +139,7 @@ class NodeDoctor:
         self._usage = UsageReader()
         self._usage_every = sample_every()
         self._next_usage = 0.0
-        # the driver's link to the head, or, for the stand-alone agent, its own view (xrun.launch.doctor.local_view)
+        # the driver's link to the head (xrun.launch.doctor.head_link), set before the group runs
         self.link: DoctorLink | None = None
         self._last_found: Diagnosis | None = None
 

@@ -419,8 +419,9 @@ def _torch_environ(exports: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-def run_elastic(spec: NodeSpec, *, hooks: Any = None) -> NodeResult:
-    """Run this node's share of an elastic job to the end; return its result (the agent reports it)."""
+def run_elastic(spec: NodeSpec, *, hooks: Any) -> NodeResult:
+    """Run this node's share of an elastic job to the end; return its result (the agent reports it). ``hooks``:
+    the driver's (xrun.launch.agent.AgentHooks, above this folder: typed Any)."""
     options = spec.elastic
     if options is None or options.min_nodes is None or options.max_nodes is None or not options.rdzv_endpoint:
         raise XrunError("internal: run_elastic needs a resolved ElasticOptions in the node spec")
@@ -436,7 +437,7 @@ def run_elastic(spec: NodeSpec, *, hooks: Any = None) -> NodeResult:
             relay.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if hooks is not None and result.root_cause is not None:
+    if result.root_cause is not None:
         hooks.on_rank_exit(result.root_cause)  # torch's loop reports no exit as it happens: the root cause now
     return result
 
@@ -458,8 +459,7 @@ def _run_agent(t: Mapping[str, Any], spec: NodeSpec, workdir: str, relay: Output
         with owned_signals((*SHUTDOWN_SIGNALS, *forwarded), handler) as owned:
             try:
                 bridge.watch_signals(owned)
-                if hooks is not None:  # before the rendezvous handler: c10d connects to its store right away
-                    hooks.attach(bridge)
+                hooks.attach(bridge)  # before the rendezvous handler: c10d connects to its store right away
                 handler = elastic_agent.rendezvous_handler(t, spec.elastic, spec.node_rank)
                 result = _agent_result(t, elastic_agent.make_agent(t, spec, workdir, handler, node), node, bridge)
                 stopped = result.interrupted_by is not None

@@ -1,7 +1,7 @@
 """``--preload``'s node half for a driven agent (docs/preload.md, issue 38 §3): the helper's life, the agent's
 whole life, as the session driver (xrun.launch.session.driver) runs it for a connected, pod or local (one-node job)
-agent. The helper and its client are ``xrun.launch.preload``; the stand-alone agent's life is
-``xrun.launch.agent.preloaded``.
+or a one-node job's (the local run's, the stand-alone agent's: xrun.joined) agent, its one life. The helper and its
+client are ``xrun.launch.preload``.
 
 * started once, for the first spec's ranks (their interpreter, shared environment and directory): at the first
   preflight, or at once in pod mode, which knows its ranks before it joins (the import overlaps the join);
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from xrun.common.output.streams import notice
 from xrun.errors import PreloadError, PreloadHelperLost
-from xrun.launch.agent import PRELOAD_TIMEOUT, announce, check_helper, start_preload
+from xrun.launch.ranks.processes import shared_environment
 from xrun.launch.session.events import Event, PreflightFailed, PreflightPassed
+from xrun.launch.telemetry.endpoints import require_rank_site
 
 if TYPE_CHECKING:
     from xrun.common.spec import NodeSpec
@@ -91,3 +93,41 @@ class Preloading:
     def close(self) -> None:
         if self.helper is not None:
             self.helper.close()
+
+
+PRELOAD_TIMEOUT = 600.0  # s for the helper's imports: torch and its kin on a cold shared filesystem, with room
+
+
+def start_preload(spec: NodeSpec, base_env: Mapping[str, str]) -> PreloadHelper | None:
+    """Start the helper that imports ``spec``'s ``--preload`` modules for its ranks (None without it, or without
+    ranks); it imports while the caller goes on. ``PreloadError`` (exit code 2) when it cannot start."""
+    if not spec.options.preload or not spec.ranks or spec.elastic is not None:
+        return None
+    require_rank_site()  # every forked rank does the rank-side sitecustomize's work (preload/become.py)
+    # lazy: the helper's client and its wire load only in a job that preloads (about 5 ms of every agent's start)
+    from xrun.launch.preload.client import PreloadHelper
+
+    return PreloadHelper.start_for(spec.options.preload, spec.ranks[0].argv, env=shared_environment(spec, base_env),
+                                   cwd=spec.cwd or os.getcwd())
+
+
+def announce(helper: PreloadHelper, host: str) -> None:
+    """Say how long the ready helper's imports took and, when ``ps`` cannot show a forked rank's own command line,
+    why."""
+    ready = helper.ready
+    assert ready is not None
+    notice(host, f"preloaded {','.join(helper.modules)} in {ready.seconds:.2f} s; the ranks are forked from the "
+                 f"helper (pid {helper.pid})")
+    if ready.titles is not None:
+        notice(host, f"ps shows the preload helper's command line for every forked rank, not the rank's own: "
+                     f"{ready.titles}")
+
+
+def check_helper(helper: PreloadHelper) -> None:
+    """Before an attempt after the first: a helper that died since (killed, the OOM killer) ends the job on this
+    node, in one line (``PreloadHelperLost``): the attempt's ranks cannot be forked (docs/preload.md)."""
+    how = helper.gone()
+    if how is not None:
+        raise PreloadHelperLost(f"--preload: the helper (pid {helper.pid}) {how} during the last attempt, so the "
+                                "next attempt's ranks cannot be forked on this node: the job ends here (if the OOM "
+                                "killer took it, preload fewer modules or give the node more memory)")

@@ -64,7 +64,7 @@ class JobConfig:
             hosts=tuple(f"node {node.node_rank}" if plan.request.pod.numbered else node.host for node in plan.nodes),
             join_timeout=join_timeout,
             shutdown_timeout=plan.request.options.shutdown_timeout,
-            world_size=plan.world_size,
+            world_size=plan.ranks_run,  # a stand-alone agent's node of a larger world: its own ranks
             master_addr=plan.request.master_addr,
             master_port=plan.rendezvous.master_port,
             pick_master_port=plan.node0_picks_port,

@@ -168,7 +168,7 @@ class ControlServer:
         self.feeding = False
         self.doers = self._how_to_carry_out()
         # the features' head halves, each registering the message kinds it reads (issue 38 §3)
-        options, world_size = plan.request.options, plan.world_size
+        options, world_size = plan.request.options, plan.heard_world_size
         self.figures = JobFigures()
         self.doctor = DoctorHead(options, world_size, host=self._host, running=self._running, send_all=self.send_all,
                                  feed=self.feed)

@@ -23,7 +23,7 @@ from xrun.runner.job.events import Event, Hung
 class DoctorHead:
     """The current attempt's ``HeadDoctor`` and what carries out its steps."""
 
-    def __init__(self, options: AgentOptions, world_size: int, *, host: Callable[[int], str],
+    def __init__(self, options: AgentOptions, world_size: int | None, *, host: Callable[[int], str],
                  running: Callable[[], list[int]], send_all: Callable[[Iterable[int], Message], None],
                  feed: Callable[[Event], None]) -> None:
         self.options = options

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class TelemetryHead:
     """The straggler scores of this attempt, every node's clock offset, the usage handed to the record."""
 
-    def __init__(self, world_size: int, *, host: Callable[[int], str], status: PlainStatus,
+    def __init__(self, world_size: int | None, *, host: Callable[[int], str], status: PlainStatus,
                  record: Callable[[], JobRecord | None], alone: bool) -> None:
         self.world_size = world_size
         self.host = host  # an agent's host as the job names it
