@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_job import JOINED, STATIC, play
+from tests.test_job import JOINED, STATIC, hello, play
 from xrun.channel import ChannelError, Kind, message
 from xrun.common.result.group_restart import GroupRestart
 from xrun.runner.job.events import (
@@ -19,12 +19,15 @@ from xrun.runner.job.events import (
     GroupStopped,
     Ready,
     SendGroupOrder,
+    SendSpec,
+    SendStart,
     SendStop,
     ShowLine,
 )
 from xrun.runner.job.wire import agent_event
 from xrun.runner.replicas.moves import GroupLayout
 from xrun.runner.replicas.restarts import GroupRestarts
+from xrun.runner.restart_options import RestartPolicy
 
 # --replica_groups 2 --max_restarts 2 over a (2 slots), b, c (1 slot each): group 0 lies on a alone (its node's),
 # group 1 spans b and c (the head's)
@@ -94,3 +97,39 @@ def test_the_record_names_every_node_of_a_group_across_nodes():
                     "cause": "was killed by SIGKILL", "at": 1.5, "others": []}
     assert restarts.to_json() == [line]
 
+
+
+# --spares 1 as well: d (agent 3) stands by
+SPANS_SPARE = replace(SPANS, spares=("d",), restart=RestartPolicy(spares=1))
+SPARE_RUNNING = [*JOINED, hello(3), Ready(3), Ready(0, 29501), Ready(1), Ready(2)]
+
+
+@pytest.mark.parametrize(("lost", "other", "meet_at"), [(1, 2, "d"), (2, 1, None)])
+def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_after_the_others_stopped(lost, other,
+                                                                                                 meet_at):
+    """b led group 1 (its rank 0's node, its store): lost, c's ranks of it meet at the spare d from then on; c lost,
+    b keeps leading. Either way the other node stops its ranks of it first, and a (group 0) hears nothing."""
+    job, actions = play([*SPARE_RUNNING, 5.0, ConnectionLost(lost, "connection reset")], config=SPANS_SPARE)
+    assert not job.stopping and not [a for a in actions if isinstance(a, SendStop)]
+    assert SendSpec(3, False, node_rank=lost, group_restarts=((1, 1),)) in actions
+    assert orders(actions) == [SendGroupOrder((other,), 1)]  # the other node of group 1 stops its ranks of it
+    job, actions = play([Ready(3)], job)  # the spare is ready: it waits for the other node's stop
+    assert not [a for a in actions if isinstance(a, SendStart)]
+    job, actions = play([GroupStopped(other, 1)], job)  # gone: both start, the spare by its start, the other by order
+    assert orders(actions) == [SendGroupOrder((other,), 1, 1, meet_at)]
+    assert [a for a in actions if isinstance(a, SendStart)] == [SendStart((3,), "10.0.0.1", 29501)]
+    job, _ = play([9.0, Done(0), Done(other), Done(3)], job)
+    assert job.verdict().exit_code == 0 and job.groups.restarts == {0: 0, 1: 1}
+
+
+def test_a_spare_ready_after_the_others_stopped_starts_at_once():
+    job, _ = play([*SPARE_RUNNING, 5.0, ConnectionLost(2, "connection reset"), GroupStopped(1, 1)],
+                  config=SPANS_SPARE)
+    job, actions = play([Ready(3)], job)
+    assert [a for a in actions if isinstance(a, SendStart)] == [SendStart((3,), "10.0.0.1", 29501)]
+
+
+def test_a_node_lost_while_its_group_across_nodes_restarts_cannot_move_and_ends_the_job():
+    job, actions = play([*SPARE_RUNNING, 5.0, failed(2, 3), ConnectionLost(1, "connection reset")], config=SPANS_SPARE)
+    assert job.stopping and job.failure.reason.endswith(
+        "its replica groups cannot start again elsewhere: a group of it across nodes is restarting already")

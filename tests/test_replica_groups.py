@@ -188,10 +188,6 @@ def test_on_several_nodes_each_group_lies_on_one_node_and_meets_there():
 
 @pytest.mark.parametrize(("groups", "kwargs", "said"), [
     (3, {}, "3 groups cannot split 4 ranks evenly; give a divisor of 4"),
-    (1, {"world": {"a": (0, 1), "b": (0, 1), "c": (0, 1)}, "backend": "ssh", "spares": 1}, "1 puts group 0 on nodes "
-     "a and b, and a group across nodes cannot move to a hot spare yet"),
-    (2, {"world": {"a": (0, 1, 2), "b": (0,), "c": (0,)}, "backend": "pdsh", "spares": 1}, "2 puts group 1 on nodes "
-     "a and b"),
     (2, {"world": {"a": (0, 1), "b": (0, 1)}, "backend": "ssh", "master_port": 0}, "needs a master port on several "
      "nodes"),
     (2, {"master_port": 65534}, "2 groups need ports 65534-65536"),

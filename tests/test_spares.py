@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT
 from tests.test_job import GONE, JOINED, OK, SLOW, STATIC, checked, hello, play, replay, targets
 from xrun.channel import DEAD_AFTER
+from xrun.common.result.group_restart import GroupRestart
 from xrun.errors import UsageError
 from xrun.runner.job.events import (
     Admit,
@@ -25,8 +26,10 @@ from xrun.runner.job.events import (
     ConnectionLost,
     Done,
     Drop,
+    GroupFailed,
     GroupRestarted,
     GroupsMoved,
+    GroupStopped,
     Heard,
     NodesFaulty,
     PrecheckDone,
@@ -352,6 +355,10 @@ EVENTS = st.one_of(
     st.builds(AgentError, AGENT, st.just("preflight")),
     st.builds(ConnectionLost, AGENT, st.just("connection closed")),
     st.builds(GroupRestarted, AGENT, st.integers(0, 3), st.integers(1, 2)),
+    st.builds(GroupFailed, AGENT, st.builds(GroupRestart, group=st.integers(0, 2), restart=st.integers(1, 2),
+                                            budget=st.just(2), rank=st.integers(0, 5), cause=st.just("was killed"),
+                                            at=st.just(1.0), others=st.just(()))),
+    st.builds(GroupStopped, AGENT, st.integers(0, 2)),
     st.builds(SessionEnded, st.none() | st.sampled_from(["a", "c", "d", "e"]), st.none()),
     st.builds(NodesFaulty, st.lists(st.integers(0, 3), max_size=3).map(tuple), st.just("bad link")),
     st.sampled_from([PrecheckDone(checked(OK, OK, OK, OK, OK)), PrecheckDone(checked(OK, SLOW, OK, GONE, OK)),
@@ -365,7 +372,9 @@ PRECHECK_ONLY = replace(SPARES, restart=RestartPolicy(spares=2), precheck=True)
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([SPARES, replace(SPARES, precheck=True), PRECHECK_ONLY,
-                        replace(GROUPS, spares=("d", "e"), restart=RestartPolicy(spares=2))]),
+                        replace(GROUPS, spares=("d", "e"), restart=RestartPolicy(spares=2)),
+                        replace(GROUPS, spares=("d", "e"), restart=RestartPolicy(spares=2),
+                                groups=GroupLayout(2, (((0, 0),), ((1, 2),), ((1, 3),))))]),
        st.lists(EVENTS, max_size=50))
 def test_any_sequence_with_spares_never_raises_sends_only_to_the_connected_and_ends_once(config, steps):
     job, verdict = Job(config, now=0.0), None

@@ -83,7 +83,9 @@ def mkdir(path: Path) -> Path:
     return path
 
 
-def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_training(cluster, tmp_path, python):
+@pytest.mark.parametrize("backend", ["ssh", "pdsh"])
+def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_training(cluster, tmp_path, python,
+                                                                                    backend):
     """node2 (group 1's) killed whole at group 1's step 2, node3 standing by: group 1 starts again on node3 (its
     store and MASTER_ADDR there, its restart counted), node1's group 0 keeps every pid, both finish, exit 0."""
     why = torchft_missing()
@@ -91,7 +93,7 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
         pytest.skip(why)
     hostfile = cluster.hostfile(tmp_path / "hosts", slots=2, nodes=["node1", "node2", "node3"])
     logs = tmp_path / "logs"
-    argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1")
+    argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1", backend=backend)
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         killed = time.time()
@@ -115,7 +117,7 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     assert (record["host"], record["group"], record["restart"], record["rank"], record["others"]) == (
         "node3", 1, 1, 2, []), record
     assert record["cause"].startswith("was lost with its node node2 (lost node node2: "), record
-    print(f"node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s")
+    print(f"{backend}: node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s")
     assert [a["replaced"] for a in summary["attempts"]] == [
         [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]], summary["attempts"]
     assert_nothing_left(cluster, mark)
@@ -147,7 +149,7 @@ def test_a_killed_rank_of_a_group_across_nodes_restarts_it_on_both_and_the_other
             "restarts group 1 on every node it spans (restart 1 of 1)") in err, err[-3000:]
     assert ("xrun: replica group 1: rank 3 was killed by SIGKILL on node3; restarting group 1 on node2, node3 "
             "(restart 1 of 1), every other group keeps running") in err, err[-3000:]
-    assert "xrun[node2]: replica group 1: stopping its ranks on this node, as a rank of it failed on another" in err
+    assert "xrun[node2]: replica group 1: stopping its ranks on this node, as it lost a rank or a node elsewhere" in err
     assert "xrun[node1]: replica group" not in err  # node1 holds no rank of group 1: it hears nothing
     assert re.search(r"^xrun: 4 ranks ok in .*; replica group 1 restarted once$", err, re.M), err[-3000:]
     pids = assert_both_finished_and_group_1_alone_restarted(out, group_1_on=("node2", "node3"))
@@ -195,14 +197,51 @@ def assert_both_finished_and_group_1_alone_restarted(out: str, group_1_on: tuple
     return pids
 
 
-def ssh_job(cluster, python: str, hostfile: Path, logs: Path, *flags: str) -> tuple[list[str], dict[str, str], str]:
-    """The torchft job over ssh, 2 groups with a restart each (and ``flags``): its argv, its environment, its mark."""
+def ssh_job(cluster, python: str, hostfile: Path, logs: Path, *flags: str, backend: str = "ssh"
+            ) -> tuple[list[str], dict[str, str], str]:
+    """The torchft job over ssh (or pdsh), 2 groups with a restart each (and ``flags``): its argv, its environment,
+    its mark."""
     mark = uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=ROOT, TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="xceth0", **{MARK: mark})
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", "ssh", "--python", python,
+    argv = [sys.executable, "-m", "xrun", "-H", str(hostfile), "--launcher", backend, "--python", python,
             "--ssh_config", str(cluster.ssh_config), f"--export={MARK}", "--export=GLOO_SOCKET_IFNAME",
             "--export=TORCH_CPP_LOG_LEVEL", "--shutdown_timeout", "5", "--master_port", str(PORT), "--no_local_rank",
             "--replica_groups", "2", "--max_restarts", "1", *flags, "--log_dir", str(logs), GROUPS_JOB, str(STEPS),
             str(SLEEP_S)]
     return argv, env, mark
+
+
+def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_and_the_group_restarts_there(
+        make_cluster, tmp_path, python):
+    """The issue's 2 groups and a spare: group 0 on node1, group 1 across node2 (its leader: rank 0, the store) and
+    node3, node4 standing by (a cluster of 4 of this test's own). node2 killed whole at group 1's step 2: node4 takes
+    its place, node3 stops its rank of group 1 and, once it is gone and node4 is ready, both start it again, node3's
+    meeting at node4 now; node1's group 0 keeps every pid; both finish, exit 0, nothing left."""
+    why = torchft_missing()
+    if why:
+        pytest.skip(why)
+    cluster = make_cluster(4)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=1\nnode3 slots=1\nnode4 slots=1\n")
+    logs = tmp_path / "logs"
+    argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1")
+    with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
+        wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
+        killed = time.time()
+        cluster.kill_node("node2")  # its agent, group 1's rank 0 and its store, its sshd
+        xrun.wait(120)
+    out, err = out_path.read_text(), err_path.read_text()
+    assert xrun.returncode == 0, err[-3000:]
+    assert "xrun: node 1 (node2) is lost: the hot spare node4 takes its place (node rank 1, same slots)" in err, err
+    assert ("xrun: the replica groups of node2 start again on node4 (group 1 restart 1 of 1); every other node's "
+            "groups keep running") in err, err[-3000:]
+    assert "xrun[node3]: replica group 1: stopping its ranks on this node, as it lost a rank or a node elsewhere" in err
+    assert "xrun[node1]: replica group" not in err  # node1 holds no rank of group 1: it hears nothing
+    pids = assert_both_finished_and_group_1_alone_restarted(out, group_1_on=("node4", "node3"))
+    assert_group_1_healed_and_group_0_never_stalled(out, pids)
+    assert re.search(r"\[node3:\d+\] TORCHFT group 1 rank 1 pid \d+ meets at node4", out) is not None, out[-3000:]
+    (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
+    assert (record["host"], record["group"], record["restart"], record["rank"]) == ("node4", 1, 1, 2), record
+    print(f"node2 (group 1's leader) killed -> the head moved it to node4: {record['at'] - killed:.3f} s")
+    assert_nothing_left(cluster, mark)

@@ -29,7 +29,7 @@ from xrun.runner.metrics_options import MetricsOptions
 from xrun.runner.pod.options import PodRequest
 from xrun.runner.remote_options import RemoteOptions
 from xrun.runner.replica_options import FLAG as REPLICA_FLAG
-from xrun.runner.replica_options import ReplicaRequest, check_groups_on_nodes, replica_groups
+from xrun.runner.replica_options import ReplicaRequest, check_ports_known, replica_groups
 from xrun.runner.restart_options import RestartPolicy
 from xrun.runner.torchrun import Torchrun
 from xrun.strict_numbers import MAX_RANKS
@@ -234,7 +234,7 @@ def make_plan(request: JobRequest, world: Mapping[str, tuple[int, ...]], backend
                              "the nodes are only counted: name them with -H HOSTFILE or --hosts PATTERN")
         replicas = replica_groups(request.replicas, world_size=size, master_port=rdzv.master_port)
         if not traits.local:
-            check_groups_on_nodes(world, replicas.count, master_port=rdzv.master_port, spares=len(spares))
+            check_ports_known(rdzv.master_port)
     shape = world_shape(world)
     exports = dict(request.env)  # a local run: only its --export (planner.with_local_exports); one for every node
     nodes = tuple(

@@ -6,7 +6,8 @@ group's contract (``xrun.common.rankplan.group_env``) and each group its own ``M
 runs torchft's Lighthouse. The ports: with ``--master_port P`` group g's is ``P + g`` and the Lighthouse's
 ``P + G``; without it a local run draws a free port for each (the planner, ``with_replica_ports``) and a run on
 several nodes counts them up from the default master port. On several nodes a group may lie within one node (its
-node's agent supervises it alone) or span nodes (the head relays its stop and start: ``check_groups_on_nodes``).
+node's agent supervises it alone) or span nodes (the head relays its stop and start, xrun.runner.replicas.spans);
+each group's port must be known up front there (``check_ports_known``).
 This module holds the typed request and the pure steps from it to the node spec's ``ReplicaGroups``.
 """
 
@@ -16,7 +17,6 @@ import argparse
 from dataclasses import dataclass
 
 from xrun.argsplit import spellings
-from xrun.common.rankplan import World
 from xrun.common.spec import ReplicaGroups
 from xrun.errors import UsageError
 from xrun.strict_numbers import MAX_RANKS, int_arg
@@ -72,22 +72,9 @@ def replica_groups(request: ReplicaRequest, *, world_size: int, master_port: int
     return ReplicaGroups(count=groups, master_ports=ports[:groups], lighthouse_port=ports[groups])
 
 
-def check_groups_on_nodes(world: World, groups: int, *, master_port: int, spares: int) -> None:
+def check_ports_known(master_port: int) -> None:
     """Pure: on several nodes each group's port must be known before the start (every node counts it up from the
-    master port). A group may span nodes (its stop and start are the head's, xrun.runner.replicas.spans), but not
-    with ``--spares``: a spare would have to take a lost node's place while the group's other nodes wait, which
-    is not built yet (docs/replica-groups.md, "Not yet")."""
+    master port). A group may span nodes (its stop and start are the head's, xrun.runner.replicas.spans)."""
     if master_port == 0:
         raise UsageError(FLAG, "needs a master port on several nodes (each group's is counted up from it): leave "
                          "--master_port out, or give one other than 0")
-    if not spares:
-        return
-    hosts = [host for host, slots in world.items() for _ in slots]  # each rank's host, in rank order
-    size = len(hosts) // groups
-    for group in range(groups):
-        first, last = hosts[group * size], hosts[group * size + size - 1]
-        if first != last:
-            raise UsageError(FLAG, f"{groups} puts group {group} on nodes {first} and {last}, and a group across "
-                             "nodes cannot move to a hot spare yet (--spares): choose G so that each group lies on "
-                             f"one node (every node's slot count a multiple of the group size, {len(hosts)} ranks / "
-                             "G), or leave --spares out")

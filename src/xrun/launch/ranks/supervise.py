@@ -211,15 +211,16 @@ class RankGroup:
         if not groups.order_stop(group, deadline=time.monotonic() + self._options.shutdown_timeout):
             return
         self._console.flush_held()
-        notice(self._options.host, f"replica group {group}: stopping its ranks on this node, as a rank of it failed "
-                                   "on another node (the head restarts it on every node it spans)")
+        notice(self._options.host, f"replica group {group}: stopping its ranks on this node, as it lost a rank or a "
+                                   "node elsewhere (the head restarts it on every node it spans)")
         self._signal_group(group, signal.SIGTERM)
         self._gone_yet(group)
 
-    def start_group(self, group: int, restart: int) -> None:
-        """--replica_groups, the head's word: the held group across nodes starts again here, its ``restart``-th."""
+    def start_group(self, group: int, restart: int, master_addr: str | None = None) -> None:
+        """--replica_groups, the head's word: the held group across nodes starts again here, its ``restart``-th (at
+        ``master_addr`` from now on, if given: a hot spare took the node that led it)."""
         if self._groups is not None and self._teardown.signum is None and self._groups.start(group, restart):
-            self._start_group(group)
+            self._start_group(group, master_addr)
 
     def run(self) -> NodeResult:
         """Start every rank and supervise until each one and its session are gone."""
@@ -455,7 +456,7 @@ class RankGroup:
         for group in self._groups.overdue(time.monotonic()):
             self._signal_group(group, signal.SIGKILL)
 
-    def _start_group(self, group: int) -> None:
+    def _start_group(self, group: int, master_addr: str | None = None) -> None:
         """Start ``group``'s ranks again, their restart counted (``TORCHELASTIC_RESTART_COUNT``), the same way as
         at the start (forked from the preload helper under ``--preload``), after the caller renewed its store. The
         ended ranks' sessions stay the node's, so what they left is swept at the end."""
@@ -479,7 +480,8 @@ class RankGroup:
                 if stale:
                     with suppress(FileNotFoundError):
                         os.unlink(stale)
-            rank = RankState(replace(old.spec, env={**old.spec.env, RESTART_COUNT: count}))
+            moved = {} if master_addr is None else {"MASTER_ADDR": master_addr}
+            rank = RankState(replace(old.spec, env={**old.spec.env, RESTART_COUNT: count, **moved}))
             self._ranks[i] = rank
             self._start(rank)
 

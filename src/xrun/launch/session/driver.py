@@ -280,7 +280,7 @@ class Driver:
         if group is None:
             return
         if isinstance(order, StartGroup):
-            group.start_group(order.group, order.restart)
+            group.start_group(order.group, order.restart, order.master_addr)
         else:
             group.stop_group(order.group)
 

@@ -131,10 +131,12 @@ class StopGroup(NamedTuple):
 
 
 class StartGroup(NamedTuple):
-    """--replica_groups: every node's ranks of ``group`` are gone: start this node's again, its ``restart``-th."""
+    """--replica_groups: every node's ranks of ``group`` are gone: start this node's again, its ``restart``-th
+    (``master_addr``: where they meet from now on, a hot spare that took the group's leading node)."""
 
     group: int
     restart: int
+    master_addr: str | None = None
 
 
 class OtherMessage(NamedTuple):
@@ -317,7 +319,8 @@ def message_event(msg: Message, *, clock_ns: int | None = None) -> Event:
         return StopGroup(group)
     restart = _int(msg.get("restart"))
     if kind == Kind.START_GROUP.value and group is not None and restart is not None:
-        return StartGroup(group, restart)
+        master_addr = msg.get("master_addr")
+        return StartGroup(group, restart, master_addr if isinstance(master_addr, str) and master_addr else None)
     if kind == Kind.ACCEPT.value:
         return Accept()
     if kind == Kind.WAITING.value:

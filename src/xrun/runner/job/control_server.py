@@ -530,7 +530,8 @@ class ControlServer:
         if action.restart is None:
             self.send_all(action.nodes, message(Kind.STOP_GROUP, group=action.group))
         else:
-            self.send_all(action.nodes, message(Kind.START_GROUP, group=action.group, restart=action.restart))
+            moved = {} if action.master_addr is None else {"master_addr": action.master_addr}
+            self.send_all(action.nodes, message(Kind.START_GROUP, group=action.group, restart=action.restart, **moved))
 
     def _send_stop(self, action: SendStop) -> None:
         """After a failure (not a signal) the agents take their ranks' stacks before they stop them; after a hang

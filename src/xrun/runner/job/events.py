@@ -276,6 +276,7 @@ class SendGroupOrder(NamedTuple):
     nodes: tuple[int, ...]
     group: int
     restart: int | None = None
+    master_addr: str | None = None  # a start after a hot spare took the group's leading node: its address
 
 
 class GroupRestartedAcross(NamedTuple):

@@ -262,7 +262,8 @@ class Job:
         if self.stopping:
             return
         if self.groups is not None and self.barrier.started_at is not None:  # a spare has a lost node's groups
-            self._out += self.barrier.start_late(node)
+            if self.spans is None or not self.spans.waits(node.rank):  # else once its groups stopped elsewhere
+                self._out += self.barrier.start_late(node)
         else:
             self._out += self.barrier.ready(node, self.now)
 
@@ -333,9 +334,15 @@ class Job:
         """The group across nodes starts again on each of its nodes still running (none once the job stops: its
         stop reaches every rank)."""
         assert self.spans is not None
-        nodes = tuple(self.nodes[n].agent for n in self.spans.holders[group] if not self.nodes[n].over)
-        if not self.stopping and nodes:
-            self._out.append(SendGroupOrder(nodes, group, restart))
+        if self.stopping:
+            return
+        holders = [self.nodes[n] for n in self.spans.holders[group] if not self.nodes[n].over]
+        running = tuple(n.agent for n in holders if n.state is NodeState.RUNNING)
+        if running:
+            self._out.append(SendGroupOrder(running, group, restart, self.spans.leader_moved_to.get(group)))
+        for spare in holders:  # a hot spare that took a node of the group: it starts now, if ready and held no more
+            if spare.state is NodeState.READY and not self.spans.waits(spare.rank):
+                self._out += self.barrier.start_late(spare)
 
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes.by_agent[event.node]
@@ -557,12 +564,15 @@ class Job:
         if groups is None or not self.config.spares or self.stopping or self.barrier.started_at is None:
             return ""  # without --spares (pod mode has none) a lost node is what it is without groups
         why = groups.why_not(node.rank) or (None if self.spares.ready() else "no hot spare stands by (--spares)")
+        if why is None and self.spans is not None and self.spans.waits(node.rank):
+            why = "a group of it across nodes is restarting already"
         return None if why is None else f"; its replica groups cannot start again elsewhere: {why}"
 
     def _move_groups(self, node: Node, reason: str) -> None:
         """The lost ``node`` (``reason``) hands its replica groups to the next hot spare on standby: the spare is
-        sent the node's spec, those groups' restart counts with it, and starts alone once ready (``_ready``); every
-        other node runs on untouched, and each group's move is a restart of its budget."""
+        sent the node's spec, those groups' restart counts with it, and starts alone once ready (``_ready``); each
+        group's move is a restart of its budget. A group across nodes stops on its other nodes first and starts
+        there again with the spare's (xrun.runner.replicas.spans); every other node runs on untouched."""
         groups = self.groups
         assert groups is not None
         lost = node.host
@@ -575,6 +585,15 @@ class Job:
                                "node's groups keep running"),
                       SendSpec(node.agent, False, node_rank=node.rank,
                                group_restarts=tuple((move.group, move.restart) for move in moves))]
+        spans = self.spans
+        if spans is None:
+            return
+        running = {n.rank for n in self.nodes if not n.over}
+        for move in moves:
+            if move.group in spans.holders:
+                others = spans.moved(node.rank, move.group, node.host, running)
+                if others:
+                    self._out.append(SendGroupOrder(tuple(self.nodes[n].agent for n in others), move.group))
 
     def _say(self, text: str) -> None:
         self._out.append(ShowLine(text))

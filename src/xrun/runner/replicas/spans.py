@@ -10,6 +10,12 @@ counts: a lost one ends the job), then tells each to start them again (``start_g
 group while its restart is under way is part of it, not another restart. The budget is each node's to check
 before it tells the head (the node that sees a failure with the budget spent fails the job, as for a group within
 one node), and every node counts from the head's ``start_group``, so both agree.
+
+A node lost with ranks of such a group, a hot spare standing by (xrun.runner.replicas.moves), is the group's restart
+too (``moved``): the spare takes the lost node's ranks of it, the group's other nodes stop theirs, and once every
+one's are gone they start again together with the spare's (its start waits for that). When the lost node led the
+group (its rank 0's node, where its store and ``MASTER_ADDR`` were), the others' ranks of it meet at the spare from
+then on: the start order carries its address.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Spans:
                 holders.setdefault(group, []).append(node_rank)
         self.holders = {group: tuple(nodes) for group, nodes in holders.items() if len(nodes) > 1}
         self._waiting: dict[int, set[int]] = {}  # a group restarting -> the nodes whose ranks of it are not yet gone
+        self.leader_moved_to: dict[int, str] = {}  # a group whose leading node a spare took: the spare's host
 
     def failed(self, node_rank: int, restart: GroupRestart) -> SpanRestart | None:
         """Node ``node_rank`` saw ``restart`` (its rank's failure) in a group across nodes: the group's restart,
@@ -54,6 +61,25 @@ class Spans:
         self._waiting[group] = set(holders)
         counted = replace(restart, restart=self._book.restarts[group], budget=self._book.layout.budget, others=())
         return SpanRestart(counted, holders, tuple(n for n in holders if n != node_rank))
+
+    def restarting(self, group: int) -> bool:
+        return group in self._waiting
+
+    def waits(self, node_rank: int) -> bool:
+        """A restart under way holds node ``node_rank``'s groups across nodes: a spare that took it starts later."""
+        return any(group in self._waiting for group, nodes in self.holders.items() if node_rank in nodes)
+
+    def moved(self, node_rank: int, group: int, spare: str, running: set[int]) -> tuple[int, ...]:
+        """The lost node ``node_rank``'s ranks of ``group`` (one across nodes; its restart already counted by the
+        move) go to the hot spare on ``spare``: the group's other nodes still ``running``, whose ranks of it must
+        stop first."""
+        holders = self.holders[group]
+        if holders[0] == node_rank:
+            self.leader_moved_to[group] = spare
+        others = tuple(n for n in holders if n != node_rank and n in running)
+        if others:
+            self._waiting[group] = set(others)
+        return others
 
     def stopped(self, node_rank: int, group: int) -> int | None:
         """Node ``node_rank``'s ranks of ``group`` are gone: the group's restart count once every node's are (its
