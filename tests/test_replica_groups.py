@@ -437,10 +437,15 @@ def torchft_xrun(argv: list[str], tmp_path: Path, env: dict[str, str] | None = N
 
 def kill_a_rank_of_group_1(xrun: subprocess.Popen[bytes], out_path: Path, err_path: Path, within: float) \
         -> list[float]:
-    """kill -9 of group 1's rank 1; once both of group 1's ranks started again (within ``within`` s, xrun still
-    running), when each of their new runs started (read while they run)."""
+    """kill -9 of group 1's rank 1; when each of group 1's new runs started (``group_1_started_again``)."""
     (victim,) = started(out_path.read_text())[(1, 1)]
     os.kill(victim, signal.SIGKILL)
+    return group_1_started_again(xrun, out_path, err_path, within)
+
+
+def group_1_started_again(xrun: subprocess.Popen[bytes], out_path: Path, err_path: Path, within: float) -> list[float]:
+    """Once both of group 1's ranks started again (within ``within`` s, xrun still running), when each of their new
+    runs started (read while they run)."""
     deadline = time.monotonic() + within
     while not all(len(started(out_path.read_text())[(1, r)]) == 2 for r in (0, 1)):
         assert time.monotonic() < deadline and xrun.poll() is None, err_path.read_text()[-3000:]

@@ -24,7 +24,15 @@ import pytest
 from tests.cluster.jobs import MARK
 from tests.cluster.test_restarts import assert_nothing_left
 from tests.conftest import ROOT, torchft_missing
-from tests.test_replica_groups import GROUPS_JOB, STEP_TIMEOUT_S, kill_a_rank_of_group_1, started, steps, torchft_xrun
+from tests.test_replica_groups import (
+    GROUPS_JOB,
+    STEP_TIMEOUT_S,
+    group_1_started_again,
+    kill_a_rank_of_group_1,
+    started,
+    steps,
+    torchft_xrun,
+)
 
 STEPS, SLEEP_S, KILL_AT = 6, 1.0, 2
 PORT = 29650  # group 0's store on node1, group 1's on node2 at +1, the Lighthouse on node1 at +2
@@ -98,6 +106,7 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         killed = time.time()
         cluster.kill_node("node2")  # its agent, group 1's ranks, its sshd
+        again = group_1_started_again(xrun, out_path, err_path, within=30)
         xrun.wait(120)
     out, err = out_path.read_text(), err_path.read_text()
     assert xrun.returncode == 0, err[-3000:]
@@ -117,7 +126,9 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     assert (record["host"], record["group"], record["restart"], record["rank"], record["others"]) == (
         "node3", 1, 1, 2, []), record
     assert record["cause"].startswith("was lost with its node node2 (lost node node2: "), record
-    print(f"{backend}: node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s")
+    print(f"{backend}: node2 killed -> the head moved group 1 to node3: {record['at'] - killed:.3f} s, its ranks "
+          f"running again there {max(again) - record['at']:.3f} s later")
+    assert max(again) - record["at"] <= 0.5, (again, record["at"])  # the namespaces share this machine's clock
     assert [a["replaced"] for a in summary["attempts"]] == [
         [{"node_rank": 1, "lost_host": "node2", "spare_host": "node3", "attempt": 0}]], summary["attempts"]
     assert_nothing_left(cluster, mark)
@@ -230,6 +241,7 @@ def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_and_th
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
         killed = time.time()
         cluster.kill_node("node2")  # its agent, group 1's rank 0 and its store, its sshd
+        again = group_1_started_again(xrun, out_path, err_path, within=30)
         xrun.wait(120)
     out, err = out_path.read_text(), err_path.read_text()
     assert xrun.returncode == 0, err[-3000:]
@@ -243,5 +255,7 @@ def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_and_th
     assert re.search(r"\[node3:\d+\] TORCHFT group 1 rank 1 pid \d+ meets at node4", out) is not None, out[-3000:]
     (record,) = json.loads((logs / "summary.json").read_text())["group_restarts"]
     assert (record["host"], record["group"], record["restart"], record["rank"]) == ("node4", 1, 1, 2), record
-    print(f"node2 (group 1's leader) killed -> the head moved it to node4: {record['at'] - killed:.3f} s")
+    print(f"node2 (group 1's leader) killed -> the head moved it to node4: {record['at'] - killed:.3f} s, group 1's "
+          f"ranks running again on node4 and node3 {max(again) - record['at']:.3f} s later")
+    assert max(again) - record["at"] <= 0.5, (again, record["at"])
     assert_nothing_left(cluster, mark)
