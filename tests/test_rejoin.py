@@ -216,6 +216,8 @@ class Hooks:  # the driver's side, which this test leaves out: a one-node job's,
     def on_rank_exit(self, outcome): pass
     def on_result(self, result): pass
     def on_group_restart(self, restart): pass
+    def on_group_failed(self, restart): pass
+    def on_group_stopped(self, group): pass
 with SignalLatch().installed() as latch:
     os.kill(os.getpid(), signal.SIGTERM)  # between the start barrier and the rank group
     rank = RankSpec(rank=0, local_rank=0, argv=(sys.executable, "-c", "import time; time.sleep(30)"), env={})

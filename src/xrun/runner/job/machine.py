@@ -72,8 +72,6 @@ from xrun.runner.job.events import (
     Failure,
     GroupFailed,
     GroupRestarted,
-    GroupRestartedAcross,
-    GroupsMoved,
     GroupStopped,
     Heard,
     HelloReceived,
@@ -82,9 +80,7 @@ from xrun.runner.job.events import (
     PrecheckDone,
     RankExited,
     Ready,
-    SendGroupOrder,
     SendPing,
-    SendSpec,
     SendStop,
     SendVerdict,
     SessionEnded,
@@ -95,6 +91,7 @@ from xrun.runner.job.events import (
     TurnAway,
     Verdict,
 )
+from xrun.runner.job.groups import Groups
 from xrun.runner.job.hello_policy import HelloPolicy, Refusal, SendSpecs, Stray
 from xrun.runner.job.nodes import Node, Nodes, NodeState
 from xrun.runner.job.spares import Spares
@@ -110,8 +107,6 @@ from xrun.runner.job.verdict import (
     refused_failure,
     session_failure,
 )
-from xrun.runner.replicas.moves import GroupBook
-from xrun.runner.replicas.spans import Spans
 
 LINGER = 3.0  # after every agent is done: time for the sessions to deliver the last output and exit
 
@@ -129,8 +124,7 @@ class Job:
         # --spares: agent ids after the world's
         self.spares = Spares(config.spares, first_agent=len(config.hosts), role=config.spare_role)
         # --replica_groups: each group's restarts, for a lost node's groups moved to a spare (issue 39 §2)
-        self.groups = GroupBook(config.groups) if config.groups is not None else None
-        self.spans = Spans(self.groups) if self.groups is not None else None  # groups across nodes: the head's
+        self.groups = Groups(config.groups, self.nodes, self.spares) if config.groups is not None else None
         self.barrier = Barrier(config, self.nodes, t0=now, spares=self.spares)
         self.cause = RootCause(elastic=config.elastic is not None, keep_survivors=config.keep_survivors,
                                world_size=config.world_size)
@@ -262,8 +256,7 @@ class Job:
         if self.stopping:
             return
         if self.groups is not None and self.barrier.started_at is not None:  # a spare has a lost node's groups
-            if self.spans is None or not self.spans.waits(node.rank):  # else once its groups stopped elsewhere
-                self._out += self.barrier.start_late(node)
+            self._out += self.groups.ready_late(node, self.barrier)
         else:
             self._out += self.barrier.ready(node, self.now)
 
@@ -281,9 +274,8 @@ class Job:
         node = self.nodes.by_agent[event.node]
         node.state, node.exit_code = NodeState.DONE, event.exit_code
         failure = done_failure(event, node.host)
-        if self.spans is not None:  # a group across nodes restarting waits no longer for this node's ranks of it
-            for group, restart in self.spans.over(node.rank):
-                self._start_group(group, restart)
+        if self.groups is not None and not self.stopping:  # a restart across nodes waits no longer for it
+            self._out += self.groups.over(node.rank, self.barrier)
         # --on_rank_exit keep: the node's ranks' own exits, heard one by one, decide (a lost rank is no failure)
         if failure is not None and not self.stopping and not self.config.keep_survivors:
             self._fail(failure)
@@ -300,49 +292,18 @@ class Job:
     def _group_restarted(self, event: GroupRestarted) -> None:
         """--replica_groups: a node restarted a group on its own; counted against the group's budget here too."""
         if self.groups is not None:
-            self.groups.heard(event.group, event.restart)
+            self.groups.book.heard(event.group, event.restart)
 
     def _group_failed(self, event: GroupFailed) -> None:
-        """--replica_groups: a rank of a group across nodes failed on the event's node, which is stopping its ranks
-        of it: the restart is counted, and every other node holding ranks of it told to stop them
-        (xrun.runner.replicas.spans); no other node hears of it."""
-        if self.spans is None or self.stopping:
-            return  # the job is stopping: every rank is
-        node = self.nodes.by_agent[event.node]
-        span = self.spans.failed(node.rank, event.restart)
-        if span is None:
-            return  # its restart is under way: this node's stop is part of it
-        restart, hosts = span.restart, tuple(self.nodes[n].host for n in span.holders)
-        self._out += [
-            GroupRestartedAcross(node.host, hosts, restart),
-            ShowLine(f"replica group {restart.group}: rank {restart.rank} {restart.cause} on {node.host}; restarting "
-                     f"group {restart.group} on {', '.join(hosts)} (restart {restart.restart} of {restart.budget}), "
-                     "every other group keeps running"),
-            SendGroupOrder(tuple(self.nodes[n].agent for n in span.to_stop), restart.group),
-        ]
+        """--replica_groups: a rank of a group across nodes failed (xrun.runner.job.groups; nothing once the job
+        stops: its stop reaches every rank)."""
+        if self.groups is not None and not self.stopping:
+            self._out += self.groups.failed(event)
 
     def _group_stopped(self, event: GroupStopped) -> None:
-        """--replica_groups: the node's ranks of a group across nodes are gone; once every node's are, each starts
-        them again."""
-        if self.spans is None:
-            return
-        restart = self.spans.stopped(self.nodes.by_agent[event.node].rank, event.group)
-        if restart is not None:
-            self._start_group(event.group, restart)
-
-    def _start_group(self, group: int, restart: int) -> None:
-        """The group across nodes starts again on each of its nodes still running (none once the job stops: its
-        stop reaches every rank)."""
-        assert self.spans is not None
-        if self.stopping:
-            return
-        holders = [self.nodes[n] for n in self.spans.holders[group] if not self.nodes[n].over]
-        running = tuple(n.agent for n in holders if n.state is NodeState.RUNNING)
-        if running:
-            self._out.append(SendGroupOrder(running, group, restart, self.spans.leader_moved_to.get(group)))
-        for spare in holders:  # a hot spare that took a node of the group: it starts now, if ready and held no more
-            if spare.state is NodeState.READY and not self.spans.waits(spare.rank):
-                self._out += self.barrier.start_late(spare)
+        """--replica_groups: the node's ranks of a group across nodes are gone (xrun.runner.job.groups)."""
+        if self.groups is not None and not self.stopping:
+            self._out += self.groups.stopped(self.nodes.by_agent[event.node].rank, event.group, self.barrier)
 
     def _connection_lost(self, event: ConnectionLost) -> None:
         node = self.nodes.by_agent[event.node]
@@ -557,43 +518,17 @@ class Job:
             self._out += self.stop.lose(node, reason + why_not, self.now)
 
     def _why_groups_stay(self, node: Node) -> str | None:
-        """--replica_groups: None when the lost ``node``'s groups can move to a hot spare on standby (the ranks run,
-        each of its groups has a restart left, it is not node 0: xrun.runner.replicas.moves); else what its loss's
-        reason adds ("" without groups or spares, or before the start)."""
-        groups = self.groups
-        if groups is None or not self.config.spares or self.stopping or self.barrier.started_at is None:
+        """--replica_groups: None when the lost ``node``'s groups move to a hot spare (xrun.runner.job.groups); else
+        what its loss's reason adds ("" without groups or spares, or before the start)."""
+        if self.groups is None or not self.config.spares or self.stopping or self.barrier.started_at is None:
             return ""  # without --spares (pod mode has none) a lost node is what it is without groups
-        why = groups.why_not(node.rank) or (None if self.spares.ready() else "no hot spare stands by (--spares)")
-        if why is None and self.spans is not None and self.spans.waits(node.rank):
-            why = "a group of it across nodes is restarting already"
-        return None if why is None else f"; its replica groups cannot start again elsewhere: {why}"
+        return self.groups.why_stay(node)
 
     def _move_groups(self, node: Node, reason: str) -> None:
-        """The lost ``node`` (``reason``) hands its replica groups to the next hot spare on standby: the spare is
-        sent the node's spec, those groups' restart counts with it, and starts alone once ready (``_ready``); each
-        group's move is a restart of its budget. A group across nodes stops on its other nodes first and starts
-        there again with the spare's (xrun.runner.replicas.spans); every other node runs on untouched."""
-        groups = self.groups
-        assert groups is not None
-        lost = node.host
-        replacement, seating = self.spares.seat(self.nodes, node, self.attempts.number)
+        assert self.groups is not None
+        replacement, actions = self.groups.move(node, reason, self.attempts.number)
         self.attempts.replaced += (replacement,)
-        moves = groups.move(node.rank)
-        counts = ", ".join(f"group {move.group} restart {move.restart} of {groups.layout.budget}" for move in moves)
-        self._out += [*seating, GroupsMoved(node.rank, lost, node.host, reason, moves),
-                      ShowLine(f"the replica groups of {lost} start again on {node.host} ({counts}); every other "
-                               "node's groups keep running"),
-                      SendSpec(node.agent, False, node_rank=node.rank,
-                               group_restarts=tuple((move.group, move.restart) for move in moves))]
-        spans = self.spans
-        if spans is None:
-            return
-        running = {n.rank for n in self.nodes if not n.over}
-        for move in moves:
-            if move.group in spans.holders:
-                others = spans.moved(node.rank, move.group, node.host, running)
-                if others:
-                    self._out.append(SendGroupOrder(tuple(self.nodes[n].agent for n in others), move.group))
+        self._out += actions
 
     def _say(self, text: str) -> None:
         self._out.append(ShowLine(text))
