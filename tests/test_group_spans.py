@@ -55,9 +55,9 @@ def test_a_failure_in_a_group_across_nodes_stops_it_on_its_other_nodes_then_star
     job, actions = play([GroupStopped(2, 1)], job)
     assert orders(actions) == []  # b's ranks of it are not gone yet
     job, actions = play([failed(1, 2), GroupStopped(1, 1)], job)  # b's rank failed too meanwhile: the same restart
-    assert orders(actions) == [SendGroupOrder((1, 2), 1, 1)] and job.groups.restarts[1] == 1
+    assert orders(actions) == [SendGroupOrder((1, 2), 1, 1)] and job.groups.book.restarts[1] == 1
     job, actions = play([6.0, failed(1, 2, restart=2)], job)  # the next failure: the next restart
-    assert orders(actions) == [SendGroupOrder((2,), 1)] and job.groups.restarts[1] == 2
+    assert orders(actions) == [SendGroupOrder((2,), 1)] and job.groups.book.restarts[1] == 2
     job, actions = play([GroupStopped(1, 1), GroupStopped(2, 1), GroupRestarted(0, group=0, restart=1)], job)
     assert orders(actions) == [SendGroupOrder((1, 2), 1, 2)]  # group 0's restart is a's own: no order
     job, _ = play([9.0, Done(0), Done(1), Done(2)], job)
@@ -119,7 +119,7 @@ def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_after_
     assert orders(actions) == [SendGroupOrder((other,), 1, 1, meet_at)]
     assert [a for a in actions if isinstance(a, SendStart)] == [SendStart((3,), "10.0.0.1", 29501)]
     job, _ = play([9.0, Done(0), Done(other), Done(3)], job)
-    assert job.verdict().exit_code == 0 and job.groups.restarts == {0: 0, 1: 1}
+    assert job.verdict().exit_code == 0 and job.groups.book.restarts == {0: 0, 1: 1}
 
 
 def test_a_spare_ready_after_the_others_stopped_starts_at_once():

@@ -37,10 +37,6 @@ class Groups:
         self.nodes = nodes
         self.spares = spares
 
-    @property
-    def restarts(self) -> dict[int, int]:
-        return self.book.restarts
-
     def failed(self, event: GroupFailed) -> list[Action]:
         """A rank of a group across nodes failed on the event's node, which is stopping its ranks of it: the restart
         is counted, and every other node holding ranks of it told to stop them; no other node hears of it."""

@@ -62,9 +62,6 @@ class Spans:
         counted = replace(restart, restart=self._book.restarts[group], budget=self._book.layout.budget, others=())
         return SpanRestart(counted, holders, tuple(n for n in holders if n != node_rank))
 
-    def restarting(self, group: int) -> bool:
-        return group in self._waiting
-
     def waits(self, node_rank: int) -> bool:
         """A restart under way holds node ``node_rank``'s groups across nodes: a spare that took it starts later."""
         return any(group in self._waiting for group, nodes in self.holders.items() if node_rank in nodes)
