@@ -104,15 +104,9 @@ def test_a_lost_nodes_group_moves_to_the_hot_spare_and_the_other_node_keeps_trai
     argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1", backend=backend)
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
-        killed = time.time()
-        cluster.kill_node("node2")  # its agent, group 1's ranks, its sshd
-        again = group_1_started_again(xrun, out_path, err_path, within=30)
-        xrun.wait(120)
+        killed, again = kill_node2(cluster, xrun, out_path, err_path)
     out, err = out_path.read_text(), err_path.read_text()
-    assert xrun.returncode == 0, err[-3000:]
-    assert "xrun: node 1 (node2) is lost: the hot spare node3 takes its place (node rank 1, same slots)" in err, err
-    assert ("xrun: the replica groups of node2 start again on node3 (group 1 restart 1 of 1); every other node's "
-            "groups keep running") in err, err[-3000:]
+    assert_node2_moved_to(xrun, err, "node3")
     said = sorted(line.split("] ", 1)[1].strip() for line in out.splitlines() if " done " in line)
     assert said == [f"TORCHFT group {g} rank {r} done {STEPS}" for g in (0, 1) for r in (0, 1)], out[-3000:]
     done_on = {(g, r): h for h, g, r in re.findall(r"\[(node\d):\d+\] TORCHFT group (\d) rank (\d) done", out)}
@@ -239,15 +233,9 @@ def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_and_th
     argv, env, mark = ssh_job(cluster, python, hostfile, logs, "--spares", "1")
     with torchft_xrun(argv, tmp_path, env) as (xrun, out_path, err_path):
         wait_for_group_1_at_the_kills_step(xrun, out_path, err_path)
-        killed = time.time()
-        cluster.kill_node("node2")  # its agent, group 1's rank 0 and its store, its sshd
-        again = group_1_started_again(xrun, out_path, err_path, within=30)
-        xrun.wait(120)
+        killed, again = kill_node2(cluster, xrun, out_path, err_path)  # group 1's rank 0 and its store with it
     out, err = out_path.read_text(), err_path.read_text()
-    assert xrun.returncode == 0, err[-3000:]
-    assert "xrun: node 1 (node2) is lost: the hot spare node4 takes its place (node rank 1, same slots)" in err, err
-    assert ("xrun: the replica groups of node2 start again on node4 (group 1 restart 1 of 1); every other node's "
-            "groups keep running") in err, err[-3000:]
+    assert_node2_moved_to(xrun, err, "node4")
     assert "xrun[node3]: replica group 1: stopping its ranks on this node, as it lost a rank or a node elsewhere" in err
     assert "xrun[node1]: replica group" not in err  # node1 holds no rank of group 1: it hears nothing
     pids = assert_both_finished_and_group_1_alone_restarted(out, group_1_on=("node4", "node3"))
@@ -259,3 +247,21 @@ def test_a_lost_node_of_a_group_across_nodes_hands_its_ranks_to_the_spare_and_th
           f"ranks running again on node4 and node3 {max(again) - record['at']:.3f} s later")
     assert max(again) - record["at"] <= 0.5, (again, record["at"])
     assert_nothing_left(cluster, mark)
+
+
+def kill_node2(cluster, xrun, out_path: Path, err_path: Path) -> tuple[float, list[float]]:
+    """node2 killed whole (its agent, its ranks, its sshd), then the job waited to its end: when it was killed, and
+    when each of group 1's new runs started (read while they ran)."""
+    killed = time.time()
+    cluster.kill_node("node2")
+    again = group_1_started_again(xrun, out_path, err_path, within=30)
+    xrun.wait(120)
+    return killed, again
+
+
+def assert_node2_moved_to(xrun, err: str, spare: str) -> None:
+    """The job ended 0, and said that the hot spare took node2's place and its groups."""
+    assert xrun.returncode == 0, err[-3000:]
+    assert f"xrun: node 1 (node2) is lost: the hot spare {spare} takes its place (node rank 1, same slots)" in err, err
+    assert (f"xrun: the replica groups of node2 start again on {spare} (group 1 restart 1 of 1); every other node's "
+            "groups keep running") in err, err[-3000:]
